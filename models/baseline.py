@@ -1,0 +1,197 @@
+"""The baseline decoder-only LM (numerically the Llama architecture) and the base class the other
+architectures extend: input validation, positions and padding, the block stack, the tied readout.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import Tensor, nn
+from transformer_lens import HookedRootModule
+from transformer_lens.hook_points import HookPoint
+
+from models.layers import AttnContext, Block, KVCache, ModelConfig, RMSNorm, Rotary, init_weights
+
+
+class Embed(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.W_E = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model))  # [d_vocab, d_model]
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return self.W_E[tokens]
+
+
+class DecoderLM(HookedRootModule):
+    """Pre-norm decoder stack with a tied readout. Subclasses decide how tokens become the
+    stack's input (``n_streams`` positions per token for Hidden Decoding)."""
+
+    arch = "baseline"
+    n_streams = 1
+
+    def __init__(self, cfg: ModelConfig, blocks: list[Block] | None = None):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = Embed(cfg)
+        self.hook_embed = HookPoint()  # [batch, pos, d_model]
+        self.rotary = Rotary(cfg.d_head, cfg.rope_base)
+        self.blocks = nn.ModuleList(blocks if blocks is not None else [Block(cfg) for _ in range(cfg.n_layers)])
+        self.ln_final = RMSNorm(cfg.d_model, cfg.norm_eps)
+        # Which pass of a multi-pass forward the hooks are firing in (0-based); read by the
+        # workbench's activation recorder so per-pass activations are told apart.
+        self.current_pass = 0
+
+    def compute_patterns(self, enabled: bool = True) -> None:
+        """Always compute attention patterns explicitly (so ``hook_pattern`` fires for tools that
+        do not attach TransformerLens hooks, e.g. nnsight). Off by default: SDPA's fused kernel
+        is used whenever nothing is attached to ``hook_pattern``."""
+        for block in self.blocks:
+            block.attn.force_pattern = enabled
+
+    def _finish_init(self) -> None:
+        init_weights(self, self.cfg)
+        self.setup()
+
+    # ---- inputs -------------------------------------------------------------------------------
+
+    def check_tokens(self, tokens: Tensor, cache: KVCache | None = None) -> None:
+        if not isinstance(tokens, Tensor) or tokens.dim() != 2:
+            shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
+            raise ValueError(f"tokens must be a [batch, pos] integer tensor, got {shape}")
+        if tokens.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"tokens must be an integer tensor, got dtype {tokens.dtype}")
+        if tokens.numel():
+            lo, hi = int(tokens.min()), int(tokens.max())
+            if lo < 0 or hi >= self.cfg.d_vocab:
+                bad = lo if lo < 0 else hi
+                raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.cfg.d_vocab})")
+        past = cache.length if cache is not None else 0
+        if past + tokens.shape[1] > self.cfg.n_ctx:
+            raise ValueError(
+                f"sequence of {past + tokens.shape[1]} tokens"
+                + (f" ({past} cached + {tokens.shape[1]} new)" if past else "")
+                + f" is longer than the context n_ctx={self.cfg.n_ctx}"
+            )
+
+    def make_cache(self, capacity: int | None = None) -> KVCache:
+        """An empty cache for up to ``capacity`` tokens (default: the context length)."""
+        capacity = self.cfg.n_ctx if capacity is None else capacity
+        if not 0 < capacity <= self.cfg.n_ctx:
+            raise ValueError(f"cache capacity {capacity} must be in [1, n_ctx={self.cfg.n_ctx}]")
+        return KVCache(self.cfg.n_layers, capacity)
+
+    def context(
+        self,
+        tokens: Tensor,
+        cache: KVCache | None,
+        attention_mask: Tensor | None,
+        write: bool = True,
+    ) -> AttnContext:
+        """Rotary tables and masks for ``tokens`` (optionally after a cached past).
+
+        ``attention_mask``: [batch, pos] bool for the new tokens, False at padding. Rotary
+        positions count real tokens only, so a left-padded row matches the unpadded sequence.
+        """
+        B, T = tokens.shape
+        past = cache.length if cache is not None else 0
+        past_valid = cache.key_valid if cache is not None else None
+        if attention_mask is not None:
+            if attention_mask.shape != tokens.shape:
+                raise ValueError(
+                    f"attention_mask shape {tuple(attention_mask.shape)} != tokens shape {tuple(tokens.shape)}"
+                )
+            attention_mask = attention_mask.to(device=tokens.device, dtype=torch.bool)
+        if attention_mask is None and past_valid is None:
+            positions = torch.arange(past, past + T, device=tokens.device).expand(B, T)
+            key_valid = None
+        else:
+            new_valid = attention_mask if attention_mask is not None else tokens.new_ones(B, T, dtype=torch.bool)
+            if past_valid is None:
+                past_valid = tokens.new_ones(B, past, dtype=torch.bool)
+            key_valid = torch.cat((past_valid, new_valid), dim=1)
+            seen = cache.n_valid if (cache is not None and cache.n_valid is not None) else past
+            positions = (torch.cumsum(new_valid.long(), dim=1) - 1 + torch.as_tensor(seen, device=tokens.device).view(-1, 1)).clamp(min=0)
+        stream_positions = self.stream_positions(positions)
+        dtype = self.embed.W_E.dtype
+        cos, sin = self.rotary(stream_positions, dtype)
+        return AttnContext(cos, sin, past, key_valid, self.n_streams, cache, write)
+
+    def stream_positions(self, positions: Tensor) -> Tensor:
+        """Rotary positions of the stack's sequence from token positions [batch, tokens]."""
+        return positions
+
+    @staticmethod
+    def commit(cache: KVCache | None, ctx: AttnContext, n_new: int) -> None:
+        """Advance the cache's token bookkeeping after the layers wrote their keys/values."""
+        if cache is None:
+            return
+        cache.length += n_new
+        if ctx.key_valid is not None:
+            cache.key_valid = ctx.key_valid
+            cache.n_valid = ctx.key_valid.sum(dim=1)
+
+    # ---- the stack ----------------------------------------------------------------------------
+
+    def run_stack(self, x: Tensor, ctx: AttnContext) -> Tensor:
+        """Run the blocks on input embeddings; return the final-normed state [batch, pos, d_model]."""
+        cache = ctx.cache
+        for i, block in enumerate(self.blocks):
+            x = block(x, ctx, cache.layers[i] if cache is not None else None)
+        return self.ln_final(x)
+
+    def readout(self, h: Tensor) -> Tensor:
+        """Tied readout: logits [batch, pos, d_vocab] from final-normed states."""
+        return h @ self.embed.W_E.T
+
+    def final_states(
+        self,
+        tokens: Tensor,
+        *,
+        cache: KVCache | None = None,
+        attention_mask: Tensor | None = None,
+    ) -> Tensor:
+        """Final-normed states [batch, pos, d_model]. With ``cache``, ``tokens`` continue the cached
+        sequence. ``attention_mask`` [batch, pos] is False at (left) padding."""
+        self.check_tokens(tokens, cache)
+        ctx = self.context(tokens, cache, attention_mask)
+        h = self.run_stack(self.hook_embed(self.embed(tokens)), ctx)
+        self.commit(cache, ctx, tokens.shape[1])
+        return h
+
+    def forward(
+        self,
+        tokens: Tensor,
+        *,
+        cache: KVCache | None = None,
+        attention_mask: Tensor | None = None,
+    ) -> Tensor:
+        """Logits [batch, pos, d_vocab]; arguments as in ``final_states``."""
+        return self.readout(self.final_states(tokens, cache=cache, attention_mask=attention_mask))
+
+
+class BaselineLM(DecoderLM):
+    arch = "baseline"
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        self._finish_init()
+
+
+def _identity(x):
+    return x
+
+
+def without_hooks(model: DecoderLM) -> DecoderLM:
+    """A copy of ``model`` whose hook points are plain functions (no module call, no hooks).
+
+    The reference for "hooks change nothing when unused" and for the hook-overhead benchmark.
+    """
+    clone = copy.deepcopy(model)
+    for name in list(clone.hook_dict):
+        parent_name, _, attr = name.rpartition(".")
+        parent = clone.get_submodule(parent_name) if parent_name else clone
+        del parent._modules[attr]
+        object.__setattr__(parent, attr, _identity)
+    clone.hook_dict, clone.mod_dict = {}, {}
+    return clone

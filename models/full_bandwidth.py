@@ -1,0 +1,167 @@
+"""Full-Bandwidth Transformer: the previous step's final-normed state re-enters the bottom of the
+stack, fused with the token embedding.
+
+    u_t = (W_U h_{t-1}) * sigmoid(W_G e_t)      (GLU: the state is the value, the token the gate)
+    u_t = e_t                                   where there is no previous state
+
+Sequential semantics are the ground truth. ``run_passes`` computes K Jacobi iterations of that
+causal recurrence in parallel: after k passes, the first k positions of the fused region equal the
+sequential recurrence exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from transformer_lens.hook_points import HookPoint
+
+from models.baseline import DecoderLM
+from models.layers import KVCache, ModelConfig
+
+FUSIONS = ("glu", "add")
+
+
+@dataclass
+class FBTConfig(ModelConfig):
+    fusion: str = "glu"  # "glu" (default) or the ablation "add": u = e + W_U h
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.fusion not in FUSIONS:
+            raise ValueError(f"config field fusion={self.fusion!r}: expected one of {FUSIONS}")
+
+
+class Fusion(nn.Module):
+    def __init__(self, cfg: FBTConfig):
+        super().__init__()
+        self.kind = cfg.fusion
+        self.W_U = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.W_G = nn.Linear(cfg.d_model, cfg.d_model, bias=False) if cfg.fusion == "glu" else None
+        self.hook_state = HookPoint()  # [batch, pos, d_model] carried state h_{t-1} fed in at t
+        self.hook_value = HookPoint()  # [batch, pos, d_model] value path W_U h_{t-1}
+        self.hook_gate = HookPoint()  # [batch, pos, d_model] sigmoid(W_G e_t) (glu only)
+        self.hook_fused = HookPoint()  # [batch, pos, d_model] stack input u_t (e_t where unfused)
+
+    def forward(self, state: Tensor, embed: Tensor, fuse: Tensor) -> Tensor:
+        """state, embed: [batch, pos, d_model]; fuse: [batch, pos] bool, False where u = e."""
+        value = self.hook_value(self.W_U(self.hook_state(state)))
+        if self.W_G is not None:
+            fused = value * self.hook_gate(torch.sigmoid(self.W_G(embed)))
+        else:
+            fused = embed + value
+        return self.hook_fused(torch.where(fuse[..., None], fused, embed))
+
+
+class FullBandwidthLM(DecoderLM):
+    arch = "fbt"
+
+    def __init__(self, cfg: FBTConfig):
+        super().__init__(cfg)
+        self.fusion = Fusion(cfg)
+        self._finish_init()
+
+    def run_passes(
+        self,
+        tokens: Tensor,
+        passes: int = 1,
+        *,
+        fuse_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        attention_mask: Tensor | None = None,
+        state_noise: float = 0.0,
+        detach_states: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> list[Tensor]:
+        """Carried states [batch, pos, d_model] of every pass (a list of ``passes`` tensors).
+
+        Pass 1 feeds plain embeddings, except that a position whose previous state is already
+        known (the first position after a cached past) is fused with it. Pass k > 1 fuses each
+        ``fuse_mask`` position with pass k-1's state at the position before it.
+
+        fuse_mask: [batch, pos] bool; default every position that has a previous state. It is
+            always restricted to positions that have one (the first position has none unless the
+            cache holds a state).
+        cache: only the last pass writes keys/values; earlier passes read the cached past.
+        state_noise: std of Gaussian noise added to carried states fed back (training jitter).
+        detach_states: stop gradients through the states fed back (ablation).
+        """
+        if not isinstance(passes, int) or isinstance(passes, bool) or passes < 1:
+            raise ValueError(f"passes={passes!r}: expected an integer >= 1")
+        self.check_tokens(tokens, cache)
+        B, T = tokens.shape
+        carried = cache.state if (cache is not None and cache.length > 0) else None
+        has_prev = torch.ones(B, T, dtype=torch.bool, device=tokens.device)
+        if carried is None:
+            has_prev[:, 0] = False
+        if fuse_mask is None:
+            fuse_mask = has_prev
+        else:
+            if fuse_mask.shape != tokens.shape:
+                raise ValueError(f"fuse_mask shape {tuple(fuse_mask.shape)} != tokens shape {tuple(tokens.shape)}")
+            fuse_mask = fuse_mask.to(device=tokens.device, dtype=torch.bool) & has_prev
+        embed = self.hook_embed(self.embed(tokens))
+        first = carried if carried is not None else embed.new_zeros(B, embed.shape[-1])
+
+        ctx = self.context(tokens, cache, attention_mask)
+        states: list[Tensor] = []
+        try:
+            for k in range(passes):
+                self.current_pass = k
+                ctx.write = k == passes - 1
+                if k == 0:
+                    # only the first position can know its previous state before any pass has run
+                    fuse = fuse_mask.clone()
+                    fuse[:, 1:] = False
+                    if fuse.any():
+                        prev = torch.cat((first[:, None], embed.new_zeros(B, T - 1, embed.shape[-1])), 1)
+                        x = self.fusion(self._feedback(prev, state_noise, detach_states, generator), embed, fuse)
+                    else:
+                        x = embed
+                else:
+                    prev = torch.cat((first[:, None], states[-1][:, :-1]), dim=1)
+                    x = self.fusion(self._feedback(prev, state_noise, detach_states, generator), embed, fuse_mask)
+                states.append(self.run_stack(x, ctx))
+        finally:
+            self.current_pass = 0
+        self.commit(cache, ctx, T)
+        if cache is not None:
+            cache.state = states[-1][:, -1]
+        return states
+
+    @staticmethod
+    def _feedback(prev: Tensor, noise: float, detach: bool, generator: torch.Generator | None) -> Tensor:
+        if detach:
+            prev = prev.detach()
+        if noise > 0:
+            prev = prev + noise * torch.randn(prev.shape, generator=generator, device=prev.device, dtype=prev.dtype)
+        return prev
+
+    def final_states(
+        self,
+        tokens: Tensor,
+        *,
+        passes: int = 1,
+        fuse_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        attention_mask: Tensor | None = None,
+    ) -> Tensor:
+        """Carried states [batch, pos, d_model] of the last pass."""
+        return self.run_passes(tokens, passes, fuse_mask=fuse_mask, cache=cache, attention_mask=attention_mask)[-1]
+
+    def forward(
+        self,
+        tokens: Tensor,
+        *,
+        passes: int = 1,
+        fuse_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        attention_mask: Tensor | None = None,
+    ) -> Tensor:
+        """Logits [batch, pos, d_vocab] of the last pass. ``passes=1`` with no cached state is the
+        plain backbone (the ``standard`` regime); a cached continuation fuses its first position
+        with the cached state unless ``fuse_mask`` says otherwise (the ``soft`` regime)."""
+        return self.readout(
+            self.final_states(tokens, passes=passes, fuse_mask=fuse_mask, cache=cache, attention_mask=attention_mask)
+        )

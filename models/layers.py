@@ -1,0 +1,344 @@
+"""Shared backbone pieces: the config, RMSNorm, rotary embeddings, attention, SwiGLU, the block,
+and the key/value cache.
+
+Dimension names (used in every shape comment): batch pos d_model n_heads d_head d_mlp d_vocab
+n_streams n_passes. ``pos`` counts sequence positions as the layer sees them: for Hidden Decoding
+an interleaved sequence of ``n_streams * tokens`` positions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformer_lens.hook_points import HookPoint
+
+
+@dataclass
+class ModelConfig:
+    """Shape and numerics of the Llama-style backbone shared by every architecture."""
+
+    d_vocab: int = 128
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    d_mlp: int = 176
+    n_ctx: int = 256
+    rope_base: float = 10000.0
+    norm_eps: float = 1e-6
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        for name in ("d_vocab", "d_model", "n_layers", "n_heads", "d_mlp", "n_ctx"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"config field {name}={getattr(self, name)!r}: expected an integer >= 1")
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"config field d_model={self.d_model} is not divisible by n_heads={self.n_heads}"
+            )
+        if self.d_head % 2:
+            raise ValueError(f"d_head = d_model / n_heads = {self.d_head}: rotary embeddings need it even")
+        for name in ("rope_base", "norm_eps", "init_std"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"config field {name}={getattr(self, name)!r}: expected a number > 0")
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.n_heads
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def check_fields(cfg) -> None:
+    """Reject wrongly typed config fields with a message naming the field (ints pass as floats)."""
+    hints = {f.name: f.type for f in dataclasses.fields(cfg)}
+    for name, kind in hints.items():
+        value = getattr(cfg, name)
+        kind = kind if isinstance(kind, str) else getattr(kind, "__name__", str(kind))
+        ok = {
+            "int": isinstance(value, int) and not isinstance(value, bool),
+            "float": isinstance(value, (int, float)) and not isinstance(value, bool),
+            "bool": isinstance(value, bool),
+            "str": isinstance(value, str),
+        }.get(kind, True)
+        if not ok:
+            raise TypeError(f"config field {name}={value!r}: expected {kind}")
+
+
+class RMSNorm(nn.Module):
+    """Llama RMSNorm; reduced-precision inputs are normalised in fp32 like Hugging Face's."""
+
+    def __init__(self, d_model: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.w = nn.Parameter(torch.ones(d_model))
+        self.hook_normalized = HookPoint()  # [batch, pos, d_model]
+
+    def forward(self, x: Tensor) -> Tensor:
+        dtype = x.dtype
+        xf = x.float() if dtype in (torch.float16, torch.bfloat16) else x
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.hook_normalized(self.w * xf.to(dtype))
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding, half-split layout (the Hugging Face Llama convention)."""
+
+    def __init__(self, d_head: int, base: float):
+        super().__init__()
+        inv_freq = 1.0 / (base ** (torch.arange(0, d_head, 2, dtype=torch.float64) / d_head))
+        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+
+    def forward(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        # positions: [batch, pos] -> cos, sin: [batch, 1, pos, d_head], broadcast over heads
+        freqs = positions.to(self.inv_freq.dtype)[..., None] * self.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None]
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _is_hooked(hook_point) -> bool:
+    """True if anything is attached (TransformerLens, nnsight or plain torch hooks)."""
+    return isinstance(hook_point, nn.Module) and bool(hook_point._forward_hooks or hook_point._backward_hooks)
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class LayerKV:
+    """Preallocated key/value buffers of one layer, in the layout that layer attends in."""
+
+    def __init__(self) -> None:
+        self.k: Tensor | None = None  # [batch', n_heads, capacity, d_head]
+        self.v: Tensor | None = None
+        self.length = 0
+
+    def extend(self, k: Tensor, v: Tensor, capacity: int, write: bool) -> tuple[Tensor, Tensor]:
+        """Return past + new keys and values; store the new ones only if ``write``."""
+        n = k.shape[2]
+        if self.length + n > capacity:
+            raise ValueError(f"key/value cache holds {capacity} positions; {self.length + n} requested")
+        if not write:
+            if self.length == 0:
+                return k, v
+            return (
+                torch.cat((self.k[:, :, : self.length], k), dim=2),
+                torch.cat((self.v[:, :, : self.length], v), dim=2),
+            )
+        if self.k is None:
+            shape = (k.shape[0], k.shape[1], capacity, k.shape[3])
+            self.k = k.new_empty(shape)
+            self.v = v.new_empty(shape)
+        end = self.length + n
+        self.k[:, :, self.length : end] = k
+        self.v[:, :, self.length : end] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+
+class KVCache:
+    """Key/value cache for incremental decoding, with per-row bookkeeping in token units.
+
+    ``key_valid`` marks real (non-padding) tokens; ``n_valid`` counts them per row and gives the
+    next rotary position. ``state`` is the Full-Bandwidth carried state at the last position.
+    """
+
+    def __init__(self, n_layers: int, capacity: int):
+        self.layers = [LayerKV() for _ in range(n_layers)]
+        self.capacity = capacity  # tokens
+        self.length = 0  # tokens stored
+        self.key_valid: Tensor | None = None  # [batch, length] bool; None while every token is real
+        self.n_valid: Tensor | None = None  # [batch] long
+        self.state: Tensor | None = None  # [batch, d_model]
+        self.write = True
+
+
+@dataclass
+class AttnContext:
+    """Everything a layer needs about positions and masking for one forward call.
+
+    Positions are in the layer-visible sequence (interleaved stream positions for HD).
+    """
+
+    cos: Tensor  # [batch, 1, pos, d_head]
+    sin: Tensor
+    past: int  # tokens already in the cache
+    key_valid: Tensor | None  # [batch, past + tokens] bool, token units; None = all real
+    n_streams: int
+    cache: KVCache | None
+    write: bool
+
+
+def attention_mask(
+    n_query: int,
+    n_key: int,
+    key_valid: Tensor | None,
+    window: int | None,
+    device: torch.device,
+) -> Tensor | None:
+    """Boolean mask [batch or 1, 1, query, key] (True = may attend), or None for plain causal.
+
+    Queries are the last ``n_query`` of ``n_key`` positions. A query always sees itself, so a
+    padding query never has an empty row (its output is unused but stays finite).
+    """
+    if key_valid is None and window is None:
+        return None
+    q_idx = torch.arange(n_key - n_query, n_key, device=device)[:, None]
+    k_idx = torch.arange(n_key, device=device)[None, :]
+    allowed = k_idx <= q_idx
+    if window is not None:
+        allowed = allowed & (k_idx > q_idx - window)
+    allowed = allowed[None, None]
+    if key_valid is not None:
+        allowed = allowed & key_valid[:, None, None, :]
+        allowed = allowed | (k_idx == q_idx)[None, None]
+    return allowed
+
+
+class Attention(nn.Module):
+    """Causal multi-head attention through SDPA.
+
+    ``mode='intra'``: each stream attends only to itself (a per-stream causal attention over
+    tokens, cost ~ n_streams * tokens^2, never an interleaved-length mask). ``mode='cross'``:
+    causal over the interleaved sequence, optionally windowed. With one stream both are the
+    ordinary causal attention.
+    """
+
+    def __init__(self, cfg: ModelConfig, mode: Literal["intra", "cross"] = "intra", window: int | None = None):
+        super().__init__()
+        self.cfg, self.mode, self.window = cfg, mode, window
+        d = cfg.n_heads * cfg.d_head
+        self.W_Q = nn.Linear(cfg.d_model, d, bias=False)
+        self.W_K = nn.Linear(cfg.d_model, d, bias=False)
+        self.W_V = nn.Linear(cfg.d_model, d, bias=False)
+        self.W_O = nn.Linear(d, cfg.d_model, bias=False)
+        self.hook_q = HookPoint()  # [batch, pos, n_heads, d_head] (after rotary)
+        self.hook_k = HookPoint()  # [batch, pos, n_heads, d_head] (after rotary)
+        self.hook_v = HookPoint()  # [batch, pos, n_heads, d_head]
+        # [batch, n_heads, query_pos, key_pos]; intra-stream layers with n_streams > 1:
+        # [batch, n_streams, n_heads, query_token, key_token]. Computed only when hooked.
+        self.hook_pattern = HookPoint()
+        self.hook_z = HookPoint()  # [batch, pos, n_heads, d_head]
+        # Materialise the pattern even with no TransformerLens hook on hook_pattern (for nnsight,
+        # which does not register torch hooks). See DecoderLM.compute_patterns.
+        self.force_pattern = False
+
+    def forward(self, x: Tensor, ctx: AttnContext, kv: LayerKV | None) -> Tensor:
+        B, P, _ = x.shape
+        H, dh, n = self.cfg.n_heads, self.cfg.d_head, ctx.n_streams
+        q = apply_rotary(self.W_Q(x).view(B, P, H, dh).transpose(1, 2), ctx.cos, ctx.sin)
+        k = apply_rotary(self.W_K(x).view(B, P, H, dh).transpose(1, 2), ctx.cos, ctx.sin)
+        q = self.hook_q(q.transpose(1, 2)).transpose(1, 2)  # [batch, n_heads, pos, d_head]
+        k = self.hook_k(k.transpose(1, 2)).transpose(1, 2)
+        v = self.hook_v(self.W_V(x).view(B, P, H, dh)).transpose(1, 2)
+        per_stream = self.mode == "intra" and n > 1
+        key_valid = ctx.key_valid
+        if per_stream:
+            # [batch, n_heads, tokens*n_streams, d_head] -> [batch*n_streams, n_heads, tokens, d_head]
+            q, k, v = (self._split_streams(t, n) for t in (q, k, v))
+            if key_valid is not None:
+                key_valid = key_valid.repeat_interleave(n, dim=0)
+        elif n > 1 and key_valid is not None:
+            key_valid = key_valid.repeat_interleave(n, dim=1)
+        scale = n if (self.mode == "cross" and n > 1) else 1
+        if kv is not None:
+            capacity = ctx.cache.capacity * scale
+            k, v = kv.extend(k, v, capacity, ctx.write)
+        mask = attention_mask(q.shape[2], k.shape[2], key_valid, self.window, x.device)
+        if self.force_pattern or _is_hooked(self.hook_pattern):
+            z = self._attend_explicit(q, k, v, mask, B, n if per_stream else 1)
+        elif mask is None and q.shape[2] > 1:
+            if q.shape[2] == k.shape[2]:
+                z = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:  # several new queries after a cached past
+                z = F.scaled_dot_product_attention(q, k, v, attn_mask=self._causal(q, k))
+        else:  # a single query sees every cached key, or an explicit padding/window mask
+            z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        if per_stream:
+            z = self._merge_streams(z, n)
+        z = self.hook_z(z.transpose(1, 2))  # [batch, pos, n_heads, d_head]
+        return self.W_O(z.reshape(B, P, H * dh))
+
+    @staticmethod
+    def _causal(q: Tensor, k: Tensor) -> Tensor:
+        nq, nk = q.shape[2], k.shape[2]
+        q_idx = torch.arange(nk - nq, nk, device=q.device)[:, None]
+        return torch.arange(nk, device=q.device)[None, :] <= q_idx
+
+    def _attend_explicit(self, q, k, v, mask, batch: int, n: int) -> Tensor:
+        scores = (q @ k.transpose(-1, -2)) / math.sqrt(self.cfg.d_head)
+        if mask is None:
+            mask = self._causal(q, k)
+        scores = scores.masked_fill(~mask, float("-inf"))
+        pattern = scores.softmax(dim=-1)
+        if n > 1:
+            pattern = pattern.view(batch, n, *pattern.shape[1:])
+        pattern = self.hook_pattern(pattern)
+        return pattern.reshape(q.shape[0], *pattern.shape[-3:]) @ v
+
+    @staticmethod
+    def _split_streams(t: Tensor, n: int) -> Tensor:
+        B, H, P, dh = t.shape
+        return t.view(B, H, P // n, n, dh).permute(0, 3, 1, 2, 4).reshape(B * n, H, P // n, dh)
+
+    @staticmethod
+    def _merge_streams(t: Tensor, n: int) -> Tensor:
+        Bn, H, T, dh = t.shape
+        return t.view(Bn // n, n, H, T, dh).permute(0, 2, 3, 1, 4).reshape(Bn // n, H, T * n, dh)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.W_gate = nn.Linear(cfg.d_model, cfg.d_mlp, bias=False)
+        self.W_in = nn.Linear(cfg.d_model, cfg.d_mlp, bias=False)
+        self.W_out = nn.Linear(cfg.d_mlp, cfg.d_model, bias=False)
+        self.hook_pre = HookPoint()  # [batch, pos, d_mlp] gate pre-activation
+        self.hook_pre_linear = HookPoint()  # [batch, pos, d_mlp]
+        self.hook_post = HookPoint()  # [batch, pos, d_mlp]
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate = self.hook_pre(self.W_gate(x))
+        lin = self.hook_pre_linear(self.W_in(x))
+        return self.W_out(self.hook_post(F.silu(gate) * lin))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, mode: Literal["intra", "cross"] = "intra", window: int | None = None):
+        super().__init__()
+        self.ln1 = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = Attention(cfg, mode, window)
+        self.ln2 = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = SwiGLU(cfg)
+        self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
+        self.hook_attn_out = HookPoint()  # [batch, pos, d_model]
+        self.hook_resid_mid = HookPoint()  # [batch, pos, d_model]
+        self.hook_mlp_out = HookPoint()  # [batch, pos, d_model]
+        self.hook_resid_post = HookPoint()  # [batch, pos, d_model]
+
+    def forward(self, x: Tensor, ctx: AttnContext, kv: LayerKV | None) -> Tensor:
+        x = self.hook_resid_pre(x)
+        x = self.hook_resid_mid(x + self.hook_attn_out(self.attn(self.ln1(x), ctx, kv)))
+        return self.hook_resid_post(x + self.hook_mlp_out(self.mlp(self.ln2(x))))
+
+
+def init_weights(model: nn.Module, cfg: ModelConfig) -> None:
+    """Normal(0, init_std) everywhere; residual output projections scaled by 1/sqrt(2 n_layers)
+    so the residual stream (and the carried state) keeps O(1) scale as depth grows."""
+    residual_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)
+    for name, p in model.named_parameters():
+        if name.endswith("ln1.w") or name.endswith("ln2.w") or name.endswith("ln_final.w"):
+            nn.init.ones_(p)
+        elif name.endswith("attn.W_O.weight") or name.endswith("mlp.W_out.weight"):
+            nn.init.normal_(p, std=residual_std)
+        else:
+            nn.init.normal_(p, std=cfg.init_std)

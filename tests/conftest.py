@@ -1,0 +1,40 @@
+import pytest
+import torch
+
+from workbench import build_model
+
+VOCAB = 100  # ids the character tokenizer uses; every preset has d_vocab 128
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def tokens(batch=2, length=12, seed=0):
+    return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(params=["baseline", "fbt", "hd"])
+def any_model(request):
+    overrides = {"n_streams": 3} if request.param == "hd" else {}
+    return build_model(request.param, "debug", **overrides)
+
+
+def sequential_fbt_states(model, toks, fuse_start=0):
+    """The FBT ground truth computed without a cache: at each step re-run the whole prefix on the
+    explicit fused inputs u_0..u_t. u_t = e_t for t < max(fuse_start, 1)."""
+    embed = model.embed(toks)
+    inputs, states = [], []
+    B, L = toks.shape
+    for t in range(L):
+        e = embed[:, t : t + 1]
+        if t < max(fuse_start, 1):
+            u = e
+        else:
+            u = model.fusion(states[-1][:, None], e, torch.ones(B, 1, dtype=torch.bool))
+        inputs.append(u)
+        prefix = toks[:, : t + 1]
+        h = model.run_stack(torch.cat(inputs, dim=1), model.context(prefix, None, None))
+        states.append(h[:, -1])
+    return torch.stack(states, dim=1)

@@ -1,0 +1,120 @@
+"""Bad input gets an error that names the offending value; checkpoints load without pickle."""
+
+import json
+
+import pytest
+import torch
+
+from conftest import tokens
+from workbench import build_model, generate, load_model, make_config, parse_override, save_model
+
+
+@pytest.mark.parametrize("bad,match", [(128, "token id 128"), (-1, "token id -1")])
+def test_token_ids_outside_the_vocabulary(any_model, bad, match):
+    toks = tokens(1, 5)
+    toks[0, 2] = bad
+    with pytest.raises(ValueError, match=match):
+        any_model(toks)
+
+
+def test_sequences_longer_than_the_context(any_model):
+    with pytest.raises(ValueError, match="129 tokens.*n_ctx=128"):
+        any_model(tokens(1, 129))
+    cache = any_model.make_cache()
+    any_model(tokens(1, 100), cache=cache)
+    with pytest.raises(ValueError, match=r"100 cached \+ 40 new"):
+        any_model(tokens(1, 40), cache=cache)
+    with pytest.raises(ValueError, match="max_new_tokens=40.*n_ctx=128"):
+        generate(any_model, tokens(1, 100), max_new_tokens=40)
+
+
+def test_non_integer_or_wrongly_shaped_tokens():
+    model = build_model("baseline", "debug")
+    with pytest.raises(ValueError, match="dtype torch.float32"):
+        model(torch.zeros(1, 4))
+    with pytest.raises(ValueError, match=r"\[batch, pos\].*\(4,\)"):
+        model(torch.zeros(4, dtype=torch.long))
+
+
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda: build_model("gpt", "debug"), "unknown architecture 'gpt'"),
+        (lambda: build_model("fbt", "huge"), "unknown preset 'huge'"),
+        (lambda: build_model("fbt", "debug", d_modle=3), "unknown config field 'd_modle'"),
+        (lambda: build_model("fbt", "debug", d_model=30), "d_model=30 is not divisible by n_heads=4"),
+        (lambda: build_model("fbt", "debug", n_layers=0), "n_layers=0"),
+        (lambda: build_model("fbt", "debug", d_model=32.5), "d_model=32.5: expected int"),
+        (lambda: build_model("fbt", "debug", fusion="concat"), "fusion='concat'"),
+        (lambda: build_model("hd", "debug", n_streams=0), "n_streams=0"),
+        (lambda: build_model("hd", "debug", cross_layers=(5,)), "layer 5 is not in"),
+        (lambda: build_model("hd", "debug", positions="random"), "positions='random'"),
+        (lambda: parse_override("fbt", "d_model"), "malformed override 'd_model'"),
+        (lambda: parse_override("fbt", "d_model=abc"), "malformed override 'd_model=abc'.*int"),
+        (lambda: parse_override("fbt", "width=3"), "unknown config field 'width'"),
+    ],
+)
+def test_bad_configs_name_the_field(call, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        call()
+
+
+def test_overrides_are_typed():
+    assert parse_override("hd", "cross_layers=0,1") == ("cross_layers", (0, 1))
+    assert parse_override("hd", "cross_window=none") == ("cross_window", None)
+    assert parse_override("fbt", "init_std=0.01") == ("init_std", 0.01)
+    assert make_config("hd", "tiny", **dict([parse_override("hd", "n_streams=4")])).n_streams == 4
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(regime="soft"), "regime 'soft' needs a Full-Bandwidth model"),
+        (dict(regime="greedy"), "unknown regime 'greedy'"),
+        (dict(passes=0), "passes=0"),
+        (dict(max_new_tokens=0), "max_new_tokens=0"),
+        (dict(temperature=-1.0), "temperature=-1.0"),
+    ],
+)
+def test_bad_generation_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        generate(build_model("baseline", "debug"), tokens(1, 4), **kwargs)
+
+
+def test_checkpoint_round_trip(tmp_path, any_model):
+    save_model(any_model, tmp_path / "run")
+    loaded = load_model(tmp_path / "run")
+    toks = tokens(2, 8)
+    with torch.no_grad():
+        assert torch.equal(loaded(toks), any_model(toks))
+    assert type(loaded) is type(any_model) and loaded.cfg == any_model.cfg
+    assert not list((tmp_path / "run").glob("*.tmp"))
+
+
+def test_corrupt_or_missing_checkpoints_name_the_file(tmp_path):
+    model = build_model("fbt", "debug")
+    run = save_model(model, tmp_path / "run")
+    weights = run / "model.safetensors"
+    good = weights.read_bytes()
+    weights.write_bytes(good[: len(good) // 2])
+    with pytest.raises(ValueError, match="corrupt checkpoint .*model.safetensors"):
+        load_model(run)
+    weights.unlink()
+    with pytest.raises(FileNotFoundError, match="model.safetensors"):
+        load_model(run)
+    weights.write_bytes(good)
+    config = json.loads((run / "config.json").read_text())
+    config["model"]["d_modle"] = 3
+    (run / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="config.json.*d_modle"):
+        load_model(run)
+    config["model"].pop("d_modle")
+    config["model"]["d_model"] = 64
+    (run / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="does not match the config"):
+        load_model(run)
+    (run / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="corrupt JSON in .*config.json"):
+        load_model(run)
+    with pytest.raises(FileNotFoundError, match="no run directory"):
+        load_model(tmp_path / "nowhere")

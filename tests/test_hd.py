@@ -1,0 +1,140 @@
+"""Hidden Decoding: stream factorisation, causality, expansion, readout."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import tokens
+from models import expand_streams, unstack_streams
+from workbench import build_model
+
+
+def _states_by_layer(model, toks, stream_noise=None):
+    """Every block's resid_post [layer, batch, pos, n_streams, d_model]; optionally add noise to
+    the embedding of one stream (``(stream, token_slice)``)."""
+    hooks = []
+    if stream_noise is not None:
+        stream, where = stream_noise
+
+        def perturb(x, hook):
+            x = x.clone()
+            x[:, where, stream] += torch.randn_like(x[:, where, stream])
+            return x
+
+        hooks.append(("hook_stream_embed", perturb))
+    with torch.no_grad(), model.hooks(fwd_hooks=hooks):
+        _, cache = model.run_with_cache(toks, names_filter=lambda n: n.endswith("hook_resid_post"))
+    return torch.stack([unstack_streams(cache[f"blocks.{i}.hook_resid_post"], model.n_streams) for i in range(model.cfg.n_layers)])
+
+
+def test_intra_stream_layers_keep_streams_apart():
+    n = 3
+    model = build_model("hd", "debug", n_streams=n, n_layers=3, cross_layers=(2,))
+    toks = tokens(2, 8)
+    clean = _states_by_layer(model, toks)
+    for s_prime in range(n):
+        noisy = _states_by_layer(model, toks, (s_prime, slice(None)))
+        for s in range(n):
+            diff = (noisy[:2, :, :, s] - clean[:2, :, :, s]).abs().max()  # layers 0, 1: intra-stream
+            assert (diff == 0) == (s != s_prime), (s, s_prime, diff)
+        # the cross-stream layer mixes the perturbed stream into the later streams
+        later = [s for s in range(n) if s > s_prime]
+        if later:
+            assert (noisy[2, :, :, later] - clean[2, :, :, later]).abs().max() > 0
+
+
+@pytest.mark.parametrize("window", [None, 4])
+def test_no_position_sees_a_later_token_or_a_later_stream(window):
+    n = 3
+    model = build_model("hd", "debug", n_streams=n, n_layers=3, cross_layers=(1, 2), cross_window=window)
+    toks = tokens(2, 8)
+    clean = _states_by_layer(model, toks)
+    j = 5
+    changed = toks.clone()
+    changed[:, j] = (changed[:, j] + 1) % 100
+    moved = _states_by_layer(model, changed)
+    assert torch.equal(moved[:, :, :j], clean[:, :, :j])  # every layer, every stream of earlier tokens
+    assert (moved[:, :, j] - clean[:, :, j]).abs().max() > 0
+    # within token j, stream s is untouched by streams after it (interleaved causality)
+    for s_prime in range(1, n):
+        noisy = _states_by_layer(model, toks, (s_prime, slice(j, j + 1)))
+        assert torch.equal(noisy[:, :, j, :s_prime], clean[:, :, j, :s_prime])
+        assert torch.equal(noisy[:, :, :j], clean[:, :, :j])
+
+
+def test_intra_stream_layers_never_build_an_interleaved_mask(monkeypatch):
+    n, L = 4, 16
+    model = build_model("hd", "debug", n_streams=n, n_layers=3, cross_layers=(1,))
+    seen = []
+    real_sdpa = F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, is_causal=False, **kw):
+        seen.append((q.shape[-2], k.shape[-2], None if attn_mask is None else tuple(attn_mask.shape[-2:])))
+        return real_sdpa(q, k, v, attn_mask=attn_mask, is_causal=is_causal, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    toks = tokens(2, L)
+    pad_mask = torch.ones(2, L, dtype=torch.bool)
+    pad_mask[1, :3] = False
+    with torch.no_grad():
+        model(toks)
+        model(toks, attention_mask=pad_mask)
+        cache = model.make_cache()
+        model(toks[:, :10], cache=cache)
+        model(toks[:, 10:11], cache=cache)
+    # one SDPA call per layer per forward; only the cross-stream layer (index 1) works at
+    # interleaved length, the intra-stream ones see at most L tokens per stream
+    assert len(seen) == 4 * 3
+    cross = [s for i, s in enumerate(seen) if i % 3 == 1]
+    intra = [s for i, s in enumerate(seen) if i % 3 != 1]
+    assert all(max(s[0], s[1]) <= L and (s[2] is None or max(s[2]) <= L) for s in intra), intra
+    assert all(max(s[0], s[1]) > L for s in cross), cross
+
+
+def test_hd_with_one_stream_is_the_baseline():
+    baseline = build_model("baseline", "debug", seed=5)
+    hd = expand_streams(baseline, 1)
+    toks = tokens(2, 12)
+    with torch.no_grad():
+        assert torch.equal(hd(toks), baseline(toks))
+
+
+def test_expansion_replicates_tables_cyclically_and_chains():
+    baseline = build_model("baseline", "debug", seed=5)
+    hd2 = expand_streams(baseline, 2)
+    with torch.no_grad():
+        hd2.embed.W_E[1] += 1.0  # make E_2 distinguishable from E_1
+    hd4 = expand_streams(hd2, 4)
+    W = hd4.embed.W_E
+    assert torch.equal(W[0], baseline.embed.W_E) and torch.equal(W[2], W[0])
+    assert torch.equal(W[1], hd2.embed.W_E[1]) and torch.equal(W[3], W[1])
+    assert torch.equal(hd4.blocks[1].mlp.W_out.weight, baseline.blocks[1].mlp.W_out.weight)
+    with pytest.raises(ValueError, match="n_streams=2"):
+        expand_streams(hd4, 2)
+
+
+def test_readout_last_stream_and_sum_ablation():
+    model = build_model("hd", "debug", n_streams=3)
+    toks = tokens(1, 5)
+    with torch.no_grad():
+        every = model(toks, all_streams=True)
+        assert every.shape == (1, 5, 3, 128)
+        torch.testing.assert_close(model(toks), every[:, :, -1])
+        model.cfg.readout = "sum"
+        torch.testing.assert_close(model(toks), every.sum(dim=2), atol=1e-5, rtol=1e-5)
+
+
+def test_interleaved_positions_option_changes_cross_layers_only():
+    a = build_model("hd", "debug", n_streams=2, cross_layers=())
+    b = build_model("hd", "debug", n_streams=2, cross_layers=(), positions="interleaved")
+    toks = tokens(1, 6)
+    with torch.no_grad():
+        assert not torch.equal(a(toks), b(toks))  # rotary phases differ per stream
+
+
+def test_unstack_streams_checks_its_input():
+    x = torch.arange(2 * 6 * 3).view(2, 6, 3)
+    assert unstack_streams(x, 3).shape == (2, 2, 3, 3)
+    assert torch.equal(unstack_streams(x, 3)[:, 1, 0], x[:, 3])
+    with pytest.raises(ValueError, match="n_streams=4"):
+        unstack_streams(x, 4)

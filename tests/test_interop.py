@@ -1,0 +1,94 @@
+"""Hugging Face export, TransformerLens's TransformerBridge and nnsight on our models."""
+
+import json
+
+import pytest
+import torch
+
+from conftest import tokens
+from models import expand_streams
+from workbench import CharTokenizer, build_model
+from workbench.export import export_hf
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    model = build_model("baseline", "debug", seed=11)
+    out = export_hf(model, tmp_path_factory.mktemp("hf"))
+    return model, out
+
+
+def test_export_loads_in_transformers_with_equal_logits(exported):
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    model, out = exported
+    hf = LlamaForCausalLM.from_pretrained(out).eval()
+    toks = tokens(2, 20)
+    with torch.no_grad():
+        torch.testing.assert_close(hf(toks).logits, model(toks), atol=1e-4, rtol=0)
+    tok = AutoTokenizer.from_pretrained(out)
+    ids = CharTokenizer().encode("a+b = 3\n")
+    assert tok("a+b = 3\n").input_ids == ids and tok.decode(ids) == "a+b = 3\n"
+    assert json.loads((out / "workbench_export.json").read_text())["exact"] is True
+
+
+def test_export_loads_in_transformer_bridge_with_equal_logits(exported):
+    from transformer_lens.model_bridge import TransformerBridge
+
+    model, out = exported
+    bridge = TransformerBridge.boot_transformers(str(out), device="cpu")
+    toks = tokens(2, 20)
+    with torch.no_grad():
+        torch.testing.assert_close(bridge(toks), model(toks), atol=1e-4, rtol=0)
+        _, cache = bridge.run_with_cache(toks)
+        _, ours = model.run_with_cache(toks)
+    torch.testing.assert_close(cache["blocks.1.hook_resid_post"], ours["blocks.1.hook_resid_post"], atol=1e-5, rtol=0)
+
+
+def test_fbt_and_hd_export_their_backbone(tmp_path):
+    from transformers import LlamaForCausalLM
+
+    toks = tokens(1, 10)
+    fbt = build_model("fbt", "debug", seed=2)
+    hf = LlamaForCausalLM.from_pretrained(export_hf(fbt, tmp_path / "fbt")).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(hf(toks).logits, fbt(toks), atol=1e-4, rtol=0)  # the standard regime
+    note = json.loads((tmp_path / "fbt" / "workbench_export.json").read_text())
+    assert note["exact"] is False and "fusion.W_U.weight" in note["dropped"]
+    hd1 = expand_streams(build_model("baseline", "debug", seed=2), 1)
+    hf = LlamaForCausalLM.from_pretrained(export_hf(hd1, tmp_path / "hd")).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(hf(toks).logits, hd1(toks), atol=1e-4, rtol=0)
+
+
+def test_nnsight_and_transformer_lens_zero_the_carried_state_identically():
+    from nnsight import NNsight
+
+    model = build_model("fbt", "debug")
+    toks = tokens(2, 10)
+    traced = NNsight(model)
+    with torch.no_grad():
+        with traced.trace(toks, passes=2):
+            state = traced.fusion.hook_state.output.save()
+            traced.fusion.hook_state.output = torch.zeros_like(traced.fusion.hook_state.output)
+            nn_logits = traced.output.save()
+        tl_logits = model.run_with_hooks(toks, passes=2, fwd_hooks=[("fusion.hook_state", lambda x, hook: torch.zeros_like(x))])
+        plain = model(toks, passes=2)
+    assert torch.equal(nn_logits, tl_logits)
+    assert (plain - tl_logits).abs().max() > 1e-3
+    h1 = model.final_states(toks)  # pass 1's carried states, shifted right, are what pass 2 reads
+    torch.testing.assert_close(state[:, 1:], h1[:, :-1])
+
+
+def test_nnsight_overwrites_the_fused_input():
+    from nnsight import NNsight
+
+    model = build_model("fbt", "debug")
+    toks = tokens(2, 10)
+    traced = NNsight(model)
+    with torch.no_grad():
+        with traced.trace(toks, passes=2):
+            traced.fusion.hook_fused.output = traced.embed.output  # feed pass 2 plain embeddings
+            logits = traced.output.save()
+        standard = model(toks)
+    torch.testing.assert_close(logits, standard)

@@ -1,0 +1,25 @@
+"""Everything done with the models: building, decoding, activation recording, checkpoints, export."""
+
+from workbench.activations import ActivationRecorder, Record, resolve_hook_names, run_with_pass_cache
+from workbench.checkpoint import load_model, resolve_model, save_model
+from workbench.config import ARCHS, build_model, make_config, parse_override
+from workbench.decoding import REGIMES, Generation, generate
+from workbench.tokenizer import CharTokenizer
+
+__all__ = [
+    "ARCHS",
+    "ActivationRecorder",
+    "CharTokenizer",
+    "Generation",
+    "REGIMES",
+    "Record",
+    "build_model",
+    "generate",
+    "load_model",
+    "make_config",
+    "parse_override",
+    "resolve_hook_names",
+    "resolve_model",
+    "run_with_pass_cache",
+    "save_model",
+]

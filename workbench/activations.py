@@ -1,0 +1,127 @@
+"""Record every firing of chosen hook points, labelled by forward call (step) and FBT pass.
+
+TransformerLens's ``run_with_cache`` keeps one tensor per hook name, so a hook that fires once per
+pass, or once per decoding step, silently keeps only its last call. ``ActivationRecorder`` keeps
+all of them and stacks them along a ``pass`` or ``step`` axis.
+
+    with ActivationRecorder(model, ["fusion.hook_fused", "blocks.0.hook_resid_pre"]) as rec:
+        generate(model, prompts, regime="fused", passes=3)
+    rec.by_pass("blocks.0.hook_resid_pre", step=0)   # [n_passes, batch, pos, d_model]
+    rec.by_step("blocks.0.hook_resid_pre")           # [batch, all positions, d_model]
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from models import DecoderLM
+
+_levels = itertools.count(1)
+
+
+@dataclass
+class Record:
+    step: int  # index of the forward call within the recording (0: the first, e.g. the prefill)
+    pass_index: int  # FBT pass within that call (0-based); always 0 for other architectures
+    value: Tensor
+
+
+def resolve_hook_names(model: DecoderLM, names: str | Sequence[str] | Callable[[str], bool] | None) -> list[str]:
+    """Hook names selected by a name, a list of names or a predicate (None: all). Unknown names
+    raise an error listing the closest valid ones."""
+    valid = list(model.hook_dict)
+    if names is None:
+        return valid
+    if callable(names):
+        return [n for n in valid if names(n)]
+    names = [names] if isinstance(names, str) else list(names)
+    for name in names:
+        if name not in model.hook_dict:
+            close = difflib.get_close_matches(name, valid, n=5, cutoff=0.4)
+            raise ValueError(
+                f"unknown hook name {name!r} for arch {model.arch!r}; closest valid names: {close or valid[:5]}"
+                f" ({len(valid)} hook points in all, see model.hook_dict)"
+            )
+    return names
+
+
+class ActivationRecorder:
+    """Context manager that records chosen hooks at every call, with step and pass labels.
+
+    Steps are counted by ``hook_embed``, which fires once at the start of every forward call.
+    ``device`` moves recorded tensors (e.g. ``'cpu'`` when the model is on a GPU).
+    """
+
+    def __init__(self, model: DecoderLM, names=None, device: str | torch.device | None = None):
+        self.model = model
+        self.names = resolve_hook_names(model, names)
+        self.device = device
+        self.records: dict[str, list[Record]] = {name: [] for name in self.names}
+        self._step = -1
+        self._level = -next(_levels)
+        self._hooked: list[str] = []
+
+    def _save(self, tensor: Tensor, hook) -> None:
+        if hook.name == "hook_embed":
+            self._step += 1
+        if hook.name in self.records:
+            value = tensor.detach()
+            if self.device is not None:
+                value = value.to(self.device)
+            self.records[hook.name].append(Record(self._step, self.model.current_pass, value))
+
+    def __enter__(self) -> "ActivationRecorder":
+        self._hooked = sorted(set(self.names) | {"hook_embed"})
+        for name in self._hooked:
+            # prepend, so the step counter moves before any other hook on hook_embed sees the call
+            self.model.hook_dict[name].add_hook(self._save, dir="fwd", level=self._level, prepend=True)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for name in self._hooked:
+            self.model.hook_dict[name].remove_hooks("fwd", level=self._level)
+        self._hooked = []
+
+    # ---- views -------------------------------------------------------------------------------
+
+    def calls(self, name: str) -> list[Record]:
+        if name not in self.records:
+            raise KeyError(f"hook {name!r} was not recorded; recorded: {self.names}")
+        return self.records[name]
+
+    @property
+    def n_steps(self) -> int:
+        return self._step + 1
+
+    def by_pass(self, name: str, step: int = 0) -> Tensor:
+        """[n_passes, batch, pos, ...]: every pass of one forward call."""
+        records = [r for r in self.calls(name) if r.step == step]
+        if not records:
+            raise ValueError(f"hook {name!r} did not fire in step {step} (steps recorded: {self.n_steps})")
+        return torch.stack([r.value for r in records])
+
+    def by_step(self, name: str) -> Tensor:
+        """[batch, pos, ...] over all steps, concatenated along pos, taking the last pass of each
+        step (the one whose keys, values and states the sequence carried on with)."""
+        last: dict[int, Tensor] = {}
+        for r in self.calls(name):
+            last[r.step] = r.value
+        if not last:
+            raise ValueError(f"hook {name!r} never fired")
+        return torch.cat([last[s] for s in sorted(last)], dim=1)
+
+
+def run_with_pass_cache(model: DecoderLM, tokens: Tensor, names=None, **forward_kwargs) -> tuple[Tensor, dict[str, Tensor]]:
+    """One forward call; returns logits and ``{hook name: [n_passes, batch, pos, ...]}``.
+
+    The multi-pass counterpart of ``run_with_cache`` (``passes=K`` goes in ``forward_kwargs``).
+    """
+    with ActivationRecorder(model, names) as rec:
+        logits = model(tokens, **forward_kwargs)
+    return logits, {name: rec.by_pass(name) for name in rec.names if rec.calls(name)}

@@ -1,0 +1,180 @@
+"""Batched generation with a key/value cache for every architecture, and the FBT decoding regimes.
+
+- ``standard``: plain embeddings everywhere (any architecture).
+- ``soft``: plain prefill of the prompt, then every generated step is fused with the previous
+  step's carried state (FBT).
+- ``fused``: K-pass prefill of the prompt (``passes=K``; ``passes='exact'`` runs the exact
+  sequential recurrence token by token), then ``soft`` generation (FBT).
+
+Prompts of different lengths are left-padded; padding is masked out of attention and rotary
+positions count real tokens only, so a row decodes exactly as it would alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from models import DecoderLM, FullBandwidthLM
+
+REGIMES = ("standard", "soft", "fused")
+
+
+@dataclass
+class Generation:
+    tokens: Tensor  # [batch, prompt_pos + new] left-padded prompts then generated tokens
+    attention_mask: Tensor  # [batch, prompt_pos + new] bool, False at padding
+    new_tokens: Tensor  # [batch, new]
+    prompt_lengths: list[int]
+    states: Tensor  # [batch, new, d_model] final-normed state that produced each new token
+    finished: Tensor  # [batch] bool: the row emitted eos_token_id
+    lengths: Tensor  # [batch] generated tokens up to and including the first eos
+    regime: str
+    passes: int | str
+
+    def completions(self) -> list[list[int]]:
+        """Generated ids per row, up to and including the first eos (when one was set)."""
+        return [row.tolist()[: int(n)] for row, n in zip(self.new_tokens, self.lengths)]
+
+
+def pad_prompts(prompts, pad_token_id: int = 0, device=None) -> tuple[Tensor, Tensor | None]:
+    """Left-pad a list of id lists (or accept a [batch, pos] tensor). The mask is None when no row
+    is padded, which keeps the unpadded fast path."""
+    if isinstance(prompts, Tensor):
+        if prompts.dim() == 1:
+            prompts = prompts[None]
+        if prompts.dim() != 2:
+            raise ValueError(f"prompt_ids tensor must be [batch, pos], got shape {tuple(prompts.shape)}")
+        return prompts.to(device=device, dtype=torch.long), None
+    rows = [list(p) for p in prompts]
+    if rows and not isinstance(rows[0], list) and all(isinstance(t, int) for t in rows):
+        rows = [rows]
+    if not rows or any(len(r) == 0 for r in rows):
+        raise ValueError("prompt_ids must hold at least one non-empty prompt")
+    width = max(len(r) for r in rows)
+    tokens = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.bool)
+    for i, r in enumerate(rows):
+        tokens[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
+        mask[i, width - len(r) :] = True
+    return tokens.to(device), (None if bool(mask.all()) else mask.to(device))
+
+
+def sample(logits: Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None) -> Tensor:
+    """Next ids [batch] from logits [batch, d_vocab]: greedy at temperature 0."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator)[:, 0]
+
+
+def _check_args(model, regime, passes, max_new_tokens, temperature, top_k):
+    if regime not in REGIMES:
+        raise ValueError(f"unknown regime {regime!r}: expected one of {REGIMES}")
+    if regime != "standard" and not isinstance(model, FullBandwidthLM):
+        raise ValueError(f"regime {regime!r} needs a Full-Bandwidth model; arch {model.arch!r} decodes only 'standard'")
+    if passes != "exact" and (not isinstance(passes, int) or isinstance(passes, bool) or passes < 1):
+        raise ValueError(f"passes={passes!r}: expected an integer >= 1 or 'exact'")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens!r}: expected an integer >= 1")
+    if temperature < 0:
+        raise ValueError(f"temperature={temperature!r}: expected >= 0")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k={top_k!r}: expected None or an integer >= 1")
+
+
+@torch.no_grad()
+def generate(
+    model: DecoderLM,
+    prompt_ids: Tensor | Sequence[Sequence[int]],
+    *,
+    regime: str = "standard",
+    max_new_tokens: int = 32,
+    passes: int | str = 1,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    seed: int | None = 0,
+    eos_token_id: int | None = None,
+    pad_token_id: int = 0,
+) -> Generation:
+    """Generate ``max_new_tokens`` for every prompt with a key/value cache.
+
+    ``passes`` is the K of the ``fused`` regime's K-pass prefill (``'exact'``: the sequential
+    recurrence). Hooks attached to ``model`` fire at every step; the workbench's
+    ``ActivationRecorder`` tells the steps (and passes) apart.
+    """
+    _check_args(model, regime, passes, max_new_tokens, temperature, top_k)
+    device = model.embed.W_E.device
+    tokens, mask = pad_prompts(prompt_ids, pad_token_id, device)
+    B, P = tokens.shape
+    model.check_tokens(tokens)
+    if P + max_new_tokens > model.cfg.n_ctx:
+        raise ValueError(
+            f"prompt of {P} tokens + max_new_tokens={max_new_tokens} is longer than the context n_ctx={model.cfg.n_ctx}"
+        )
+    prompt_lengths = (mask.sum(1).tolist() if mask is not None else [P] * B)
+    generator = None
+    if temperature > 0 and seed is not None:
+        generator = torch.Generator(device=device).manual_seed(seed)
+    cache = model.make_cache(P + max_new_tokens)
+    fbt = isinstance(model, FullBandwidthLM)
+    n = model.n_streams
+
+    if not fbt:
+        h = model.final_states(tokens, cache=cache, attention_mask=mask)
+    elif regime == "fused":
+        real = mask if mask is not None else torch.ones_like(tokens, dtype=torch.bool)
+        after_real = torch.cat((torch.zeros_like(real[:, :1]), real[:, :-1]), dim=1)
+        fuse = real & after_real
+        if passes == "exact":
+            for t in range(P):
+                step_mask = mask[:, t : t + 1] if mask is not None else None
+                h = model.final_states(tokens[:, t : t + 1], fuse_mask=fuse[:, t : t + 1], cache=cache, attention_mask=step_mask)
+        else:
+            h = model.final_states(tokens, passes=passes, fuse_mask=fuse, cache=cache, attention_mask=mask)
+    else:
+        h = model.final_states(tokens, fuse_mask=torch.zeros_like(tokens, dtype=torch.bool), cache=cache, attention_mask=mask)
+
+    new = torch.empty(B, max_new_tokens, dtype=torch.long, device=device)
+    states = []
+    finished = torch.zeros(B, dtype=torch.bool, device=device)
+    lengths = torch.full((B,), max_new_tokens, dtype=torch.long, device=device)
+    fuse_step = torch.full((B, 1), regime != "standard", dtype=torch.bool, device=device)
+    for i in range(max_new_tokens):
+        logits = model.readout(h[:, -n:])[:, -1]  # the last token's n stream positions
+        states.append(h[:, -1])  # its last stream
+        nxt = sample(logits, temperature, top_k, generator)
+        if eos_token_id is not None:
+            nxt = torch.where(finished, torch.full_like(nxt, pad_token_id), nxt)
+            just = (nxt == eos_token_id) & ~finished
+            lengths = torch.where(just, torch.full_like(lengths, i + 1), lengths)
+            finished |= just
+        new[:, i] = nxt
+        if i == max_new_tokens - 1 or (eos_token_id is not None and bool(finished.all())):
+            new = new[:, : i + 1]
+            break
+        if fbt:
+            h = model.final_states(nxt[:, None], fuse_mask=fuse_step, cache=cache)
+        else:
+            h = model.final_states(nxt[:, None], cache=cache)
+
+    full_mask = torch.ones(B, P + new.shape[1], dtype=torch.bool, device=device)
+    if mask is not None:
+        full_mask[:, :P] = mask
+    return Generation(
+        tokens=torch.cat((tokens, new), dim=1),
+        attention_mask=full_mask,
+        new_tokens=new,
+        prompt_lengths=prompt_lengths,
+        states=torch.stack(states, dim=1),
+        finished=finished,
+        lengths=lengths.clamp(max=new.shape[1]),
+        regime=regime,
+        passes=passes,
+    )
