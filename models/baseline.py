@@ -38,9 +38,10 @@ class DecoderLM(HookedRootModule):
         self.rotary = Rotary(cfg.d_head, cfg.rope_base)
         self.blocks = nn.ModuleList(blocks if blocks is not None else [Block(cfg) for _ in range(cfg.n_layers)])
         self.ln_final = RMSNorm(cfg.d_model, cfg.norm_eps)
-        # Which pass of a multi-pass forward the hooks are firing in (0-based); read by the
-        # workbench's activation recorder so per-pass activations are told apart.
+        # Where the hooks are firing: the pass of a multi-pass forward (0-based) and a count of
+        # forward calls (decoding steps). Labels only, read by the workbench's activation recorder.
         self.current_pass = 0
+        self.forward_calls = 0
 
     def compute_patterns(self, enabled: bool = True) -> None:
         """Always compute attention patterns explicitly (so ``hook_pattern`` fires for tools that
@@ -154,6 +155,7 @@ class DecoderLM(HookedRootModule):
         """Final-normed states [batch, pos, d_model]. With ``cache``, ``tokens`` continue the cached
         sequence. ``attention_mask`` [batch, pos] is False at (left) padding."""
         self.check_tokens(tokens, cache)
+        self.forward_calls += 1
         ctx = self.context(tokens, cache, attention_mask)
         h = self.run_stack(self.hook_embed(self.embed(tokens)), ctx)
         self.commit(cache, ctx, tokens.shape[1])

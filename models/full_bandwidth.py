@@ -90,6 +90,7 @@ class FullBandwidthLM(DecoderLM):
         if not isinstance(passes, int) or isinstance(passes, bool) or passes < 1:
             raise ValueError(f"passes={passes!r}: expected an integer >= 1")
         self.check_tokens(tokens, cache)
+        self.forward_calls += 1
         B, T = tokens.shape
         carried = cache.state if (cache is not None and cache.length > 0) else None
         has_prev = torch.ones(B, T, dtype=torch.bool, device=tokens.device)

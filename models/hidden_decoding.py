@@ -109,6 +109,7 @@ class HiddenDecodingLM(DecoderLM):
     ) -> Tensor:
         """Final-normed interleaved states [batch, n_streams * pos, d_model]."""
         self.check_tokens(tokens, cache)
+        self.forward_calls += 1
         ctx = self.context(tokens, cache, attention_mask)
         streams = self.hook_stream_embed(self.embed(tokens))
         x = self.hook_embed(rearrange(streams, "b t n d -> b (t n) d"))

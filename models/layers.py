@@ -93,12 +93,18 @@ class Rotary(nn.Module):
 
     def __init__(self, d_head: int, base: float):
         super().__init__()
-        inv_freq = 1.0 / (base ** (torch.arange(0, d_head, 2, dtype=torch.float64) / d_head))
-        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        # Not a buffer: model.to(bfloat16) must not round the frequencies (or the positions).
+        self.inv_freq = 1.0 / (base ** (torch.arange(0, d_head, 2, dtype=torch.float64) / d_head))
+        self._on: dict[tuple, Tensor] = {}
 
     def forward(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        # positions: [batch, pos] -> cos, sin: [batch, 1, pos, d_head], broadcast over heads
-        freqs = positions.to(self.inv_freq.dtype)[..., None] * self.inv_freq
+        # positions: [batch, pos] -> cos, sin: [batch, 1, pos, d_head], broadcast over heads.
+        # Angles in fp32 (fp64 for an fp64 model), like Hugging Face's Llama.
+        compute = torch.float64 if dtype == torch.float64 else torch.float32
+        key = (positions.device, compute)
+        if key not in self._on:
+            self._on[key] = self.inv_freq.to(device=positions.device, dtype=compute)
+        freqs = positions.to(compute)[..., None] * self._on[key]
         emb = torch.cat((freqs, freqs), dim=-1)[:, None]
         return emb.cos().to(dtype), emb.sin().to(dtype)
 

@@ -87,3 +87,16 @@ def test_eos_stops_rows_and_pads_after():
     other = free[1].tolist()
     stop = other.index(row[k]) + 1 if row[k] in other else 12
     assert out.completions()[1] == other[:stop]
+
+
+@pytest.mark.parametrize("arch", ["baseline", "fbt", "hd"])
+def test_bfloat16_models_run_and_track_fp32(arch):
+    kw = {"n_streams": 2} if arch == "hd" else {}
+    ref = build_model(arch, "debug", **kw)
+    half = build_model(arch, "debug", dtype=torch.bfloat16, **kw)
+    toks = tokens(2, 100)  # late positions: rotary angles must not be rounded to bf16
+    with torch.no_grad():
+        a, b = ref(toks), half(toks).float()
+    assert b.dtype == torch.float32 and (a - b).abs().max() < 0.05 * a.abs().max()
+    out = generate(half, toks[:, :10], regime="soft" if arch == "fbt" else "standard", max_new_tokens=4)
+    assert out.states.dtype == torch.bfloat16

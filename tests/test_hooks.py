@@ -92,6 +92,17 @@ def test_recorder_tells_decoding_steps_and_passes_apart():
     assert not any(hp.fwd_hooks for hp in model.hook_dict.values())
 
 
+def test_recorder_labels_hd_stream_embeddings_by_step():
+    # hook_stream_embed fires before hook_embed: step labels must not lag behind
+    model = build_model("hd", "debug", n_streams=2)
+    with ActivationRecorder(model, ["hook_stream_embed", "hook_embed"]) as rec:
+        generate(model, tokens(1, 5), max_new_tokens=4)
+    for name in rec.names:
+        assert [r.step for r in rec.calls(name)] == [0, 1, 2, 3]
+    assert rec.by_step("hook_stream_embed").shape == (1, 8, 2, 32)
+    assert rec.n_steps == 4
+
+
 def test_user_hooks_stay_active_during_generation():
     model = build_model("baseline", "debug")
     fired = []

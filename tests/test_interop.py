@@ -92,3 +92,18 @@ def test_nnsight_overwrites_the_fused_input():
             logits = traced.output.save()
         standard = model(toks)
     torch.testing.assert_close(logits, standard)
+
+
+def test_nnsight_reads_attention_patterns_once_forced():
+    from nnsight import NNsight
+
+    model = build_model("baseline", "debug")
+    model.compute_patterns()
+    toks = tokens(1, 7)
+    traced = NNsight(model)
+    with torch.no_grad():
+        with traced.trace(toks):
+            pattern = traced.blocks[1].attn.hook_pattern.output.save()
+        _, cache = model.run_with_cache(toks, names_filter="blocks.1.attn.hook_pattern")
+    assert pattern.shape == (1, 4, 7, 7)
+    torch.testing.assert_close(pattern, cache["blocks.1.attn.hook_pattern"])

@@ -54,8 +54,8 @@ def resolve_hook_names(model: DecoderLM, names: str | Sequence[str] | Callable[[
 class ActivationRecorder:
     """Context manager that records chosen hooks at every call, with step and pass labels.
 
-    Steps are counted by ``hook_embed``, which fires once at the start of every forward call.
-    ``device`` moves recorded tensors (e.g. ``'cpu'`` when the model is on a GPU).
+    A step is one forward call of the model (``generate``: the prefill, then one per fed-back
+    token). ``device`` moves recorded tensors (e.g. ``'cpu'`` when the model is on a GPU).
     """
 
     def __init__(self, model: DecoderLM, names=None, device: str | torch.device | None = None):
@@ -63,30 +63,28 @@ class ActivationRecorder:
         self.names = resolve_hook_names(model, names)
         self.device = device
         self.records: dict[str, list[Record]] = {name: [] for name in self.names}
-        self._step = -1
+        self._first_call = model.forward_calls
+        self._last_call: int | None = None
         self._level = -next(_levels)
-        self._hooked: list[str] = []
 
     def _save(self, tensor: Tensor, hook) -> None:
-        if hook.name == "hook_embed":
-            self._step += 1
-        if hook.name in self.records:
-            value = tensor.detach()
-            if self.device is not None:
-                value = value.to(self.device)
-            self.records[hook.name].append(Record(self._step, self.model.current_pass, value))
+        value = tensor.detach()
+        if self.device is not None:
+            value = value.to(self.device)
+        step = self.model.forward_calls - self._first_call - 1
+        self.records[hook.name].append(Record(step, self.model.current_pass, value))
 
     def __enter__(self) -> "ActivationRecorder":
-        self._hooked = sorted(set(self.names) | {"hook_embed"})
-        for name in self._hooked:
-            # prepend, so the step counter moves before any other hook on hook_embed sees the call
-            self.model.hook_dict[name].add_hook(self._save, dir="fwd", level=self._level, prepend=True)
+        self._first_call = self.model.forward_calls
+        self._last_call = None
+        for name in self.names:
+            self.model.hook_dict[name].add_hook(self._save, dir="fwd", level=self._level)
         return self
 
     def __exit__(self, *exc) -> None:
-        for name in self._hooked:
+        for name in self.names:
             self.model.hook_dict[name].remove_hooks("fwd", level=self._level)
-        self._hooked = []
+        self._last_call = self.model.forward_calls
 
     # ---- views -------------------------------------------------------------------------------
 
@@ -97,7 +95,9 @@ class ActivationRecorder:
 
     @property
     def n_steps(self) -> int:
-        return self._step + 1
+        """Forward calls made inside the ``with`` block (so far, while it is open)."""
+        end = self.model.forward_calls if self._last_call is None else self._last_call
+        return end - self._first_call
 
     def by_pass(self, name: str, step: int = 0) -> Tensor:
         """[n_passes, batch, pos, ...]: every pass of one forward call."""
