@@ -141,6 +141,10 @@ class DecoderLM(HookedRootModule):
             x = block(x, ctx, cache.layers[i] if cache is not None else None)
         return self.ln_final(x)
 
+    def stack_input(self, tokens: Tensor) -> Tensor:
+        """The stack's input embeddings [batch, pos, d_model] for ``tokens``."""
+        return self.hook_embed(self.embed(tokens))
+
     def readout(self, h: Tensor) -> Tensor:
         """Tied readout: logits [batch, pos, d_vocab] from final-normed states."""
         return h @ self.embed.W_E.T
@@ -157,7 +161,7 @@ class DecoderLM(HookedRootModule):
         self.check_tokens(tokens, cache)
         self.forward_calls += 1
         ctx = self.context(tokens, cache, attention_mask)
-        h = self.run_stack(self.hook_embed(self.embed(tokens)), ctx)
+        h = self.run_stack(self.stack_input(tokens), ctx)
         self.commit(cache, ctx, tokens.shape[1])
         return h
 

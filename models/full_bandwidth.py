@@ -102,7 +102,7 @@ class FullBandwidthLM(DecoderLM):
             if fuse_mask.shape != tokens.shape:
                 raise ValueError(f"fuse_mask shape {tuple(fuse_mask.shape)} != tokens shape {tuple(tokens.shape)}")
             fuse_mask = fuse_mask.to(device=tokens.device, dtype=torch.bool) & has_prev
-        embed = self.hook_embed(self.embed(tokens))
+        embed = self.stack_input(tokens)
         first = carried if carried is not None else embed.new_zeros(B, embed.shape[-1])
 
         ctx = self.context(tokens, cache, attention_mask)

@@ -100,22 +100,10 @@ class HiddenDecodingLM(DecoderLM):
             h = h[:, :, -1] if self.cfg.readout == "last" else h.sum(dim=2)
         return h @ self.embed.W_E[0].T
 
-    def final_states(
-        self,
-        tokens: Tensor,
-        *,
-        cache: KVCache | None = None,
-        attention_mask: Tensor | None = None,
-    ) -> Tensor:
-        """Final-normed interleaved states [batch, n_streams * pos, d_model]."""
-        self.check_tokens(tokens, cache)
-        self.forward_calls += 1
-        ctx = self.context(tokens, cache, attention_mask)
+    def stack_input(self, tokens: Tensor) -> Tensor:
+        """Interleaved stream embeddings [batch, n_streams * pos, d_model]."""
         streams = self.hook_stream_embed(self.embed(tokens))
-        x = self.hook_embed(rearrange(streams, "b t n d -> b (t n) d"))
-        h = self.run_stack(x, ctx)
-        self.commit(cache, ctx, tokens.shape[1])
-        return h
+        return self.hook_embed(rearrange(streams, "b t n d -> b (t n) d"))
 
     def forward(
         self,
