@@ -12,6 +12,7 @@ sequential recurrence exactly.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import Tensor, nn
@@ -70,9 +71,8 @@ class FullBandwidthLM(DecoderLM):
         fuse_mask: Tensor | None = None,
         cache: KVCache | None = None,
         attention_mask: Tensor | None = None,
-        state_noise: float = 0.0,
+        perturb: Callable[[Tensor, int], Tensor] | None = None,
         detach_states: bool = False,
-        generator: torch.Generator | None = None,
     ) -> list[Tensor]:
         """Carried states [batch, pos, d_model] of every pass (a list of ``passes`` tensors).
 
@@ -84,7 +84,8 @@ class FullBandwidthLM(DecoderLM):
             always restricted to positions that have one (the first position has none unless the
             cache holds a state).
         cache: only the last pass writes keys/values; earlier passes read the cached past.
-        state_noise: std of Gaussian noise added to carried states fed back (training jitter).
+        perturb: ``perturb(states, pass_index)`` returns the fed-back states to use (training
+            jitter); called on every state fed back, [batch, pos, d_model].
         detach_states: stop gradients through the states fed back (ablation).
         """
         if not isinstance(passes, int) or isinstance(passes, bool) or passes < 1:
@@ -117,12 +118,12 @@ class FullBandwidthLM(DecoderLM):
                     fuse[:, 1:] = False
                     if fuse.any():
                         prev = torch.cat((first[:, None], embed.new_zeros(B, T - 1, embed.shape[-1])), 1)
-                        x = self.fusion(self._feedback(prev, state_noise, detach_states, generator), embed, fuse)
+                        x = self.fusion(self._feedback(prev, k, perturb, detach_states), embed, fuse)
                     else:
                         x = embed
                 else:
                     prev = torch.cat((first[:, None], states[-1][:, :-1]), dim=1)
-                    x = self.fusion(self._feedback(prev, state_noise, detach_states, generator), embed, fuse_mask)
+                    x = self.fusion(self._feedback(prev, k, perturb, detach_states), embed, fuse_mask)
                 states.append(self.run_stack(x, ctx))
         finally:
             self.current_pass = 0
@@ -132,12 +133,10 @@ class FullBandwidthLM(DecoderLM):
         return states
 
     @staticmethod
-    def _feedback(prev: Tensor, noise: float, detach: bool, generator: torch.Generator | None) -> Tensor:
+    def _feedback(prev: Tensor, pass_index: int, perturb, detach: bool) -> Tensor:
         if detach:
             prev = prev.detach()
-        if noise > 0:
-            prev = prev + noise * torch.randn(prev.shape, generator=generator, device=prev.device, dtype=prev.dtype)
-        return prev
+        return perturb(prev, pass_index) if perturb is not None else prev
 
     def final_states(
         self,

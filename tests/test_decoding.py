@@ -100,3 +100,26 @@ def test_bfloat16_models_run_and_track_fp32(arch):
     assert b.dtype == torch.float32 and (a - b).abs().max() < 0.05 * a.abs().max()
     out = generate(half, toks[:, :10], regime="soft" if arch == "fbt" else "standard", max_new_tokens=4)
     assert out.states.dtype == torch.bfloat16
+
+
+def test_scored_completions_match_the_full_forward_and_the_recurrence():
+    import torch.nn.functional as F
+
+    from workbench.decoding import score_completions
+
+    toks = tokens(2, 10)
+    prompts = [toks[0, :4].tolist(), toks[1, :6].tolist()]
+    completions = [toks[0, 4:].tolist(), toks[1, 6:9].tolist()]
+    baseline = build_model("baseline", "debug")
+    nll = score_completions(baseline, prompts, completions)
+    with torch.no_grad():
+        logp = F.log_softmax(baseline(toks[:1]), -1)
+    want = -logp[0, 3:9].gather(1, toks[0, 4:10, None])[:, 0]
+    torch.testing.assert_close(nll[0], want, atol=1e-5, rtol=1e-5)
+    assert torch.isnan(nll[1, 3:]).all() and not torch.isnan(nll[1, :3]).any()
+
+    fbt = build_model("fbt", "debug", dtype=torch.float64)
+    soft = score_completions(fbt, prompts[:1], completions[:1], regime="soft")
+    h = sequential_fbt_states(fbt, toks[:1], fuse_start=4)
+    logp = fbt.readout(h).log_softmax(-1)
+    torch.testing.assert_close(soft[0], -logp[0, 3:9].gather(1, toks[0, 4:10, None])[:, 0].float(), atol=1e-5, rtol=1e-5)

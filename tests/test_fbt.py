@@ -60,13 +60,18 @@ def test_gradients_flow_into_earlier_passes_unless_detached():
         model.zero_grad()
 
 
-def test_state_noise_is_seeded_and_only_on_fed_back_states():
+def test_perturb_applies_only_to_fed_back_states():
     model = build_model("fbt", "debug")
     toks = tokens(1, 8)
-    a = model.run_passes(toks, 2, state_noise=0.1, generator=torch.Generator().manual_seed(1))
-    b = model.run_passes(toks, 2, state_noise=0.1, generator=torch.Generator().manual_seed(1))
-    clean = model.run_passes(toks, 2)
-    assert torch.equal(a[1], b[1])
+    seen = []
+
+    def perturb(states, pass_index):
+        seen.append((pass_index, states.shape))
+        return states + 0.1
+
+    a = model.run_passes(toks, 3, perturb=perturb)
+    clean = model.run_passes(toks, 3)
+    assert seen == [(1, (1, 8, 32)), (2, (1, 8, 32))]
     assert torch.equal(a[0], clean[0]) and not torch.equal(a[1], clean[1])
 
 

@@ -102,6 +102,45 @@ def _passes(text: str) -> int | str:
     return value
 
 
+def cmd_train(args) -> dict:
+    from workbench.checkpoint import read_json
+    from workbench.runconfig import make_run_config, run_config_from_dict
+    from workbench.train import train
+
+    if args.resume:
+        cfg = run_config_from_dict(read_json(Path(args.out) / "config.json"))
+        if args.set or args.init_from:
+            raise ValueError("--resume continues the saved config; --set and --init-from are not allowed with it")
+    else:
+        cfg = make_run_config(args.arch, args.preset, args.task, args.set, init_from=args.init_from)
+    result = train(cfg, args.out, resume=args.resume, progress=not args.no_progress, stop_after=args.stop_after)
+    result.pop("model")
+    print(f"trained {cfg.arch} to step {result['steps']} in {result['seconds']:.1f}s -> {args.out}")
+    return result
+
+
+def cmd_eval(args) -> dict:
+    from workbench.evaluate import evaluate_run
+
+    result = evaluate_run(args.run, n_examples=args.n, fused_passes=args.passes, task=args.task)
+    for task, row in result["tasks"].items():
+        acc = " ".join(f"{r}={v:.3f}" for r, v in row["accuracy"].items())
+        loss = " ".join(f"{r}={v:.4f}" for r, v in row["loss"].items())
+        print(f"{task:9s} loss {loss}  accuracy {acc}")
+    print(f"wrote {Path(args.run) / 'results' / 'eval.json'}")
+    return result
+
+
+def cmd_zoo(args) -> dict:
+    from workbench.zoo import train_zoo
+
+    summary = train_zoo(args.preset, args.out, progress=not args.no_progress, only=args.only)
+    for name, row in summary["models"].items():
+        print(f"{name:12s} trained in {row['train_seconds']}s")
+    print(f"wrote {Path(args.out) / 'zoo.json'}")
+    return summary
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="workbench", description=__doc__)
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
@@ -130,6 +169,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", dest="json_out", help="write the result as JSON here")
     p.set_defaults(func=cmd_export)
 
+    p = sub.add_parser("train", help="train a baseline, FBT or HD model into a run directory")
+    p.add_argument("--arch", choices=["baseline", "fbt", "hd"], default="baseline")
+    p.add_argument("--preset", default="debug")
+    p.add_argument("--task", default=None, help="chain | modsum | flipflop | mix | jsonl:PATH | text:PATH | hf:NAME")
+    p.add_argument("--out", required=True, help="run directory, e.g. runs/NAME")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                   help="typed override, e.g. train.lr=3e-4, model.d_model=96, fbt.three_pass_fraction=0 (repeatable)")
+    p.add_argument("--init-from", default=None, help="continue from this run's weights (e.g. HD from a baseline)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    p.add_argument("--stop-after", type=int, default=None, help="stop after N steps this session (resume later)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", dest="json_out", help="write the summary as JSON here")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("eval", help="validation loss and accuracy per task (and per regime) -> results/eval.json")
+    p.add_argument("run")
+    p.add_argument("--n", type=int, default=None, help="examples per task (default: the run's train.eval_examples)")
+    p.add_argument("--passes", type=_passes, default=2, help="K of the fused regime's prefill, or 'exact'")
+    p.add_argument("--task", default=None, help="evaluate on another task than the run's")
+    p.add_argument("--json", dest="json_out", help="also write the result here")
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("zoo", help="train and evaluate the reference models")
+    p.add_argument("--preset", choices=["micro", "cpu"], default="micro")
+    p.add_argument("--out", default="runs")
+    p.add_argument("--only", action="append", default=None, help="train only this member (repeatable)")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--json", dest="json_out", help="also write the summary here")
+    p.set_defaults(func=cmd_zoo)
+
     p = sub.add_parser("presets", help="list the model presets and parameter counts")
     p.add_argument("--json", dest="json_out", help="write the table as JSON here")
     p.set_defaults(func=cmd_presets)
@@ -142,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         result = args.func(args)
-    except (ValueError, FileNotFoundError, KeyError) as err:
+    except (ValueError, FileNotFoundError, FileExistsError, KeyError, TypeError) as err:
         parser.exit(2, f"workbench {args.verb}: error: {err}\n")
     _emit(result, args.json_out)
     return 0

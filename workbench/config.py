@@ -86,21 +86,22 @@ def parse_override(arch: str, text: str) -> tuple[str, object]:
     if name not in hints:
         raise ValueError(f"unknown config field {name!r} in override {text!r}: expected one of {sorted(hints)}")
     try:
-        return name, _coerce(hints[name], raw)
+        return name, coerce(hints[name], raw)
     except (ValueError, json.JSONDecodeError) as err:
         raise ValueError(f"malformed override {text!r}: field {name} expects {_type_name(hints[name])}") from err
 
 
-def _coerce(kind, raw: str):
+def coerce(kind, raw: str):
+    """Parse ``raw`` as the annotated type ``kind`` (int, float, bool, str, tuples, optionals)."""
     args = typing.get_args(kind)
     if typing.get_origin(kind) in (typing.Union, types.UnionType):
         if raw.lower() in ("none", "null"):
             if type(None) in args:
                 return None
-        return _coerce(next(a for a in args if a is not type(None)), raw)
+        return coerce(next(a for a in args if a is not type(None)), raw)
     if typing.get_origin(kind) is tuple:
         items = [item for item in raw.strip("()[] ").split(",") if item.strip()]
-        return tuple(_coerce(args[0], item.strip()) for item in items)
+        return tuple(coerce(args[0], item.strip()) for item in items)
     if kind is bool:
         if raw.lower() in ("true", "1", "yes"):
             return True

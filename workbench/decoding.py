@@ -89,6 +89,68 @@ def _check_args(model, regime, passes, max_new_tokens, temperature, top_k):
         raise ValueError(f"top_k={top_k!r}: expected None or an integer >= 1")
 
 
+def prefill(model: DecoderLM, tokens: Tensor, mask: Tensor | None, regime: str, passes, cache) -> Tensor:
+    """Run the prompt into ``cache`` under ``regime``; returns its final states."""
+    if not isinstance(model, FullBandwidthLM):
+        return model.final_states(tokens, cache=cache, attention_mask=mask)
+    if regime != "fused":
+        plain = torch.zeros_like(tokens, dtype=torch.bool)
+        return model.final_states(tokens, fuse_mask=plain, cache=cache, attention_mask=mask)
+    real = mask if mask is not None else torch.ones_like(tokens, dtype=torch.bool)
+    after_real = torch.cat((torch.zeros_like(real[:, :1]), real[:, :-1]), dim=1)
+    fuse = real & after_real  # every prompt position after a row's first real token
+    if passes != "exact":
+        return model.final_states(tokens, passes=passes, fuse_mask=fuse, cache=cache, attention_mask=mask)
+    for t in range(tokens.shape[1]):  # the sequential recurrence, one position at a time
+        step_mask = mask[:, t : t + 1] if mask is not None else None
+        h = model.final_states(tokens[:, t : t + 1], fuse_mask=fuse[:, t : t + 1], cache=cache, attention_mask=step_mask)
+    return h
+
+
+def step(model: DecoderLM, tokens: Tensor, regime: str, cache) -> Tensor:
+    """Feed one new token per row [batch, 1]; ``soft``/``fused`` fuse it with the carried state."""
+    if not isinstance(model, FullBandwidthLM):
+        return model.final_states(tokens, cache=cache)
+    fuse = torch.full_like(tokens, regime != "standard", dtype=torch.bool)
+    return model.final_states(tokens, fuse_mask=fuse, cache=cache)
+
+
+@torch.no_grad()
+def score_completions(
+    model: DecoderLM,
+    prompts: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+    *,
+    regime: str = "standard",
+    passes: int | str = 1,
+    pad_token_id: int = 0,
+) -> Tensor:
+    """Teacher-forced negative log-likelihood [batch, completion_pos] of each completion after its
+    prompt, decoded exactly as ``generate`` would (NaN past a row's completion)."""
+    _check_args(model, regime, passes, 1, 0.0, None)
+    device = model.embed.W_E.device
+    tokens, mask = pad_prompts(prompts, pad_token_id, device)
+    B, P = tokens.shape
+    C = max(len(c) for c in completions)
+    if P + C > model.cfg.n_ctx:
+        raise ValueError(f"prompt of {P} + completion of {C} tokens is longer than the context n_ctx={model.cfg.n_ctx}")
+    target = torch.full((B, C), -1, dtype=torch.long, device=device)
+    for i, c in enumerate(completions):
+        target[i, : len(c)] = torch.tensor(list(c), dtype=torch.long)
+    model.check_tokens(target.clamp(min=0))
+    cache = model.make_cache(P + C)
+    n = model.n_streams
+    h = prefill(model, tokens, mask, regime, passes, cache)
+    nll = torch.full((B, C), float("nan"), device=device)
+    for j in range(C):
+        logp = model.readout(h[:, -n:])[:, -1].float().log_softmax(-1)
+        valid = target[:, j] >= 0
+        nll[valid, j] = -logp[valid].gather(1, target[valid, j : j + 1])[:, 0]
+        if j < C - 1:
+            h = step(model, target[:, j : j + 1].clamp(min=0), regime, cache)
+    return nll
+
+
 @torch.no_grad()
 def generate(
     model: DecoderLM,
@@ -123,29 +185,12 @@ def generate(
     if temperature > 0 and seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)
     cache = model.make_cache(P + max_new_tokens)
-    fbt = isinstance(model, FullBandwidthLM)
+    h = prefill(model, tokens, mask, regime, passes, cache)
     n = model.n_streams
-
-    if not fbt:
-        h = model.final_states(tokens, cache=cache, attention_mask=mask)
-    elif regime == "fused":
-        real = mask if mask is not None else torch.ones_like(tokens, dtype=torch.bool)
-        after_real = torch.cat((torch.zeros_like(real[:, :1]), real[:, :-1]), dim=1)
-        fuse = real & after_real
-        if passes == "exact":
-            for t in range(P):
-                step_mask = mask[:, t : t + 1] if mask is not None else None
-                h = model.final_states(tokens[:, t : t + 1], fuse_mask=fuse[:, t : t + 1], cache=cache, attention_mask=step_mask)
-        else:
-            h = model.final_states(tokens, passes=passes, fuse_mask=fuse, cache=cache, attention_mask=mask)
-    else:
-        h = model.final_states(tokens, fuse_mask=torch.zeros_like(tokens, dtype=torch.bool), cache=cache, attention_mask=mask)
-
     new = torch.empty(B, max_new_tokens, dtype=torch.long, device=device)
     states = []
     finished = torch.zeros(B, dtype=torch.bool, device=device)
     lengths = torch.full((B,), max_new_tokens, dtype=torch.long, device=device)
-    fuse_step = torch.full((B, 1), regime != "standard", dtype=torch.bool, device=device)
     for i in range(max_new_tokens):
         logits = model.readout(h[:, -n:])[:, -1]  # the last token's n stream positions
         states.append(h[:, -1])  # its last stream
@@ -159,10 +204,7 @@ def generate(
         if i == max_new_tokens - 1 or (eos_token_id is not None and bool(finished.all())):
             new = new[:, : i + 1]
             break
-        if fbt:
-            h = model.final_states(nxt[:, None], fuse_mask=fuse_step, cache=cache)
-        else:
-            h = model.final_states(nxt[:, None], cache=cache)
+        h = step(model, nxt[:, None], regime, cache)
 
     full_mask = torch.ones(B, P + new.shape[1], dtype=torch.bool, device=device)
     if mask is not None:

@@ -1,0 +1,136 @@
+"""The training loop: exact resume, data parallel equivalence, divergence, init and expansion."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from workbench.runconfig import make_run_config
+from workbench.train import Strategy, TrainingDiverged, train
+
+FAST = ["train.batch_size=4", "train.seq_len=32", "train.warmup=3", "train.log_every=2", "data.n_train=300"]
+
+
+def weights(run: Path) -> dict:
+    return load_file(str(run / "model.safetensors"))
+
+
+def config(arch, *extra, steps=12):
+    return make_run_config(arch, "debug", "mix", FAST + [f"train.steps={steps}", "train.checkpoint_every=4", *extra])
+
+
+@pytest.mark.parametrize("arch,extra", [
+    ("baseline", []),
+    ("fbt", ["fbt.feedback_start=0.25", "fbt.three_pass_fraction=0.5"]),
+    ("hd", ["hd.streams=1,2,3", "hd.expand_at=0,5,9"]),
+])
+def test_resume_reaches_the_uninterrupted_weights(tmp_path, arch, extra):
+    cfg = config(arch, *extra)
+    train(cfg, tmp_path / "straight", progress=False)
+    train(cfg, tmp_path / "split", progress=False, stop_after=6)  # checkpoint at 4; steps 5-6 are lost
+    assert json.loads((tmp_path / "split" / "train_state" / "state.json").read_text())["step"] == 4
+    out = train(cfg, tmp_path / "split", resume=True, progress=False)
+    assert out["resumed_from"] == 4
+    a, b = weights(tmp_path / "straight"), weights(tmp_path / "split")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    strip = lambda p: [{k: v for k, v in json.loads(l).items() if k != "tokens_per_s"} for l in p.read_text().splitlines()]
+    assert strip(tmp_path / "straight" / "metrics.jsonl") == strip(tmp_path / "split" / "metrics.jsonl")
+
+
+def test_fbt_schedule_logs_per_pass_losses(tmp_path):
+    cfg = config("fbt", "fbt.feedback_start=0.5", "fbt.three_pass_fraction=1.0", steps=8)
+    train(cfg, tmp_path / "run", progress=False)
+    rows = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["passes"] for r in rows] == [1, 1, 3, 3]
+    assert "loss_pass3" in rows[-1] and "loss_pass2" not in rows[0]
+    assert all(set(r) >= {"step", "loss", "lr", "grad_norm", "tokens_per_s"} for r in rows)
+
+
+def test_two_processes_match_one_with_the_same_global_batch(tmp_path):
+    """torchrun with 2 processes (gloo) == 1 process accumulating the same two half-batches, bit for
+    bit; == 1 process with the whole batch up to summation order. FBT, so the single-pass phase
+    (fusion without gradients) and the pass schedule are covered."""
+    common = ["--arch", "fbt", "--preset", "debug", "--task", "mix", "--set", "fbt.feedback_start=0.2", "--no-progress"]
+    for item in FAST + ["train.steps=6", "train.checkpoint_every=6"]:
+        common += ["--set", item]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    torchrun = Path(sys.executable).with_name("torchrun")
+    cli = ["-m", "workbench.cli", "train", *common]
+    subprocess.run([str(torchrun), "--standalone", "--nproc_per_node=2", *cli, "--out", str(tmp_path / "ddp")],
+                   check=True, env=env, capture_output=True)
+    subprocess.run([sys.executable, *cli, "--out", str(tmp_path / "one")], check=True, env=env, capture_output=True)
+    subprocess.run([sys.executable, *cli, "--set", "train.grad_accum=2", "--out", str(tmp_path / "accum")],
+                   check=True, env=env, capture_output=True)
+    ddp, one, accum = (weights(tmp_path / n) for n in ("ddp", "one", "accum"))
+    assert all(torch.equal(ddp[k], accum[k]) for k in ddp)
+    for k in ddp:
+        torch.testing.assert_close(ddp[k], one[k], atol=1e-6, rtol=0)
+
+
+def test_divergence_names_the_step_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
+    real = Strategy.loss
+
+    def poisoned(self, model, x, y, step, rows):
+        loss, info = real(self, model, x, y, step, rows)
+        if step == 6:
+            loss = loss * float("nan")
+            info["loss"] = float("nan")
+        return loss, info
+
+    monkeypatch.setattr(Strategy, "loss", poisoned)
+    with pytest.raises(TrainingDiverged, match=r"at step 6 .*last checkpoint \(step 4\)"):
+        train(config("baseline"), tmp_path / "run", progress=False)
+    from workbench import load_model
+
+    load_model(tmp_path / "run")
+    assert json.loads((tmp_path / "run" / "train_state" / "state.json").read_text())["step"] == 4
+
+
+def test_hd_continues_from_a_baseline_and_expands_cyclically(tmp_path):
+    train(config("baseline", steps=4), tmp_path / "base", progress=False)
+    cfg = make_run_config("hd", "debug", "mix", FAST + ["train.steps=4", "hd.streams=2,4", "hd.expand_at=0,2"],
+                          init_from=str(tmp_path / "base"))
+    out = train(cfg, tmp_path / "hd4", progress=False)
+    assert out["model"].n_streams == 4
+    saved = json.loads((tmp_path / "hd4" / "config.json").read_text())
+    assert saved["model"]["n_streams"] == 4 and saved["init_from"] == str(tmp_path / "base")
+
+
+@pytest.mark.parametrize("arch,init,extra,match", [
+    ("hd", "fbt", [], "a 'fbt' run cannot initialise arch 'hd'"),
+    ("hd", "baseline", ["model.d_model=64"], "model.d_model=32 there but 64 here"),
+    ("baseline", "hd", [], "a 'hd' run cannot initialise arch 'baseline'"),
+])
+def test_init_from_a_wrong_run_fails_before_training(tmp_path, arch, init, extra, match):
+    train(config(init, steps=2), tmp_path / "src", progress=False)
+    cfg = make_run_config(arch, "debug", "mix", FAST + ["train.steps=2", *extra], init_from=str(tmp_path / "src"))
+    with pytest.raises(ValueError, match=match):
+        train(cfg, tmp_path / "dst", progress=False)
+    assert not (tmp_path / "dst").exists()
+
+
+@pytest.mark.parametrize("overrides,match", [
+    (["data.task=sudoku"], "task='sudoku'"),
+    (["train.lr=-0.1"], "lr=-0.1"),
+    (["hd.streams=4,2", "hd.expand_at=0,5"], "must be increasing"),
+    (["hd.streams=2,4", "hd.expand_at=0,0"], "expand_at"),
+    (["train.batch_size=6", "train.grad_accum=4"], "batch_size=6 is not divisible by grad_accum=4"),
+    (["train.seq_len=4096"], "seq_len=4096 is longer than the context"),
+    (["fbt.three_pass_fraction=1.5"], "three_pass_fraction=1.5"),
+])
+def test_bad_configs_fail_before_training(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        make_run_config("hd", "debug", None, overrides)
+
+
+def test_an_existing_run_is_never_overwritten(tmp_path):
+    train(config("baseline", steps=2), tmp_path / "run", progress=False)
+    before = (tmp_path / "run" / "model.safetensors").read_bytes()
+    with pytest.raises(FileExistsError, match="--resume"):
+        train(config("baseline", steps=2), tmp_path / "run", progress=False)
+    assert (tmp_path / "run" / "model.safetensors").read_bytes() == before

@@ -1,0 +1,124 @@
+"""Validation loss and exact-match accuracy per task, for FBT per decoding regime.
+
+Per task (held-out examples, a seed distinct from training):
+- ``loss``: mean next-token loss over whole examples; ``standard`` (plain) for every model, and
+  ``recurrent`` for FBT (feedback at every position: the exact sequential recurrence).
+- ``answer_loss[regime]``: mean loss of the completion tokens after the prompt, decoded under the
+  regime (teacher forcing through the same prefill and steps as ``generate``).
+- ``accuracy[regime]``: greedy generation from the prompt; chain/GSM8K compare the number after
+  ``####``, the other tasks the whole completion.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from models import DecoderLM, FullBandwidthLM
+from workbench.checkpoint import read_json, write_json
+from workbench.decoding import REGIMES, generate, score_completions
+from workbench.tasks import SYNTHETIC, Example, TaskConfig, load_task, parse_final_answer
+from workbench.tokenizer import CharTokenizer
+
+EVAL_SEED_OFFSET = 10_000  # validation problems never share the training seed
+
+
+def eval_tasks(task: str) -> list[str]:
+    return list(SYNTHETIC) if task == "mix" else [task]
+
+
+def _batches(items: list, size: int):
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+def is_correct(example: Example, generated: str) -> bool:
+    if example.task in ("chain", "gsm8k"):
+        return parse_final_answer(generated) == example.answer
+    return generated == example.completion
+
+
+def plain_loss(model: DecoderLM, sequences: list[list[int]], batch_size: int) -> float:
+    """Mean next-token loss of whole sequences, one full forward per batch (right padding is
+    invisible to earlier positions)."""
+    total, count = 0.0, 0
+    for chunk in _batches(sequences, batch_size):
+        width = max(len(s) for s in chunk)
+        tokens = torch.zeros(len(chunk), width, dtype=torch.long)
+        target = torch.full((len(chunk), width), -100, dtype=torch.long)
+        for i, s in enumerate(chunk):
+            tokens[i, : len(s)] = torch.tensor(s)
+            target[i, : len(s) - 1] = torch.tensor(s[1:])
+        logits = model(tokens.to(model.embed.W_E.device)).float()
+        total += float(F.cross_entropy(logits.flatten(0, 1), target.flatten().to(logits.device), ignore_index=-100, reduction="sum"))
+        count += int((target >= 0).sum())
+    return total / max(count, 1)
+
+
+@torch.no_grad()
+def evaluate_examples(model: DecoderLM, examples: list[Example], tokenizer: CharTokenizer, *,
+                      fused_passes: int | str = 2, batch_size: int = 64) -> dict:
+    fbt = isinstance(model, FullBandwidthLM)
+    regimes = REGIMES if fbt else ("standard",)
+    eos = tokenizer.eos_id
+    prompts = [tokenizer.encode(ex.prompt) for ex in examples]
+    completions = [tokenizer.encode(ex.completion) + [eos] for ex in examples]
+    wholes = [p + c for p, c in zip(prompts, completions)]
+
+    def mean_nll(regime: str, pairs) -> float:
+        total, count = 0.0, 0
+        for chunk in _batches(pairs, batch_size):
+            nll = score_completions(model, [p for p, _ in chunk], [c for _, c in chunk], regime=regime,
+                                    passes=fused_passes if regime == "fused" else 1, pad_token_id=tokenizer.pad_id)
+            total += float(nll.nansum())
+            count += int((~nll.isnan()).sum())
+        return total / max(count, 1)
+
+    row: dict = {"n": len(examples), "loss": {"standard": plain_loss(model, wholes, batch_size)}}
+    if fbt:
+        # prompt = the first token, so "soft" feeds back from position 1 on: the exact recurrence
+        row["loss"]["recurrent"] = mean_nll("soft", [(w[:1], w[1:]) for w in wholes])
+    row["answer_loss"] = {r: mean_nll(r, list(zip(prompts, completions))) for r in regimes}
+    row["accuracy"] = {}
+    longest = max(len(c) for c in completions) + 8
+    for regime in regimes:
+        correct = 0
+        for chunk in _batches(list(zip(examples, prompts)), batch_size):
+            out = generate(model, [p for _, p in chunk], regime=regime, passes=fused_passes if regime == "fused" else 1,
+                           max_new_tokens=min(longest, model.cfg.n_ctx - max(len(p) for _, p in chunk)),
+                           eos_token_id=eos, pad_token_id=tokenizer.pad_id)
+            for (ex, _), ids in zip(chunk, out.completions()):
+                correct += is_correct(ex, tokenizer.decode(ids))
+        row["accuracy"][regime] = correct / len(examples)
+    return row
+
+
+def evaluate_run(run_dir: str | Path, *, n_examples: int | None = None, fused_passes: int | str = 2,
+                 task: str | None = None, write: bool = True) -> dict:
+    """Evaluate the run at ``run_dir`` on its task; writes ``results/eval.json``."""
+    from workbench.checkpoint import load_model
+    from workbench.runconfig import run_config_from_dict
+
+    run_dir = Path(run_dir)
+    cfg = run_config_from_dict(read_json(run_dir / "config.json"))
+    model = load_model(run_dir)
+    tokenizer = CharTokenizer.load(run_dir)
+    n = n_examples if n_examples is not None else cfg.train.eval_examples
+    data = TaskConfig(**{k: getattr(cfg.data, k) for k in TaskConfig.__dataclass_fields__})
+    started = time.perf_counter()
+    result = {"run": str(run_dir), "arch": cfg.arch, "fused_passes": fused_passes, "tasks": {}}
+    for name in eval_tasks(task or cfg.data.task):
+        examples = load_task(name, n, cfg.train.seed + EVAL_SEED_OFFSET, data)[:n]
+        fits = [ex for ex in examples if len(ex.text) + 1 + 8 <= model.cfg.n_ctx]
+        if not fits:
+            raise ValueError(f"no {name!r} example fits the context n_ctx={model.cfg.n_ctx}")
+        result["tasks"][name] = evaluate_examples(model, fits, tokenizer, fused_passes=fused_passes)
+        result["tasks"][name]["skipped_too_long"] = len(examples) - len(fits)
+    result["seconds"] = round(time.perf_counter() - started, 2)
+    if write:
+        (run_dir / "results").mkdir(exist_ok=True)
+        write_json(run_dir / "results" / "eval.json", result)
+    return result

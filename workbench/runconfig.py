@@ -1,0 +1,184 @@
+"""The typed configuration of a training run: sections ``model``, ``train``, ``data``, ``fbt``,
+``hd``, overridable from the CLI as ``--set section.field=value`` and saved as ``config.json``."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+
+from models import ModelConfig
+from workbench.config import ARCHS, coerce, make_config
+from workbench.tasks import TASK_KINDS, TaskConfig
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 200
+    batch_size: int = 16  # sequences per optimizer step, over all processes and accumulation steps
+    seq_len: int = 128
+    grad_accum: int = 1
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
+    warmup: int = 20
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    seed: int = 0
+    log_every: int = 10
+    checkpoint_every: int = 100
+    eval_examples: int = 64  # per task, for results/eval.json
+    compile: bool = False
+    bf16: bool = True  # autocast to bfloat16 on CUDA (ignored on CPU)
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "seq_len", "grad_accum", "log_every", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"train field {name}={getattr(self, name)!r}: expected an integer >= 1")
+        for name in ("warmup", "eval_examples", "seed"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"train field {name}={getattr(self, name)!r}: expected >= 0")
+        if not self.lr > 0:
+            raise ValueError(f"train field lr={self.lr!r}: expected a number > 0")
+        for name in ("min_lr_ratio", "beta1", "beta2"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"train field {name}={getattr(self, name)!r}: expected a number in [0, 1]")
+        if self.weight_decay < 0 or self.grad_clip <= 0:
+            raise ValueError(f"train fields weight_decay={self.weight_decay}, grad_clip={self.grad_clip}: expected >= 0 and > 0")
+        if self.batch_size % self.grad_accum:
+            raise ValueError(f"train field batch_size={self.batch_size} is not divisible by grad_accum={self.grad_accum}")
+
+
+@dataclass
+class DataConfig(TaskConfig):
+    task: str = "mix"  # chain | modsum | flipflop | mix | jsonl:PATH | text:PATH | hf:NAME[:CONFIG]
+    n_train: int = 20000  # examples generated for training (synthetic tasks)
+    n_val: int = 256  # held-out examples (a different seed)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        kind = self.task.partition(":")[0]
+        if self.task not in TASK_KINDS and not (kind in ("jsonl", "text", "hf") and ":" in self.task):
+            raise ValueError(f"data field task={self.task!r}: expected one of {TASK_KINDS} or jsonl:PATH, text:PATH, hf:NAME")
+
+
+@dataclass
+class FBTTrainConfig:
+    feedback_start: float = 0.3  # fraction of steps trained single-pass before feedback starts
+    three_pass_fraction: float = 0.03  # of the feedback batches, the fraction run with 3 passes
+    pass_weights: tuple[float, ...] = (1.0, 1.0, 1.0)  # NTP loss weight of pass 1, 2, 3
+    prefix_max: float = 0.5  # each sequence stays plain before a random prefix of up to this fraction
+    state_noise: float = 0.01  # std of Gaussian jitter on fed-back states
+    detach: bool = False  # stop gradients into earlier passes (ablation)
+
+    def __post_init__(self) -> None:
+        self.pass_weights = tuple(self.pass_weights)
+        for name in ("feedback_start", "three_pass_fraction", "prefix_max"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"fbt field {name}={getattr(self, name)!r}: expected a number in [0, 1]")
+        if len(self.pass_weights) != 3 or any(w < 0 for w in self.pass_weights):
+            raise ValueError(f"fbt field pass_weights={self.pass_weights!r}: expected 3 non-negative weights")
+        if self.state_noise < 0:
+            raise ValueError(f"fbt field state_noise={self.state_noise!r}: expected >= 0")
+
+
+@dataclass
+class HDTrainConfig:
+    streams: tuple[int, ...] = (2,)  # n_streams of each stage, increasing
+    expand_at: tuple[int, ...] = (0,)  # the step at which each stage starts; the first is 0
+    supervise: str = "last"  # "last" stream, or the ablation "all" streams
+
+    def __post_init__(self) -> None:
+        self.streams, self.expand_at = tuple(self.streams), tuple(self.expand_at)
+        if not self.streams or len(self.streams) != len(self.expand_at):
+            raise ValueError(f"hd fields streams={self.streams} and expand_at={self.expand_at}: expected equal, non-zero lengths")
+        if self.expand_at[0] != 0:
+            raise ValueError(f"hd field expand_at={self.expand_at}: the first stage starts at step 0")
+        pairs = zip(self.streams, self.streams[1:])
+        if self.streams[0] < 1 or any(b <= a for a, b in pairs):
+            raise ValueError(f"hd field streams={self.streams}: expansion schedule must be increasing and >= 1")
+        if any(b <= a for a, b in zip(self.expand_at, self.expand_at[1:])):
+            raise ValueError(f"hd field expand_at={self.expand_at}: expansion steps must be increasing")
+        if self.supervise not in ("last", "all"):
+            raise ValueError(f"hd field supervise={self.supervise!r}: expected 'last' or 'all'")
+
+
+SECTIONS = {"train": TrainConfig, "data": DataConfig, "fbt": FBTTrainConfig, "hd": HDTrainConfig}
+
+
+@dataclass
+class RunConfig:
+    arch: str
+    preset: str
+    model: ModelConfig
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    fbt: FBTTrainConfig = field(default_factory=FBTTrainConfig)
+    hd: HDTrainConfig = field(default_factory=HDTrainConfig)
+    init_from: str | None = None
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def stage(self, step: int) -> int:
+        """HD: n_streams in force at ``step``."""
+        return [n for n, at in zip(self.hd.streams, self.hd.expand_at) if at <= step][-1]
+
+
+def _split(text: str) -> tuple[str, str, str]:
+    if "=" not in text:
+        raise ValueError(f"malformed override {text!r}: expected SECTION.FIELD=VALUE")
+    key, raw = (part.strip() for part in text.split("=", 1))
+    section, _, name = key.partition(".")
+    valid = ["model", *SECTIONS]
+    if not name or section not in valid:
+        raise ValueError(f"malformed override {text!r}: expected SECTION.FIELD=VALUE with SECTION in {valid}")
+    return section, name, raw
+
+
+def make_run_config(arch: str, preset: str, task: str | None = None, overrides: list[str] = (), init_from: str | None = None) -> RunConfig:
+    """Build and validate a run config; every error names the offending field."""
+    if arch not in ARCHS:
+        raise ValueError(f"unknown architecture {arch!r}: expected one of {sorted(ARCHS)}")
+    values: dict[str, dict] = {"model": {}, **{s: {} for s in SECTIONS}}
+    if task is not None:
+        values["data"]["task"] = task
+    model_cls = ARCHS[arch][0]
+    for text in overrides:
+        section, name, raw = _split(text)
+        cls = model_cls if section == "model" else SECTIONS[section]
+        hints = typing.get_type_hints(cls)
+        if name not in hints:
+            raise ValueError(f"unknown config field {section}.{name} in override {text!r}: expected one of {sorted(hints)}")
+        try:
+            values[section][name] = coerce(hints[name], raw)
+        except ValueError as err:
+            raise ValueError(f"malformed override {text!r}: field {section}.{name} expects {hints[name]}") from err
+    if arch == "hd" and "n_streams" not in values["model"]:
+        hd = HDTrainConfig(**values["hd"])
+        values["model"]["n_streams"] = hd.streams[0]
+    model = make_config(arch, preset, **values["model"])
+    sections = {s: cls(**values[s]) for s, cls in SECTIONS.items()}
+    cfg = RunConfig(arch, preset, model, init_from=init_from, **sections)
+    if arch == "hd" and model.n_streams != cfg.hd.streams[0]:
+        raise ValueError(f"model.n_streams={model.n_streams} != hd.streams[0]={cfg.hd.streams[0]}: the first stage sets n_streams")
+    if cfg.hd.expand_at[-1] >= cfg.train.steps and arch == "hd" and len(cfg.hd.expand_at) > 1:
+        raise ValueError(f"hd field expand_at={cfg.hd.expand_at}: every stage must start before train.steps={cfg.train.steps}")
+    if cfg.train.seq_len > model.n_ctx:
+        raise ValueError(f"train field seq_len={cfg.train.seq_len} is longer than the context model.n_ctx={model.n_ctx}")
+    return cfg
+
+
+def run_config_from_dict(data: dict) -> RunConfig:
+    from workbench.config import config_from_dict
+
+    try:
+        model = config_from_dict(data["arch"], data["model"])
+        sections = {s: cls(**data.get(s, {})) for s, cls in SECTIONS.items()}
+        return RunConfig(data["arch"], data.get("preset", "custom"), model, init_from=data.get("init_from"), **sections)
+    except KeyError as err:
+        raise ValueError(f"run config has no {err.args[0]!r} field") from err
+    except TypeError as err:
+        raise ValueError(f"bad run config: {err}") from err

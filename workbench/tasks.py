@@ -1,0 +1,276 @@
+"""Tasks: synthetic problems generated offline and deterministically from a seed, each with
+per-character labels for probing, plus local GSM8K-format JSONL, plain text, and Hugging Face
+datasets by name.
+
+Every example is one line of work for a character-level model: ``text = prompt + completion``.
+Labels are per character of ``text`` (the tokenizer is character-level, so per token too); -1
+where a label is undefined.
+
+- ``chain``: chained arithmetic of 1..max_steps steps, GSM8K-format answer (``<<a+b=c>>`` steps,
+  final ``#### N``); ``merge`` steps are written per line (1: every step, max_steps: one line), so
+  one problem has traces of different lengths. Difficulty = number of steps. Label ``value``: the
+  running result once a step's result has been written.
+- ``modsum``: a digit string whose answer is its sum mod p. Label ``running_sum``: the sum so far.
+- ``flipflop``: a k-bit flip-flop (``a1`` set channel a, ``b0`` reset b, ``--`` no-op, ``?c``
+  query c, answered by the next character). Label ``memory``: the memory state as a bitmask.
+- ``mix``: a weighted mixture of the three.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SYNTHETIC = ("chain", "modsum", "flipflop")
+TASK_KINDS = SYNTHETIC + ("mix",)
+LABELS = {"chain": ("value",), "modsum": ("running_sum",), "flipflop": ("memory",)}
+
+
+@dataclass
+class Example:
+    task: str
+    prompt: str
+    completion: str
+    answer: str  # the exact-match target (chain: the number after ####)
+    difficulty: int
+    labels: dict[str, list[int]] = field(default_factory=dict)  # per character of text
+
+    @property
+    def text(self) -> str:
+        return self.prompt + self.completion
+
+
+@dataclass
+class TaskConfig:
+    """Parameters of the synthetic tasks (the ``data.*`` overrides)."""
+
+    chain_max_steps: int = 4
+    chain_merge: int = 1  # steps written per answer line (verbosity: 1 = every step)
+    chain_max_operand: int = 20
+    modsum_p: int = 7
+    modsum_min_len: int = 4
+    modsum_max_len: int = 16
+    flipflop_bits: int = 3
+    flipflop_min_len: int = 6
+    flipflop_max_len: int = 16
+    mix_weights: tuple[float, ...] = (1.0, 1.0, 1.0)  # chain, modsum, flipflop
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(TaskConfig):
+            value = getattr(self, f.name)
+            if f.name == "mix_weights":
+                value = tuple(value)
+                self.mix_weights = value
+                if len(value) != 3 or any(w < 0 for w in value) or sum(value) <= 0:
+                    raise ValueError(f"data field mix_weights={value!r}: expected 3 non-negative weights with a positive sum")
+            elif not isinstance(value, int) or value < 1:
+                raise ValueError(f"data field {f.name}={value!r}: expected an integer >= 1")
+        if not 2 <= self.modsum_p <= 10:
+            raise ValueError(f"data field modsum_p={self.modsum_p}: expected 2..10 (a one-digit answer)")
+        if self.flipflop_bits > 8:
+            raise ValueError(f"data field flipflop_bits={self.flipflop_bits}: expected at most 8 channels")
+        for lo, hi in (("modsum_min_len", "modsum_max_len"), ("flipflop_min_len", "flipflop_max_len")):
+            if getattr(self, lo) > getattr(self, hi):
+                raise ValueError(f"data fields {lo}={getattr(self, lo)} > {hi}={getattr(self, hi)}")
+
+
+# ---- chain ---------------------------------------------------------------------------------
+
+_WORDS = {"+": "Add", "-": "Subtract", "*": "Multiply by"}
+
+
+def chain_steps(rng: random.Random, n_steps: int, max_operand: int) -> tuple[int, list[tuple[str, int]]]:
+    start = rng.randint(1, max_operand)
+    value, steps = start, []
+    for _ in range(n_steps):
+        op = rng.choice("+-*")
+        if op == "*" and value * 4 > 999:
+            op = "-"
+        if op == "-" and value < 2:
+            op = "+"
+        b = {"+": rng.randint(1, max_operand), "-": rng.randint(1, min(value - 1, max_operand)) if op == "-" else 0,
+             "*": rng.randint(2, 4)}[op]
+        value = _apply(value, op, b)
+        steps.append((op, b))
+    return start, steps
+
+
+def _apply(a: int, op: str, b: int) -> int:
+    return a + b if op == "+" else a - b if op == "-" else a * b
+
+
+def chain_example(start: int, steps: list[tuple[str, int]], merge: int) -> Example:
+    question = f"Start with {start}. " + " ".join(f"{_WORDS[op]} {b}." for op, b in steps) + " What is the result?"
+    prompt = f"Q: {question}\nA:"
+    lines, values = [], []
+    value = start
+    for i in range(0, len(steps), merge):
+        expr = str(value)
+        for j, (op, b) in enumerate(steps[i : i + merge]):
+            expr = f"({expr}){op}{b}" if j > 0 and op == "*" and any(o != "*" for o, _ in steps[i : i + j]) else f"{expr}{op}{b}"
+            value = _apply(value, op, b)
+        lines.append(f"{expr}=<<{expr}={value}>>{value}")
+        values.append(value)
+    completion = " " + "\n".join(lines) + f"\n#### {value}"
+    text = prompt + completion
+    label = [-1] * len(text)
+    pos, current = len(prompt), -1
+    for line, v in zip(lines, values):  # the value becomes known once the line's result is written
+        start_at = text.index(line, pos)
+        end = start_at + len(line)
+        for t in range(pos, end):
+            label[t] = current
+        current, pos = v, end
+    for t in range(pos, len(text)):
+        label[t] = current
+    return Example("chain", prompt, completion, str(value), len(steps), {"value": label})
+
+
+def make_chain(rng: random.Random, cfg: TaskConfig, n_steps: int | None = None) -> Example:
+    n_steps = n_steps or rng.randint(1, cfg.chain_max_steps)
+    start, steps = chain_steps(rng, n_steps, cfg.chain_max_operand)
+    return chain_example(start, steps, cfg.chain_merge)
+
+
+# ---- modsum, flipflop ----------------------------------------------------------------------
+
+
+def make_modsum(rng: random.Random, cfg: TaskConfig) -> Example:
+    digits = [rng.randint(0, 9) for _ in range(rng.randint(cfg.modsum_min_len, cfg.modsum_max_len))]
+    prompt = "S:" + "".join(map(str, digits)) + "="
+    total, running = 0, [0, 0]
+    for d in digits:
+        total = (total + d) % cfg.modsum_p
+        running.append(total)
+    completion = str(total)
+    running += [total, total]  # "=" and the answer
+    return Example("modsum", prompt, completion, completion, len(digits), {"running_sum": running})
+
+
+def make_flipflop(rng: random.Random, cfg: TaskConfig) -> Example:
+    channels = "abcdefgh"[: cfg.flipflop_bits]
+    memory, text, labels = 0, "F:", [0, 0]
+    n = rng.randint(cfg.flipflop_min_len, cfg.flipflop_max_len)
+    for i in range(n):
+        last = i == n - 1
+        kind = "query" if last else rng.choices(("write", "noop", "query"), (0.5, 0.2, 0.3))[0]
+        c = rng.randrange(len(channels))
+        if kind == "write":
+            bit = rng.randint(0, 1)
+            before = memory
+            memory = memory | (1 << c) if bit else memory & ~(1 << c)
+            text += f"{channels[c]}{bit}"
+            labels += [before, memory]  # the new state is known once the bit is read
+        elif kind == "noop":
+            text += "--"
+            labels += [memory, memory]
+        else:
+            answer = str((memory >> c) & 1)
+            if last:
+                prompt = text + f"?{channels[c]}"
+                labels += [memory, memory, memory]
+                return Example("flipflop", prompt, answer, answer, n, {"memory": labels})
+            text += f"?{channels[c]}{answer}"
+            labels += [memory, memory, memory]
+    raise AssertionError("unreachable: the last instruction is a query")
+
+
+MAKERS = {"chain": make_chain, "modsum": make_modsum, "flipflop": make_flipflop}
+
+
+def synthetic_examples(task: str, n: int, seed: int, cfg: TaskConfig | None = None) -> list[Example]:
+    """``n`` examples of ``task`` (``chain``, ``modsum``, ``flipflop`` or ``mix``), the same for the
+    same seed on every machine."""
+    cfg = cfg or TaskConfig()
+    if task not in TASK_KINDS:
+        raise ValueError(f"unknown task {task!r}: expected one of {TASK_KINDS} or jsonl:PATH, text:PATH, hf:NAME")
+    rng = random.Random(f"{task}:{seed}")
+    out = []
+    for _ in range(n):
+        kind = rng.choices(SYNTHETIC, cfg.mix_weights)[0] if task == "mix" else task
+        out.append(MAKERS[kind](rng, cfg))
+    return out
+
+
+# ---- GSM8K format and other sources --------------------------------------------------------
+
+_FINAL = re.compile(r"####\s*(.*)")
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def parse_final_answer(text: str) -> str | None:
+    """The number after the first ``####`` (commas removed), or None when there is none or it
+    is not numeric. Text after the number on the same line is ignored."""
+    match = _FINAL.search(text)
+    if not match:
+        return None
+    number = _NUMBER.match(match.group(1).strip())
+    return number.group(0).replace(",", "") if number else None
+
+
+def gsm8k_example(question: str, answer: str) -> Example:
+    final = parse_final_answer(answer)
+    steps = answer.count("<<")
+    return Example("gsm8k", f"Q: {question}\nA:", " " + answer, final or "", max(steps, 1))
+
+
+def load_jsonl(path: str | Path) -> list[Example]:
+    """GSM8K-format JSONL (``question``, ``answer`` per line)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no JSONL file at {path}")
+    out = []
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{i}: not JSON ({err})") from err
+        if not isinstance(row, dict) or not {"question", "answer"} <= set(row):
+            raise ValueError(f"{path}:{i}: expected an object with 'question' and 'answer'")
+        out.append(gsm8k_example(str(row["question"]), str(row["answer"])))
+    return out
+
+
+def load_text(path: str | Path, chunk: int = 512) -> list[Example]:
+    """Plain text, cut into chunks of ``chunk`` characters (no prompt, no labels)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no text file at {path}")
+    text = path.read_text()
+    return [Example("text", "", text[i : i + chunk], "", 1) for i in range(0, len(text), chunk)]
+
+
+def load_hf(name: str, config: str | None = None, split: str = "train") -> list[Example]:
+    """A Hugging Face dataset by name (needs the network); GSM8K-format columns become problems,
+    a ``text`` column becomes plain text."""
+    import datasets
+
+    try:
+        rows = datasets.load_dataset(name, config, split=split)
+    except Exception as err:  # datasets raises many kinds when offline
+        raise ValueError(f"could not load Hugging Face dataset {name!r} ({config}, {split}): {err}") from err
+    if {"question", "answer"} <= set(rows.column_names):
+        return [gsm8k_example(r["question"], r["answer"]) for r in rows]
+    if "text" in rows.column_names:
+        return [Example("text", "", r["text"], "", 1) for r in rows]
+    raise ValueError(f"dataset {name!r} has neither question/answer nor text columns: {rows.column_names}")
+
+
+def load_task(spec: str, n: int, seed: int, cfg: TaskConfig | None = None) -> list[Example]:
+    """Examples for a task spec: a synthetic task name, ``jsonl:PATH``, ``text:PATH`` or
+    ``hf:NAME[:CONFIG]``. File-backed sources ignore ``n`` and ``seed``."""
+    kind, _, rest = spec.partition(":")
+    if kind == "jsonl" and rest:
+        return load_jsonl(rest)
+    if kind == "text" and rest:
+        return load_text(rest)
+    if kind == "hf" and rest:
+        name, _, config = rest.partition(":")
+        return load_hf(name, config or None)
+    return synthetic_examples(spec, n, seed, cfg)

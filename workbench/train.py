@@ -1,0 +1,410 @@
+"""One training loop for every architecture.
+
+The loop knows nothing of FBT passes or HD streams: a ``Strategy`` turns a batch into a loss
+(and, for HD, grows the model at stage boundaries). Data parallel runs under ``torchrun``: each
+process takes its rows of the step's global batch and gradients are all-reduced (gloo on CPU,
+NCCL on CUDA), so N processes reach the same weights as one process with the same global batch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from models import DecoderLM, FullBandwidthLM, HiddenDecodingLM, ModelConfig, expand_streams
+from workbench.checkpoint import atomic_write, load_model, read_json, save_model, write_json
+from workbench.config import model_from_config
+from workbench.data import TokenStream, batch_windows, step_generator
+from workbench.runconfig import RunConfig, run_config_from_dict
+from workbench.tasks import load_task
+from workbench.tokenizer import CharTokenizer
+
+logger = logging.getLogger(__name__)
+
+STATE_DIR = "train_state"
+
+
+class TrainingDiverged(RuntimeError):
+    pass
+
+
+# ---- strategies ---------------------------------------------------------------------------
+
+
+def ntp_loss(logits: Tensor, targets: Tensor) -> Tensor:
+    return F.cross_entropy(logits.float().flatten(0, -2), targets.flatten())
+
+
+class Strategy:
+    """Plain next-token prediction; subclasses add passes (FBT) or streams (HD)."""
+
+    def __init__(self, cfg: RunConfig):
+        self.cfg = cfg
+
+    def prepare(self, model: DecoderLM, step: int) -> DecoderLM:
+        """The model to train at ``step`` (HD returns a grown model at a stage boundary)."""
+        return model
+
+    def loss(self, model, x: Tensor, y: Tensor, step: int, rows: slice) -> tuple[Tensor, dict]:
+        loss = ntp_loss(model(x), y)
+        return loss, {"loss": loss.item()}
+
+
+class FBTStrategy(Strategy):
+    """Single-pass batches first; then 2-pass batches with a few 3-pass ones. The pass count, the
+    plain prefixes and the state jitter of a step depend only on (seed, step) and the global row,
+    so every process and every resume draws the same."""
+
+    def passes(self, step: int) -> int:
+        fbt, train = self.cfg.fbt, self.cfg.train
+        if step < round(fbt.feedback_start * train.steps):
+            return 1
+        u = torch.rand((), generator=step_generator(train.seed, step, purpose=1))
+        return 3 if float(u) < fbt.three_pass_fraction else 2
+
+    def loss(self, model, x, y, step, rows):
+        fbt, train = self.cfg.fbt, self.cfg.train
+        K = self.passes(step)
+        B, T = train.batch_size, train.seq_len
+        prefix = torch.randint(0, int(fbt.prefix_max * T) + 1, (B,), generator=step_generator(train.seed, step, purpose=2))
+        fuse = torch.arange(T)[None] >= prefix[rows, None]
+        noise_gen = step_generator(train.seed, step, purpose=3)
+        noise = {}
+
+        def jitter(states: Tensor, pass_index: int) -> Tensor:
+            if fbt.state_noise == 0:
+                return states
+            if pass_index not in noise:  # one global draw per pass, sliced to this process's rows
+                noise[pass_index] = torch.randn((B, T, states.shape[-1]), generator=noise_gen)[rows]
+            return states + fbt.state_noise * noise[pass_index].to(states.device, states.dtype)
+
+        states = model.run_passes(x, K, fuse_mask=fuse.to(x.device), perturb=jitter, detach_states=fbt.detach)
+        losses = [ntp_loss(model.readout(h), y) for h in states]
+        total = sum(w * l for w, l in zip(fbt.pass_weights, losses))
+        return total, {"loss": total.item(), "passes": K, **{f"loss_pass{k + 1}": l.item() for k, l in enumerate(losses)}}
+
+
+class HDStrategy(Strategy):
+    """Progressive expansion n = streams[0] -> streams[1] -> ... at ``expand_at`` steps, each by
+    cyclic replication of the embedding tables; last-stream or all-stream supervision."""
+
+    def prepare(self, model, step):
+        n = self.cfg.stage(step)
+        if n == model.n_streams:
+            return model
+        logger.info("step %d: expanding %d -> %d streams", step, model.n_streams, n)
+        return expand_streams(model, n)
+
+    def loss(self, model, x, y, step, rows):
+        if self.cfg.hd.supervise == "all":
+            logits = model(x, all_streams=True)  # [batch, pos, n_streams, d_vocab]
+            loss = ntp_loss(logits, y[:, :, None].expand(-1, -1, model.n_streams))
+        else:
+            loss = ntp_loss(model(x), y)
+        return loss, {"loss": loss.item(), "n_streams": model.n_streams}
+
+
+def make_strategy(cfg: RunConfig) -> Strategy:
+    return {"baseline": Strategy, "fbt": FBTStrategy, "hd": HDStrategy}[cfg.arch](cfg)
+
+
+# ---- optimiser and schedule ---------------------------------------------------------------
+
+
+def lr_at(cfg: RunConfig, step: int) -> float:
+    t = cfg.train
+    if step < t.warmup:
+        return t.lr * (step + 1) / t.warmup
+    progress = (step - t.warmup) / max(1, t.steps - t.warmup)
+    return t.lr * (t.min_lr_ratio + (1 - t.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+
+def make_optimizer(model: DecoderLM, cfg: RunConfig) -> torch.optim.AdamW:
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    other = [p for n, p in model.named_parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.train.weight_decay}, {"params": other, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.train.lr, betas=(cfg.train.beta1, cfg.train.beta2))
+
+
+def carry_optimizer(old_model, old_opt, new_model, cfg: RunConfig) -> torch.optim.AdamW:
+    """A fresh optimizer for ``new_model`` (an expanded HD model) that keeps the moments of every
+    shared parameter; embedding-table moments are replicated like the tables."""
+    new_opt = make_optimizer(new_model, cfg)
+    old_params = dict(old_model.named_parameters())
+    for name, p in new_model.named_parameters():
+        state = old_opt.state.get(old_params[name]) if name in old_params else None
+        if not state:
+            continue
+        moved = {}
+        for key, value in state.items():
+            if key in ("exp_avg", "exp_avg_sq") and value.shape != p.shape:
+                value = value[None] if value.dim() == p.dim() - 1 else value
+                value = value[torch.arange(p.shape[0]) % value.shape[0]]
+            moved[key] = value.clone()
+        new_opt.state[p] = moved
+    return new_opt
+
+
+# ---- checkpoints --------------------------------------------------------------------------
+
+
+def save_checkpoint(run_dir: Path, model: DecoderLM, opt, cfg: RunConfig, step: int, tokenizer: CharTokenizer) -> None:
+    """Weights, then optimizer state, then ``state.json`` last: it names the step both files must
+    carry, so a crash between writes is detected on resume, never half-loaded."""
+    state_dir = run_dir / STATE_DIR
+    state_dir.mkdir(parents=True, exist_ok=True)
+    meta = {"step": str(step)}
+    tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    atomic_write(run_dir / "model.safetensors", lambda tmp: save_file(tensors, tmp, metadata={"arch": model.arch, **meta}))
+    sd = opt.state_dict()
+    opt_tensors, scalars = {}, {}
+    for idx, state in sd["state"].items():
+        for key, value in state.items():
+            if torch.is_tensor(value):
+                opt_tensors[f"{idx}.{key}"] = value.detach().contiguous().cpu()
+            else:
+                scalars[f"{idx}.{key}"] = value
+    atomic_write(state_dir / "optimizer.safetensors", lambda tmp: save_file(opt_tensors, tmp, metadata=meta))
+    write_json(run_dir / "config.json", {**cfg.to_dict(), "model": model.cfg.to_dict()})
+    tokenizer.save(run_dir, model.cfg.n_ctx)
+    write_json(state_dir / "state.json", {"step": step, "n_streams": model.n_streams, "param_groups": sd["param_groups"], "scalars": scalars})
+
+
+def load_checkpoint(run_dir: Path, cfg: RunConfig, device) -> tuple[DecoderLM, torch.optim.AdamW, int]:
+    state = read_json(run_dir / STATE_DIR / "state.json")
+    model = load_model(run_dir, device=device)
+    weights_step = _metadata_step(run_dir / "model.safetensors")
+    opt_path = run_dir / STATE_DIR / "optimizer.safetensors"
+    if weights_step != state["step"] or _metadata_step(opt_path) != state["step"]:
+        raise ValueError(
+            f"inconsistent checkpoint in {run_dir}: state.json says step {state['step']}, "
+            f"model.safetensors step {weights_step}, optimizer step {_metadata_step(opt_path)}"
+        )
+    opt = make_optimizer(model, cfg)
+    tensors = load_file(str(opt_path))
+    sd = {"state": {}, "param_groups": state["param_groups"]}
+    for key, value in [*tensors.items(), *state["scalars"].items()]:
+        idx, _, name = key.partition(".")
+        sd["state"].setdefault(int(idx), {})[name] = value.to(device) if torch.is_tensor(value) and name != "step" else value
+    opt.load_state_dict(sd)
+    return model, opt, state["step"]
+
+
+def _metadata_step(path: Path) -> int | None:
+    if not path.is_file():
+        raise FileNotFoundError(f"missing {path}")
+    with safe_open(str(path), "pt") as f:
+        step = (f.metadata() or {}).get("step")
+    return int(step) if step is not None else None
+
+
+# ---- initialisation -----------------------------------------------------------------------
+
+INIT_SOURCES = {"baseline": ("baseline",), "fbt": ("baseline", "fbt"), "hd": ("baseline", "hd")}
+SHAPE_FIELDS = ("d_vocab", "d_model", "n_layers", "n_heads", "d_mlp", "rope_base", "norm_eps")
+
+
+def init_from(path: str | Path, cfg: RunConfig, device) -> DecoderLM:
+    """A model for ``cfg`` whose shared weights come from the run at ``path``."""
+    source = load_model(path, device=device)
+    if source.arch not in INIT_SOURCES[cfg.arch]:
+        raise ValueError(
+            f"--init-from {path}: a {source.arch!r} run cannot initialise arch {cfg.arch!r} "
+            f"(expected one of {INIT_SOURCES[cfg.arch]})"
+        )
+    for name in SHAPE_FIELDS:
+        theirs, ours = getattr(source.cfg, name), getattr(cfg.model, name)
+        if theirs != ours:
+            raise ValueError(f"--init-from {path}: model.{name}={theirs} there but {ours} here")
+    if cfg.arch == "hd":
+        hd_fields = {k: getattr(cfg.model, k) for k in ("cross_layers", "cross_window", "positions", "readout", "n_ctx")}
+        return expand_streams(source, cfg.model.n_streams, **hd_fields)
+    model = model_from_config(cfg.arch, cfg.model, seed=cfg.train.seed, device=device)
+    missing, unexpected = model.load_state_dict(source.state_dict(), strict=False)
+    if unexpected or any(not k.startswith("fusion.") for k in missing):
+        raise ValueError(f"--init-from {path}: weights do not fit (missing {missing}, unexpected {unexpected})")
+    return model
+
+
+# ---- the loop -----------------------------------------------------------------------------
+
+
+@dataclass
+class Dist:
+    rank: int = 0
+    world: int = 1
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def setup_distributed(device_pref: str) -> tuple[Dist, torch.device]:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    use_cuda = device_pref == "cuda" or (device_pref == "auto" and torch.cuda.is_available())
+    if world > 1:
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if use_cuda else "gloo")
+        rank = dist.get_rank()
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        device = torch.device(f"cuda:{local}") if use_cuda else torch.device("cpu")
+        return Dist(rank, world), device
+    return Dist(), torch.device("cuda" if use_cuda else device_pref if device_pref != "auto" else "cpu")
+
+
+def all_reduce_grads(model: DecoderLM, world: int) -> None:
+    """Average gradients over processes. Parameters without a gradient (the fusion in a
+    single-pass step) keep none, as in a single process, so AdamW skips them everywhere; every
+    process runs the same pass count, so they agree on which those are."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    flat = torch.cat([p.grad.flatten() for p in params])
+    dist.all_reduce(flat)
+    flat /= world
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p.grad = flat[offset : offset + n].view_as(p).clone()
+        offset += n
+
+
+def _mean_across(values: dict, world: int, device) -> dict:
+    if world == 1:
+        return values
+    keys = sorted(k for k, v in values.items() if isinstance(v, float))
+    t = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return {**values, **{k: float(v) / world for k, v in zip(keys, t.tolist())}}
+
+
+def _trim_metrics(path: Path, before_step: int) -> None:
+    if path.is_file():
+        kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= before_step]
+        atomic_write(path, lambda tmp: Path(tmp).write_text("".join(k + "\n" for k in kept)))
+
+
+def train(cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, progress: bool = True,
+          stop_after: int | None = None) -> dict:
+    """Train ``cfg`` into ``out_dir``; returns a summary. ``resume`` continues from the last
+    checkpoint there and reaches the same weights as an uninterrupted run. ``stop_after`` ends
+    the process after that many steps as if interrupted (the schedule still spans train.steps)."""
+    run_dir = Path(out_dir)
+    rank_info, device = setup_distributed(cfg.train.device)
+    tokenizer = CharTokenizer()
+    t = cfg.train
+    per_rank = t.batch_size // rank_info.world
+    if t.batch_size % (rank_info.world * t.grad_accum):
+        raise ValueError(f"train.batch_size={t.batch_size} is not divisible by processes x grad_accum = {rank_info.world} x {t.grad_accum}")
+    micro = per_rank // t.grad_accum
+
+    if resume:
+        if not (run_dir / STATE_DIR / "state.json").is_file():
+            raise FileNotFoundError(f"--resume: no checkpoint in {run_dir} (missing {STATE_DIR}/state.json)")
+        saved = run_config_from_dict(read_json(run_dir / "config.json"))
+        if saved.arch != cfg.arch:
+            raise ValueError(f"--resume: {run_dir} holds an {saved.arch!r} run, not {cfg.arch!r}")
+        model, opt, start = load_checkpoint(run_dir, cfg, device)
+    else:
+        if (run_dir / "model.safetensors").exists():
+            raise FileExistsError(f"{run_dir} already holds a run; pass --resume to continue it or choose a new --out")
+        model = init_from(cfg.init_from, cfg, device) if cfg.init_from else model_from_config(cfg.arch, cfg.model, seed=t.seed, device=device)
+        opt, start = make_optimizer(model, cfg), 0
+
+    examples = load_task(cfg.data.task, cfg.data.n_train, t.seed, cfg.data)
+    stream = TokenStream.from_examples(examples, tokenizer)
+    if len(stream) <= t.seq_len + 1:
+        raise ValueError(f"task {cfg.data.task!r} gives {len(stream)} tokens, fewer than train.seq_len={t.seq_len}")
+    strategy = make_strategy(cfg)
+    model.train()
+    if t.compile:
+        for block in model.blocks:
+            block.compile()
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if (device.type == "cuda" and t.bf16) else nullcontext()
+    metrics_path = run_dir / "metrics.jsonl"
+    if rank_info.main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        _trim_metrics(metrics_path, start)
+        if not resume:
+            write_json(run_dir / "config.json", {**cfg.to_dict(), "model": model.cfg.to_dict()})
+
+    bar = None
+    if progress and rank_info.main and start < t.steps:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=t.steps, initial=start, desc=f"{cfg.arch} {run_dir.name}", unit="step", dynamic_ncols=True)
+    last_log, tokens_since, started = time.perf_counter(), 0, time.perf_counter()
+    record: dict = {}
+    end = t.steps if stop_after is None else min(t.steps, start + stop_after)
+    for step in range(start, end):
+        grown = strategy.prepare(model, step)
+        if grown is not model:
+            opt = carry_optimizer(model, opt, grown, cfg)
+            model = grown.train()
+            if t.compile:
+                for block in model.blocks:
+                    block.compile()
+        lr = lr_at(cfg, step)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        x_all, y_all = batch_windows(stream, t.seed, step, t.batch_size, t.seq_len)
+        parts = []
+        for m in range(t.grad_accum):
+            first = rank_info.rank * per_rank + m * micro
+            rows = slice(first, first + micro)
+            with autocast:
+                loss, info = strategy.loss(model, x_all[rows].to(device), y_all[rows].to(device), step, rows)
+            (loss / t.grad_accum).backward()
+            parts.append(info)
+        if rank_info.world > 1:
+            all_reduce_grads(model, rank_info.world)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip))
+        info = {k: sum(p[k] for p in parts) / len(parts) if isinstance(parts[0][k], float) else parts[0][k] for k in parts[0]}
+        info = _mean_across(info, rank_info.world, device)
+        if not (math.isfinite(info["loss"]) and math.isfinite(grad_norm)):
+            opt.zero_grad(set_to_none=True)
+            last = _last_checkpoint_step(run_dir)
+            raise TrainingDiverged(
+                f"non-finite {'loss' if not math.isfinite(info['loss']) else 'gradient norm'} at step {step} "
+                f"(loss {info['loss']}, grad norm {grad_norm}); "
+                + (f"the last checkpoint (step {last}) in {run_dir} is intact" if last is not None else "no checkpoint was written")
+            )
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        tokens_since += t.batch_size * t.seq_len
+        done = step + 1
+        if done % t.log_every == 0 or done == t.steps:
+            now = time.perf_counter()
+            record = {"step": done, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tokens_since / (now - last_log), **info}
+            last_log, tokens_since = now, 0
+            if rank_info.main:
+                with metrics_path.open("a") as f:
+                    f.write(json.dumps(record) + "\n")
+            if bar is not None:
+                bar.set_postfix(loss=f"{info['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
+        if bar is not None:
+            bar.update(1)
+        if rank_info.main and (done % t.checkpoint_every == 0 or done == t.steps):
+            save_checkpoint(run_dir, model, opt, cfg, done, tokenizer)
+    if bar is not None:
+        bar.close()
+    if rank_info.world > 1:
+        dist.barrier()
+    return {"run": str(run_dir), "steps": end, "resumed_from": start if resume else None,
+            "seconds": time.perf_counter() - started, "last": record, "model": model}
+
+
+def _last_checkpoint_step(run_dir: Path) -> int | None:
+    path = run_dir / STATE_DIR / "state.json"
+    return read_json(path)["step"] if path.is_file() else None
