@@ -53,3 +53,35 @@ def test_bad_arguments_are_usage_errors(argv, match, capsys):
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert re.search(match, err), err
+
+
+def test_train_then_eval_from_the_cli(tmp_path):
+    run = tmp_path / "run"
+    main(["train", "--arch", "fbt", "--preset", "debug", "--task", "modsum", "--out", str(run), "--no-progress",
+          "--set", "train.steps=4", "--set", "train.batch_size=4", "--set", "train.seq_len=32",
+          "--set", "data.n_train=100", "--set", "train.eval_examples=4"])
+    main(["eval", str(run), "--passes", "exact"])
+    result = json.loads((run / "results" / "eval.json").read_text())
+    assert result["fused_passes"] == "exact" and set(result["tasks"]) == {"modsum"}
+
+
+@pytest.mark.parametrize(
+    "argv,match",
+    [
+        (["train", "--arch", "hd", "--task", "sudoku", "--out", "x"], "task='sudoku'"),
+        (["train", "--arch", "fbt", "--out", "x", "--set", "train.lr=-1"], "lr=-1.0"),
+        (["train", "--arch", "fbt", "--out", "x", "--set", "train.lr"], "malformed override 'train.lr'"),
+        (["train", "--arch", "hd", "--out", "x", "--set", "hd.streams=4,2", "--set", "hd.expand_at=0,9"], "increasing"),
+        (["train", "--arch", "fbt", "--out", "x", "--resume"], "x/config.json"),
+        (["eval", "nowhere"], "nowhere/config.json"),
+        (["zoo", "--preset", "huge"], "invalid choice: 'huge'"),
+    ],
+)
+def test_bad_training_arguments_are_usage_errors(argv, match, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and re.search(match, err), err
+    assert not (tmp_path / "x").exists()

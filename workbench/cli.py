@@ -45,7 +45,7 @@ def cmd_generate(args) -> dict:
     model = resolve_model(args.model)
     run_dir = Path(args.model)
     tok = CharTokenizer.load(run_dir) if (run_dir / "tokenizer.json").is_file() else CharTokenizer()
-    prompts = [tok.encode(p, bos=True) for p in args.prompt]
+    prompts = [tok.encode(p) for p in args.prompt]  # training streams carry no BOS
     result = {"model": args.model, "prompts": args.prompt, "generations": {}}
     for regime in args.regime.split(","):
         out = generate(

@@ -72,7 +72,7 @@ def run_demo(out_dir: str | Path, preset: str = "tiny", seed: int = 0) -> dict:
     _, per_pass = run_with_pass_cache(fbt, tokens, ["blocks.0.hook_resid_pre", "fusion.hook_gate"], passes=3)
     report["per_pass_shapes"] = {name: list(t.shape) for name, t in per_pass.items()}
 
-    prompt = tok.encode("Q: 12+7=?\nA:", bos=True)
+    prompt = tok.encode("Q: Start with 12. Add 7. What is the result?\nA:")
     started = time.perf_counter()
     report["generations"] = {}
     for regime in REGIMES:

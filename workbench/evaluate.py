@@ -6,7 +6,7 @@ Per task (held-out examples, a seed distinct from training):
 - ``answer_loss[regime]``: mean loss of the completion tokens after the prompt, decoded under the
   regime (teacher forcing through the same prefill and steps as ``generate``).
 - ``accuracy[regime]``: greedy generation from the prompt; chain/GSM8K compare the number after
-  ``####``, the other tasks the whole completion.
+  ``####``, the other tasks the answer the generation starts with.
 """
 
 from __future__ import annotations
@@ -36,9 +36,11 @@ def _batches(items: list, size: int):
 
 
 def is_correct(example: Example, generated: str) -> bool:
+    """Chain/GSM8K: the number after ``####``. Other tasks: the generation starts with the answer
+    (whether the model then stops is not scored)."""
     if example.task in ("chain", "gsm8k"):
         return parse_final_answer(generated) == example.answer
-    return generated == example.completion
+    return bool(example.answer) and generated.startswith(example.answer)
 
 
 def plain_loss(model: DecoderLM, sequences: list[list[int]], batch_size: int) -> float:

@@ -1,0 +1,112 @@
+"""Synthetic tasks: deterministic, labelled per character, and in GSM8K format."""
+
+import json
+import re
+
+import pytest
+
+from workbench.data import TokenStream, batch_windows
+from workbench.tasks import (
+    TaskConfig,
+    load_jsonl,
+    load_task,
+    load_text,
+    parse_final_answer,
+    synthetic_examples,
+)
+from workbench.tokenizer import CharTokenizer
+
+
+@pytest.mark.parametrize("task", ["chain", "modsum", "flipflop", "mix"])
+def test_same_seed_same_examples_and_labels_align(task):
+    a = synthetic_examples(task, 50, seed=3)
+    b = synthetic_examples(task, 50, seed=3)
+    c = synthetic_examples(task, 50, seed=4)
+    assert [e.text for e in a] == [e.text for e in b] != [e.text for e in c]
+    for ex in a:
+        assert ex.text.startswith(ex.prompt) and ex.completion
+        assert all(len(v) == len(ex.text) for v in ex.labels.values())
+        assert CharTokenizer().decode(CharTokenizer().encode(ex.text)) == ex.text
+
+
+def test_mix_follows_its_weights():
+    tasks = [e.task for e in synthetic_examples("mix", 300, 0, TaskConfig(mix_weights=(0, 1, 3)))]
+    assert "chain" not in tasks and 0.15 < tasks.count("modsum") / 300 < 0.35
+
+
+@pytest.mark.parametrize("merge", [1, 2, 4])
+def test_chain_steps_are_correct_arithmetic_in_gsm8k_format(merge):
+    for ex in synthetic_examples("chain", 100, 0, TaskConfig(chain_merge=merge, chain_max_steps=4)):
+        steps = re.findall(r"<<([^=]+)=(-?\d+)>>(-?\d+)", ex.completion)
+        assert steps and all(eval(expr) == int(v) == int(w) for expr, v, w in steps)  # noqa: S307 (our own digits)
+        assert parse_final_answer(ex.completion) == ex.answer == steps[-1][1]
+        assert len(steps) == -(-ex.difficulty // merge)
+        known = [v for v in ex.labels["value"] if v >= 0]
+        assert known[-1] == int(ex.answer)
+
+
+def test_verbosity_changes_trace_length_not_the_answer():
+    verbose = synthetic_examples("chain", 40, 1, TaskConfig(chain_merge=1))
+    terse = synthetic_examples("chain", 40, 1, TaskConfig(chain_merge=4))
+    assert [e.answer for e in verbose] == [e.answer for e in terse]
+    multi = [(v, t) for v, t in zip(verbose, terse) if v.difficulty > 1]
+    assert multi and all(len(v.completion) > len(t.completion) for v, t in multi)
+
+
+def test_modsum_labels_are_running_sums():
+    cfg = TaskConfig(modsum_p=5)
+    for ex in synthetic_examples("modsum", 50, 0, cfg):
+        digits = ex.prompt[2:-1]
+        for i in range(len(digits)):
+            assert ex.labels["running_sum"][2 + i] == sum(map(int, digits[: i + 1])) % 5
+        assert int(ex.answer) == sum(map(int, digits)) % 5 == ex.labels["running_sum"][-1]
+
+
+def test_flipflop_answers_read_the_memory_label():
+    for ex in synthetic_examples("flipflop", 50, 0, TaskConfig(flipflop_bits=4)):
+        text, memory = ex.text, ex.labels["memory"]
+        for m in re.finditer(r"\?([a-d])([01])", text):
+            channel = "abcd".index(m.group(1))
+            assert int(m.group(2)) == (memory[m.start(1)] >> channel) & 1
+        assert ex.prompt.endswith("?" + ex.prompt[-1]) and ex.completion in "01"
+
+
+@pytest.mark.parametrize("text,want", [
+    ("Natalia sold 48/2 = <<48/2=24>>24 clips.\n#### 72", "72"),
+    ("#### 1,234", "1234"),
+    ("#### -5.5 dollars", "-5.5"),
+    ("no marker here: 12", None),
+    ("#### twelve", None),
+    ("#### 3\n#### 4", "3"),  # several: the first counts
+    ("####", None),
+])
+def test_final_answer_parsing(text, want):
+    assert parse_final_answer(text) == want
+
+
+def test_gsm8k_jsonl_and_text_files(tmp_path):
+    path = tmp_path / "gsm.jsonl"
+    rows = [{"question": "What is 2+3?", "answer": "2+3=<<2+3=5>>5\n#### 5"}, {"question": "q", "answer": "no answer"}]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    examples = load_task(f"jsonl:{path}", 0, 0)
+    assert [e.answer for e in examples] == ["5", ""] and examples[0].prompt == "Q: What is 2+3?\nA:"
+    path.write_text('{"question": "q"}\n')
+    with pytest.raises(ValueError, match=r"gsm.jsonl:1: expected an object with 'question' and 'answer'"):
+        load_jsonl(path)
+    path.write_text("{oops\n")
+    with pytest.raises(ValueError, match=r"gsm.jsonl:1: not JSON"):
+        load_jsonl(path)
+    with pytest.raises(FileNotFoundError, match="nowhere.jsonl"):
+        load_task(f"jsonl:{tmp_path / 'nowhere.jsonl'}", 0, 0)
+    (tmp_path / "t.txt").write_text("x" * 1100)
+    assert [len(e.text) for e in load_text(tmp_path / "t.txt")] == [512, 512, 76]
+
+
+def test_batches_are_a_function_of_seed_and_step():
+    stream = TokenStream.from_examples(synthetic_examples("mix", 200, 0), CharTokenizer())
+    x1, y1 = batch_windows(stream, 0, 5, 8, 32)
+    x2, y2 = batch_windows(stream, 0, 5, 8, 32)
+    x3, _ = batch_windows(stream, 0, 6, 8, 32)
+    assert (x1 == x2).all() and (y1 == y2).all() and not (x1 == x3).all()
+    assert (x1[:, 1:] == y1[:, :-1]).all()
+    assert int((stream.ids == CharTokenizer().eos_id).sum()) == 200
