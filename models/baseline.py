@@ -103,15 +103,16 @@ class DecoderLM(HookedRootModule):
                     f"attention_mask shape {tuple(attention_mask.shape)} != tokens shape {tuple(tokens.shape)}"
                 )
             attention_mask = attention_mask.to(device=tokens.device, dtype=torch.bool)
+        offset = cache.offset if cache is not None else 0
         if attention_mask is None and past_valid is None:
-            positions = torch.arange(past, past + T, device=tokens.device).expand(B, T)
+            positions = torch.arange(offset + past, offset + past + T, device=tokens.device).expand(B, T)
             key_valid = None
         else:
             new_valid = attention_mask if attention_mask is not None else tokens.new_ones(B, T, dtype=torch.bool)
             if past_valid is None:
                 past_valid = tokens.new_ones(B, past, dtype=torch.bool)
             key_valid = torch.cat((past_valid, new_valid), dim=1)
-            seen = cache.n_valid if (cache is not None and cache.n_valid is not None) else past
+            seen = cache.n_valid if (cache is not None and cache.n_valid is not None) else offset + past
             positions = (torch.cumsum(new_valid.long(), dim=1) - 1 + torch.as_tensor(seen, device=tokens.device).view(-1, 1)).clamp(min=0)
         stream_positions = self.stream_positions(positions)
         dtype = self.embed.W_E.dtype
@@ -127,10 +128,11 @@ class DecoderLM(HookedRootModule):
         """Advance the cache's token bookkeeping after the layers wrote their keys/values."""
         if cache is None:
             return
-        cache.length += n_new
         if ctx.key_valid is not None:
+            seen = cache.n_valid if cache.n_valid is not None else cache.offset + cache.length
+            cache.n_valid = seen + ctx.key_valid[:, -n_new:].sum(dim=1)
             cache.key_valid = ctx.key_valid
-            cache.n_valid = ctx.key_valid.sum(dim=1)
+        cache.length += n_new
 
     # ---- the stack ----------------------------------------------------------------------------
 

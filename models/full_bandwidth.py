@@ -73,6 +73,8 @@ class FullBandwidthLM(DecoderLM):
         attention_mask: Tensor | None = None,
         perturb: Callable[[Tensor, int], Tensor] | None = None,
         detach_states: bool = False,
+        state: Tensor | None = None,
+        commit: bool = True,
     ) -> list[Tensor]:
         """Carried states [batch, pos, d_model] of every pass (a list of ``passes`` tensors).
 
@@ -87,13 +89,17 @@ class FullBandwidthLM(DecoderLM):
         perturb: ``perturb(states, pass_index)`` returns the fed-back states to use (training
             jitter); called on every state fed back, [batch, pos, d_model].
         detach_states: stop gradients through the states fed back (ablation).
+        state: [batch, d_model] the carried state before the first position, in place of the
+            cache's (with a cache: the feedback map at a chosen state).
+        commit: with ``False`` the cache is only read (nothing written, no bookkeeping), so the
+            same context can be evaluated at many states; its batch may then be 1.
         """
         if not isinstance(passes, int) or isinstance(passes, bool) or passes < 1:
             raise ValueError(f"passes={passes!r}: expected an integer >= 1")
         self.check_tokens(tokens, cache)
         self.forward_calls += 1
         B, T = tokens.shape
-        carried = cache.state if (cache is not None and cache.length > 0) else None
+        carried = state if state is not None else (cache.state if (cache is not None and cache.length > 0) else None)
         has_prev = torch.ones(B, T, dtype=torch.bool, device=tokens.device)
         if carried is None:
             has_prev[:, 0] = False
@@ -111,7 +117,7 @@ class FullBandwidthLM(DecoderLM):
         try:
             for k in range(passes):
                 self.current_pass = k
-                ctx.write = k == passes - 1
+                ctx.write = commit and k == passes - 1
                 if k == 0:
                     # only the first position can know its previous state before any pass has run
                     fuse = fuse_mask.clone()
@@ -127,9 +133,10 @@ class FullBandwidthLM(DecoderLM):
                 states.append(self.run_stack(x, ctx))
         finally:
             self.current_pass = 0
-        self.commit(cache, ctx, T)
-        if cache is not None:
-            cache.state = states[-1][:, -1]
+        if commit:
+            self.commit(cache, ctx, T)
+            if cache is not None:
+                cache.state = states[-1][:, -1]
         return states
 
     @staticmethod
@@ -146,9 +153,12 @@ class FullBandwidthLM(DecoderLM):
         fuse_mask: Tensor | None = None,
         cache: KVCache | None = None,
         attention_mask: Tensor | None = None,
+        state: Tensor | None = None,
+        commit: bool = True,
     ) -> Tensor:
-        """Carried states [batch, pos, d_model] of the last pass."""
-        return self.run_passes(tokens, passes, fuse_mask=fuse_mask, cache=cache, attention_mask=attention_mask)[-1]
+        """Carried states [batch, pos, d_model] of the last pass (arguments as in ``run_passes``)."""
+        return self.run_passes(tokens, passes, fuse_mask=fuse_mask, cache=cache, attention_mask=attention_mask,
+                               state=state, commit=commit)[-1]
 
     def forward(
         self,

@@ -127,19 +127,23 @@ class LayerKV:
         self.k: Tensor | None = None  # [batch', n_heads, capacity, d_head]
         self.v: Tensor | None = None
         self.length = 0
+        self.per_token = 1  # positions per token in this layer's layout (n_streams in HD cross layers)
 
     def extend(self, k: Tensor, v: Tensor, capacity: int, write: bool) -> tuple[Tensor, Tensor]:
-        """Return past + new keys and values; store the new ones only if ``write``."""
+        """Return past + new keys and values; store the new ones only if ``write``. A read-only
+        call may bring a larger batch than the cache holds when the cache has batch 1 (many
+        states evaluated against one context)."""
         n = k.shape[2]
         if self.length + n > capacity:
             raise ValueError(f"key/value cache holds {capacity} positions; {self.length + n} requested")
         if not write:
             if self.length == 0:
                 return k, v
-            return (
-                torch.cat((self.k[:, :, : self.length], k), dim=2),
-                torch.cat((self.v[:, :, : self.length], v), dim=2),
-            )
+            past_k, past_v = self.k[:, :, : self.length], self.v[:, :, : self.length]
+            if past_k.shape[0] != k.shape[0] and past_k.shape[0] == 1:
+                past_k = past_k.expand(k.shape[0], -1, -1, -1)
+                past_v = past_v.expand(k.shape[0], -1, -1, -1)
+            return torch.cat((past_k, k), dim=2), torch.cat((past_v, v), dim=2)
         if self.k is None:
             shape = (k.shape[0], k.shape[1], capacity, k.shape[3])
             self.k = k.new_empty(shape)
@@ -149,6 +153,15 @@ class LayerKV:
         self.v[:, :, self.length : end] = v
         self.length = end
         return self.k[:, :, :end], self.v[:, :, :end]
+
+    def drop_oldest(self, n: int) -> None:
+        """Forget the oldest ``n`` positions (a sliding window)."""
+        if self.k is None or n <= 0:
+            return
+        keep = self.length - n
+        self.k[:, :, :keep] = self.k[:, :, n : self.length].clone()
+        self.v[:, :, :keep] = self.v[:, :, n : self.length].clone()
+        self.length = keep
 
 
 class KVCache:
@@ -165,7 +178,19 @@ class KVCache:
         self.key_valid: Tensor | None = None  # [batch, length] bool; None while every token is real
         self.n_valid: Tensor | None = None  # [batch] long
         self.state: Tensor | None = None  # [batch, d_model]
-        self.write = True
+        self.offset = 0  # rotary position of the first cached token (grows when the window slides)
+
+    def slide(self, keep: int) -> None:
+        """Keep only the newest ``keep`` tokens. Cached keys keep their absolute rotary phases and
+        new tokens continue the absolute positions, so relative distances stay exact."""
+        if not 0 < keep <= self.length:
+            raise ValueError(f"slide keeps {keep} tokens; the cache holds {self.length}")
+        drop = self.length - keep
+        for layer in self.layers:
+            layer.drop_oldest(drop * layer.per_token)
+        self.length, self.offset = keep, self.offset + drop
+        if self.key_valid is not None:
+            self.key_valid = self.key_valid[:, drop:]
 
 
 @dataclass
@@ -257,8 +282,8 @@ class Attention(nn.Module):
             key_valid = key_valid.repeat_interleave(n, dim=1)
         scale = n if (self.mode == "cross" and n > 1) else 1
         if kv is not None:
-            capacity = ctx.cache.capacity * scale
-            k, v = kv.extend(k, v, capacity, ctx.write)
+            kv.per_token = scale
+            k, v = kv.extend(k, v, ctx.cache.capacity * scale, ctx.write)
         mask = attention_mask(q.shape[2], k.shape[2], key_valid, self.window, x.device)
         if self.force_pattern or _is_hooked(self.hook_pattern):
             z = self._attend_explicit(q, k, v, mask, B, n if per_stream else 1)

@@ -13,6 +13,7 @@ all of them and stacks them along a ``pass`` or ``step`` axis.
 from __future__ import annotations
 
 import difflib
+import fnmatch
 import itertools
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -33,14 +34,24 @@ class Record:
 
 
 def resolve_hook_names(model: DecoderLM, names: str | Sequence[str] | Callable[[str], bool] | None) -> list[str]:
-    """Hook names selected by a name, a list of names or a predicate (None: all). Unknown names
-    raise an error listing the closest valid ones."""
+    """Hook names selected by a name, a list of names or glob patterns (``blocks.*.hook_resid_post``),
+    or a predicate (None: all). Unknown names raise an error listing the closest valid ones."""
     valid = list(model.hook_dict)
     if names is None:
         return valid
     if callable(names):
         return [n for n in valid if names(n)]
     names = [names] if isinstance(names, str) else list(names)
+    expanded = []
+    for name in names:
+        if any(c in name for c in "*?["):  # a glob pattern, e.g. blocks.*.hook_resid_post
+            matches = [n for n in valid if fnmatch.fnmatchcase(n, name)]
+            if not matches:
+                raise ValueError(f"hook pattern {name!r} matches no hook point of arch {model.arch!r}")
+            expanded += [m for m in matches if m not in expanded]
+        elif name not in expanded:
+            expanded.append(name)
+    names = expanded
     for name in names:
         if name not in model.hook_dict:
             close = difflib.get_close_matches(name, valid, n=5, cutoff=0.4)

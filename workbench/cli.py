@@ -141,6 +141,66 @@ def cmd_zoo(args) -> dict:
     return summary
 
 
+def cmd_cache(args) -> dict:
+    import resource
+    import time
+
+    from workbench.checkpoint import resolve_model
+    from workbench.store import cache_activations
+    from workbench.tasks import load_task
+
+    model = resolve_model(args.run)
+    examples = load_task(args.task, args.n_sequences, args.seed)[: args.n_sequences]
+    started = time.perf_counter()
+    out = cache_activations(model, examples, args.hooks, args.out, prefill=args.prefill, passes=args.passes)
+    meta = json.loads((out / "store.json").read_text())
+    # ru_maxrss is in KiB on Linux: the peak resident memory of this whole process
+    meta["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    meta["seconds"] = round(time.perf_counter() - started, 1)
+    print(f"stored {meta['n_rows']} rows ({len(meta['hooks'])} hooks, labels {meta['labels']}) in {out} "
+          f"in {meta['seconds']}s; peak resident memory {meta['peak_rss_mib']} MiB")
+    return meta
+
+
+def cmd_probe(args) -> dict:
+    from workbench.probe_study import probe_study
+
+    report = probe_study(args.run, args.target, hooks=args.hooks, passes=args.passes, exact=not args.no_exact,
+                         n_sequences=args.n_sequences, seed=args.seed, out=args.out)
+    for row in report["rows"]:
+        print(f"{row['hook']:28s} {row['prefill']:9s} K={str(row['passes']):5s} stream {row['stream']}  "
+              f"acc {row['accuracy']:.3f}  control {row['control_accuracy']:.3f}  chance {row['chance']:.3f}")
+    print(f"figure: {report['figure']}")
+    return report
+
+
+def cmd_dynamics(args) -> dict:
+    from workbench.dynamics_study import dynamics_study
+
+    report = dynamics_study(args.runs, args.out, horizon=args.horizon, perturb_at=args.perturb_at,
+                            n_spectra=args.spectra, n_fixed=args.fixed_points, n_starts=args.starts, max_passes=args.max_passes, fp_steps=args.fp_steps)
+    for name, r in report["runs"].items():
+        lyap = " ".join(f"T={t}: {v:+.3f}" for t, v in r["lyapunov"].items())
+        rho = " ".join(f"{s['spectral_radius']:.2f}" for s in r["spectra"])
+        fps = [(len(f["points"]), sum(p["stable"] for p in f["points"])) for f in r["fixed_points"]]
+        print(f"{name}: {r['horizon']} steps{' (' + r['stopped'] + ')' if r['stopped'] else ''}; "
+              f"final ||h|| {r['per_step']['state_norm'][-1]:.2f}; Lyapunov {lyap}; spectral radius along rollout {rho}; "
+              f"fixed points (found, stable) {fps}")
+    print(f"figures: {', '.join(report['figures'])}")
+    print(f"wrote {Path(args.out) / 'dynamics.json'}")
+    return {"out": args.out}
+
+
+def _pass_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated pass counts >= 1, got {text!r}")
+    return values
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="workbench", description=__doc__)
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
@@ -199,6 +259,43 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", dest="json_out", help="also write the summary here")
     p.set_defaults(func=cmd_zoo)
 
+    p = sub.add_parser("cache", help="store hook activations with per-position labels as an Arrow dataset")
+    p.add_argument("run", help="run directory, or ARCH:PRESET[:SEED] for a fresh model")
+    p.add_argument("--hooks", nargs="+", required=True, help="hook names or glob patterns, e.g. 'blocks.*.hook_resid_post'")
+    p.add_argument("--task", default="modsum")
+    p.add_argument("--n-sequences", type=int, default=1000)
+    p.add_argument("--prefill", choices=["standard", "recurrent"], default="standard")
+    p.add_argument("--passes", type=_passes, default=1, help="K passes of a recurrent prefill (one row per pass), or 'exact'")
+    p.add_argument("--seed", type=int, default=10_000)
+    p.add_argument("--out", required=True)
+    p.add_argument("--json", dest="json_out", help="also write the store's metadata here")
+    p.set_defaults(func=cmd_cache)
+
+    p = sub.add_parser("probe", help="layer-0 study: linear probes by hook x prefill regime")
+    p.add_argument("run")
+    p.add_argument("--target", required=True, help="label to probe: running_sum (modsum), memory (flipflop), value (chain)")
+    p.add_argument("--hooks", nargs="+", default=None, help="default: blocks.0.hook_resid_pre and every hook_resid_post")
+    p.add_argument("--passes", type=_pass_list, default=[2, 3], help="recurrent prefill pass counts, e.g. 2,3,4")
+    p.add_argument("--no-exact", action="store_true", help="skip the exact-recurrence prefill")
+    p.add_argument("--n-sequences", type=int, default=400)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="default RUN/results/probe_<target>.json")
+    p.add_argument("--json", dest="json_out", help="also write the report here")
+    p.set_defaults(func=cmd_probe)
+
+    p = sub.add_parser("dynamics", help="feedback-map stability: rollouts, Lyapunov, spectra, fixed points, K-pass convergence")
+    p.add_argument("runs", nargs="+", help="FBT run directories, analysed side by side")
+    p.add_argument("--horizon", type=int, default=2000)
+    p.add_argument("--perturb-at", type=int, default=20, help="step at which the carried state is perturbed")
+    p.add_argument("--spectra", type=int, default=6, help="rollout steps at which dF/dh is analysed")
+    p.add_argument("--fixed-points", type=int, default=2, help="rollout steps at which fixed points are sought")
+    p.add_argument("--starts", type=int, default=16, help="fixed-point starts per step")
+    p.add_argument("--max-passes", type=int, default=8, help="K-pass convergence up to this many passes")
+    p.add_argument("--fp-steps", type=int, default=200, help="fixed-point finder: Adam steps (then half as many L-BFGS)")
+    p.add_argument("--out", required=True, help="output directory (JSON and figures)")
+    p.add_argument("--json", dest="json_out", help="also write a pointer JSON here")
+    p.set_defaults(func=cmd_dynamics)
+
     p = sub.add_parser("presets", help="list the model presets and parameter counts")
     p.add_argument("--json", dest="json_out", help="write the table as JSON here")
     p.set_defaults(func=cmd_presets)
@@ -211,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         result = args.func(args)
-    except (ValueError, FileNotFoundError, FileExistsError, KeyError, TypeError) as err:
+    except (ValueError, FileNotFoundError, FileExistsError, KeyError, TypeError, RuntimeError) as err:
         parser.exit(2, f"workbench {args.verb}: error: {err}\n")
     _emit(result, args.json_out)
     return 0

@@ -1,0 +1,134 @@
+"""Feedback-map dynamics on real FBT models."""
+
+import pytest
+import torch
+
+from conftest import tokens
+from workbench import build_model
+from workbench.dynamics import RolloutDiverged, feedback_map, kpass_convergence, prefill_context, rollout
+from workbench.maps import eigenvalues, find_fixed_points, jacobian, spectral_norm, spectral_radius
+
+
+@pytest.fixture(scope="module")
+def fbt64():
+    return build_model("fbt", "debug", dtype=torch.float64)
+
+
+def test_feedback_map_is_the_next_soft_step(fbt64):
+    prefix = tokens(1, 8)[0].tolist()
+    cache, h_prev = prefill_context(fbt64, prefix)
+    F = feedback_map(fbt64, cache, token=17)
+    starts = torch.stack([h_prev, torch.zeros_like(h_prev), h_prev * 2])
+    out = F(starts)
+    assert out.shape == (3, 32) and cache.length == 8  # read-only: nothing was written
+    with torch.no_grad():
+        stepped = fbt64.final_states(torch.tensor([[17]]), cache=cache)[0, -1]
+    torch.testing.assert_close(out[0], stepped, atol=1e-12, rtol=0)
+    assert (out[1] - out[0]).abs().max() > 1e-3
+
+
+def test_spectral_routines_match_the_autograd_jacobian(fbt64):
+    cache, h_prev = prefill_context(fbt64, tokens(1, 6)[0].tolist())
+    F = feedback_map(fbt64, cache, token=5)
+    J = torch.autograd.functional.jacobian(lambda h: F(h[None])[0], h_prev)
+    torch.testing.assert_close(jacobian(F, h_prev), J)
+    assert abs(spectral_norm(F, h_prev, iters=100) - float(torch.linalg.matrix_norm(J, 2))) < 1e-4
+    rho = float(torch.linalg.eigvals(J).abs().max())
+    assert abs(float(eigenvalues(F, h_prev).abs()[0]) - rho) < 1e-10
+    assert abs(spectral_radius(F, h_prev, iters=200) - rho) < 0.05 * rho
+
+
+def test_a_contracting_feedback_map_has_one_stable_fixed_point_from_every_start():
+    model = build_model("fbt", "debug", dtype=torch.float64, seed=1)
+    with torch.no_grad():
+        model.fusion.W_U.weight.mul_(0.05)  # a weak value path: F is a contraction
+    cache, h_prev = prefill_context(model, tokens(1, 6)[0].tolist())
+    F = feedback_map(model, cache, token=5)
+    gen = torch.Generator().manual_seed(0)
+    starts = torch.cat([h_prev[None], torch.zeros(1, 32, dtype=torch.float64), 3 * torch.randn(2, 32, dtype=torch.float64, generator=gen)])
+    points, report = find_fixed_points(F, starts, start_kinds=["previous", "zeros", "random", "random"], steps=150, polish_iters=60)
+    assert len(points) == 1 and points[0].n_starts == 4 and points[0].stable  # path independent
+    with torch.no_grad():
+        assert float((F(points[0].state[None])[0] - points[0].state).norm()) < 1e-8
+    assert sorted(set(points[0].start_kinds)) == ["previous", "random", "zeros"]
+
+
+def test_kpass_residual_is_zero_on_exact_positions(fbt64):
+    report = kpass_convergence(fbt64, tokens(1, 10)[0].tolist(), max_passes=5)
+    for row in report["rows"]:
+        k = row["passes"]
+        assert max(row["error_to_exact"][:k]) < 1e-12
+        assert row["error_to_exact"][k] > 1e-6
+        if k > 1:
+            assert row["relative_residual"] > 0 and row["kl_to_previous"] >= 0
+
+
+def test_rollout_tracks_norms_and_perturbation_growth():
+    model = build_model("fbt", "debug")
+    out = rollout(model, tokens(1, 4)[0].tolist(), 40, perturb_at=10)
+    assert len(out.tokens) == 40 and out.state_norm.shape == (40,) and out.perturbation_ratio.shape == (30,)
+    assert torch.all(torch.isfinite(out.perturbation_ratio)) and torch.all(out.perturbation_ratio > 0)
+    unperturbed = rollout(model, tokens(1, 4)[0].tolist(), 40)
+    torch.testing.assert_close(unperturbed.state_norm, out.state_norm)  # the perturbed copy is a separate row
+    assert torch.all(out.gate_mean > 0) and torch.all(out.gate_mean < 1)
+    assert out.standard_distance[0] > 0  # the first soft step already differs from standard
+
+
+def test_rollout_beyond_the_context_slides_or_stops():
+    model = build_model("fbt", "debug")  # n_ctx = 128
+    prompt = tokens(1, 4)[0].tolist()
+    slid = rollout(model, prompt, 300)
+    assert len(slid.tokens) == 300 and slid.slid_at and slid.stopped is None
+    stopped = rollout(model, prompt, 300, context_rule="stop")
+    assert len(stopped.tokens) == 124 and "context full after 128 tokens" in stopped.stopped
+
+
+def test_sliding_keeps_relative_positions_exact():
+    # One layer: its cached keys depend only on the tokens, so after dropping the oldest half the
+    # next step must equal a fresh pass over the kept window started at position 0 (rotary phases
+    # are relative). With more layers the cached keys remember the dropped context, by design.
+    model = build_model("baseline", "debug", dtype=torch.float64, n_layers=1)
+    toks = tokens(1, 30)
+    with torch.no_grad():
+        cache = model.make_cache(24)
+        model(toks[:, :24], cache=cache)
+        cache.slide(12)
+        stepped = model(toks[:, 24:25], cache=cache)[0, -1]
+        window = model(toks[:, 12:25])[0, -1]  # the same 13 tokens from position 0
+    torch.testing.assert_close(stepped, window, atol=1e-10, rtol=0)
+
+
+def test_a_diverging_rollout_names_the_step():
+    model = build_model("fbt", "debug")
+    calls = []
+
+    def blow_up(x, hook):
+        calls.append(1)
+        return x * float("inf") if len(calls) == 8 else x
+
+    with model.hooks(fwd_hooks=[("fusion.hook_value", blow_up)]):
+        with pytest.raises(RolloutDiverged, match="at step 7"):
+            rollout(model, tokens(1, 4)[0].tolist(), 20)
+
+
+def test_dynamics_cli_compares_runs_and_writes_figures(tmp_path, capsys):
+    import json
+
+    from workbench import save_model
+    from workbench.cli import main
+
+    runs = [save_model(build_model("fbt", "debug", seed=s), tmp_path / f"fbt{s}") for s in (0, 1)]
+    main(["dynamics", *map(str, runs), "--horizon", "150", "--perturb-at", "5", "--spectra", "2",
+          "--fixed-points", "1", "--starts", "3", "--max-passes", "3", "--fp-steps", "20", "--out", str(tmp_path / "out")])
+    report = json.loads((tmp_path / "out" / "dynamics.json").read_text())
+    assert set(report["runs"]) == {"fbt0", "fbt1"}
+    r = report["runs"]["fbt0"]
+    assert r["horizon"] == 150 and r["slid_at"]  # past n_ctx=128: the window slid
+    assert set(r["lyapunov"]) == {"1", "10", "100"} and len(r["spectra"]) == 2
+    assert len(r["spectra"][0]["eigenvalues"]) == 32 and len(r["kpass"]["rows"]) == 3
+    for name in ("rollout", "spectra", "fixed_points", "kpass"):
+        assert (tmp_path / "out" / f"{name}.png").is_file()
+    assert "Lyapunov" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["dynamics", str(save_model(build_model("baseline", "debug"), tmp_path / "base")), "--out", str(tmp_path / "x")])
+    assert "feedback dynamics need a Full-Bandwidth model" in capsys.readouterr().err

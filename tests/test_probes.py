@@ -1,0 +1,159 @@
+"""Activation store and linear probes."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from workbench import build_model, run_with_pass_cache
+from workbench.probes import control_labels, save_probe, split_by_sequence, train_probe
+from workbench.store import cache_activations, load_store
+from workbench.tasks import synthetic_examples
+from workbench.tokenizer import CharTokenizer
+
+
+def planted(n_seq=120, per_seq=20, d=16, seed=0, n_types=50):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n_seq * per_seq, d))
+    groups = np.repeat(np.arange(n_seq), per_seq)
+    tokens = rng.integers(0, n_types, size=len(X))
+    return X, groups, tokens, rng
+
+
+def test_probe_recovers_a_planted_linear_direction():
+    X, groups, tokens, rng = planted()
+    w = rng.normal(size=X.shape[1])
+    y = (X @ w > 0).astype(np.int64)
+    result = train_probe(X, y, groups, tokens)
+    assert result.accuracy > 0.95 and result.selectivity > 0.4
+    direction = result.weights["coef"][0] / result.weights["scale"]
+    assert np.dot(direction, w) / np.linalg.norm(direction) / np.linalg.norm(w) > 0.95
+
+
+def test_probe_fails_on_a_planted_nonlinear_label():
+    X, groups, tokens, _ = planted()
+    y = ((X[:, 0] > 0) ^ (X[:, 1] > 0)).astype(np.int64)  # XOR: no linear separator
+    assert train_probe(X, y, groups, tokens).accuracy < 0.6
+
+
+def test_selectivity_is_near_zero_on_random_activations():
+    # 2000 test rows: each accuracy has sampling sd ~0.011, a difference ~0.015; 0.05 is ~3 sd.
+    # Many token types, so the control labels follow the label distribution closely.
+    X, groups, tokens, rng = planted(n_seq=500, n_types=2000)
+    y = rng.integers(0, 3, size=len(X))
+    result = train_probe(X, y, groups, tokens)
+    assert result.n_test == 2000 and abs(result.control_chance - result.chance) < 0.03
+    assert abs(result.selectivity) < 0.05 and abs(result.accuracy - result.chance) < 0.05
+
+
+def test_control_task_is_a_fixed_label_per_token_type():
+    tokens = np.array([1, 2, 1, 3, 2, 1])
+    labels = np.array([0, 1, 1, 0, 0, 1])
+    control = control_labels(tokens, labels, seed=0)
+    assert control[0] == control[2] == control[5] and control[1] == control[4]
+    assert set(control) <= {0, 1}
+
+
+def test_regression_probe_reports_r2():
+    X, groups, tokens, rng = planted()
+    y = X[:, :3].sum(1) + 0.1 * rng.normal(size=len(X))
+    result = train_probe(X, y, groups, tokens, kind="regression")
+    assert result.accuracy > 0.95 and result.chance == 0.0
+
+
+def test_split_never_shares_a_sequence():
+    groups = np.repeat(np.arange(50), 7)
+    train, val, test = split_by_sequence(groups, seed=3)
+    assert (train.astype(int) + val + test == 1).all()
+    for a, b in ((train, val), (train, test), (val, test)):
+        assert not set(groups[a]) & set(groups[b])
+    with pytest.raises(ValueError, match="at least 3 sequences"):
+        split_by_sequence(np.zeros(10), 0)
+
+
+def test_probe_weights_round_trip(tmp_path):
+    from safetensors.numpy import load_file
+
+    X, groups, tokens, rng = planted()
+    result = train_probe(X, (X[:, 0] > 0).astype(np.int64), groups, tokens)
+    path = save_probe(result, tmp_path / "p.safetensors", {"hook": "blocks.0.hook_resid_pre"})
+    loaded = load_file(str(path))
+    assert set(loaded) == {"coef", "intercept", "mean", "scale", "classes"} and loaded["coef"].shape == (1, 16)
+
+
+def _rows(ds, seq, pass_=0, stream=0):
+    t = ds.with_format("numpy")[:]
+    keep = (t["seq"] == seq) & (t["pass"] == pass_) & (t["stream"] == stream)
+    order = np.argsort(t["pos"][keep])
+    return {k: np.asarray(t[k])[keep][order] for k in ds.column_names}
+
+
+@pytest.mark.parametrize("arch,prefill,passes", [("baseline", "standard", 1), ("fbt", "recurrent", 3), ("hd", "standard", 1)])
+def test_stored_activations_equal_a_direct_run(tmp_path, arch, prefill, passes):
+    model = build_model(arch, "debug", **({"n_streams": 3} if arch == "hd" else {}))
+    examples = synthetic_examples("modsum", 5, 0)
+    hooks = ["blocks.0.hook_resid_pre", "blocks.1.hook_resid_post"]
+    store = cache_activations(model, examples, hooks, tmp_path / "store", prefill=prefill, passes=passes, batch_size=2)
+    ds, meta = load_store(store)
+    assert meta["n_rows"] == len(ds) == sum(len(e.text) for e in examples) * passes * model.n_streams
+    tok = CharTokenizer()
+    ids = torch.tensor([tok.encode(examples[3].text)])
+    kwargs = {"passes": passes} if arch == "fbt" else {}
+    _, cache = run_with_pass_cache(model, ids, hooks, **kwargs)
+    for p in range(passes):
+        for s in range(model.n_streams):
+            rows = _rows(ds, 3, p, s)
+            assert (rows["label.running_sum"] == examples[3].labels["running_sum"]).all()
+            assert (rows["token"] == ids[0].numpy()).all()
+            for hook in hooks:
+                want = cache[hook][p, 0].view(ids.shape[1], model.n_streams, -1)[:, s]
+                np.testing.assert_allclose(rows[f"act.{hook}"], want.numpy(), atol=1e-5, rtol=1e-5)
+
+
+def test_store_rejects_bad_hooks_and_regimes(tmp_path):
+    model = build_model("baseline", "debug")
+    examples = synthetic_examples("modsum", 2, 0)
+    with pytest.raises(ValueError, match=r"unknown hook name 'blocks.0.hook_resid_pr'.*blocks.0.hook_resid_pre"):
+        cache_activations(model, examples, ["blocks.0.hook_resid_pr"], tmp_path / "s")
+    with pytest.raises(ValueError, match="prefill 'recurrent' needs a Full-Bandwidth model"):
+        cache_activations(model, examples, ["hook_embed"], tmp_path / "s", prefill="recurrent", passes=2)
+    with pytest.raises(FileNotFoundError, match="no activation store"):
+        load_store(tmp_path / "nowhere")
+    assert not (tmp_path / "s").exists()
+
+
+def test_probe_study_sweeps_hooks_and_regimes(tmp_path):
+    from workbench import save_model
+    from workbench.cli import main
+
+    run = save_model(build_model("fbt", "debug"), tmp_path / "run")
+    main(["probe", str(run), "--target", "running_sum", "--passes", "2", "--n-sequences", "30"])
+    report = json.loads((run / "results" / "probe_running_sum.json").read_text())
+    combos = {(r["hook"], r["prefill"], str(r["passes"])) for r in report["rows"]}
+    hooks = ["blocks.0.hook_resid_pre", "blocks.0.hook_resid_post", "blocks.1.hook_resid_post"]
+    assert combos == {(h, p, k) for h in hooks for p, k in [("standard", "1"), ("recurrent", "2"), ("recurrent", "exact")]}
+    assert [r["layer"] for r in report["rows"][:3]] == [0.0, 1.0, 2.0]
+    row = report["rows"][0]
+    assert set(row) >= {"accuracy", "chance", "control_accuracy", "selectivity", "n_train", "n_test"}
+    assert row["n_train"] > row["n_test"] > 0
+    assert (run / "results" / "probe_running_sum.png").is_file()
+    assert len(list((run / "results" / "probes" / "running_sum").glob("*.safetensors"))) == 9
+
+
+def test_probe_and_cache_errors_list_valid_names(tmp_path, capsys):
+    from workbench import save_model
+    from workbench.cli import main
+
+    run = save_model(build_model("hd", "debug", n_streams=2), tmp_path / "run")
+    with pytest.raises(SystemExit):
+        main(["probe", str(run), "--target", "sum"])
+    err = capsys.readouterr().err
+    assert "unknown probe target 'sum'" in err and "'running_sum'" in err and "'memory'" in err
+    with pytest.raises(SystemExit):
+        main(["cache", str(run), "--hooks", "blocks.*.hook_resid_postt", "--out", str(tmp_path / "s")])
+    assert "matches no hook point" in capsys.readouterr().err
+    main(["cache", str(run), "--hooks", "blocks.*.hook_resid_post", "hook_stream_embed", "--n-sequences", "4", "--out", str(tmp_path / "s")])
+    ds, meta = load_store(tmp_path / "s")
+    assert meta["hooks"] == ["blocks.0.hook_resid_post", "blocks.1.hook_resid_post", "hook_stream_embed"]
+    assert set(np.asarray(ds.with_format("numpy")[:]["stream"])) == {0, 1}

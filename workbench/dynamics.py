@@ -1,0 +1,183 @@
+"""Feedback-map dynamics of a Full-Bandwidth model.
+
+- ``feedback_map``: F(h) = h_t given h_{t-1} = h, with the token x_t and the context (the KV cache
+  of everything before t) frozen. A plain batched function, so every analysis in
+  ``workbench.maps`` applies to it.
+- ``rollout``: ``soft`` decoding (free, or teacher-forced on a fixed token stream) for a long
+  horizon, tracking per step ||h_t||, ||u_t||, the gate's mean and entropy, the logit entropy and
+  the distance to the ``standard`` rollout on the same tokens; optionally with a perturbation of
+  the carried state at step t0, tracked as ||dh_t|| / ||dh_t0||.
+- ``kpass_convergence``: relative residual between successive passes and KL between their
+  next-token distributions, against the exact recurrence.
+
+Beyond the context length a rollout follows the documented rule ``context_rule``: ``"slide"``
+drops the oldest half of the window when it is full (keys keep their absolute rotary phases, so
+every relative distance the model sees stays below n_ctx), ``"stop"`` stops with a message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from models import FullBandwidthLM
+from workbench.activations import ActivationRecorder
+
+CONTEXT_RULES = ("slide", "stop")
+
+
+class RolloutDiverged(RuntimeError):
+    pass
+
+
+def _check(model) -> None:
+    if not isinstance(model, FullBandwidthLM):
+        raise ValueError(f"feedback dynamics need a Full-Bandwidth model, got arch {model.arch!r}")
+
+
+@torch.no_grad()
+def prefill_context(model: FullBandwidthLM, prefix: list[int], capacity: int | None = None, plain: int = 0):
+    """``prefix`` in a fresh cache, its first ``plain`` tokens plain (a prompt, as in ``soft``
+    decoding) and the rest by the exact recurrence; returns (cache, carried state [D])."""
+    _check(model)
+    cache = model.make_cache(capacity)
+    ids = torch.tensor([prefix], device=model.embed.W_E.device)
+    if plain:
+        h = model.final_states(ids[:, :plain], fuse_mask=torch.zeros_like(ids[:, :plain], dtype=torch.bool), cache=cache)
+    for t in range(plain, ids.shape[1]):
+        h = model.final_states(ids[:, t : t + 1], cache=cache)
+    return cache, h[0, -1]
+
+
+def feedback_map(model: FullBandwidthLM, cache, token: int):
+    """F(h): [M, D] -> [M, D], the carried state after feeding ``token`` with previous state h,
+    reading (never writing) ``cache``. Differentiable in h (torch.func works on it)."""
+    _check(model)
+    device = model.embed.W_E.device
+
+    def F(h: Tensor) -> Tensor:
+        toks = torch.full((h.shape[0], 1), token, dtype=torch.long, device=device)
+        fuse = torch.ones_like(toks, dtype=torch.bool)
+        # the fused CPU attention kernels have no forward-mode derivative; JVPs need the math one
+        with sdpa_kernel(SDPBackend.MATH):
+            return model.final_states(toks, fuse_mask=fuse, cache=cache, state=h, commit=False)[:, -1]
+
+    return F
+
+
+@dataclass
+class Rollout:
+    tokens: list[int]  # the token fed at each step
+    states: Tensor  # [steps, d_model] the carried states h_t
+    state_norm: Tensor  # [steps] ||h_t||
+    input_norm: Tensor  # [steps] ||u_t|| (the fused stack input)
+    gate_mean: Tensor  # [steps]
+    gate_entropy: Tensor  # [steps] mean binary entropy of the gate, in nats
+    logit_entropy: Tensor  # [steps] entropy of the next-token distribution, in nats
+    standard_distance: Tensor  # [steps] ||h_t - h_t(standard)|| on the same tokens
+    perturbation_ratio: Tensor | None  # [steps - t0] ||dh_t|| / ||dh_t0|| when perturbed
+    slid_at: list[int] = field(default_factory=list)  # steps at which the window slid
+    stopped: str | None = None  # why the rollout ended early, if it did
+
+
+def _binary_entropy(p: Tensor) -> Tensor:
+    p = p.clamp(1e-7, 1 - 1e-7)
+    return -(p * p.log() + (1 - p) * (1 - p).log())
+
+
+@torch.no_grad()
+def rollout(
+    model: FullBandwidthLM,
+    prompt: list[int],
+    horizon: int,
+    *,
+    tokens: list[int] | None = None,
+    perturb_at: int | None = None,
+    eps: float = 1e-3,
+    context_rule: str = "slide",
+    seed: int = 0,
+) -> Rollout:
+    """``soft`` decoding of ``horizon`` steps after ``prompt`` (greedy, or teacher-forced on
+    ``tokens``), next to a ``standard`` rollout on the same tokens and, with ``perturb_at``, a
+    perturbed copy of the carried state at that step. Non-finite states raise
+    ``RolloutDiverged`` naming the step."""
+    _check(model)
+    if context_rule not in CONTEXT_RULES:
+        raise ValueError(f"context_rule={context_rule!r}: expected one of {CONTEXT_RULES}")
+    if tokens is not None and len(tokens) < horizon:
+        raise ValueError(f"teacher-forced rollout needs {horizon} tokens, got {len(tokens)}")
+    if perturb_at is not None and not 0 <= perturb_at < horizon:
+        raise ValueError(f"perturb_at={perturb_at}: expected a step in [0, {horizon})")
+    device = model.embed.W_E.device
+    n = 3 if perturb_at is not None else 2  # rows: soft, standard, perturbed soft
+    ids = torch.tensor([prompt] * n, device=device)
+    cache = model.make_cache()
+    plain = torch.zeros_like(ids, dtype=torch.bool)
+    h = model.final_states(ids, fuse_mask=plain, cache=cache)[:, -1]
+    fuse = torch.tensor([[True], [False], [True]][:n], device=device)
+    out = {k: [] for k in ("state", "input", "gate_mean", "gate_entropy", "logit_entropy", "standard", "ratio")}
+    fed, slid, stopped, d0, kept = [], [], None, None, []
+    names = ["blocks.0.hook_resid_pre", "fusion.hook_gate"] if model.fusion.W_G is not None else ["blocks.0.hook_resid_pre"]
+    for step in range(horizon):
+        logits = model.readout(h[:1])
+        logp = logits.float().log_softmax(-1)
+        nxt = tokens[step] if tokens is not None else int(logits.argmax())
+        if cache.length + 1 > cache.capacity:
+            if context_rule == "stop":
+                stopped = f"context full after {cache.length} tokens (n_ctx={model.cfg.n_ctx}) at step {step}"
+                break
+            cache.slide(cache.capacity // 2)
+            slid.append(step)
+        if perturb_at == step:
+            delta = torch.randn(h.shape[-1], generator=torch.Generator().manual_seed(seed), dtype=torch.float32).to(device, h.dtype)
+            h = h.clone()
+            h[2] = h[0] + eps * delta / delta.norm()
+            cache.state = h
+            d0 = float((h[2] - h[0]).norm())
+        with ActivationRecorder(model, names) as rec:
+            h = model.final_states(torch.full((n, 1), nxt, device=device), fuse_mask=fuse, cache=cache)[:, -1]
+        if not torch.isfinite(h).all():
+            raise RolloutDiverged(f"non-finite carried state at step {step} (token {nxt})")
+        u = rec.calls("blocks.0.hook_resid_pre")[-1].value[0, -1]
+        fed.append(nxt)
+        kept.append(h[0].float().cpu())
+        out["state"].append(float(h[0].norm()))
+        out["input"].append(float(u.norm()))
+        if len(names) > 1:
+            gate = rec.calls("fusion.hook_gate")[-1].value[0, -1].float()
+            out["gate_mean"].append(float(gate.mean()))
+            out["gate_entropy"].append(float(_binary_entropy(gate).mean()))
+        out["logit_entropy"].append(float(-(logp.exp() * logp).sum()))
+        out["standard"].append(float((h[0] - h[1]).norm()))
+        if d0 is not None:
+            out["ratio"].append(float((h[2] - h[0]).norm()) / d0)
+    t = lambda key: torch.tensor(out[key], dtype=torch.float64)
+    states = torch.stack(kept) if kept else torch.empty(0, model.cfg.d_model)
+    return Rollout(fed, states, t("state"), t("input"), t("gate_mean"), t("gate_entropy"), t("logit_entropy"), t("standard"),
+                   t("ratio") if d0 is not None else None, slid, stopped)
+
+
+@torch.no_grad()
+def kpass_convergence(model: FullBandwidthLM, tokens: list[int], max_passes: int) -> dict:
+    """For k = 2..max_passes: relative residual ||H^k - H^(k-1)|| / ||H^k|| and mean KL(p^k || p^(k-1))
+    of next-token distributions (whole sequence), and per position ||H^k_t - H*_t|| against the
+    exact recurrence H*. Positions < k are exact after k passes."""
+    _check(model)
+    ids = torch.tensor([tokens], device=model.embed.W_E.device)
+    states = model.run_passes(ids, max_passes)
+    cache = model.make_cache(len(tokens))
+    exact = torch.cat([model.final_states(ids[:, t : t + 1], cache=cache) for t in range(len(tokens))], dim=1)
+    rows = []
+    for k in range(1, max_passes + 1):
+        H = states[k - 1][0]
+        row = {"passes": k, "error_to_exact": (H - exact[0]).norm(dim=-1).tolist()}
+        if k > 1:
+            prev = states[k - 2][0]
+            logp, logq = (model.readout(x).float().log_softmax(-1) for x in (H, prev))
+            row["relative_residual"] = float((H - prev).norm() / H.norm())
+            row["kl_to_previous"] = float((logp.exp() * (logp - logq)).sum(-1).mean())
+        rows.append(row)
+    return {"tokens": len(tokens), "rows": rows}

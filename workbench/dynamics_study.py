@@ -1,0 +1,143 @@
+"""``workbench dynamics``: every feedback-map analysis on one or more FBT runs, side by side, as
+JSON and figures under the output directory."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from workbench.checkpoint import load_model, write_json
+from workbench.dynamics import feedback_map, kpass_convergence, prefill_context, rollout
+from workbench.maps import eigenvalues, find_fixed_points, frobenius_hutchinson, lyapunov_from_growth, spectral_norm
+from workbench.tokenizer import CharTokenizer
+
+DEFAULT_PROMPT = "Q: Start with 12. Add 7. Multiply by 3. What is the result?\nA:"
+
+
+def analyse_run(run_dir: str | Path, *, prompt: str = DEFAULT_PROMPT, horizon: int = 2000, perturb_at: int = 20,
+                n_spectra: int = 6, n_fixed: int = 2, n_starts: int = 16, max_passes: int = 8, fp_steps: int = 200,
+                seed: int = 0) -> dict:
+    model = load_model(run_dir).double()
+    tok = CharTokenizer()
+    ids = tok.encode(prompt)
+    roll = rollout(model, ids, horizon, perturb_at=perturb_at, seed=seed)
+    ratios = roll.perturbation_ratio
+    lyap = lyapunov_from_growth(ratios)
+    horizons = [T for T in (1, 10, 100, 1000, 10_000) if T <= len(lyap)]
+    # spectra (and fixed points) at steps whose context fits the window without sliding
+    reach = min(len(roll.tokens), model.cfg.n_ctx - len(ids) - 1)
+    steps = sorted({int(round(x)) for x in torch.linspace(1, max(1, reach - 1), n_spectra).tolist()})
+    spectra, fixed = [], []
+    gen = torch.Generator().manual_seed(seed)
+    for i, t in enumerate(steps):
+        cache, h_prev = prefill_context(model, ids + roll.tokens[:t], plain=len(ids))
+        F = feedback_map(model, cache, roll.tokens[t])
+        ev = eigenvalues(F, h_prev)
+        spectra.append({"step": t, "spectral_radius": float(ev.abs()[0]), "spectral_norm": spectral_norm(F, h_prev),
+                        "frobenius": frobenius_hutchinson(F, h_prev), "eigenvalues": [[z.real, z.imag] for z in ev.tolist()]})
+        if i < n_fixed:
+            scale = float(h_prev.norm()) / math.sqrt(h_prev.numel())
+            starts = torch.cat([h_prev[None], torch.zeros_like(h_prev)[None],
+                                h_prev + 0.3 * scale * torch.randn(n_starts - 2, h_prev.numel(), generator=gen, dtype=h_prev.dtype)])
+            kinds = ["previous", "zeros"] + ["near-rollout"] * (n_starts - 2)
+            points, report = find_fixed_points(F, starts, start_kinds=kinds, steps=fp_steps, polish_iters=fp_steps // 2)
+            fixed.append({"step": t, **report, "points": [
+                {"residual": p.residual, "spectral_radius": p.spectral_radius, "stable": p.stable, "n_starts": p.n_starts,
+                 "start_kinds": sorted(set(p.start_kinds)), "distance_to_rollout_state": float((p.state - h_prev).norm()),
+                 "state": p.state.tolist()} for p in points],
+                "path_independent": len(points) == 1 and points[0].n_starts == n_starts})
+    conv = kpass_convergence(model, (ids + roll.tokens)[: min(len(ids) + 32, model.cfg.n_ctx)], max_passes)
+    return {
+        "run": str(run_dir), "prompt": prompt, "horizon": len(roll.tokens), "stopped": roll.stopped, "slid_at": roll.slid_at,
+        "generated": tok.decode(roll.tokens[:200]),
+        "per_step": {"state_norm": roll.state_norm.tolist(), "input_norm": roll.input_norm.tolist(),
+                     "gate_mean": roll.gate_mean.tolist(), "gate_entropy": roll.gate_entropy.tolist(),
+                     "logit_entropy": roll.logit_entropy.tolist(), "standard_distance": roll.standard_distance.tolist(),
+                     "perturbation_ratio": ratios.tolist()},
+        "perturb_at": perturb_at,
+        "lyapunov": {str(T): float(lyap[T - 1]) for T in horizons},
+        "spectra": spectra, "fixed_points": fixed, "kpass": conv,
+        "_states": roll.states,
+    }
+
+
+def dynamics_study(runs: list[str], out_dir: str | Path, **kwargs) -> dict:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results = {Path(r).name: analyse_run(r, **kwargs) for r in runs}
+    states = {name: r.pop("_states") for name, r in results.items()}
+    figures = plot_dynamics(results, states, out_dir)
+    report = {"runs": results, "figures": figures}
+    write_json(out_dir / "dynamics.json", report)
+    return report
+
+
+def plot_dynamics(results: dict, states: dict, out_dir: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    for name, r in results.items():
+        axes[0].plot(r["per_step"]["state_norm"], label=f"{name} ||h||")
+        axes[0].plot(r["per_step"]["input_norm"], ls=":", label=f"{name} ||u||")
+        axes[1].semilogy(range(r["perturb_at"], r["perturb_at"] + len(r["per_step"]["perturbation_ratio"])),
+                         r["per_step"]["perturbation_ratio"], label=name)
+        axes[2].plot(r["per_step"]["standard_distance"], label=name)
+    axes[0].set(xlabel="step", title="norms (dotted: fused input)")
+    axes[1].set(xlabel="step", title="perturbation growth ||dh_t|| / ||dh_t0||")
+    axes[1].axhline(1.0, color="grey", ls="--")
+    axes[2].set(xlabel="step", title="||h_t(soft) - h_t(standard)||")
+    for ax in axes:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    paths.append(_save(fig, out_dir / "rollout.png"))
+
+    fig, axes = plt.subplots(1, len(results), figsize=(4.2 * len(results), 4), squeeze=False)
+    theta = torch.linspace(0, 2 * math.pi, 200)
+    for ax, (name, r) in zip(axes[0], results.items()):
+        ax.plot(theta.cos(), theta.sin(), color="grey", lw=0.8)
+        for s in r["spectra"]:
+            z = torch.tensor(s["eigenvalues"])
+            ax.scatter(z[:, 0], z[:, 1], s=6, label=f"step {s['step']}")
+        ax.set(aspect="equal", title=f"{name}: eigenvalues of dF/dh", xlabel="Re", ylabel="Im")
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    paths.append(_save(fig, out_dir / "spectra.png"))
+
+    fig, axes = plt.subplots(1, len(results), figsize=(4.2 * len(results), 4), squeeze=False)
+    for ax, (name, r) in zip(axes[0], results.items()):
+        X = states[name].double()
+        mean = X.mean(0)
+        _, _, V = torch.pca_lowrank(X - mean, q=2, center=False)
+        P = (X - mean) @ V
+        ax.scatter(P[:, 0], P[:, 1], s=3, c=range(len(P)), cmap="viridis")
+        for fp in r["fixed_points"]:
+            for p in fp["points"]:
+                q = (torch.tensor(p["state"]) - mean) @ V
+                ax.scatter(q[0], q[1], marker="*" if p["stable"] else "x", s=120, color="red" if p["stable"] else "black")
+        ax.set(title=f"{name}: states (PCA), fixed points (* stable, x unstable)")
+    fig.tight_layout()
+    paths.append(_save(fig, out_dir / "fixed_points.png"))
+
+    fig, axes = plt.subplots(1, len(results), figsize=(4.2 * len(results), 3.5), squeeze=False)
+    for ax, (name, r) in zip(axes[0], results.items()):
+        grid = torch.tensor([row["error_to_exact"] for row in r["kpass"]["rows"]]).clamp(min=1e-16).log10()
+        im = ax.imshow(grid, aspect="auto", origin="lower", extent=(-0.5, grid.shape[1] - 0.5, 0.5, grid.shape[0] + 0.5))
+        ax.set(title=f"{name}: log10 ||H^k_t - H*_t||", xlabel="position", ylabel="passes k")
+        fig.colorbar(im, ax=ax)
+    fig.tight_layout()
+    paths.append(_save(fig, out_dir / "kpass.png"))
+    return paths
+
+
+def _save(fig, path: Path) -> str:
+    import matplotlib.pyplot as plt
+
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)

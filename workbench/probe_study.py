@@ -1,0 +1,114 @@
+"""The layer-0 state-accessibility study: does recurrent (multi-pass) prefill expose a global state
+(the modsum running sum, the flip-flop memory) at the bottom of the stack, where standard prefill
+does not? Sweeps hook x prefill regime (x stream for HD) and writes one row per combination.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from models import FullBandwidthLM
+from workbench.checkpoint import load_model, write_json
+from workbench.evaluate import EVAL_SEED_OFFSET
+from workbench.probes import save_probe, train_probe
+from workbench.store import cache_activations, load_store
+from workbench.tasks import LABELS, TaskConfig, synthetic_examples
+
+TARGET_TASK = {label: task for task, labels in LABELS.items() for label in labels}
+
+
+def default_hooks(n_layers: int) -> list[str]:
+    return ["blocks.0.hook_resid_pre", *[f"blocks.{i}.hook_resid_post" for i in range(n_layers)]]
+
+
+def depth(hook: str) -> float:
+    """Position in the stack: resid_pre of block i = i, resid_mid = i + 0.5, resid_post = i + 1."""
+    match = re.match(r"blocks\.(\d+)\.hook_resid_(pre|mid|post)$", hook)
+    if not match:
+        return 0.0 if hook in ("hook_embed", "hook_stream_embed") else float("nan")
+    return int(match.group(1)) + {"pre": 0.0, "mid": 0.5, "post": 1.0}[match.group(2)]
+
+
+def regimes(model, passes: list[int], exact: bool) -> list[tuple[str, int | str]]:
+    out: list[tuple[str, int | str]] = [("standard", 1)]
+    if isinstance(model, FullBandwidthLM):
+        out += [("recurrent", k) for k in passes if k > 1]
+        if exact:
+            out.append(("recurrent", "exact"))
+    return out
+
+
+def probe_study(run_dir: str | Path, target: str, *, hooks: list[str] | None = None, passes: list[int] = (2, 3),
+                exact: bool = True, n_sequences: int = 400, seed: int = 0, out: str | Path | None = None,
+                data: TaskConfig | None = None, max_rows: int = 20000) -> dict:
+    """Run the sweep on the model in ``run_dir``; writes ``results/probe_<target>.json`` (and a
+    figure, and the probe weights under ``results/probes/``)."""
+    if target not in TARGET_TASK:
+        raise ValueError(f"unknown probe target {target!r}: expected one of {sorted(TARGET_TASK)}")
+    run_dir = Path(run_dir)
+    model = load_model(run_dir)
+    hooks = hooks or default_hooks(model.cfg.n_layers)
+    task = TARGET_TASK[target]
+    examples = synthetic_examples(task, n_sequences, seed + EVAL_SEED_OFFSET, data)
+    results_dir = run_dir / "results"
+    rows = []
+    rng = np.random.default_rng(seed)
+    with tempfile.TemporaryDirectory(dir=results_dir.parent if results_dir.parent.exists() else None) as tmp:
+        for prefill, k in regimes(model, list(passes), exact):
+            store_dir = cache_activations(model, examples, hooks, Path(tmp) / f"{prefill}-{k}", prefill=prefill, passes=k)
+            ds, meta = load_store(store_dir)
+            table = ds.select_columns(["seq", "pass", "stream", "token", f"label.{target}"]).with_format("numpy")[:]
+            labels = table[f"label.{target}"]
+            last_pass = int(table["pass"].max())
+            for stream in range(meta["n_streams"]):
+                keep = np.flatnonzero((labels >= 0) & (table["pass"] == last_pass) & (table["stream"] == stream))
+                if len(keep) > max_rows:
+                    keep = np.sort(rng.choice(keep, max_rows, replace=False))
+                for hook in hooks:
+                    X = ds.select_columns([f"act.{hook}"]).select(keep).with_format("numpy")[:][f"act.{hook}"]
+                    result = train_probe(X, labels[keep], table["seq"][keep], table["token"][keep], seed=seed)
+                    name = f"{hook}__{prefill}-{k}" + (f"__s{stream}" if meta["n_streams"] > 1 else "")
+                    save_probe(result, results_dir / "probes" / target / f"{name}.safetensors",
+                               {"hook": hook, "prefill": prefill, "passes": k, "stream": stream, "target": target})
+                    rows.append({"hook": hook, "layer": depth(hook), "prefill": prefill, "passes": k, "stream": stream,
+                                 "accuracy": result.accuracy, "chance": result.chance,
+                                 "control_accuracy": result.control_accuracy, "control_chance": result.control_chance,
+                                 "selectivity": result.selectivity,
+                                 "n_train": result.n_train, "n_test": result.n_test, "C": result.reg,
+                                 "converged": result.converged})
+    report = {"run": str(run_dir), "arch": model.arch, "target": target, "task": task, "n_sequences": n_sequences, "rows": rows}
+    out = Path(out) if out else results_dir / f"probe_{target}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_json(out, report)
+    report["figure"] = str(plot_probe_rows(rows, out.with_suffix(".png"), f"{run_dir.name}: probing {target}"))
+    return report
+
+
+def plot_probe_rows(rows: list[dict], path: Path, title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    keys = sorted({(r["prefill"], str(r["passes"]), r["stream"]) for r in rows})
+    for prefill, k, stream in keys:
+        sel = sorted((r for r in rows if (r["prefill"], str(r["passes"]), r["stream"]) == (prefill, k, stream)), key=lambda r: r["layer"])
+        label = prefill if prefill == "standard" else f"recurrent K={k}"
+        if len({r["stream"] for r in rows}) > 1:
+            label += f" stream {stream}"
+        ax.plot([r["layer"] for r in sel], [r["accuracy"] for r in sel], marker="o", label=label)
+        ax.plot([r["layer"] for r in sel], [r["control_accuracy"] for r in sel], ls=":", color=ax.lines[-1].get_color(), alpha=0.6)
+    ax.axhline(rows[0]["chance"], color="grey", ls="--", label="chance (majority)")
+    ax.set_xlabel("depth (0 = input to block 0)")
+    ax.set_ylabel("probe accuracy (dotted: control task)")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
