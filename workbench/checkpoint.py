@@ -8,7 +8,6 @@ import os
 import tempfile
 from pathlib import Path
 
-import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 

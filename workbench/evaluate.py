@@ -18,8 +18,9 @@ import torch
 import torch.nn.functional as F
 
 from models import DecoderLM, FullBandwidthLM
-from workbench.checkpoint import read_json, write_json
+from workbench.checkpoint import load_model, read_json, write_json
 from workbench.decoding import REGIMES, generate, score_completions
+from workbench.runconfig import run_config_from_dict
 from workbench.tasks import SYNTHETIC, Example, TaskConfig, load_task, parse_final_answer
 from workbench.tokenizer import CharTokenizer
 
@@ -101,9 +102,6 @@ def evaluate_examples(model: DecoderLM, examples: list[Example], tokenizer: Char
 def evaluate_run(run_dir: str | Path, *, n_examples: int | None = None, fused_passes: int | str = 2,
                  task: str | None = None, write: bool = True) -> dict:
     """Evaluate the run at ``run_dir`` on its task; writes ``results/eval.json``."""
-    from workbench.checkpoint import load_model
-    from workbench.runconfig import run_config_from_dict
-
     run_dir = Path(run_dir)
     cfg = run_config_from_dict(read_json(run_dir / "config.json"))
     model = load_model(run_dir)

@@ -8,7 +8,7 @@ import typing
 from dataclasses import dataclass, field
 
 from models import ModelConfig
-from workbench.config import ARCHS, coerce, make_config
+from workbench.config import ARCHS, coerce, config_from_dict, make_config
 from workbench.tasks import TASK_KINDS, TaskConfig
 
 
@@ -172,8 +172,6 @@ def make_run_config(arch: str, preset: str, task: str | None = None, overrides: 
 
 
 def run_config_from_dict(data: dict) -> RunConfig:
-    from workbench.config import config_from_dict
-
     try:
         model = config_from_dict(data["arch"], data["model"])
         sections = {s: cls(**data.get(s, {})) for s, cls in SECTIONS.items()}

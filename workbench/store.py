@@ -71,8 +71,6 @@ def cache_activations(
     tokenizer: CharTokenizer | None = None,
 ) -> Path:
     """Write the store to ``out_dir`` (replaced only once the new one is complete)."""
-    from datasets import Dataset, concatenate_datasets
-
     hooks = resolve_hook_names(model, hooks)
     if any(h.endswith("hook_pattern") for h in hooks):
         raise ValueError("attention patterns are not per-position vectors; store hook_z or hook_resid_* instead")

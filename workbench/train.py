@@ -24,8 +24,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from models import DecoderLM, FullBandwidthLM, HiddenDecodingLM, ModelConfig, expand_streams
-from workbench.checkpoint import atomic_write, load_model, read_json, save_model, write_json
+from models import DecoderLM, expand_streams
+from workbench.checkpoint import atomic_write, load_model, read_json, write_json
 from workbench.config import model_from_config
 from workbench.data import TokenStream, batch_windows, step_generator
 from workbench.runconfig import RunConfig, run_config_from_dict
