@@ -191,6 +191,34 @@ def cmd_dynamics(args) -> dict:
     return {"out": args.out}
 
 
+def cmd_traces(args) -> dict:
+    from workbench.traces import trace_study
+
+    summary = trace_study(args.runs, args.out, task=args.task, regimes=args.regimes.split(","), passes=args.passes,
+                          n_problems=args.n_problems, difficulties=args.difficulty, seed=args.seed,
+                          max_new_tokens=args.max_new_tokens)
+    for key, g in summary["groups"].items():
+        print(f"{key:24s} mean trace {g['mean_trace']:6.1f}  median {g['median_trace']:6.1f}  accuracy {g['accuracy']:.3f}  "
+              f"unfinished {g['unfinished']:.3f}  ({summary['timing'][key]['problems_per_s']} problems/s)")
+    for key, p in summary["paired"].items():
+        t, a = p["trace_tokens"], p["accuracy"]
+        print(f"{key}: length {t['mean']:+.1f} [{t['ci_low']:+.1f}, {t['ci_high']:+.1f}]  "
+              f"accuracy {a['mean']:+.3f} [{a['ci_low']:+.3f}, {a['ci_high']:+.3f}]")
+    print(f"wrote {Path(args.out) / 'summary.json'}, traces.csv, traces.png")
+    return summary
+
+
+def _difficulty_range(text: str) -> list[int]:
+    try:
+        lo, _, hi = text.partition("..")
+        values = list(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        values = []
+    if not values or values[0] < 1:
+        raise argparse.ArgumentTypeError(f"expected a step range like 1..4, got {text!r}")
+    return values
+
+
 def _pass_list(text: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
@@ -295,6 +323,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output directory (JSON and figures)")
     p.add_argument("--json", dest="json_out", help="also write a pointer JSON here")
     p.set_defaults(func=cmd_dynamics)
+
+    p = sub.add_parser("traces", help="trace lengths and accuracy per model and regime on the same problems")
+    p.add_argument("runs", nargs="+", help="run directories; the first one's standard regime is the paired reference")
+    p.add_argument("--task", default="chain", help="chain | gsm8k-jsonl:PATH")
+    p.add_argument("--regimes", default="standard,soft,fused", help="FBT regimes (other models: standard)")
+    p.add_argument("--passes", type=_passes, default=2, help="K of the fused regime's prefill, or 'exact'")
+    p.add_argument("--n-problems", type=int, default=200)
+    p.add_argument("--difficulty", type=_difficulty_range, default=[1, 2, 3, 4], help="steps, e.g. 1..4")
+    p.add_argument("--max-new-tokens", type=int, default=160)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True)
+    p.add_argument("--json", dest="json_out", help="also write the summary here")
+    p.set_defaults(func=cmd_traces)
 
     p = sub.add_parser("presets", help="list the model presets and parameter counts")
     p.add_argument("--json", dest="json_out", help="write the table as JSON here")

@@ -1,0 +1,70 @@
+"""Trace-length studies: parsing, counting, the paired bootstrap, determinism."""
+
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from workbench import build_model, save_model
+from workbench.tokenizer import CharTokenizer
+from workbench.traces import paired_bootstrap, problems, summarise, trace_length
+
+
+def test_trace_length_counts_tokenizer_tokens_before_the_marker():
+    tok = CharTokenizer()
+    text = "12+7=<<12+7=19>>19\n#### 19"
+    assert trace_length(text, tok) == len(tok.encode("12+7=<<12+7=19>>19\n")) == 19
+    assert trace_length("no marker at all", tok) == len(tok.encode("no marker at all"))
+    assert trace_length("#### 5", tok) == 0
+
+
+def test_paired_bootstrap_recovers_a_known_difference():
+    rng = np.random.default_rng(0)
+    a = rng.normal(50, 10, size=400)
+    b = a - 7 + rng.normal(0, 3, size=400)  # 7 tokens shorter on every problem, plus noise
+    result = paired_bootstrap(a, b, seed=1)
+    assert result["ci_low"] < -7 < result["ci_high"] and result["ci_high"] - result["ci_low"] < 1.5
+    null = paired_bootstrap(a, a + rng.normal(0, 3, size=400), seed=1)
+    assert null["ci_low"] < 0 < null["ci_high"]
+    with pytest.raises(ValueError, match="equal-length"):
+        paired_bootstrap([1, 2], [1])
+
+
+def test_problems_are_deterministic_and_spread_over_difficulties(tmp_path):
+    a, b = problems("chain", 30, [1, 3], seed=2), problems("chain", 30, [1, 3], seed=2)
+    assert [e.text for e in a] == [e.text for e in b]
+    assert sorted({e.difficulty for e in a}) == [1, 3] and sum(e.difficulty == 1 for e in a) == 15
+    path = tmp_path / "gsm.jsonl"
+    path.write_text(json.dumps({"question": "2+2?", "answer": "2+2=<<2+2=4>>4\n#### 4"}) + "\n")
+    assert [e.answer for e in problems(f"gsm8k-jsonl:{path}", 10, [], 0)] == ["4"]
+    with pytest.raises(ValueError, match="unknown trace task 'gsm8k'"):
+        problems("gsm8k", 3, [1], 0)
+
+
+def test_summary_groups_and_pairs():
+    rows = [{"model": m, "regime": "standard", "problem_id": i, "difficulty": 1 + i % 2, "trace_tokens": 10 + i + (5 if m == "b" else 0),
+             "correct": i % 2 == 0, "finished": True} for m in ("a", "b") for i in range(20)]
+    s = summarise(rows, ("a", "standard"))
+    assert s["groups"]["a/standard"]["mean_trace"] == 19.5 and s["groups"]["b/standard"]["accuracy"] == 0.5
+    assert s["paired"]["b/standard - a/standard"]["trace_tokens"]["mean"] == 5.0
+    assert set(s["groups"]["a/standard"]["by_difficulty"]) == {"1", "2"}
+
+
+def test_trace_cli_is_deterministic_and_writes_every_output(tmp_path, capsys):
+    from workbench.cli import main
+
+    runs = [save_model(build_model("fbt", "debug"), tmp_path / "fbt"), save_model(build_model("hd", "debug", n_streams=2), tmp_path / "hd")]
+    for out in ("a", "b"):
+        main(["traces", *map(str, runs), "--n-problems", "6", "--difficulty", "1..2", "--max-new-tokens", "12",
+              "--out", str(tmp_path / out)])
+    rows = list(csv.DictReader((tmp_path / "a" / "traces.csv").open()))
+    assert rows == list(csv.DictReader((tmp_path / "b" / "traces.csv").open()))
+    assert len(rows) == 6 * 4  # fbt x 3 regimes + hd x standard
+    assert {(r["model"], r["regime"]) for r in rows} == {("fbt", "standard"), ("fbt", "soft"), ("fbt", "fused"), ("hd", "standard")}
+    fbt_row = next(r for r in rows if r["model"] == "fbt")
+    assert len(json.loads(fbt_row["state_norms"])) == int(fbt_row["total_tokens"])
+    assert all(int(r["trace_tokens"]) <= int(r["total_tokens"]) for r in rows)
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert summary["reference"] == "fbt/standard" and "hd/standard - fbt/standard" in summary["paired"]
+    assert (tmp_path / "a" / "traces.png").is_file() and "problems/s" in capsys.readouterr().out

@@ -1,0 +1,202 @@
+"""Trace-length studies: how long each model and regime reasons before it answers, and how often
+it is right, on the same problems.
+
+One row per (model, regime, problem): ``problem_id``, ``difficulty``, ``trace_tokens`` (generated
+tokens before the ``####`` marker; all of them when there is none), ``total_tokens`` (up to and
+including <eos>), ``answer``, ``correct``, ``finished`` (false when the budget ran out before
+<eos>), the generated ``text`` and, for FBT, the per-step carried-state norms.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from models import FullBandwidthLM
+from workbench.checkpoint import load_model, write_json
+from workbench.decoding import generate
+from workbench.evaluate import EVAL_SEED_OFFSET
+from workbench.tasks import Example, TaskConfig, load_jsonl, make_chain, parse_final_answer
+from workbench.tokenizer import CharTokenizer
+
+MARKER = "####"
+
+
+def problems(task: str, n: int, difficulties: list[int], seed: int = 0) -> list[Example]:
+    """``chain`` problems spread evenly over ``difficulties`` (steps), or the first ``n`` problems
+    of a GSM8K-format JSONL file (``gsm8k-jsonl:PATH``; difficulty = its number of ``<<`` steps)."""
+    if task.startswith("gsm8k-jsonl:"):
+        examples = load_jsonl(task.split(":", 1)[1])[:n]
+        return [ex for ex in examples if ex.difficulty in difficulties] if difficulties else examples
+    if task != "chain":
+        raise ValueError(f"unknown trace task {task!r}: expected 'chain' or 'gsm8k-jsonl:PATH'")
+    if not difficulties or min(difficulties) < 1:
+        raise ValueError(f"difficulties={difficulties!r}: expected step counts >= 1")
+    rng = random.Random(f"traces:{seed + EVAL_SEED_OFFSET}")
+    cfg = TaskConfig(chain_max_steps=max(difficulties))
+    return [make_chain(rng, cfg, difficulties[i % len(difficulties)]) for i in range(n)]
+
+
+def trace_length(text: str, tokenizer: CharTokenizer) -> int:
+    """Tokens of ``text`` before the answer marker (all of them when there is none)."""
+    cut = text.find(MARKER)
+    return len(tokenizer.encode(text if cut < 0 else text[:cut]))
+
+
+def run_traces(model, examples: list[Example], regime: str, passes, tokenizer: CharTokenizer, *,
+               max_new_tokens: int, batch_size: int = 64) -> list[dict]:
+    """Greedy generation on every problem under ``regime``; rows in problem order."""
+    prompts = [tokenizer.encode(ex.prompt) for ex in examples]
+    order = sorted(range(len(examples)), key=lambda i: len(prompts[i]))  # similar lengths share a batch
+    rows: dict[int, dict] = {}
+    for start in range(0, len(order), batch_size):
+        idx = order[start : start + batch_size]
+        width = max(len(prompts[i]) for i in idx)
+        budget = min(max_new_tokens, model.cfg.n_ctx - width)
+        out = generate(model, [prompts[i] for i in idx], regime=regime, passes=passes, max_new_tokens=budget,
+                       eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id)
+        norms = out.states.float().norm(dim=-1)
+        for j, i in enumerate(idx):
+            n = int(out.lengths[j])
+            ids = out.new_tokens[j, :n].tolist()
+            text = tokenizer.decode(ids)
+            answer = parse_final_answer(text)
+            rows[i] = {
+                "problem_id": i, "difficulty": examples[i].difficulty, "trace_tokens": trace_length(text, tokenizer),
+                "total_tokens": n, "answer": answer, "correct": answer is not None and answer == examples[i].answer,
+                "finished": bool(out.finished[j]), "text": text,
+                "state_norms": [round(x, 4) for x in norms[j, :n].tolist()] if isinstance(model, FullBandwidthLM) else None,
+            }
+    return [rows[i] for i in range(len(examples))]
+
+
+def paired_bootstrap(a: np.ndarray, b: np.ndarray, n_resamples: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
+    """Mean of b - a over paired problems with a percentile bootstrap confidence interval."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if a.shape != b.shape or a.ndim != 1 or len(a) == 0:
+        raise ValueError(f"paired samples must be equal-length 1-d arrays, got {a.shape} and {b.shape}")
+    diff = b - a
+    rng = np.random.default_rng(seed)
+    means = diff[rng.integers(0, len(diff), size=(n_resamples, len(diff)))].mean(axis=1)
+    lo, hi = np.quantile(means, [(1 - level) / 2, 1 - (1 - level) / 2])
+    return {"mean": float(diff.mean()), "ci_low": float(lo), "ci_high": float(hi), "n": int(len(diff)), "level": level}
+
+
+def summarise(rows: list[dict], reference: tuple[str, str]) -> dict:
+    """Per (model, regime, difficulty): trace length mean/median, accuracy, unfinished rate;
+    accuracy within shared trace-length quartile bins (matched length); paired comparisons of
+    every (model, regime) against ``reference`` on the same problems."""
+    keys = sorted({(r["model"], r["regime"]) for r in rows})
+    lengths = np.array([r["trace_tokens"] for r in rows])
+    edges = np.unique(np.quantile(lengths, [0, 0.25, 0.5, 0.75, 1.0]))
+    groups: dict = {}
+    for model, regime in keys:
+        sel = [r for r in rows if (r["model"], r["regime"]) == (model, regime)]
+        per_difficulty = {}
+        for d in sorted({r["difficulty"] for r in sel}):
+            ds = [r for r in sel if r["difficulty"] == d]
+            per_difficulty[str(d)] = {
+                "n": len(ds), "mean_trace": statistics.fmean(r["trace_tokens"] for r in ds),
+                "median_trace": statistics.median(r["trace_tokens"] for r in ds),
+                "accuracy": statistics.fmean(r["correct"] for r in ds),
+                "unfinished": statistics.fmean(not r["finished"] for r in ds),
+            }
+        bins = np.clip(np.searchsorted(edges, [r["trace_tokens"] for r in sel], side="right") - 1, 0, max(len(edges) - 2, 0))
+        matched = {}
+        for b in range(max(len(edges) - 1, 1)):
+            inside = [r["correct"] for r, k in zip(sel, bins) if k == b]
+            if inside:
+                matched[f"[{edges[b]:.0f},{edges[min(b + 1, len(edges) - 1)]:.0f}]"] = {"n": len(inside), "accuracy": statistics.fmean(inside)}
+        groups[f"{model}/{regime}"] = {
+            "n": len(sel), "mean_trace": statistics.fmean(r["trace_tokens"] for r in sel),
+            "median_trace": statistics.median(r["trace_tokens"] for r in sel),
+            "accuracy": statistics.fmean(r["correct"] for r in sel), "unfinished": statistics.fmean(not r["finished"] for r in sel),
+            "by_difficulty": per_difficulty, "accuracy_at_matched_length": matched,
+        }
+    ref = {r["problem_id"]: r for r in rows if (r["model"], r["regime"]) == reference}
+    paired = {}
+    for model, regime in keys:
+        if (model, regime) == reference:
+            continue
+        sel = sorted((r for r in rows if (r["model"], r["regime"]) == (model, regime) and r["problem_id"] in ref), key=lambda r: r["problem_id"])
+        a = [ref[r["problem_id"]] for r in sel]
+        paired[f"{model}/{regime} - {reference[0]}/{reference[1]}"] = {
+            "trace_tokens": paired_bootstrap([x["trace_tokens"] for x in a], [x["trace_tokens"] for x in sel]),
+            "accuracy": paired_bootstrap([float(x["correct"]) for x in a], [float(x["correct"]) for x in sel]),
+        }
+    return {"reference": "/".join(reference), "groups": groups, "paired": paired}
+
+
+def trace_study(runs: list[str], out_dir: str | Path, *, task: str = "chain", regimes: list[str] = ("standard", "soft", "fused"),
+                passes: int | str = 2, n_problems: int = 200, difficulties: list[int] = (1, 2, 3, 4), seed: int = 0,
+                max_new_tokens: int = 160, batch_size: int = 64) -> dict:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = CharTokenizer()
+    examples = problems(task, n_problems, list(difficulties), seed)
+    if not examples:
+        raise ValueError(f"no problems of difficulty {list(difficulties)} in {task!r}")
+    rows, timing = [], {}
+    for run in runs:
+        model = load_model(run)
+        name = Path(run).name
+        for regime in regimes if isinstance(model, FullBandwidthLM) else ["standard"]:
+            started = time.perf_counter()
+            for row in run_traces(model, examples, regime, passes, tokenizer, max_new_tokens=max_new_tokens, batch_size=batch_size):
+                rows.append({"model": name, "regime": regime, **row})
+            seconds = time.perf_counter() - started
+            timing[f"{name}/{regime}"] = {"seconds": round(seconds, 2), "problems_per_s": round(len(examples) / seconds, 2)}
+    reference = (Path(runs[0]).name, "standard")
+    summary = {"task": task, "passes": passes, "n_problems": len(examples), "difficulties": list(difficulties),
+               "timing": timing, **summarise(rows, reference)}
+    write_json(out_dir / "summary.json", summary)
+    with (out_dir / "traces.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({**r, "state_norms": json.dumps(r["state_norms"])})
+    summary["figures"] = plot_traces(rows, summary, out_dir)
+    write_json(out_dir / "summary.json", summary)
+    return summary
+
+
+def plot_traces(rows: list[dict], summary: dict, out_dir: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = sorted({(r["model"], r["regime"]) for r in rows})
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    top = max(r["trace_tokens"] for r in rows)
+    for model, regime in keys:
+        sel = [r for r in rows if (r["model"], r["regime"]) == (model, regime)]
+        axes[0].hist([r["trace_tokens"] for r in sel], bins=30, range=(0, top), histtype="step", label=f"{model}/{regime}")
+        by_d = summary["groups"][f"{model}/{regime}"]["by_difficulty"]
+        axes[1].plot([v["mean_trace"] for v in by_d.values()], [v["accuracy"] for v in by_d.values()], marker="o", label=f"{model}/{regime}")
+    for name, comp in summary["paired"].items():
+        model, regime = name.split(" - ")[0].split("/")
+        ref_model, ref_regime = summary["reference"].split("/")
+        diffs = []
+        for d in sorted({r["difficulty"] for r in rows}):
+            a = {r["problem_id"]: r["trace_tokens"] for r in rows if (r["model"], r["regime"], r["difficulty"]) == (ref_model, ref_regime, d)}
+            b = [r["trace_tokens"] - a[r["problem_id"]] for r in rows if (r["model"], r["regime"], r["difficulty"]) == (model, regime, d)]
+            diffs.append((d, statistics.fmean(b) if b else float("nan")))
+        axes[2].plot([d for d, _ in diffs], [v for _, v in diffs], marker="o", label=name.split(" - ")[0])
+    axes[0].set(title="trace length (tokens before ####)", xlabel="tokens", ylabel="problems")
+    axes[1].set(title="accuracy vs mean trace length (one point per difficulty)", xlabel="mean trace tokens", ylabel="accuracy")
+    axes[2].set(title=f"trace length minus {summary['reference']}, by difficulty", xlabel="difficulty (steps)", ylabel="tokens")
+    axes[2].axhline(0, color="grey", ls="--")
+    for ax in axes:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = out_dir / "traces.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [str(path)]
