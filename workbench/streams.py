@@ -1,0 +1,70 @@
+"""Hidden Decoding stream analyses (for the Streams page and notebook of the app issue):
+stream-to-stream similarity by layer, attention mass within vs across streams, and a per-stream
+logit lens. All on one forward pass of a batch of sequences."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from models import HiddenDecodingLM, unstack_streams
+from workbench.activations import ActivationRecorder
+
+
+def _check(model) -> None:
+    if not isinstance(model, HiddenDecodingLM):
+        raise ValueError(f"stream analyses need a Hidden Decoding model, got arch {model.arch!r}")
+
+
+@torch.no_grad()
+def stream_similarity(model: HiddenDecodingLM, tokens: Tensor) -> Tensor:
+    """[n_layers, n_streams, n_streams]: mean cosine similarity between the streams' residual
+    states (``hook_resid_post``) at the same token, per layer."""
+    _check(model)
+    names = [f"blocks.{i}.hook_resid_post" for i in range(model.cfg.n_layers)]
+    with ActivationRecorder(model, names) as rec:
+        model(tokens)
+    out = []
+    for name in names:
+        x = F.normalize(unstack_streams(rec.calls(name)[-1].value.float(), model.n_streams), dim=-1)  # [b, L, n, d]
+        out.append(torch.einsum("blnd,blmd->nm", x, x) / (x.shape[0] * x.shape[1]))
+    return torch.stack(out)
+
+
+@torch.no_grad()
+def attention_mass(model: HiddenDecodingLM, tokens: Tensor) -> dict[int, dict[str, float]]:
+    """Per layer: the attention probability a query puts on its own stream, on other streams of
+    the same token, and on other streams of earlier tokens (averaged over batch, heads, queries).
+    Intra-stream layers put everything on their own stream by construction."""
+    _check(model)
+    n, L = model.n_streams, tokens.shape[1]
+    names = [f"blocks.{i}.attn.hook_pattern" for i in range(model.cfg.n_layers)]
+    with ActivationRecorder(model, names) as rec:
+        model(tokens)
+    stream = torch.arange(n * L) % n
+    token = torch.arange(n * L) // n
+    out = {}
+    for i, name in enumerate(names):
+        p = rec.calls(name)[-1].value.float()
+        if p.dim() == 5:  # intra-stream layer: [batch, n_streams, heads, L, L]
+            out[i] = {"own_stream": 1.0, "other_stream_same_token": 0.0, "other_stream_earlier_tokens": 0.0}
+            continue
+        same_stream = (stream[:, None] == stream[None, :]).float()
+        same_token = (token[:, None] == token[None, :]).float()
+        mean = lambda mask: float((p * mask).sum(-1).mean())
+        out[i] = {"own_stream": mean(same_stream), "other_stream_same_token": mean((1 - same_stream) * same_token),
+                  "other_stream_earlier_tokens": mean((1 - same_stream) * (1 - same_token))}
+    return out
+
+
+@torch.no_grad()
+def stream_logit_lens(model: HiddenDecodingLM, tokens: Tensor) -> dict[str, list[float]]:
+    """Read every stream's final state through the tied readout: per stream, the next-token loss
+    and top-1 accuracy against the true next token (the last stream is the model's prediction)."""
+    _check(model)
+    logits = model(tokens, all_streams=True)[:, :-1].float()  # [batch, L-1, n, vocab]
+    target = tokens[:, 1:, None].expand(-1, -1, model.n_streams)
+    loss = F.cross_entropy(logits.flatten(0, 2), target.flatten(), reduction="none").view(target.shape)
+    acc = (logits.argmax(-1) == target).float()
+    return {"loss": loss.mean(dim=(0, 1)).tolist(), "accuracy": acc.mean(dim=(0, 1)).tolist()}
