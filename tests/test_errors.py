@@ -1,6 +1,7 @@
 """Bad input gets an error that names the offending value; checkpoints load without pickle."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -89,6 +90,10 @@ def test_checkpoint_round_trip(tmp_path, any_model):
         assert torch.equal(loaded(toks), any_model(toks))
     assert type(loaded) is type(any_model) and loaded.cfg == any_model.cfg
     assert not list((tmp_path / "run").glob("*.tmp"))
+    mask = os.umask(0)
+    os.umask(mask)
+    for name in ("model.safetensors", "config.json"):  # written atomically, with normal permissions
+        assert (tmp_path / "run" / name).stat().st_mode & 0o777 == 0o666 & ~mask
 
 
 def test_corrupt_or_missing_checkpoints_name_the_file(tmp_path):
