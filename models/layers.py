@@ -215,13 +215,15 @@ def attention_mask(
     key_valid: Tensor | None,
     window: int | None,
     device: torch.device,
+    explicit: bool = False,
 ) -> Tensor | None:
-    """Boolean mask [batch or 1, 1, query, key] (True = may attend), or None for plain causal.
+    """Boolean mask [batch or 1, 1, query, key] (True = may attend), or None for plain causal
+    unless ``explicit`` asks for that mask too.
 
     Queries are the last ``n_query`` of ``n_key`` positions. A query always sees itself, so a
     padding query never has an empty row (its output is unused but stays finite).
     """
-    if key_valid is None and window is None:
+    if key_valid is None and window is None and not explicit:
         return None
     q_idx = torch.arange(n_key - n_query, n_key, device=device)[:, None]
     k_idx = torch.arange(n_key, device=device)[None, :]
@@ -291,7 +293,8 @@ class Attention(nn.Module):
             if q.shape[2] == k.shape[2]:
                 z = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             else:  # several new queries after a cached past
-                z = F.scaled_dot_product_attention(q, k, v, attn_mask=self._causal(q, k))
+                causal = attention_mask(q.shape[2], k.shape[2], None, None, x.device, explicit=True)
+                z = F.scaled_dot_product_attention(q, k, v, attn_mask=causal)
         else:  # a single query sees every cached key, or an explicit padding/window mask
             z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         if per_stream:
@@ -299,16 +302,10 @@ class Attention(nn.Module):
         z = self.hook_z(z.transpose(1, 2))  # [batch, pos, n_heads, d_head]
         return self.W_O(z.reshape(B, P, H * dh))
 
-    @staticmethod
-    def _causal(q: Tensor, k: Tensor) -> Tensor:
-        nq, nk = q.shape[2], k.shape[2]
-        q_idx = torch.arange(nk - nq, nk, device=q.device)[:, None]
-        return torch.arange(nk, device=q.device)[None, :] <= q_idx
-
     def _attend_explicit(self, q, k, v, mask, batch: int, n: int) -> Tensor:
         scores = (q @ k.transpose(-1, -2)) / math.sqrt(self.cfg.d_head)
         if mask is None:
-            mask = self._causal(q, k)
+            mask = attention_mask(q.shape[2], k.shape[2], None, None, q.device, explicit=True)
         scores = scores.masked_fill(~mask, float("-inf"))
         pattern = scores.softmax(dim=-1)
         if n > 1:

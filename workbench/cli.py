@@ -21,6 +21,14 @@ def _emit(result: dict, out: str | None) -> None:
         print(f"wrote {path}")
 
 
+def _tokenizer_for(spec: str):
+    """The tokenizer saved with a run directory, or the default one for an ARCH:PRESET model."""
+    from workbench.tokenizer import CharTokenizer
+
+    path = Path(spec)
+    return CharTokenizer.load(path) if (path / "tokenizer.json").is_file() else CharTokenizer()
+
+
 def cmd_presets(args) -> dict:
     from workbench.config import ARCHS, build_model
     from models import PRESETS
@@ -40,11 +48,9 @@ def cmd_presets(args) -> dict:
 def cmd_generate(args) -> dict:
     from workbench.checkpoint import resolve_model
     from workbench.decoding import generate
-    from workbench.tokenizer import CharTokenizer
 
     model = resolve_model(args.model)
-    run_dir = Path(args.model)
-    tok = CharTokenizer.load(run_dir) if (run_dir / "tokenizer.json").is_file() else CharTokenizer()
+    tok = _tokenizer_for(args.model)
     prompts = [tok.encode(p) for p in args.prompt]  # training streams carry no BOS
     result = {"model": args.model, "prompts": args.prompt, "generations": {}}
     for regime in args.regime.split(","):
@@ -62,11 +68,9 @@ def cmd_generate(args) -> dict:
 def cmd_export(args) -> dict:
     from workbench.checkpoint import resolve_model
     from workbench.export import export_hf
-    from workbench.tokenizer import CharTokenizer
 
     model = resolve_model(args.model)
-    run_dir = Path(args.model)
-    tok = CharTokenizer.load(run_dir) if (run_dir / "tokenizer.json").is_file() else CharTokenizer()
+    tok = _tokenizer_for(args.model)
     out = export_hf(model, args.out_dir, tok)
     note = json.loads((out / "workbench_export.json").read_text())
     print(f"exported {model.arch} ({note['meaning']}) to {out}")
