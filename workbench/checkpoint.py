@@ -1,37 +1,78 @@
 """Model checkpoints: ``config.json`` + ``model.safetensors`` (+ ``tokenizer.json``), written
-atomically, loaded without pickle, with errors that name the file and the problem."""
+atomically, loaded without pickle, with errors that name the file and the problem. A weights file
+carries a CRC32 of its tensors and metadata, so torn or flipped bytes are caught when it loads."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import shutil
 import tempfile
+import zlib
 from pathlib import Path
 
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+from torch import Tensor
 
 from models import DecoderLM
-from workbench.config import build_model, config_from_dict, model_from_config
+from workbench.config import ARCHS, build_model, config_from_dict, model_from_config
 from workbench.tokenizer import CharTokenizer
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
+CHECKSUM = "crc32"  # metadata key of a weights file's checksum
+TMP_SUFFIX = ".tmp"
 
 
 def atomic_write(path: Path, write) -> None:
-    """Write through ``write(tmp_path)`` then rename, so a crash never leaves a half-written file."""
+    """Write through ``write(tmp_path)`` then rename, so a crash never leaves a half-written file
+    (only a hidden ``.NAME.*.tmp`` beside it). OS errors name ``path``, not the temporary file."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
+    except OSError as err:
+        raise _naming(err, path) from err
     os.close(fd)
     try:
         write(tmp)
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the file the usual permissions
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(err, OSError):
+            raise _naming(err, path) from err
         raise
+
+
+def _naming(err: OSError, path: Path) -> OSError:
+    if err.errno is None:
+        return OSError(f"cannot write {path}: {err}")
+    return OSError(err.errno, f"cannot write {path}: {err.strerror}")  # OSError(errno, ...) keeps the subclass
+
+
+def remove_stale_temps(directory: Path, names) -> None:
+    """Delete what ``atomic_write`` left of ``names`` in ``directory`` when a process was killed
+    mid-write. Only for a directory with one writer (the training process that owns it)."""
+    for name in names:
+        for tmp in Path(directory).glob(f".{glob.escape(name)}.*{TMP_SUFFIX}"):
+            tmp.unlink(missing_ok=True)
+
+
+def link_or_copy(src: Path, dst: Path) -> None:
+    """Atomically make ``dst`` a hard link to ``src`` (a copy where links are not supported)."""
+
+    def place(tmp: str) -> None:
+        os.unlink(tmp)
+        try:
+            os.link(src, tmp)
+        except OSError:
+            shutil.copyfile(src, tmp)
+
+    atomic_write(dst, place)
 
 
 def _umask() -> int:
@@ -50,19 +91,59 @@ def read_json(path: Path) -> dict:
         raise FileNotFoundError(f"missing {path}")
     try:
         data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
         raise ValueError(f"corrupt JSON in {path}: {err}") from err
     if not isinstance(data, dict):
         raise ValueError(f"{path} must hold a JSON object, got {type(data).__name__}")
     return data
 
 
+def tensor_checksum(tensors: dict[str, Tensor], metadata: dict[str, str]) -> str:
+    """CRC32 over every tensor's name, dtype, shape and bytes and over the metadata: it detects torn
+    or flipped bytes (not tampering)."""
+    crc = zlib.crc32(json.dumps(sorted(metadata.items())).encode())
+    for name in sorted(tensors):
+        t = tensors[name].detach().contiguous().cpu()
+        crc = zlib.crc32(f"{name}:{t.dtype}:{tuple(t.shape)}".encode(), crc)
+        crc = zlib.crc32(t.reshape(-1).view(torch.uint8).numpy(), crc)
+    return f"{crc:08x}"
+
+
+def save_weights(path: Path, tensors: dict[str, Tensor], metadata: dict[str, str] | None = None) -> None:
+    """An atomic safetensors write whose metadata carries the checksum ``load_weights`` verifies."""
+    tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+    metadata = dict(metadata or {})
+    metadata[CHECKSUM] = tensor_checksum(tensors, metadata)
+    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
+
+
+def load_weights(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """The tensors and metadata of a safetensors file, never unpickling anything. Raises ValueError
+    naming the file when it is not safetensors, its checksum (if it has one) does not match, or a
+    floating-point tensor holds NaN or inf."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"missing {path}")
+    try:
+        with safe_open(str(path), "pt") as f:
+            metadata = dict(f.metadata() or {})
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except (SafetensorError, OSError, ValueError, RuntimeError) as err:
+        raise ValueError(f"corrupt checkpoint {path}: {err}") from err
+    expected = metadata.pop(CHECKSUM, None)
+    if expected is not None and tensor_checksum(tensors, metadata) != expected:
+        raise ValueError(f"corrupt checkpoint {path}: the tensors do not match the file's {CHECKSUM} checksum (torn or altered bytes)")
+    for name, t in tensors.items():
+        if t.is_floating_point() and not torch.isfinite(t).all():
+            raise ValueError(f"corrupt checkpoint {path}: tensor {name!r} holds NaN or inf")
+    return tensors, metadata
+
+
 def save_model(model: DecoderLM, directory: str | Path, tokenizer: CharTokenizer | None = None, extra: dict | None = None) -> Path:
     """Save weights, config (``{"arch", "model", **extra}``) and tokenizer into ``directory``."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    atomic_write(directory / WEIGHTS, lambda tmp: save_file(tensors, tmp, metadata={"arch": model.arch}))
+    save_weights(directory / WEIGHTS, model.state_dict(), {"arch": model.arch})
     config = {"arch": model.arch, "model": model.cfg.to_dict(), **(extra or {})}
     write_json(directory / CONFIG, config)
     (tokenizer or CharTokenizer()).save(directory, model.cfg.n_ctx)
@@ -78,22 +159,32 @@ def load_model(directory: str | Path, device=None, dtype=None) -> DecoderLM:
     for key in ("arch", "model"):
         if key not in config:
             raise ValueError(f"{directory / CONFIG} has no {key!r} field")
+    return model_from_weights(config["arch"], config["model"], directory / WEIGHTS, directory / CONFIG, device, dtype)
+
+
+def model_from_weights(arch: str, values: dict, weights: Path, config_path: Path, device=None, dtype=None) -> DecoderLM:
+    """The ``arch`` model configured by ``values`` (the model section read from ``config_path``)
+    holding the tensors of ``weights`` (eval mode). The file's tensor names and shapes are checked
+    against the config's before the model is allocated, so a wrong config fails fast."""
     try:
-        cfg = config_from_dict(config["arch"], config["model"])
+        cfg = config_from_dict(arch, values)
     except (TypeError, ValueError) as err:
-        raise ValueError(f"bad model config in {directory / CONFIG}: {err}") from err
-    weights = directory / WEIGHTS
-    if not weights.is_file():
-        raise FileNotFoundError(f"missing {weights}")
+        raise ValueError(f"bad model config in {config_path}: {err}") from err
+    tensors, _ = load_weights(weights)
     try:
-        state = load_file(str(weights))
-    except (SafetensorError, OSError, ValueError) as err:
-        raise ValueError(f"corrupt checkpoint {weights}: {err}") from err
-    model = model_from_config(config["arch"], cfg)
-    try:
-        model.load_state_dict(state, strict=True)
-    except RuntimeError as err:
-        raise ValueError(f"{weights} does not match the config in {directory / CONFIG}: {err}") from err
+        with torch.device("meta"):
+            expected = {k: tuple(v.shape) for k, v in ARCHS[arch][1](cfg).state_dict().items()}
+    except (RuntimeError, OverflowError) as err:  # sizes past what torch can even describe
+        raise ValueError(f"bad model config in {config_path}: {err}") from err
+    problems = [f"{k} missing" for k in expected if k not in tensors]
+    problems += [f"unexpected {k}" for k in tensors if k not in expected]
+    problems += [f"{k} is {list(tensors[k].shape)}, the config needs {list(shape)}"
+                 for k, shape in expected.items() if k in tensors and tuple(tensors[k].shape) != shape]
+    if problems:
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise ValueError(f"{weights} does not match the config in {config_path}: {'; '.join(problems[:3])}{more}")
+    model = model_from_config(arch, cfg)
+    model.load_state_dict(tensors, strict=True)
     return model.to(device=device, dtype=dtype).eval()
 
 
@@ -107,6 +198,11 @@ def resolve_model(spec: str, device=None, dtype=None) -> DecoderLM:
         return load_model(spec, device, dtype)
     parts = spec.split(":")
     if len(parts) in (2, 3) and all(parts):
-        seed = int(parts[2]) if len(parts) == 3 else 0
+        try:
+            seed = int(parts[2]) if len(parts) == 3 else 0
+        except ValueError:
+            raise ValueError(f"{spec!r}: seed {parts[2]!r} is not an integer") from None
+        if not -(2**63) <= seed < 2**64:  # the range torch.manual_seed takes
+            raise ValueError(f"{spec!r}: seed {seed} is out of range [-2**63, 2**64)")
         return build_model(parts[0], parts[1], seed=seed, device=device, dtype=dtype)
     raise ValueError(f"{spec!r} is neither a run directory nor ARCH:PRESET[:SEED] (e.g. fbt:debug)")

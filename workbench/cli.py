@@ -29,6 +29,47 @@ def _tokenizer_for(spec: str):
     return CharTokenizer.load(path) if (path / "tokenizer.json").is_file() else CharTokenizer()
 
 
+def app_script() -> Path:
+    """The Streamlit entry script (found without importing streamlit: workbench never does)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("app")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the Streamlit app package 'app' is not installed (pip install -e . from the repository)")
+    return Path(list(spec.submodule_search_locations)[0]) / "main.py"
+
+
+def cmd_app(args) -> dict:
+    import os
+    import subprocess
+
+    runs = Path(args.runs)
+    if runs.exists() and not runs.is_dir():
+        raise ValueError(f"--runs {runs}: expected a directory of run directories, got a file")
+    command = [sys.executable, "-m", "streamlit", "run", str(app_script()), "--server.address", args.address,
+               "--server.port", str(args.port), "--server.headless", "true", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
+    print(f"workbench app: runs from {runs.resolve()} at http://{args.address}:{args.port}", flush=True)
+    try:
+        code = subprocess.call(command, env={**os.environ, "WORKBENCH_RUNS": str(runs.resolve())})
+    except KeyboardInterrupt:
+        code = 0
+    return {"exit_code": code}
+
+
+def cmd_bench(args) -> dict:
+    from workbench.bench import run_bench
+
+    report = run_bench(args.preset, reps=args.reps, only=args.only, store_positions=args.store_positions,
+                       progress=lambda key: print(f"measuring {key}...", flush=True))
+    print(f"{'key':28s} {'ratio':>8s}  {'spread':>17s}  {'target':>8s}  met")
+    for e in report["entries"]:
+        spread = "" if "spread" not in e else f"[{e['spread'][0]:.3g}, {e['spread'][1]:.3g}]"
+        print(f"{e['key']:28s} {e['ratio']:8.3f}  {spread:>17s}  {e['target'] or 'reported':>8s}  {e['met']}")
+    if args.out:
+        _emit(report, args.out)
+    return report
+
+
 def cmd_presets(args) -> dict:
     from workbench.config import ARCHS, build_model
     from models import PRESETS
@@ -107,12 +148,11 @@ def _passes(text: str) -> int | str:
 
 
 def cmd_train(args) -> dict:
-    from workbench.checkpoint import read_json
-    from workbench.runconfig import make_run_config, run_config_from_dict
+    from workbench.runconfig import load_run_config, make_run_config
     from workbench.train import train
 
     if args.resume:
-        cfg = run_config_from_dict(read_json(Path(args.out) / "config.json"))
+        cfg = load_run_config(Path(args.out) / "config.json")
         if args.set or args.init_from:
             raise ValueError("--resume continues the saved config; --set and --init-from are not allowed with it")
     else:
@@ -341,10 +381,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", dest="json_out", help="also write the summary here")
     p.set_defaults(func=cmd_traces)
 
+    p = sub.add_parser("bench", help="speed as ratios measured side by side in one process")
+    p.add_argument("--preset", choices=["debug", "tiny", "small"], default="small")
+    p.add_argument("--reps", type=int, default=5, help="paired repetitions per entry (at least 5)")
+    p.add_argument("--only", action="append", default=None, help="measure only this key (repeatable)")
+    p.add_argument("--store-positions", type=int, default=None, help="positions for activation_store_peak_rss (default: by preset)")
+    p.add_argument("--out", default=None, help="write the report as JSON here")
+    p.add_argument("--json", dest="json_out", help="same as --out")
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("app", help="the Streamlit app over a runs directory")
+    p.add_argument("--runs", default="runs", help="directory whose subdirectories are runs (default runs)")
+    p.add_argument("--port", type=_port, default=8501)
+    p.add_argument("--address", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
+    p.set_defaults(func=cmd_app, json_out=None)
+
     p = sub.add_parser("presets", help="list the model presets and parameter counts")
     p.add_argument("--json", dest="json_out", help="write the table as JSON here")
     p.set_defaults(func=cmd_presets)
     return parser
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid port {text!r}: expected an integer 1..65535") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"invalid port {port}: expected 1..65535")
+    return port
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -353,9 +418,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         result = args.func(args)
-    except (ValueError, FileNotFoundError, FileExistsError, KeyError, TypeError, RuntimeError) as err:
-        parser.exit(2, f"workbench {args.verb}: error: {err}\n")
-    _emit(result, args.json_out)
+        _emit(result, args.json_out)
+    except (ValueError, OSError, KeyError, TypeError, RuntimeError) as err:  # OSError: unwritable --out/--json paths
+        parser.exit(2, f"workbench {args.verb}: error: {' '.join(str(err).split())}\n")  # one line
     return 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import types
 import typing
 
@@ -28,7 +29,7 @@ ARCHS: dict[str, tuple[type[ModelConfig], type[DecoderLM]]] = {
 
 
 def _arch(arch: str) -> tuple[type[ModelConfig], type[DecoderLM]]:
-    if arch not in ARCHS:
+    if not isinstance(arch, str) or arch not in ARCHS:
         raise ValueError(f"unknown architecture {arch!r}: expected one of {sorted(ARCHS)}")
     return ARCHS[arch]
 
@@ -44,14 +45,46 @@ def make_config(arch: str, preset_name: str = "debug", **overrides) -> ModelConf
 
 
 def config_from_dict(arch: str, values: dict) -> ModelConfig:
-    """Rebuild a config saved with ``dataclasses.asdict`` (lists back to tuples)."""
+    """Rebuild a config saved with ``dataclasses.asdict`` (lists back to tuples); unknown and
+    wrongly typed fields are errors naming the field."""
     cfg_cls, _ = _arch(arch)
-    fields = {f.name for f in dataclasses.fields(cfg_cls)}
-    unknown = sorted(set(values) - fields)
-    if unknown:
-        raise ValueError(f"unknown config field {unknown[0]!r} for arch {arch!r}: expected one of {sorted(fields)}")
+    if not isinstance(values, dict):
+        raise ValueError(f"the model config must be a JSON object, got {type(values).__name__}")
+    check_json_fields(cfg_cls, values, f"for arch {arch!r}")
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
     return cfg_cls(**values)
+
+
+def check_json_fields(cls, values: dict, where: str = "", prefix: str = "") -> None:
+    """Raise ValueError for a key of ``values`` that is not a field of the dataclass ``cls`` or whose
+    JSON value does not have the field's type; ``prefix`` qualifies field names (``train.``)."""
+    hints = typing.get_type_hints(cls)
+    for name, value in values.items():
+        if name not in hints:
+            where = f" {where}" if where else ""
+            raise ValueError(f"unknown config field {prefix + str(name)!r}{where}: expected one of {sorted(hints)}")
+        if not fits(hints[name], value):
+            raise ValueError(f"config field {prefix}{name}={value!r}: expected {_type_name(hints[name])}")
+
+
+def fits(kind, value) -> bool:
+    """Whether a JSON value has the annotated type: ints pass as floats, lists as tuples, NaN never."""
+    args = typing.get_args(kind)
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        return any(fits(a, value) for a in args)
+    if typing.get_origin(kind) is tuple:
+        return isinstance(value, (list, tuple)) and all(fits(args[0], v) for v in value)
+    if kind is type(None):
+        return value is None
+    if kind is bool:
+        return isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+    if kind is str:
+        return isinstance(value, str)
+    return True
 
 
 def model_from_config(arch: str, cfg: ModelConfig, *, seed: int = 0, device=None, dtype=None) -> DecoderLM:
@@ -111,9 +144,14 @@ def coerce(kind, raw: str):
     if kind is int:
         return int(raw)
     if kind is float:
-        return float(raw)
+        value = float(raw)
+        if math.isnan(value):
+            raise ValueError(raw)
+        return value
     return raw
 
 
 def _type_name(kind) -> str:
+    if typing.get_args(kind):  # tuple[int, ...], int | None: the whole annotation, not "tuple"
+        return str(kind).replace("typing.", "")
     return getattr(kind, "__name__", None) or str(kind).replace("typing.", "")

@@ -107,6 +107,10 @@ def rollout(
     _check(model)
     if context_rule not in CONTEXT_RULES:
         raise ValueError(f"context_rule={context_rule!r}: expected one of {CONTEXT_RULES}")
+    if not prompt:
+        raise ValueError("a rollout needs a prompt of at least one token")
+    if horizon < 1:
+        raise ValueError(f"horizon={horizon}: expected an integer >= 1")
     if tokens is not None and len(tokens) < horizon:
         raise ValueError(f"teacher-forced rollout needs {horizon} tokens, got {len(tokens)}")
     if perturb_at is not None and not 0 <= perturb_at < horizon:
@@ -120,7 +124,9 @@ def rollout(
     fuse = torch.tensor([[True], [False], [True]][:n], device=device)
     out = {k: [] for k in ("state", "input", "gate_mean", "gate_entropy", "logit_entropy", "standard", "ratio")}
     fed, slid, stopped, d0, kept = [], [], None, None, []
-    names = ["blocks.0.hook_resid_pre", "fusion.hook_gate"] if model.fusion.W_G is not None else ["blocks.0.hook_resid_pre"]
+    # the last residual is read to catch overflow: RMSNorm maps an overflowing stream to a finite (zero) state
+    last_resid = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    names = ["blocks.0.hook_resid_pre", last_resid] + (["fusion.hook_gate"] if model.fusion.W_G is not None else [])
     for step in range(horizon):
         logits = model.readout(h[:1])
         logp = logits.float().log_softmax(-1)
@@ -141,12 +147,14 @@ def rollout(
             h = model.final_states(torch.full((n, 1), nxt, device=device), fuse_mask=fuse, cache=cache)[:, -1]
         if not torch.isfinite(h).all():
             raise RolloutDiverged(f"non-finite carried state at step {step} (token {nxt})")
+        if not torch.isfinite(rec.calls(last_resid)[-1].value[:, -1].norm(dim=-1)).all():
+            raise RolloutDiverged(f"the residual stream overflowed at step {step} (token {nxt}): the carried state diverged")
         u = rec.calls("blocks.0.hook_resid_pre")[-1].value[0, -1]
         fed.append(nxt)
         kept.append(h[0].float().cpu())
         out["state"].append(float(h[0].norm()))
         out["input"].append(float(u.norm()))
-        if len(names) > 1:
+        if "fusion.hook_gate" in names:
             gate = rec.calls("fusion.hook_gate")[-1].value[0, -1].float()
             out["gate_mean"].append(float(gate.mean()))
             out["gate_entropy"].append(float(_binary_entropy(gate).mean()))

@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from models import ModelConfig
-from workbench.config import ARCHS, coerce, config_from_dict, make_config
+from workbench.checkpoint import read_json
+from workbench.config import ARCHS, check_json_fields, coerce, config_from_dict, make_config
 from workbench.tasks import TASK_KINDS, TaskConfig
 
 
@@ -40,8 +43,8 @@ class TrainConfig:
         for name in ("warmup", "eval_examples", "seed"):
             if getattr(self, name) < 0:
                 raise ValueError(f"train field {name}={getattr(self, name)!r}: expected >= 0")
-        if not self.lr > 0:
-            raise ValueError(f"train field lr={self.lr!r}: expected a number > 0")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"train field lr={self.lr!r}: expected a finite number > 0")
         for name in ("min_lr_ratio", "beta1", "beta2"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"train field {name}={getattr(self, name)!r}: expected a number in [0, 1]")
@@ -171,12 +174,34 @@ def make_run_config(arch: str, preset: str, task: str | None = None, overrides: 
     return cfg
 
 
-def run_config_from_dict(data: dict) -> RunConfig:
+def run_config_from_dict(data: dict, source: str | Path | None = None) -> RunConfig:
+    """The run config saved as ``data`` (read from ``source``, named in every error). A config
+    without training sections (from ``save_model``) gets the defaults; one with only some of them
+    is incomplete."""
+    where = f"run config {source}" if source is not None else "run config"
+    for key in ("arch", "model"):
+        if key not in data:
+            raise ValueError(f"{where} has no {key!r} field")
+    present = [s for s in SECTIONS if s in data]
+    if present and len(present) < len(SECTIONS):
+        missing = [s for s in SECTIONS if s not in data]
+        raise ValueError(f"{where} has sections {present} but not {missing}: a training run writes them all")
+    if not isinstance(data.get("preset", ""), str) or not isinstance(data.get("init_from", ""), (str, type(None))):
+        raise ValueError(f"{where}: preset must be a string and init_from a string or null")
     try:
         model = config_from_dict(data["arch"], data["model"])
-        sections = {s: cls(**data.get(s, {})) for s, cls in SECTIONS.items()}
+        sections = {}
+        for s, cls in SECTIONS.items():
+            values = data.get(s, {})
+            if not isinstance(values, dict):
+                raise ValueError(f"section {s!r} must be a JSON object, got {type(values).__name__}")
+            check_json_fields(cls, values, prefix=f"{s}.")
+            sections[s] = cls(**values)
         return RunConfig(data["arch"], data.get("preset", "custom"), model, init_from=data.get("init_from"), **sections)
-    except KeyError as err:
-        raise ValueError(f"run config has no {err.args[0]!r} field") from err
-    except TypeError as err:
-        raise ValueError(f"bad run config: {err}") from err
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"bad {where}: {err}") from err
+
+
+def load_run_config(path: str | Path) -> RunConfig:
+    """The run config in ``path`` (a run directory's ``config.json``)."""
+    return run_config_from_dict(read_json(path), source=path)

@@ -23,6 +23,9 @@ class CharTokenizer:
             tokenizer.add_special_tokens(list(SPECIALS))
         self.tokenizer = tokenizer
         self.pad_id, self.bos_id, self.eos_id, self.unk_id = (tokenizer.token_to_id(t) for t in SPECIALS)
+        missing = [t for t in SPECIALS if tokenizer.token_to_id(t) is None]
+        if missing:
+            raise ValueError(f"the tokenizer has no special token {missing[0]!r} (it needs {list(SPECIALS)})")
 
     @property
     def vocab_size(self) -> int:
@@ -35,10 +38,18 @@ class CharTokenizer:
     def decode(self, ids, skip_special: bool = True) -> str:
         return self.tokenizer.decode(list(map(int, ids)), skip_special_tokens=skip_special)
 
+    @property
+    def id_limit(self) -> int:
+        """One more than the largest id: a model needs d_vocab at least this."""
+        return max(self.tokenizer.get_vocab().values()) + 1
+
     def save(self, directory: str | Path, model_max_length: int | None = None) -> None:
-        """Write ``tokenizer.json`` and a ``tokenizer_config.json`` that ``AutoTokenizer`` reads."""
+        """Write ``tokenizer.json`` and a ``tokenizer_config.json`` that ``AutoTokenizer`` reads,
+        each atomically (a run directory's files are rewritten at every checkpoint)."""
+        from workbench.checkpoint import atomic_write, write_json  # checkpoint imports this module
+
         directory = Path(directory)
-        self.tokenizer.save(str(directory / "tokenizer.json"))
+        atomic_write(directory / "tokenizer.json", lambda tmp: self.tokenizer.save(str(tmp)))
         config = {
             "tokenizer_class": "PreTrainedTokenizerFast",
             "pad_token": "<pad>",
@@ -49,14 +60,32 @@ class CharTokenizer:
         }
         if model_max_length is not None:
             config["model_max_length"] = model_max_length
-        (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+        write_json(directory / "tokenizer_config.json", config)
 
     @classmethod
     def load(cls, directory: str | Path) -> "CharTokenizer":
+        """The tokenizer saved in ``directory``; when a model's ``config.json`` is there too, its
+        ids must fit the model's d_vocab."""
         path = Path(directory) / "tokenizer.json"
         if not path.is_file():
             raise FileNotFoundError(f"no tokenizer at {path}")
         try:
-            return cls(Tokenizer.from_file(str(path)))
+            tokenizer = cls(Tokenizer.from_file(str(path)))
         except Exception as err:  # tokenizers raises a bare Exception on malformed JSON
             raise ValueError(f"corrupt tokenizer file {path}: {err}") from err
+        config = Path(directory) / "config.json"
+        d_vocab = _model_d_vocab(config)
+        if d_vocab is not None and tokenizer.id_limit > d_vocab:
+            raise ValueError(f"tokenizer {path} does not match the model in {config}: it has ids up to "
+                             f"{tokenizer.id_limit - 1}, the model's d_vocab is {d_vocab}")
+        return tokenizer
+
+
+def _model_d_vocab(config: Path) -> int | None:
+    """d_vocab of the model config beside a tokenizer, if there is a readable one (``load_model``
+    reports a broken config; this check only needs the number)."""
+    try:
+        d_vocab = json.loads(config.read_text())["model"]["d_vocab"]
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return None
+    return d_vocab if isinstance(d_vocab, int) and not isinstance(d_vocab, bool) else None

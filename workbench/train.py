@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,15 +21,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
 from models import DecoderLM, expand_streams
-from workbench.checkpoint import atomic_write, load_model, read_json, write_json
+from workbench.checkpoint import (atomic_write, link_or_copy, load_model, load_weights, model_from_weights, read_json,
+                                  remove_stale_temps, save_weights, write_json)
 from workbench.config import model_from_config
 from workbench.data import TokenStream, batch_windows, step_generator
-from workbench.runconfig import RunConfig, run_config_from_dict
+from workbench.runconfig import RunConfig, load_run_config
 from workbench.tasks import load_task
 from workbench.tokenizer import CharTokenizer
 
@@ -162,53 +163,102 @@ def carry_optimizer(old_model, old_opt, new_model, cfg: RunConfig) -> torch.opti
 
 
 def save_checkpoint(run_dir: Path, model: DecoderLM, opt, cfg: RunConfig, step: int, tokenizer: CharTokenizer) -> None:
-    """Weights, then optimizer state, then ``state.json`` last: it names the step both files must
-    carry, so a crash between writes is detected on resume, never half-loaded."""
+    """Write the step's weights and optimizer state into ``train_state/`` under names that carry the
+    step, then commit them by writing ``train_state/state.json``; only then publish the run
+    directory's ``model.safetensors`` (a hard link), ``config.json`` and tokenizer, and delete older
+    steps' files. A process killed at any point leaves state.json naming a complete checkpoint (the
+    previous one or this one) and the run directory's files loadable, except in one window: when an
+    HD run has just grown its streams, between publishing the weights and the config (a resume
+    publishes them again)."""
     state_dir = run_dir / STATE_DIR
     state_dir.mkdir(parents=True, exist_ok=True)
     meta = {"step": str(step)}
-    tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    atomic_write(run_dir / "model.safetensors", lambda tmp: save_file(tensors, tmp, metadata={"arch": model.arch, **meta}))
+    files = {"weights": f"model-{step}.safetensors", "optimizer": f"optimizer-{step}.safetensors"}
+    save_weights(state_dir / files["weights"], model.state_dict(), {"arch": model.arch, **meta})
     sd = opt.state_dict()
     opt_tensors, scalars = {}, {}
     for idx, state in sd["state"].items():
         for key, value in state.items():
             if torch.is_tensor(value):
-                opt_tensors[f"{idx}.{key}"] = value.detach().contiguous().cpu()
+                opt_tensors[f"{idx}.{key}"] = value
             else:
                 scalars[f"{idx}.{key}"] = value
-    atomic_write(state_dir / "optimizer.safetensors", lambda tmp: save_file(opt_tensors, tmp, metadata=meta))
-    write_json(run_dir / "config.json", {**cfg.to_dict(), "model": model.cfg.to_dict()})
-    tokenizer.save(run_dir, model.cfg.n_ctx)
-    write_json(state_dir / "state.json", {"step": step, "n_streams": model.n_streams, "param_groups": sd["param_groups"], "scalars": scalars})
+    save_weights(state_dir / files["optimizer"], opt_tensors, meta)
+    write_json(state_dir / "state.json", {"step": step, "n_streams": model.n_streams, "model": model.cfg.to_dict(), **files,
+                                          "param_groups": sd["param_groups"], "scalars": scalars})
+    _publish(run_dir, cfg, model.cfg, files, tokenizer)
+
+
+def _publish(run_dir: Path, cfg: RunConfig, model_cfg, files: dict, tokenizer: CharTokenizer) -> None:
+    """The run directory's files from the committed checkpoint ``files``; then delete older steps'
+    files and the temporary files of writes a killed process left behind."""
+    state_dir = run_dir / STATE_DIR
+    link_or_copy(state_dir / files["weights"], run_dir / "model.safetensors")
+    write_json(run_dir / "config.json", {**cfg.to_dict(), "model": model_cfg.to_dict()})
+    tokenizer.save(run_dir, model_cfg.n_ctx)
+    for path in state_dir.iterdir():
+        if path.is_file() and path.name not in ("state.json", *files.values()):
+            path.unlink()
+    remove_stale_temps(run_dir, ["model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json", "metrics.jsonl"])
 
 
 def load_checkpoint(run_dir: Path, cfg: RunConfig, device) -> tuple[DecoderLM, torch.optim.AdamW, int]:
-    state = read_json(run_dir / STATE_DIR / "state.json")
-    model = load_model(run_dir, device=device)
-    weights_step = _metadata_step(run_dir / "model.safetensors")
-    opt_path = run_dir / STATE_DIR / "optimizer.safetensors"
-    if weights_step != state["step"] or _metadata_step(opt_path) != state["step"]:
-        raise ValueError(
-            f"inconsistent checkpoint in {run_dir}: state.json says step {state['step']}, "
-            f"model.safetensors step {weights_step}, optimizer step {_metadata_step(opt_path)}"
-        )
-    opt = make_optimizer(model, cfg)
-    tensors = load_file(str(opt_path))
-    sd = {"state": {}, "param_groups": state["param_groups"]}
-    for key, value in [*tensors.items(), *state["scalars"].items()]:
+    """The model, optimizer and step committed by ``train_state/state.json``; every problem is an
+    error naming the file. The run directory's files are published again from it, in case the
+    process that wrote it was killed before it had published them."""
+    state_dir = run_dir / STATE_DIR
+    state_path = state_dir / "state.json"
+    state = read_json(state_path)
+    step = state.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise ValueError(f"{state_path}: step={step!r}, expected an integer >= 0")
+    if "weights" in state:
+        files = {k: state.get(k) for k in ("weights", "optimizer")}
+        if not all(isinstance(f, str) and f and f == Path(f).name for f in files.values()):
+            raise ValueError(f"{state_path}: 'weights' and 'optimizer' must name files in {state_dir}, got {files}")
+        model = model_from_weights(cfg.arch, state.get("model"), state_dir / files["weights"], state_path, device)
+        opt_path = state_dir / files["optimizer"]
+    else:  # written before state.json committed checkpoints: the files must agree on the step
+        model = load_model(run_dir, device=device)
+        opt_path = state_dir / "optimizer.safetensors"
+        if _metadata_step(run_dir / "model.safetensors") != step:
+            raise ValueError(f"inconsistent checkpoint in {run_dir}: {state_path} says step {step}, "
+                             f"model.safetensors holds step {_metadata_step(run_dir / 'model.safetensors')}")
+    tensors, meta = load_weights(opt_path)
+    if meta.get("step") != str(step):
+        raise ValueError(f"inconsistent checkpoint in {run_dir}: {state_path} says step {step}, {opt_path} holds step {meta.get('step')}")
+    groups, scalars = state.get("param_groups"), state.get("scalars")
+    if not isinstance(groups, list) or not isinstance(scalars, dict):
+        raise ValueError(f"{state_path}: 'param_groups' must be a list and 'scalars' an object")
+    sd = {"state": {}, "param_groups": groups}
+    for key, value in [*tensors.items(), *scalars.items()]:
         idx, _, name = key.partition(".")
+        if not idx.isdigit() or not name:
+            raise ValueError(f"unexpected optimizer entry {key!r} in {opt_path} or {state_path}")
         sd["state"].setdefault(int(idx), {})[name] = value.to(device) if torch.is_tensor(value) and name != "step" else value
-    opt.load_state_dict(sd)
-    return model, opt, state["step"]
+    opt = make_optimizer(model, cfg)
+    try:
+        opt.load_state_dict(sd)
+        for p in (p for group in opt.param_groups for p in group["params"]):
+            for name, value in opt.state.get(p, {}).items():
+                if torch.is_tensor(value) and value.dim() and value.shape != p.shape:
+                    raise ValueError(f"{name} has shape {list(value.shape)} for a parameter of shape {list(p.shape)}")
+    except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as err:
+        raise ValueError(f"the optimizer state in {opt_path} and {state_path} does not fit the model: {err}") from err
+    if "weights" in state and (not dist.is_initialized() or dist.get_rank() == 0):
+        _publish(run_dir, cfg, model.cfg, files, CharTokenizer())
+    return model, opt, step
 
 
 def _metadata_step(path: Path) -> int | None:
     if not path.is_file():
         raise FileNotFoundError(f"missing {path}")
-    with safe_open(str(path), "pt") as f:
-        step = (f.metadata() or {}).get("step")
-    return int(step) if step is not None else None
+    try:
+        with safe_open(str(path), "pt") as f:
+            step = (f.metadata() or {}).get("step")
+        return int(step) if step is not None else None
+    except (SafetensorError, ValueError) as err:
+        raise ValueError(f"corrupt checkpoint {path}: {err}") from err
 
 
 # ---- initialisation -----------------------------------------------------------------------
@@ -290,16 +340,30 @@ def _mean_across(values: dict, world: int, device) -> dict:
 
 
 def _trim_metrics(path: Path, before_step: int) -> None:
+    """Keep the metrics lines up to ``before_step``; a torn last line (a process killed while
+    appending it) is dropped, a corrupt line before it is an error naming the line."""
     if path.is_file():
-        kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= before_step]
+        lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+        kept = []
+        for number, line in enumerate(lines, 1):
+            try:
+                keep = json.loads(line)["step"] <= before_step
+            except (ValueError, KeyError, TypeError):
+                if number == len(lines):
+                    break
+                raise ValueError(f"corrupt line {number} of {path}: {line[:60]!r}") from None
+            if keep:
+                kept.append(line)
         atomic_write(path, lambda tmp: Path(tmp).write_text("".join(k + "\n" for k in kept)))
 
 
-def train(cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, progress: bool = True,
+def train(cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, progress: bool | Callable = True,
           stop_after: int | None = None) -> dict:
     """Train ``cfg`` into ``out_dir``; returns a summary. ``resume`` continues from the last
     checkpoint there and reaches the same weights as an uninterrupted run. ``stop_after`` ends
-    the process after that many steps as if interrupted (the schedule still spans train.steps)."""
+    the process after that many steps as if interrupted (the schedule still spans train.steps).
+    ``progress``: True for a tqdm bar, or a callable ``progress(step, total, record)`` called after
+    every step (``record`` is the metrics line when one was logged at that step, else None)."""
     run_dir = Path(out_dir)
     rank_info, device = setup_distributed(cfg.train.device)
     tokenizer = CharTokenizer()
@@ -312,12 +376,12 @@ def train(cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, progress
     if resume:
         if not (run_dir / STATE_DIR / "state.json").is_file():
             raise FileNotFoundError(f"--resume: no checkpoint in {run_dir} (missing {STATE_DIR}/state.json)")
-        saved = run_config_from_dict(read_json(run_dir / "config.json"))
+        saved = load_run_config(run_dir / "config.json")
         if saved.arch != cfg.arch:
             raise ValueError(f"--resume: {run_dir} holds an {saved.arch!r} run, not {cfg.arch!r}")
         model, opt, start = load_checkpoint(run_dir, cfg, device)
     else:
-        if (run_dir / "model.safetensors").exists():
+        if (run_dir / "model.safetensors").exists() or (run_dir / STATE_DIR / "state.json").exists():
             raise FileExistsError(f"{run_dir} already holds a run; pass --resume to continue it or choose a new --out")
         model = init_from(cfg.init_from, cfg, device) if cfg.init_from else model_from_config(cfg.arch, cfg.model, seed=t.seed, device=device)
         opt, start = make_optimizer(model, cfg), 0
@@ -340,7 +404,8 @@ def train(cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, progress
             write_json(run_dir / "config.json", {**cfg.to_dict(), "model": model.cfg.to_dict()})
 
     bar = None
-    if progress and rank_info.main and start < t.steps:
+    report = progress if callable(progress) and rank_info.main else None
+    if progress is True and rank_info.main and start < t.steps:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=t.steps, initial=start, desc=f"{cfg.arch} {run_dir.name}", unit="step", dynamic_ncols=True)
@@ -395,6 +460,8 @@ def train(cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, progress
                 bar.set_postfix(loss=f"{info['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
         if bar is not None:
             bar.update(1)
+        if report is not None:
+            report(done, t.steps, record if record.get("step") == done else None)
         if rank_info.main and (done % t.checkpoint_every == 0 or done == t.steps):
             save_checkpoint(run_dir, model, opt, cfg, done, tokenizer)
     if bar is not None:
