@@ -38,3 +38,14 @@ def sequential_fbt_states(model, toks, fuse_start=0):
         h = model.run_stack(torch.cat(inputs, dim=1), model.context(prefix, None, None))
         states.append(h[:, -1])
     return torch.stack(states, dim=1)
+
+
+@pytest.fixture(scope="session")
+def micro_zoo(tmp_path_factory):
+    """The ``micro`` zoo trained once per test session through the CLI (~15 s); tests that write
+    into a run copy it first."""
+    from workbench.cli import main
+
+    out = tmp_path_factory.mktemp("zoo") / "micro"
+    main(["zoo", "--preset", "micro", "--out", str(out), "--no-progress"])
+    return out

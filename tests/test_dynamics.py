@@ -6,7 +6,7 @@ import torch
 from conftest import tokens
 from workbench import build_model
 from workbench.dynamics import RolloutDiverged, feedback_map, kpass_convergence, prefill_context, rollout
-from workbench.maps import eigenvalues, find_fixed_points, jacobian, spectral_norm, spectral_radius
+from workbench.maps import eigenvalues, find_fixed_points, jacobian, jacobian_summary, spectral_norm, spectral_radius
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +36,9 @@ def test_spectral_routines_match_the_autograd_jacobian(fbt64):
     rho = float(torch.linalg.eigvals(J).abs().max())
     assert abs(float(eigenvalues(F, h_prev).abs()[0]) - rho) < 1e-10
     assert abs(spectral_radius(F, h_prev, iters=200) - rho) < 0.05 * rho
+    exact = jacobian_summary(F, h_prev)
+    assert abs(exact["spectral_radius"] - rho) < 1e-10 and abs(exact["frobenius"] - float(J.norm())) < 1e-10
+    assert abs(exact["spectral_norm"] - float(torch.linalg.matrix_norm(J, 2))) < 1e-10
 
 
 def test_a_contracting_feedback_map_has_one_stable_fixed_point_from_every_start():
@@ -132,3 +135,12 @@ def test_dynamics_cli_compares_runs_and_writes_figures(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["dynamics", str(save_model(build_model("baseline", "debug"), tmp_path / "base")), "--out", str(tmp_path / "x")])
     assert "feedback dynamics need a Full-Bandwidth model" in capsys.readouterr().err
+
+
+def test_fixed_points_share_the_states_pca_coordinates():
+    from workbench.dynamics_study import state_pca
+
+    X = torch.randn(50, 8, generator=torch.Generator().manual_seed(1))
+    P, points = state_pca(X, [{"step": 3, "points": [{"state": X[7].tolist(), "stable": True, "spectral_radius": 0.5}]}])
+    assert P.shape == (50, 2)
+    torch.testing.assert_close(torch.tensor([points[0]["pc1"], points[0]["pc2"]], dtype=torch.float64), P[7])

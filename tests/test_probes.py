@@ -157,3 +157,15 @@ def test_probe_and_cache_errors_list_valid_names(tmp_path, capsys):
     ds, meta = load_store(tmp_path / "s")
     assert meta["hooks"] == ["blocks.0.hook_resid_post", "blocks.1.hook_resid_post", "hook_stream_embed"]
     assert set(np.asarray(ds.with_format("numpy")[:]["stream"])) == {0, 1}
+
+
+def test_probe_study_reports_progress_up_to_done(tmp_path):
+    from workbench import save_model
+    from workbench.probe_study import probe_study
+
+    run = save_model(build_model("hd", "debug", n_streams=2), tmp_path / "run")
+    seen = []
+    probe_study(run, "memory", hooks=["blocks.0.hook_resid_pre"], n_sequences=20, progress=lambda f, what: seen.append((f, what)))
+    fractions = [f for f, _ in seen]
+    assert fractions == sorted(fractions) and fractions[0] == 0.0 and fractions[-1] == 1.0
+    assert sum("probed" in w for _, w in seen) == 2  # one hook x standard prefill x 2 streams

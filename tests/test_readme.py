@@ -12,5 +12,5 @@ def _commands():
 
 def test_ci_runs_the_readme_test_command():
     main_job, test_command = _commands()
-    assert "workbench demo" in main_job and "pytest" in test_command
+    assert main_job.endswith("workbench app") and "pytest" in test_command
     assert test_command in (ROOT / ".ci" / "run").read_text().splitlines()

@@ -37,3 +37,18 @@ def test_logit_lens_last_stream_is_the_model_prediction():
     assert abs(lens["loss"][-1] - float(want)) < 1e-5 and len(lens["accuracy"]) == 2
     with pytest.raises(ValueError, match="Hidden Decoding model"):
         stream_logit_lens(build_model("fbt", "debug"), toks)
+
+
+def test_stream_norms_start_equal_for_replicated_streams_and_windows_are_held_out():
+    from workbench.streams import stream_norms, task_windows
+
+    base = build_model("baseline", "debug", n_layers=2)
+    hd = expand_streams(base, 3, cross_layers=(1,))
+    x = task_windows("flipflop", 4, 16)
+    assert x.shape == (4, 16) and x.dtype == torch.long
+    norms = stream_norms(hd, x)
+    assert norms.shape == (3, 3)
+    torch.testing.assert_close(norms[0], norms[0, :1].expand(3))  # E_k replicated: equal inputs
+    torch.testing.assert_close(norms[1], norms[1, :1].expand(3))  # intra-stream block 0 keeps them equal
+    with pytest.raises(ValueError, match="seq_len=1"):
+        task_windows("flipflop", 4, 1)

@@ -264,7 +264,7 @@ def _store_rss(preset: str, positions: int) -> dict:
                "--task", "modsum", "--n-sequences", str(n_seq), "--out", str(Path(tmp) / "store"), "--json", str(Path(tmp) / "meta.json")]
         subprocess.run(cmd, check=True, capture_output=True, text=True)
         meta = json.loads((Path(tmp) / "meta.json").read_text())
-    return entry("activation_store_peak_rss", meta["peak_rss_mib"], unit="MiB", positions=meta.get("rows"), seconds=meta.get("seconds"),
+    return entry("activation_store_peak_rss", meta["peak_rss_mib"], unit="MiB", positions=meta["n_rows"], seconds=meta.get("seconds"),
                  note="peak RSS of the whole caching process (model, datasets/Arrow writer and Python included)")
 
 

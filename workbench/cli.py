@@ -185,8 +185,21 @@ def cmd_zoo(args) -> dict:
     return summary
 
 
-def cmd_cache(args) -> dict:
+def peak_rss_mib() -> float:
+    """Peak resident memory of this process image. Linux's VmHWM, not ``ru_maxrss``: a process
+    started by a large parent inherits the parent's ``ru_maxrss`` at fork (e.g. under the bench)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)  # kB
+    except OSError:
+        pass
     import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # KiB on Linux
+
+
+def cmd_cache(args) -> dict:
     import time
 
     from workbench.checkpoint import resolve_model
@@ -198,8 +211,7 @@ def cmd_cache(args) -> dict:
     started = time.perf_counter()
     out = cache_activations(model, examples, args.hooks, args.out, prefill=args.prefill, passes=args.passes)
     meta = json.loads((out / "store.json").read_text())
-    # ru_maxrss is in KiB on Linux: the peak resident memory of this whole process
-    meta["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    meta["peak_rss_mib"] = peak_rss_mib()
     meta["seconds"] = round(time.perf_counter() - started, 1)
     print(f"stored {meta['n_rows']} rows ({len(meta['hooks'])} hooks, labels {meta['labels']}) in {out} "
           f"in {meta['seconds']}s; peak resident memory {meta['peak_rss_mib']} MiB")
@@ -387,8 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", action="append", default=None, help="measure only this key (repeatable)")
     p.add_argument("--store-positions", type=int, default=None, help="positions for activation_store_peak_rss (default: by preset)")
     p.add_argument("--out", default=None, help="write the report as JSON here")
-    p.add_argument("--json", dest="json_out", help="same as --out")
-    p.set_defaults(func=cmd_bench)
+    p.set_defaults(func=cmd_bench, json_out=None)
 
     p = sub.add_parser("app", help="the Streamlit app over a runs directory")
     p.add_argument("--runs", default="runs", help="directory whose subdirectories are runs (default runs)")

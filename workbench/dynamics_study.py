@@ -10,7 +10,7 @@ import torch
 
 from workbench.checkpoint import load_model, write_json
 from workbench.dynamics import feedback_map, kpass_convergence, prefill_context, rollout
-from workbench.maps import eigenvalues, find_fixed_points, frobenius_hutchinson, lyapunov_from_growth, spectral_norm
+from workbench.maps import find_fixed_points, jacobian_summary, lyapunov_from_growth
 from workbench.tokenizer import CharTokenizer
 
 DEFAULT_PROMPT = "Q: Start with 12. Add 7. Multiply by 3. What is the result?\nA:"
@@ -34,9 +34,9 @@ def analyse_run(run_dir: str | Path, *, prompt: str = DEFAULT_PROMPT, horizon: i
     for i, t in enumerate(steps):
         cache, h_prev = prefill_context(model, ids + roll.tokens[:t], plain=len(ids))
         F = feedback_map(model, cache, roll.tokens[t])
-        ev = eigenvalues(F, h_prev)
-        spectra.append({"step": t, "spectral_radius": float(ev.abs()[0]), "spectral_norm": spectral_norm(F, h_prev),
-                        "frobenius": frobenius_hutchinson(F, h_prev), "eigenvalues": [[z.real, z.imag] for z in ev.tolist()]})
+        J = jacobian_summary(F, h_prev)
+        spectra.append({"step": t, "spectral_radius": J["spectral_radius"], "spectral_norm": J["spectral_norm"],
+                        "frobenius": J["frobenius"], "eigenvalues": [[z.real, z.imag] for z in J["eigenvalues"].tolist()]})
         if i < n_fixed:
             scale = float(h_prev.norm()) / math.sqrt(h_prev.numel())
             starts = torch.cat([h_prev[None], torch.zeros_like(h_prev)[None],
@@ -74,14 +74,27 @@ def dynamics_study(runs: list[str], out_dir: str | Path, **kwargs) -> dict:
     return report
 
 
-def plot_dynamics(results: dict, states: dict, out_dir: Path) -> list[str]:
-    import matplotlib
+def state_pca(states: torch.Tensor, fixed_points: list[dict]) -> tuple[torch.Tensor, list[dict]]:
+    """The rollout's states [steps, d_model] projected on their first two principal components,
+    and every fixed point found (``analyse_run``'s ``fixed_points``) in the same coordinates."""
+    X = states.double()
+    mean = X.mean(0)
+    _, _, V = torch.pca_lowrank(X - mean, q=2, center=False)
+    points = []
+    for fp in fixed_points:
+        for p in fp["points"]:
+            q = (torch.tensor(p["state"], dtype=torch.float64) - mean) @ V
+            points.append({"step": fp["step"], "pc1": float(q[0]), "pc2": float(q[1]), "stable": p["stable"],
+                           "spectral_radius": p["spectral_radius"]})
+    return (X - mean) @ V, points
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+
+def plot_dynamics(results: dict, states: dict, out_dir: Path) -> list[str]:
+    from matplotlib.figure import Figure  # no pyplot: the global backend (e.g. a notebook's inline one) stays as it is
 
     paths = []
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    fig = Figure(figsize=(14, 3.8))
+    axes = fig.subplots(1, 3)
     for name, r in results.items():
         axes[0].plot(r["per_step"]["state_norm"], label=f"{name} ||h||")
         axes[0].plot(r["per_step"]["input_norm"], ls=":", label=f"{name} ||u||")
@@ -97,7 +110,8 @@ def plot_dynamics(results: dict, states: dict, out_dir: Path) -> list[str]:
     fig.tight_layout()
     paths.append(_save(fig, out_dir / "rollout.png"))
 
-    fig, axes = plt.subplots(1, len(results), figsize=(4.2 * len(results), 4), squeeze=False)
+    fig = Figure(figsize=(4.2 * len(results), 4))
+    axes = fig.subplots(1, len(results), squeeze=False)
     theta = torch.linspace(0, 2 * math.pi, 200)
     for ax, (name, r) in zip(axes[0], results.items()):
         ax.plot(theta.cos(), theta.sin(), color="grey", lw=0.8)
@@ -109,22 +123,19 @@ def plot_dynamics(results: dict, states: dict, out_dir: Path) -> list[str]:
     fig.tight_layout()
     paths.append(_save(fig, out_dir / "spectra.png"))
 
-    fig, axes = plt.subplots(1, len(results), figsize=(4.2 * len(results), 4), squeeze=False)
+    fig = Figure(figsize=(4.2 * len(results), 4))
+    axes = fig.subplots(1, len(results), squeeze=False)
     for ax, (name, r) in zip(axes[0], results.items()):
-        X = states[name].double()
-        mean = X.mean(0)
-        _, _, V = torch.pca_lowrank(X - mean, q=2, center=False)
-        P = (X - mean) @ V
+        P, points = state_pca(states[name], r["fixed_points"])
         ax.scatter(P[:, 0], P[:, 1], s=3, c=range(len(P)), cmap="viridis")
-        for fp in r["fixed_points"]:
-            for p in fp["points"]:
-                q = (torch.tensor(p["state"]) - mean) @ V
-                ax.scatter(q[0], q[1], marker="*" if p["stable"] else "x", s=120, color="red" if p["stable"] else "black")
+        for p in points:
+            ax.scatter(p["pc1"], p["pc2"], marker="*" if p["stable"] else "x", s=120, color="red" if p["stable"] else "black")
         ax.set(title=f"{name}: states (PCA), fixed points (* stable, x unstable)")
     fig.tight_layout()
     paths.append(_save(fig, out_dir / "fixed_points.png"))
 
-    fig, axes = plt.subplots(1, len(results), figsize=(4.2 * len(results), 3.5), squeeze=False)
+    fig = Figure(figsize=(4.2 * len(results), 3.5))
+    axes = fig.subplots(1, len(results), squeeze=False)
     for ax, (name, r) in zip(axes[0], results.items()):
         grid = torch.tensor([row["error_to_exact"] for row in r["kpass"]["rows"]]).clamp(min=1e-16).log10()
         im = ax.imshow(grid, aspect="auto", origin="lower", extent=(-0.5, grid.shape[1] - 0.5, 0.5, grid.shape[0] + 0.5))
@@ -136,8 +147,5 @@ def plot_dynamics(results: dict, states: dict, out_dir: Path) -> list[str]:
 
 
 def _save(fig, path: Path) -> str:
-    import matplotlib.pyplot as plt
-
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return str(path)

@@ -24,8 +24,25 @@ def _single(F: Map) -> Callable[[Tensor], Tensor]:
 
 
 def jacobian(F: Map, h: Tensor) -> Tensor:
-    """dF/dh [D, D] at one state h [D] (exact; for small D)."""
-    return torch.autograd.functional.jacobian(_single(F), h)
+    """dF/dh [D, D] at one state h [D] (exact; memory ~ D batched evaluations of F). One batched
+    forward and one backward: F on D copies of h, and row i of J is the gradient of output i of
+    copy i (rows of a batched map do not interact)."""
+    D = h.numel()
+    H = h.detach().expand(D, D).clone().requires_grad_(True)
+    with torch.enable_grad():
+        Y = F(H)
+        (J,) = torch.autograd.grad(torch.diagonal(Y).sum(), H)
+    return J
+
+
+def jacobian_summary(F: Map, h: Tensor) -> dict:
+    """Everything the power-iteration routines estimate, exactly, from one Jacobian (small D):
+    eigenvalues sorted by decreasing modulus, spectral radius, spectral norm, Frobenius norm."""
+    J = jacobian(F, h).double()
+    ev = torch.linalg.eigvals(J)
+    ev = ev[ev.abs().argsort(descending=True)]
+    return {"eigenvalues": ev, "spectral_radius": float(ev.abs()[0]), "spectral_norm": float(torch.linalg.matrix_norm(J, 2)),
+            "frobenius": float(torch.linalg.matrix_norm(J))}
 
 
 def eigenvalues(F: Map, h: Tensor) -> Tensor:

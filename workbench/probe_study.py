@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -44,9 +45,11 @@ def regimes(model, passes: list[int], exact: bool) -> list[tuple[str, int | str]
 
 def probe_study(run_dir: str | Path, target: str, *, hooks: list[str] | None = None, passes: list[int] = (2, 3),
                 exact: bool = True, n_sequences: int = 400, seed: int = 0, out: str | Path | None = None,
-                data: TaskConfig | None = None, max_rows: int = 20000) -> dict:
+                data: TaskConfig | None = None, max_rows: int = 20000,
+                progress: Callable[[float, str], None] | None = None) -> dict:
     """Run the sweep on the model in ``run_dir``; writes ``results/probe_<target>.json`` (and a
-    figure, and the probe weights under ``results/probes/``)."""
+    figure, and the probe weights under ``results/probes/``). ``progress(fraction, what)`` is
+    called before each activation caching and after each probe."""
     if target not in TARGET_TASK:
         raise ValueError(f"unknown probe target {target!r}: expected one of {sorted(TARGET_TASK)}")
     run_dir = Path(run_dir)
@@ -57,8 +60,12 @@ def probe_study(run_dir: str | Path, target: str, *, hooks: list[str] | None = N
     results_dir = run_dir / "results"
     rows = []
     rng = np.random.default_rng(seed)
+    sweep = regimes(model, list(passes), exact)
+    total, done = len(sweep) * len(hooks) * model.n_streams, 0
+    report = progress or (lambda fraction, what: None)
     with tempfile.TemporaryDirectory(dir=results_dir.parent if results_dir.parent.exists() else None) as tmp:
-        for prefill, k in regimes(model, list(passes), exact):
+        for prefill, k in sweep:
+            report(done / total, f"caching activations: {prefill} prefill, K={k}")
             store_dir = cache_activations(model, examples, hooks, Path(tmp) / f"{prefill}-{k}", prefill=prefill, passes=k)
             ds, meta = load_store(store_dir)
             table = ds.select_columns(["seq", "pass", "stream", "token", f"label.{target}"]).with_format("numpy")[:]
@@ -80,6 +87,8 @@ def probe_study(run_dir: str | Path, target: str, *, hooks: list[str] | None = N
                                  "selectivity": result.selectivity,
                                  "n_train": result.n_train, "n_test": result.n_test, "C": result.reg,
                                  "converged": result.converged})
+                    done += 1
+                    report(done / total, f"probed {hook} ({prefill}, K={k}, stream {stream})")
     report = {"run": str(run_dir), "arch": model.arch, "target": target, "task": task, "n_sequences": n_sequences, "rows": rows}
     out = Path(out) if out else results_dir / f"probe_{target}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -89,12 +98,10 @@ def probe_study(run_dir: str | Path, target: str, *, hooks: list[str] | None = N
 
 
 def plot_probe_rows(rows: list[dict], path: Path, title: str) -> Path:
-    import matplotlib
+    from matplotlib.figure import Figure  # no pyplot: the global backend (e.g. a notebook's inline one) stays as it is
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig = Figure(figsize=(6, 4))
+    ax = fig.subplots()
     keys = sorted({(r["prefill"], str(r["passes"]), r["stream"]) for r in rows})
     for prefill, k, stream in keys:
         sel = sorted((r for r in rows if (r["prefill"], str(r["passes"]), r["stream"]) == (prefill, k, stream)), key=lambda r: r["layer"])
@@ -110,5 +117,4 @@ def plot_probe_rows(rows: list[dict], path: Path, title: str) -> Path:
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return path

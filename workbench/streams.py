@@ -10,6 +10,20 @@ from torch import Tensor
 
 from models import HiddenDecodingLM, unstack_streams
 from workbench.activations import ActivationRecorder
+from workbench.data import TokenStream, batch_windows
+from workbench.evaluate import EVAL_SEED_OFFSET
+from workbench.tasks import synthetic_examples
+from workbench.tokenizer import CharTokenizer
+
+
+def task_windows(task: str, n_sequences: int, seq_len: int, seed: int = 0) -> Tensor:
+    """[n_sequences, seq_len] windows of held-out ``task`` text (the eval seed range, so never
+    the training data) for the analyses below."""
+    if n_sequences < 1 or seq_len < 2:
+        raise ValueError(f"n_sequences={n_sequences}, seq_len={seq_len}: expected n_sequences >= 1 and seq_len >= 2")
+    examples = synthetic_examples(task, max(8, n_sequences), seed + EVAL_SEED_OFFSET)
+    stream = TokenStream.from_examples(examples, CharTokenizer())
+    return batch_windows(stream, seed, 0, n_sequences, seq_len)[0]
 
 
 def _check(model) -> None:
@@ -68,3 +82,15 @@ def stream_logit_lens(model: HiddenDecodingLM, tokens: Tensor) -> dict[str, list
     loss = F.cross_entropy(logits.flatten(0, 2), target.flatten(), reduction="none").view(target.shape)
     acc = (logits.argmax(-1) == target).float()
     return {"loss": loss.mean(dim=(0, 1)).tolist(), "accuracy": acc.mean(dim=(0, 1)).tolist()}
+
+
+@torch.no_grad()
+def stream_norms(model: HiddenDecodingLM, tokens: Tensor) -> Tensor:
+    """[n_layers + 1, n_streams]: mean residual norm of each stream at the stack input
+    (``blocks.0.hook_resid_pre``) and after every block."""
+    _check(model)
+    names = ["blocks.0.hook_resid_pre", *[f"blocks.{i}.hook_resid_post" for i in range(model.cfg.n_layers)]]
+    with ActivationRecorder(model, names) as rec:
+        model(tokens)
+    return torch.stack([unstack_streams(rec.calls(n)[-1].value.float(), model.n_streams).norm(dim=-1).mean(dim=(0, 1))
+                        for n in names])

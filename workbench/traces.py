@@ -167,13 +167,11 @@ def trace_study(runs: list[str], out_dir: str | Path, *, task: str = "chain", re
 
 
 def plot_traces(rows: list[dict], summary: dict, out_dir: Path) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: the global backend (e.g. a notebook's inline one) stays as it is
 
     keys = sorted({(r["model"], r["regime"]) for r in rows})
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    fig = Figure(figsize=(15, 4))
+    axes = fig.subplots(1, 3)
     top = max(r["trace_tokens"] for r in rows)
     for model, regime in keys:
         sel = [r for r in rows if (r["model"], r["regime"]) == (model, regime)]
@@ -198,5 +196,4 @@ def plot_traces(rows: list[dict], summary: dict, out_dir: Path) -> list[str]:
     fig.tight_layout()
     path = out_dir / "traces.png"
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return [str(path)]

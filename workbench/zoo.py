@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from workbench.evaluate import evaluate_run
@@ -47,12 +48,22 @@ def members(scale: str, out: Path) -> list[tuple[str, str, list[str], str | None
     ]
 
 
-def train_zoo(scale: str = "micro", out: str | Path = "runs", *, progress: bool = True, only: list[str] | None = None) -> dict:
-    """Train (or resume) and evaluate the zoo; returns and writes ``zoo.json`` under ``out``."""
+def member_names(scale: str = "micro") -> list[str]:
+    return [name for name, *_ in members(scale, Path("."))]
+
+
+def train_zoo(scale: str = "micro", out: str | Path = "runs", *, progress: bool | Callable = True,
+              only: list[str] | None = None) -> dict:
+    """Train (or resume) and evaluate the zoo; returns and writes ``zoo.json`` under ``out``.
+    ``progress``: True for tqdm bars, or ``progress(name, step, total, record)`` after every step."""
     if scale not in SCALES:
         raise ValueError(f"unknown zoo preset {scale!r}: expected one of {sorted(SCALES)}")
     out = Path(out)
     summary = {"scale": scale, "models": {}}
+    if (out / "zoo.json").is_file():  # a partial re-run (``only``) keeps the other members' entries
+        previous = json.loads((out / "zoo.json").read_text())
+        if previous.get("scale") == scale:
+            summary["models"].update(previous.get("models", {}))
     for name, arch, overrides, init in members(scale, out):
         if only and name not in only:
             continue
@@ -60,7 +71,8 @@ def train_zoo(scale: str = "micro", out: str | Path = "runs", *, progress: bool 
         run = out / name
         started = time.perf_counter()
         resume = (run / "train_state" / "state.json").is_file()
-        result = train(cfg, run, resume=resume, progress=progress)
+        report = (lambda step, total, record, name=name: progress(name, step, total, record)) if callable(progress) else progress
+        result = train(cfg, run, resume=resume, progress=report)
         seconds = time.perf_counter() - started
         evaluation = evaluate_run(run)
         summary["models"][name] = {"train_seconds": round(seconds, 1), "eval_seconds": evaluation["seconds"],
@@ -68,3 +80,13 @@ def train_zoo(scale: str = "micro", out: str | Path = "runs", *, progress: bool 
     out.mkdir(parents=True, exist_ok=True)
     (out / "zoo.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def ensure_zoo(scale: str = "micro", out: str | Path = "runs/micro", *, progress: bool | Callable = False) -> Path:
+    """The zoo's directory, trained first if any member is missing or unfinished (what notebooks
+    call so that they run on a fresh clone)."""
+    out = Path(out)
+    missing = [n for n in member_names(scale) if not (out / n / "results" / "eval.json").is_file()]
+    if missing:
+        train_zoo(scale, out, progress=progress, only=missing)
+    return out

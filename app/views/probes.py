@@ -1,0 +1,73 @@
+"""Probes: linear probes by depth and prefill regime; the layer-0 comparison first."""
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from app.state import find, pick_run, runs, shown_errors
+from workbench.checkpoint import read_json
+from workbench.probe_study import default_hooks, probe_study
+from workbench.tasks import LABELS
+
+st.title("Probes")
+st.caption("Does recurrent (K-pass) prefill expose a global state at the bottom of the stack, where standard prefill does not?")
+run = pick_run("Run", key="probe_run", default=find(runs(), "fbt"))
+if run is None:
+    st.stop()
+
+targets = sorted(label for labels in LABELS.values() for label in labels)
+c1, c2, c3 = st.columns(3)
+target = c1.selectbox("Target", targets, index=targets.index("memory"), key="probe_target",
+                      help="memory: the flip-flop's stored bit; running_sum: modsum's running sum; value: chain's current value")
+n_sequences = c2.number_input("Sequences", min_value=10, max_value=20000, value=200, step=50, key="probe_n")
+n_layers = run.config["model"]["n_layers"]
+hooks = c3.multiselect("Hooks", default_hooks(n_layers), default=default_hooks(n_layers), key="probe_hooks")
+passes, exact = [], False
+if run.arch == "fbt":
+    c4, c5 = st.columns(2)
+    passes = c4.multiselect("Recurrent prefill K", [2, 3, 4, 6, 8], default=[2, 3], key="probe_passes")
+    exact = c5.checkbox("Also the exact recurrence", value=True, key="probe_exact")
+
+saved = run.path / "results" / f"probe_{target}.json"
+if st.button("Train probes", key="probe_train", type="primary"):
+    if not hooks:
+        st.error("Pick at least one hook to probe.")
+    else:
+        with st.status(f"Probing {target} on {run.name}", expanded=True) as status, shown_errors("Probing"):
+            bar = st.progress(0.0)
+            probe_study(run.path, target, hooks=hooks, passes=passes, exact=exact, n_sequences=int(n_sequences),
+                        progress=lambda fraction, what: bar.progress(min(1.0, fraction), text=what))
+            status.update(label=f"Probed {target} on {run.name}", state="complete")
+
+if not saved.is_file():
+    st.info(f"No saved probes for {target} on {run.name}: press **Train probes**.")
+    st.stop()
+
+report = read_json(saved)
+rows = pd.DataFrame(report["rows"]).astype({"passes": str})  # 1, 2, ... or "exact"
+rows["regime"] = [p if p == "standard" else f"recurrent K={k}" for p, k in zip(rows["prefill"], rows["passes"])]
+if rows["stream"].nunique() > 1:
+    rows["regime"] = rows["regime"] + " / stream " + rows["stream"].astype(str)
+st.caption(f"Saved results: {saved} ({report['n_sequences']} sequences, task {report['task']}).")
+
+layer0 = rows[rows["layer"] == 0.0]
+if len(layer0):
+    st.subheader("Layer 0: the input to block 0")
+    base = layer0[layer0["prefill"] == "standard"]["accuracy"]
+    cols = st.columns(len(layer0))
+    for col, (_, r) in zip(cols, layer0.iterrows()):
+        delta = None if r["prefill"] == "standard" or base.empty else f"{r['accuracy'] - base.iloc[0]:+.3f} vs standard"
+        col.metric(r["regime"], f"{r['accuracy']:.3f}", delta, help=f"chance {r['chance']:.3f}, control {r['control_accuracy']:.3f}")
+
+st.subheader("Accuracy by depth")
+long = pd.concat([rows.assign(kind="probe", value=rows["accuracy"]), rows.assign(kind="control task", value=rows["control_accuracy"])])
+lines = alt.Chart(long).mark_line(point=True).encode(
+    x=alt.X("layer:Q", title="depth (0 = input to block 0)"), y=alt.Y("value:Q", title="accuracy", scale=alt.Scale(zero=False)),
+    color="regime:N", strokeDash=alt.StrokeDash("kind:N", title="", sort=["probe", "control task"]),
+    tooltip=["hook", "regime", "kind", alt.Tooltip("value:Q", format=".3f"), "n_test"])
+chance = alt.Chart(pd.DataFrame({"chance": [rows["chance"].iloc[0]]})).mark_rule(color="grey", strokeDash=[4, 4]).encode(y="chance:Q")
+st.altair_chart(lines + chance, width="stretch")
+st.caption("Grey dashed: chance (majority class). Dashed lines: the control task (token identity labels); "
+           "selectivity = probe minus control accuracy.")
+st.dataframe(rows[["hook", "layer", "regime", "accuracy", "control_accuracy", "selectivity", "chance", "n_train", "n_test", "converged"]],
+             hide_index=True)

@@ -1,0 +1,106 @@
+"""Runs: what is under the runs directory, training curves, eval tables; trains a zoo when empty."""
+
+import pandas as pd
+import streamlit as st
+
+from app.state import runs, runs_root, shown_errors
+from workbench.zoo import SCALES, member_names, train_zoo
+
+st.title("Runs")
+root = runs_root()
+found = runs()
+
+
+def train_zoo_panel() -> None:
+    scale = st.radio("Zoo", list(SCALES), horizontal=True, key="zoo_scale",
+                     captions=["~15 s on 2 cores: enough to try every page", "~21 min: models good enough for the studies"])
+    out = root / scale
+    if st.button(f"Train the {scale} zoo into {out}", key="train_zoo", type="primary"):
+        names = member_names(scale)
+        with st.status(f"Training the {scale} zoo", expanded=True) as status, shown_errors("Training"):
+            bar = st.progress(0.0, text="starting")
+            log = st.empty()
+
+            def progress(name, step, total, record):
+                done = names.index(name) + step / total
+                bar.progress(min(1.0, done / len(names)), text=f"{name}: step {step}/{total}")
+                if record is not None:
+                    log.write(f"{name} step {record['step']}: loss {record['loss']:.3f}, {record['tokens_per_s']:.0f} tokens/s")
+
+            train_zoo(scale, out, progress=progress)
+            status.update(label=f"Trained the {scale} zoo into {out}", state="complete")
+            st.cache_data.clear()
+            st.rerun()
+
+
+if not found:
+    st.info(f"No runs under {root}. Train the reference zoo (baseline, fbt, fbt-no3pass, hd2, hd4) here:")
+    train_zoo_panel()
+    st.stop()
+
+broken = [r for r in found if not r.usable]
+for r in broken:
+    st.error(f"{r.name}: cannot be used: {r.error}")
+
+
+def final_loss(r):
+    """The last logged plain next-token loss (FBT logs the weighted sum over passes as ``loss``)."""
+    return r.metrics[-1].get("loss_pass1", r.metrics[-1].get("loss")) if r.metrics else None
+
+
+def eval_cell(r, task="chain"):
+    acc = ((r.eval or {}).get("tasks", {}).get(task) or {}).get("accuracy", {})
+    return acc.get("standard")
+
+
+table = pd.DataFrame([{
+    "run": r.name, "arch": r.arch, "preset": r.config.get("preset"), "task": r.config.get("data", {}).get("task"),
+    "steps": r.steps, "final train loss (pass 1)": final_loss(r), "chain acc (standard)": eval_cell(r),
+    "flipflop acc (standard)": eval_cell(r, "flipflop"), "status": "ok" if r.usable else "broken",
+} for r in found])
+st.dataframe(table, hide_index=True)
+
+names = [r.name for r in found]
+run = {r.name: r for r in found}[st.selectbox("Run", names, key="run")]
+curves, evaluation, config, files = st.tabs(["Training curves", "Eval", "Config", "Results files"])
+
+with curves:
+    if not run.metrics:
+        st.info("No metrics.jsonl lines yet.")
+    else:
+        df = pd.DataFrame(run.metrics)
+        if run.arch == "fbt":
+            cols = sorted(c for c in df.columns if c.startswith("loss_pass"))
+            st.caption("Loss per pass: pass 1 is the plain model; passes 2 (and 3) train the feedback.")
+            st.line_chart(df, x="step", y=cols, y_label="loss")
+        elif run.arch == "hd" and "n_streams" in df:
+            wide = df.pivot_table(index="step", columns="n_streams", values="loss")
+            wide.columns = [f"loss (n={int(n)} streams)" for n in wide.columns]
+            st.caption("Loss per expansion stage.")
+            st.line_chart(wide, y_label="loss")
+        else:
+            st.line_chart(df, x="step", y="loss", y_label="loss")
+        left, right = st.columns(2)
+        left.line_chart(df, x="step", y="lr", height=200)
+        right.line_chart(df, x="step", y="tokens_per_s", height=200)
+
+with evaluation:
+    if not run.eval:
+        st.info("No results/eval.json: run `workbench eval` on this run.")
+    else:
+        rows = []
+        for task, res in run.eval["tasks"].items():
+            for regime, acc in res["accuracy"].items():
+                rows.append({"task": task, "regime": regime, "accuracy": acc,
+                             "answer loss": res["answer_loss"].get(regime), "n": res["n"]})
+        st.dataframe(pd.DataFrame(rows), hide_index=True)
+        st.caption(f"Fused regime prefill K = {run.eval.get('fused_passes')}; answer loss is the completion's mean NLL.")
+
+with config:
+    st.json(run.config, expanded=1)
+
+with files:
+    st.write(run.results or "no results yet")
+
+with st.expander("Train another zoo"):
+    train_zoo_panel()

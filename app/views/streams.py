@@ -1,0 +1,63 @@
+"""Streams (HD): how the n interleaved embedding streams differ, layer by layer."""
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from app.state import find, model_at, pick_run, runs, shown_errors, stamp
+from workbench.streams import attention_mass, stream_logit_lens, stream_norms, stream_similarity, task_windows
+
+st.title("Streams (Hidden Decoding)")
+st.caption("Each token enters as n streams; only the last is read out. Do the streams specialise, or stay copies?")
+run = pick_run("HD run", archs=("hd",), key="st_run", default=find(runs(), "hd4"))
+if run is None:
+    st.stop()
+c1, c2, c3 = st.columns(3)
+task = c1.selectbox("Text", ["flipflop", "chain", "modsum", "mix"], key="st_task")
+n_sequences = c2.number_input("Sequences", min_value=1, max_value=256, value=16, key="st_n")
+seq_len = c3.number_input("Tokens per sequence", min_value=2, max_value=4096, value=64, key="st_len")
+n_ctx = run.config["model"]["n_ctx"]
+if seq_len > n_ctx:
+    st.error(f"Tokens per sequence ({seq_len}) exceeds the model's context n_ctx={n_ctx}.")
+    st.stop()
+
+
+@st.cache_data(show_spinner="Running the model...", max_entries=16)
+def analyse(path: str, version: tuple, task: str, n: int, length: int) -> dict:
+    m = model_at(path)
+    x = task_windows(task, n, length)
+    return {"similarity": stream_similarity(m, x).numpy(), "mass": attention_mass(m, x), "lens": stream_logit_lens(m, x),
+            "norms": stream_norms(m, x).numpy(), "n_streams": m.n_streams, "cross_layers": list(m.cfg.cross_layers or [])}
+
+
+a = None
+with shown_errors("Stream analysis"):
+    a = analyse(str(run.path), stamp(run.path), task, int(n_sequences), int(seq_len))
+if a is None:
+    st.stop()
+n = a["n_streams"]
+st.caption(f"{n} streams; cross-stream attention in block(s) {a['cross_layers']}, intra-stream elsewhere.")
+
+left, right = st.columns(2)
+with left:
+    st.markdown("**Stream-to-stream similarity** (mean cosine of resid_post at the same token)")
+    layer = st.slider("Block", 0, len(a["similarity"]) - 1, len(a["similarity"]) - 1, key="st_layer")
+    sim = pd.DataFrame([{"stream": i, "other": j, "cosine": float(a["similarity"][layer][i, j])} for i in range(n) for j in range(n)])
+    st.altair_chart(alt.Chart(sim).mark_rect().encode(x="other:O", y="stream:O", color=alt.Color("cosine:Q", scale=alt.Scale(scheme="viridis")),  # data range: near-copies differ in the 3rd decimal
+                                                      tooltip=["stream", "other", alt.Tooltip("cosine:Q", format=".4f")]).properties(height=260),
+                    width="stretch")
+    off = [{"block": i, "mean off-diagonal cosine": float((s.sum() - s.trace()) / (n * n - n)) if n > 1 else 1.0}
+           for i, s in enumerate(a["similarity"])]
+    st.line_chart(pd.DataFrame(off), x="block", y_label="mean off-diagonal cosine", height=200)
+with right:
+    st.markdown("**Attention mass** per block: own stream, other streams of the same token, other streams of earlier tokens")
+    mass = pd.DataFrame([{"block": i, "where": k, "mass": v} for i, m in a["mass"].items() for k, v in m.items()])
+    st.altair_chart(alt.Chart(mass).mark_bar().encode(x="block:O", y=alt.Y("mass:Q", stack="zero"), color="where:N"), width="stretch")
+    st.markdown("**Per-stream logit lens** (each stream's final state through the readout)")
+    lens = pd.DataFrame({"stream": range(n), "next-token loss": a["lens"]["loss"], "top-1 accuracy": a["lens"]["accuracy"]})
+    st.dataframe(lens, hide_index=True)
+    st.bar_chart(lens, x="stream", y="next-token loss", height=200)
+
+st.markdown("**Per-stream activation norms** by depth (0 = stack input)")
+norms = pd.DataFrame(a["norms"], columns=[f"stream {i}" for i in range(n)]).rename_axis("depth").reset_index()
+st.line_chart(norms, x="depth", height=240)

@@ -1,0 +1,195 @@
+"""Every page of the Streamlit app through ``AppTest`` on the micro zoo: it renders without an
+exception, its main widgets change what is drawn, and bad input shows an error element."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("streamlit")
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+MAIN = str(Path(__file__).resolve().parents[1] / "app" / "main.py")
+
+
+@pytest.fixture(scope="module")
+def zoo(micro_zoo, tmp_path_factory):
+    """A copy of the micro zoo the pages may write results into."""
+    return shutil.copytree(micro_zoo, tmp_path_factory.mktemp("app") / "runs")
+
+
+def open_page(monkeypatch, runs: Path, page: str | None = None) -> AppTest:
+    monkeypatch.setenv("WORKBENCH_RUNS", str(runs))
+    at = AppTest.from_file(MAIN, default_timeout=600).run()
+    if page:
+        at.switch_page(f"views/{page}.py").run()
+    assert_clean(at)
+    return at
+
+
+def assert_clean(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+
+
+def errors(at: AppTest) -> list[str]:
+    return [e.value for e in at.error]
+
+
+def charts(at: AppTest) -> list:
+    return at.get("vega_lite_chart")
+
+
+def test_runs_page_lists_the_zoo_and_switches_runs(monkeypatch, zoo):
+    at = open_page(monkeypatch, zoo)
+    assert at.title[0].value == "Runs" and not errors(at)
+    table = at.dataframe[0].value
+    assert sorted(table["run"]) == ["baseline", "fbt", "fbt-no3pass", "hd2", "hd4"] and set(table["status"]) == {"ok"}
+    at.selectbox(key="run").set_value("fbt").run()
+    assert_clean(at)
+    assert at.json[0].value and '"arch": "fbt"' in at.json[0].value.replace(" ", "").replace('"arch":', '"arch": ')
+    fbt_eval = at.dataframe[1].value
+    assert set(fbt_eval["regime"]) == {"standard", "soft", "fused"}
+    at.selectbox(key="run").set_value("hd4").run()
+    assert set(at.dataframe[1].value["regime"]) == {"standard"}
+
+
+def test_a_corrupt_checkpoint_is_an_error_on_runs_and_the_rest_keeps_working(monkeypatch, micro_zoo, tmp_path):
+    runs = shutil.copytree(micro_zoo, tmp_path / "runs")
+    weights = runs / "fbt" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    at = open_page(monkeypatch, runs)
+    assert any("fbt" in e and "model.safetensors" in e for e in errors(at)), errors(at)
+    assert "broken" in set(at.dataframe[0].value["status"])
+    # the broken run is not offered for analysis; the others still work
+    at.switch_page("views/playground.py").run()
+    assert_clean(at)
+    assert "fbt" not in at.selectbox(key="pg_run").options and "fbt-no3pass" in at.selectbox(key="pg_run").options
+
+
+def test_an_empty_runs_directory_offers_to_train_the_zoo_with_progress(monkeypatch, tmp_path):
+    at = open_page(monkeypatch, tmp_path)
+    assert any("No runs" in i.value for i in at.info)
+    at.button(key="train_zoo").click().run()
+    assert_clean(at)
+    assert not errors(at)
+    assert sorted(at.dataframe[0].value["run"]) == ["micro/baseline", "micro/fbt", "micro/fbt-no3pass", "micro/hd2", "micro/hd4"]
+
+
+def test_probes_page_trains_and_draws_the_layer0_comparison(monkeypatch, zoo):
+    at = open_page(monkeypatch, zoo, "probes")
+    assert any("press **Train probes**" in i.value for i in at.info)
+    at.number_input(key="probe_n").set_value(40)
+    at.multiselect(key="probe_passes").set_value([2])
+    at.button(key="probe_train").click().run()
+    assert_clean(at)
+    assert not errors(at)
+    labels = [m.label for m in at.metric]
+    assert labels == ["standard", "recurrent K=2", "recurrent K=exact"]
+    assert len(charts(at)) == 1
+    # another target: nothing saved for it yet
+    at.selectbox(key="probe_target").set_value("running_sum").run()
+    assert not at.metric and any("No saved probes for running_sum" in i.value for i in at.info)
+    at.selectbox(key="probe_target").set_value("memory").run()
+    assert len(at.metric) == 3  # the saved results come back without retraining
+
+
+def test_probes_page_rejects_an_empty_hook_list(monkeypatch, zoo):
+    at = open_page(monkeypatch, zoo, "probes")
+    at.multiselect(key="probe_hooks").set_value([])
+    at.button(key="probe_train").click().run()
+    assert_clean(at)
+    assert "Pick at least one hook to probe." in errors(at)
+
+
+def test_dynamics_page_compares_two_runs_and_reacts_to_the_horizon(monkeypatch, zoo):
+    at = open_page(monkeypatch, zoo, "dynamics")
+    at.number_input(key="dyn_horizon").set_value(60)
+    at.number_input(key="dyn_starts").set_value(3)
+    at.number_input(key="dyn_fp_steps").set_value(20)
+    at.run()
+    assert_clean(at)
+    assert not errors(at)
+    assert [s.value for s in at.subheader] == ["fbt", "fbt-no3pass"]
+    lyap = {m.label: m.value for m in at.metric}
+    assert {"λ(1)", "λ(10)", "K-pass relative residual at K=8"} <= set(lyap)
+    assert len(charts(at)) == 2 * 6  # norms, growth, spectrum, fixed points, K-pass residual, K-pass grid per run
+    at.number_input(key="dyn_horizon").set_value(120).run()
+    assert "λ(100)" in {m.label for m in at.metric}
+    at.number_input(key="dyn_perturb").set_value(500).run()
+    assert "Perturb at step 500 must come before the horizon (120 steps)." in errors(at)
+
+
+def test_traces_page_compares_regimes_on_the_same_problems(monkeypatch, zoo):
+    at = open_page(monkeypatch, zoo, "traces")
+    at.multiselect(key="tr_runs").set_value(["fbt", "baseline"])
+    at.number_input(key="tr_n").set_value(8)
+    at.slider(key="tr_budget").set_value(48)
+    at.button(key="tr_compare").click().run()
+    assert_clean(at)
+    assert not errors(at)
+    summary = at.dataframe[0].value
+    assert sorted(summary["run"]) == ["baseline/standard", "fbt/fused", "fbt/soft", "fbt/standard"]
+    assert set(summary["problems"]) == {8}
+    assert len(at.get("html")) == 4  # one problem, side by side under each model/regime
+    at.selectbox(key="tr_show").set_value(1).run()
+    assert set(at.dataframe[0].value["problems"]) == {2}  # difficulties 1-4 spread evenly over 8 problems
+    at.multiselect(key="tr_regimes").set_value([])
+    at.button(key="tr_compare").click().run()
+    assert "Pick at least one regime and one difficulty." in errors(at)
+
+
+def test_streams_page_draws_each_analysis_and_validates_the_length(monkeypatch, zoo):
+    at = open_page(monkeypatch, zoo, "streams")
+    assert not errors(at)
+    assert at.selectbox(key="st_run").value == "hd4"
+    lens = at.dataframe[0].value
+    assert list(lens["stream"]) == [0, 1, 2, 3]
+    before = at.get("vega_lite_chart")[0].proto.spec
+    at.slider(key="st_layer").set_value(0).run()
+    assert_clean(at)
+    assert at.get("vega_lite_chart")[0].proto.spec != before  # the heatmap shows block 0 now
+    at.selectbox(key="st_run").set_value("hd2").run()
+    assert list(at.dataframe[0].value["stream"]) == [0, 1]
+    at.number_input(key="st_len").set_value(4000).run()
+    assert any("exceeds the model's context" in e for e in errors(at))
+
+
+def test_playground_generates_under_each_regime_and_intervenes(monkeypatch, zoo):
+    at = open_page(monkeypatch, zoo, "playground")
+    at.slider(key="pg_new").set_value(12)
+    at.button(key="pg_generate").click().run()
+    assert_clean(at)
+    strips = [h.proto.body for h in at.get("html")]
+    assert len(strips) == 3 and "gate" in strips[1] and "gate" not in strips[0]  # standard has no fed-back gate
+    at.radio(key="pg_intervene").set_value("zero")
+    at.button(key="pg_generate").click().run()
+    assert_clean(at)
+    assert len(at.get("html")) == 6  # each regime with and without the intervention
+    assert any("state × 0.0" in m.value for m in at.markdown)
+    at.text_area(key="pg_prompt").set_value("")
+    at.button(key="pg_generate").click().run()
+    assert_clean(at)
+    assert any("prompt is empty" in e for e in errors(at))
+
+
+def test_playground_ablates_hd_streams(monkeypatch, zoo):
+    at = open_page(monkeypatch, zoo, "playground")
+    at.selectbox(key="pg_run").set_value("hd4").run()
+    at.selectbox(key="pg_ablate").set_value(3)
+    at.slider(key="pg_new").set_value(8)
+    at.button(key="pg_generate").click().run()
+    assert_clean(at)
+    assert any("stream 3 ablated" in m.value for m in at.markdown)
+
+
+def test_app_verb_rejects_bad_ports_and_finds_its_script(tmp_path, capsys):
+    from workbench.cli import app_script, main
+
+    assert app_script().name == "main.py" and app_script().is_file()
+    for argv, message in [(["app", "--port", "70000"], "invalid port 70000: expected 1..65535"),
+                          (["app", "--port", "http"], "invalid port 'http'"),
+                          (["app", "--runs", str(tmp_path / "f")], "expected a directory of run directories")]:
+        (tmp_path / "f").write_text("not a directory")
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 2 and message in capsys.readouterr().err

@@ -1,0 +1,123 @@
+"""The app end to end in a real browser: ``workbench app`` on a free port, Debian's Chromium driven
+by Playwright through every page, one probe run and one trace comparison; screenshots go to the
+test's tmp dir (and to ``$WORKBENCH_SCREENSHOTS`` when set, which is how docs/ gets them; the
+app then serves a copy of ``$WORKBENCH_BROWSER_RUNS`` instead of the micro zoo).
+
+Needs ``/usr/bin/chromium`` (``apt-get install chromium``; never a browser download). Without it
+the test is skipped, unless ``WORKBENCH_REQUIRE_BROWSER=1`` (set by CI), where it fails."""
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def server(micro_zoo, tmp_path):
+    source = Path(os.environ.get("WORKBENCH_BROWSER_RUNS") or micro_zoo)
+    runs = shutil.copytree(source, tmp_path / "runs")
+    port = free_port()
+    log = (tmp_path / "server.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "workbench.cli", "app", "--runs", str(runs), "--port", str(port)],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 60
+    while True:
+        try:
+            if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
+                break
+        except OSError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            pytest.fail(f"workbench app did not come up: {(tmp_path / 'server.log').read_text()[-2000:]}")
+        time.sleep(0.5)
+    yield url
+    os.killpg(proc.pid, 15)
+    proc.wait(timeout=30)
+    log.close()
+
+
+def test_every_page_in_chromium(server, tmp_path):
+    if not Path(CHROMIUM).exists():
+        if os.environ.get("WORKBENCH_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"{CHROMIUM} is missing (apt-get install -y chromium)")
+        pytest.skip(f"{CHROMIUM} is missing (apt-get install -y chromium)")
+    from playwright.sync_api import expect, sync_playwright
+
+    shots = [tmp_path / "screenshots"] + ([Path(os.environ["WORKBENCH_SCREENSHOTS"])] if os.environ.get("WORKBENCH_SCREENSHOTS") else [])
+    for d in shots:
+        d.mkdir(parents=True, exist_ok=True)
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+        page = browser.new_page(viewport={"width": 1400, "height": 1800})
+
+        def settle(text: str, timeout_s: float = 240) -> None:
+            """Wait for ``text`` and for the script run to finish; fail on an exception element."""
+            expect(page.get_by_text(text, exact=False).first).to_be_visible(timeout=timeout_s * 1000)
+            page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"] button')", timeout=timeout_s * 1000)
+            page.wait_for_timeout(500)
+            exceptions = page.locator('[data-testid="stException"]')
+            assert exceptions.count() == 0, exceptions.first.inner_text()
+
+        def fill(label: str, value: str) -> None:
+            page.get_by_label(label).fill(value)
+            page.get_by_label(label).press("Enter")
+
+        def shoot(name: str) -> None:
+            for d in shots:
+                page.screenshot(path=str(d / f"{name}.png"), full_page=True)
+
+        page.goto(server)
+        settle("Training curves")
+        shoot("runs")
+
+        page.goto(f"{server}/probes")
+        settle("Train probes")
+        fill("Sequences", "40")
+        page.get_by_role("button", name="Train probes").click()
+        settle("Accuracy by depth")
+        assert page.get_by_text("Layer 0: the input to block 0").is_visible()
+        shoot("probes")
+
+        page.goto(f"{server}/dynamics")
+        settle("K-pass convergence")
+        shoot("dynamics")
+
+        page.goto(f"{server}/traces")
+        settle("Compare")
+        fill("Problems", "8")
+        page.get_by_role("button", name="Compare").click()
+        settle("One problem under each model and regime")
+        shoot("traces")
+
+        page.goto(f"{server}/streams")
+        settle("Per-stream activation norms")
+        shoot("streams")
+
+        page.goto(f"{server}/playground")
+        settle("Generate")
+        page.get_by_role("button", name="Generate").click()
+        settle("Carried-state norm per generated token")
+        shoot("playground")
+        browser.close()
+
+    assert sorted(f.name for f in shots[0].iterdir()) == sorted(
+        f"{n}.png" for n in ["runs", "probes", "dynamics", "traces", "streams", "playground"])

@@ -1,0 +1,58 @@
+"""The Playground's generation inspector: per-token statistics and interventions."""
+
+import pytest
+import torch
+
+from workbench import build_model
+from workbench.playground import Intervention, inspect_generation
+
+PROMPT = "Q: Start with 3. Add 4.\nA:"
+
+
+@pytest.fixture
+def fbt():
+    return build_model("fbt", "debug").eval()
+
+
+def test_soft_reports_the_gate_and_value_each_token_reentered_with(fbt):
+    out = inspect_generation(fbt, PROMPT, regime="soft", max_new_tokens=6, stop_at_eos=False)
+    assert len(out["tokens"]) == len(out["state_norm"]) == len(out["gate_mean"]) == 6
+    embed = fbt.embed.W_E[torch.tensor(out["ids"][:-1])]
+    expected = torch.sigmoid(fbt.fusion.W_G(embed)).mean(-1)
+    torch.testing.assert_close(torch.tensor(out["gate_mean"][:-1]), expected)
+    assert out["gate_mean"][-1] is None  # the last token is never fed back
+    assert all(v > 0 for v in out["value_norm"][:-1])
+
+
+def test_unit_scale_changes_nothing_and_zero_scale_removes_the_value_path(fbt):
+    plain = inspect_generation(fbt, PROMPT, regime="soft", max_new_tokens=6, stop_at_eos=False)
+    same = inspect_generation(fbt, PROMPT, regime="soft", max_new_tokens=6, stop_at_eos=False, intervention=Intervention(state_scale=1.0))
+    assert same["ids"] == plain["ids"] and same["state_norm"] == plain["state_norm"]
+    zero = inspect_generation(fbt, PROMPT, regime="soft", max_new_tokens=6, stop_at_eos=False, intervention=Intervention(state_scale=0.0))
+    assert zero["value_norm"][:-1] == [0.0] * 5
+    assert zero["state_norm"][0] == plain["state_norm"][0]  # the first token comes from the plain prefill
+    assert zero["state_norm"][1:] != plain["state_norm"][1:]
+
+
+def test_state_intervention_cannot_touch_the_standard_regime(fbt):
+    plain = inspect_generation(fbt, PROMPT, regime="standard", max_new_tokens=6, stop_at_eos=False)
+    scaled = inspect_generation(fbt, PROMPT, regime="standard", max_new_tokens=6, stop_at_eos=False, intervention=Intervention(state_scale=0.0))
+    assert scaled["state_norm"] == plain["state_norm"] and plain["gate_mean"] == [None] * 6
+
+
+def test_stream_ablation_changes_hd_and_is_validated():
+    hd = build_model("hd", "debug", n_streams=2).eval()
+    plain = inspect_generation(hd, PROMPT, max_new_tokens=4, stop_at_eos=False)
+    ablated = inspect_generation(hd, PROMPT, max_new_tokens=4, stop_at_eos=False, intervention=Intervention(ablate_stream=0))
+    assert ablated["state_norm"] != plain["state_norm"] and plain["gate_mean"] == [None] * 4
+    with pytest.raises(ValueError, match="ablate_stream=2: expected a stream index 0..1"):
+        inspect_generation(hd, PROMPT, intervention=Intervention(ablate_stream=2))
+    with pytest.raises(ValueError, match="needs an FBT model"):
+        inspect_generation(hd, PROMPT, intervention=Intervention(state_scale=0.5))
+
+
+def test_bad_prompts_are_named(fbt):
+    with pytest.raises(ValueError, match="prompt is empty"):
+        inspect_generation(fbt, "")
+    with pytest.raises(ValueError, match="leaves no room in the context"):
+        inspect_generation(fbt, "x" * fbt.cfg.n_ctx)
