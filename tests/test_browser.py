@@ -72,7 +72,9 @@ def test_every_page_in_chromium(server, tmp_path):
         def settle(text: str, timeout_s: float = 240) -> None:
             """Wait for ``text`` and for the script run to finish; fail on an exception element."""
             expect(page.get_by_text(text, exact=False).first).to_be_visible(timeout=timeout_s * 1000)
-            page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"] button')", timeout=timeout_s * 1000)
+            page.wait_for_function(  # the script run has finished (the attribute Streamlit's own e2e tests read)
+                "() => document.querySelector('[data-testid=\"stApp\"]')?.getAttribute('data-test-script-state') === 'notRunning'",
+                timeout=timeout_s * 1000)
             page.wait_for_timeout(500)
             exceptions = page.locator('[data-testid="stException"]')
             assert exceptions.count() == 0, exceptions.first.inner_text()
@@ -93,7 +95,7 @@ def test_every_page_in_chromium(server, tmp_path):
         settle("Train probes")
         fill("Sequences", "40")
         page.get_by_role("button", name="Train probes").click()
-        settle("Accuracy by depth")
+        settle("Probed memory on")  # the status label once the sweep is done (saved results may show before)
         assert page.get_by_text("Layer 0: the input to block 0").is_visible()
         shoot("probes")
 
@@ -105,7 +107,7 @@ def test_every_page_in_chromium(server, tmp_path):
         settle("Compare")
         fill("Problems", "8")
         page.get_by_role("button", name="Compare").click()
-        settle("One problem under each model and regime")
+        settle("traces on 8 problems")
         shoot("traces")
 
         page.goto(f"{server}/streams")
