@@ -123,3 +123,20 @@ def test_corrupt_or_missing_checkpoints_name_the_file(tmp_path):
         load_model(run)
     with pytest.raises(FileNotFoundError, match="no run directory"):
         load_model(tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["generate", "fbt:debug", "--prompt", "Q", "--temperature", "nan"], "temperature=nan: expected a finite number >= 0"),
+    (["cache", "baseline:debug", "--hooks", "hook_embed", "--n-sequences", "0", "--out", "STORE"], "no examples to cache"),
+    (["zoo", "--only", "bogus", "--out", "ZOO"], "unknown zoo member(s) ['bogus']"),
+    (["dynamics", "RUN", "--starts", "1", "--out", "DYN"], "starts=1: expected >= 2"),
+    (["dynamics", "RUN", "--spectra", "-2", "--out", "DYN"], "spectra=-2: expected >= 1"),
+])
+def test_settings_no_work_can_use_are_named_before_anything_is_written(tmp_path, argv, message, capsys):
+    from workbench.cli import main
+
+    argv = [str(tmp_path / a) if a in ("STORE", "ZOO", "RUN", "DYN") else a for a in argv]
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # no output directory was created

@@ -737,8 +737,11 @@ def test_fuzzed_command_lines_are_usage_errors_never_tracebacks(fuzz_targets, pr
     """Every example is an invalid command line (see ``argv_strategy``); the only acceptable
     outcomes are exit status 2 with a message, or 0 for --help. Nothing the examples point at changes."""
     if Path.cwd() != tmp_path:  # once per test: the examples share the directory and the patches
-        for module, name in HEAVY:
-            monkeypatch.setattr(importlib.import_module(module), name, real_work)
+        # import every module before patching any: a module first imported under the patches would
+        # bind a patched name (``from workbench.store import cache_activations``) for good
+        modules = [importlib.import_module(module) for module, _ in HEAVY]
+        for module, (_, name) in zip(modules, HEAVY):
+            monkeypatch.setattr(module, name, real_work)
         monkeypatch.chdir(tmp_path)
         (tmp_path / "afile").write_text("a file where a directory is expected")
     before = stamps(fuzz_targets["base"]), stamps(pristine["fbt"].parent)

@@ -12,6 +12,8 @@ positions count real tokens only, so a row decodes exactly as it would alone.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -83,8 +85,8 @@ def _check_args(model, regime, passes, max_new_tokens, temperature, top_k):
         raise ValueError(f"passes={passes!r}: expected an integer >= 1 or 'exact'")
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens!r}: expected an integer >= 1")
-    if temperature < 0:
-        raise ValueError(f"temperature={temperature!r}: expected >= 0")
+    if not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature={temperature!r}: expected a finite number >= 0")
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k={top_k!r}: expected None or an integer >= 1")
 

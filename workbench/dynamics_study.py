@@ -16,9 +16,23 @@ from workbench.tokenizer import CharTokenizer
 DEFAULT_PROMPT = "Q: Start with 12. Add 7. Multiply by 3. What is the result?\nA:"
 
 
+def check_params(*, horizon: int = 2000, perturb_at: int = 20, n_spectra: int = 6, n_fixed: int = 2, n_starts: int = 16,
+                 max_passes: int = 8, fp_steps: int = 200, **_) -> None:
+    """Reject settings the analyses cannot use, naming each, before any work (or output) starts."""
+    rules = [("horizon", horizon, horizon >= 1, ">= 1"), ("perturb_at", perturb_at, 1 <= perturb_at < horizon, f"1 <= perturb_at < horizon={horizon}"),
+             ("spectra", n_spectra, n_spectra >= 1, ">= 1"), ("fixed_points", n_fixed, n_fixed >= 0, ">= 0"),
+             ("starts", n_starts, n_starts >= 2, ">= 2 (the previous state and zeros come first)"),
+             ("max_passes", max_passes, max_passes >= 2, ">= 2"), ("fp_steps", fp_steps, fp_steps >= 2, ">= 2")]
+    for name, value, ok, expected in rules:
+        if not ok:
+            raise ValueError(f"{name}={value}: expected {expected}")
+
+
 def analyse_run(run_dir: str | Path, *, prompt: str = DEFAULT_PROMPT, horizon: int = 2000, perturb_at: int = 20,
                 n_spectra: int = 6, n_fixed: int = 2, n_starts: int = 16, max_passes: int = 8, fp_steps: int = 200,
                 seed: int = 0) -> dict:
+    check_params(horizon=horizon, perturb_at=perturb_at, n_spectra=n_spectra, n_fixed=n_fixed, n_starts=n_starts,
+                 max_passes=max_passes, fp_steps=fp_steps)
     model = load_model(run_dir).double()
     tok = CharTokenizer()
     ids = tok.encode(prompt)
@@ -64,6 +78,7 @@ def analyse_run(run_dir: str | Path, *, prompt: str = DEFAULT_PROMPT, horizon: i
 
 
 def dynamics_study(runs: list[str], out_dir: str | Path, **kwargs) -> dict:
+    check_params(**kwargs)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     results = {Path(r).name: analyse_run(r, **kwargs) for r in runs}

@@ -72,6 +72,8 @@ def cache_activations(
 ) -> Path:
     """Write the store to ``out_dir`` (replaced only once the new one is complete)."""
     hooks = resolve_hook_names(model, hooks)
+    if not examples:
+        raise ValueError("no examples to cache (n_sequences must be >= 1)")
     if any(h.endswith("hook_pattern") for h in hooks):
         raise ValueError("attention patterns are not per-position vectors; store hook_z or hook_resid_* instead")
     _check(model, hooks, prefill, passes)

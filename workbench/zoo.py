@@ -58,6 +58,9 @@ def train_zoo(scale: str = "micro", out: str | Path = "runs", *, progress: bool 
     ``progress``: True for tqdm bars, or ``progress(name, step, total, record)`` after every step."""
     if scale not in SCALES:
         raise ValueError(f"unknown zoo preset {scale!r}: expected one of {sorted(SCALES)}")
+    unknown = sorted(set(only or []) - set(member_names(scale)))
+    if unknown:
+        raise ValueError(f"unknown zoo member(s) {unknown}: expected some of {member_names(scale)}")
     out = Path(out)
     summary = {"scale": scale, "models": {}}
     if (out / "zoo.json").is_file():  # a partial re-run (``only``) keeps the other members' entries
