@@ -140,3 +140,18 @@ def test_settings_no_work_can_use_are_named_before_anything_is_written(tmp_path,
         main(argv)
     assert exit_.value.code == 2 and message in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []  # no output directory was created
+
+
+def test_eval_names_the_config_file_with_a_bad_training_section(tmp_path, capsys):
+    from workbench.cli import main
+    from workbench.runconfig import make_run_config
+
+    run = save_model(build_model("baseline", "debug"), tmp_path / "run")
+    config = json.loads((run / "config.json").read_text())
+    config.update({k: v for k, v in make_run_config("baseline", "debug", "chain").to_dict().items() if k != "model"})
+    config["train"]["steps"] = "ten"
+    (run / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SystemExit) as exit_:
+        main(["eval", str(run)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and str(run / "config.json") in err and "train.steps" in err, err

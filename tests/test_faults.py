@@ -849,5 +849,6 @@ def test_the_dynamics_cli_reports_a_rollout_that_diverges_past_the_context(tmp_p
     COUNTS["faults_injected"] += 1
     # the default prompt is 62 tokens, so the 128-token window slides at step 66, before the fault
     assert_usage_error(["dynamics", str(run), "--horizon", "150", "--perturb-at", "5", "--spectra", "1", "--fixed-points", "0",
-                        "--max-passes", "2", "--out", str(tmp_path / "out")], match=r"non-finite carried state at step 90 ")
+                        "--max-passes", "2", "--out", str(tmp_path / "out")],
+                       match=re.escape(str(run)) + r": .*non-finite carried state at step 90 ")  # names the run that diverged
     assert not (tmp_path / "out" / "dynamics.json").exists()

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from workbench.checkpoint import load_model, write_json
-from workbench.dynamics import feedback_map, kpass_convergence, prefill_context, rollout
+from workbench.dynamics import RolloutDiverged, feedback_map, kpass_convergence, prefill_context, rollout
 from workbench.maps import find_fixed_points, jacobian_summary, lyapunov_from_growth
 from workbench.tokenizer import CharTokenizer
 
@@ -81,7 +81,12 @@ def dynamics_study(runs: list[str], out_dir: str | Path, **kwargs) -> dict:
     check_params(**kwargs)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    results = {Path(r).name: analyse_run(r, **kwargs) for r in runs}
+    results = {}
+    for r in runs:
+        try:
+            results[Path(r).name] = analyse_run(r, **kwargs)
+        except RolloutDiverged as err:  # several runs side by side: say which one diverged
+            raise RolloutDiverged(f"{r}: {err}") from err
     states = {name: r.pop("_states") for name, r in results.items()}
     figures = plot_dynamics(results, states, out_dir)
     report = {"runs": results, "figures": figures}

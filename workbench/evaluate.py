@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 
 from models import DecoderLM, FullBandwidthLM
-from workbench.checkpoint import load_model, read_json, write_json
+from workbench.checkpoint import load_model, write_json
 from workbench.decoding import REGIMES, generate, score_completions
-from workbench.runconfig import run_config_from_dict
+from workbench.runconfig import load_run_config
 from workbench.tasks import SYNTHETIC, Example, TaskConfig, load_task, parse_final_answer
 from workbench.tokenizer import CharTokenizer
 
@@ -103,7 +103,7 @@ def evaluate_run(run_dir: str | Path, *, n_examples: int | None = None, fused_pa
                  task: str | None = None, write: bool = True) -> dict:
     """Evaluate the run at ``run_dir`` on its task; writes ``results/eval.json``."""
     run_dir = Path(run_dir)
-    cfg = run_config_from_dict(read_json(run_dir / "config.json"))
+    cfg = load_run_config(run_dir / "config.json")  # errors name the file
     model = load_model(run_dir)
     tokenizer = CharTokenizer.load(run_dir)
     n = n_examples if n_examples is not None else cfg.train.eval_examples
