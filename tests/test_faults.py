@@ -601,7 +601,7 @@ HEAVY = [("workbench.train", "load_task"), ("workbench.zoo", "train_zoo"), ("wor
          ("subprocess", "call"), ("workbench.export", "export_hf"),
          ("workbench.evaluate", "evaluate_examples"), ("workbench.store", "cache_activations"),
          ("workbench.probe_study", "cache_activations"), ("workbench.dynamics_study", "rollout"),
-         ("workbench.traces", "run_traces")]
+         ("workbench.traces", "run_traces"), ("workbench.bench", "build_model"), ("workbench.bench", "_store_rss")]
 
 NAMES = st.text(max_size=12).filter(lambda s: ":" not in s)  # unicode junk, never ARCH:PRESET
 INTS = st.integers(-(10**6), 10**6).map(str)
@@ -642,6 +642,7 @@ OPTIONS = {
                ("--max-new-tokens", NUMBERS), ("--seed", NUMBERS), ("--out", PATHS), ("--json", PATHS)],
     "presets": [("--json", PATHS)],
     "app": [("--runs", PATHS), ("--port", NUMBERS), ("--address", NAMES)],
+    "bench": [("--preset", NAMES), ("--reps", NUMBERS), ("--only", NAMES), ("--store-positions", NUMBERS), ("--out", PATHS)],
 }
 REQUIRED = {"generate": ["--prompt"], "train": ["--out"], "cache": ["--hooks", "--out"], "probe": ["--target"],
             "dynamics": ["--out"], "traces": ["--out"]}
@@ -700,6 +701,10 @@ def argv_strategy(verb: str, bad_runs: list[str], bad_models: list[str], resume_
         "app": st.tuples(st.just([]), st.one_of(
             argparse_error, st.sampled_from(["0", "65536", "-1", "http", "", "80.5", "1e3"]).map(lambda p: ["--port", p]),
             st.just(["--runs", a_file]))),
+        # bench checks --reps and every --only key before measuring anything
+        "bench": st.tuples(st.just([]), st.one_of(
+            argparse_error, st.sampled_from(["4", "0", "-5", "five", "", "5.0"]).map(lambda r: ["--reps", r]),
+            NAMES.map(lambda k: ["--only", k + "?"]), st.sampled_from(["huge", "", "SMALL"]).map(lambda p: ["--preset", p]))),
     }[verb]
     return st.tuples(head_tail, required, random).map(lambda t: [verb, *t[0][0], *t[1], *t[2], *t[0][1]])
 
@@ -725,7 +730,7 @@ def fuzz_targets(tmp_path_factory, pristine):
     return {"bad_runs": bad_runs, "bad_models": bad_models, "resume_bad": resume_bad, "a_file": str(base / "afile"), "base": base}
 
 
-VERBS = ["demo", "generate", "export", "train", "eval", "zoo", "cache", "probe", "dynamics", "traces", "presets", "app"]
+VERBS = ["demo", "generate", "export", "train", "eval", "zoo", "cache", "probe", "dynamics", "traces", "presets", "app", "bench"]
 FUZZ_EXAMPLES = 200  # per verb
 
 
