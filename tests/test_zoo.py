@@ -49,5 +49,6 @@ def test_ensure_zoo_trains_only_what_is_missing_and_reports_progress(micro_zoo, 
 def test_unknown_zoo_preset_is_named(tmp_path):
     import pytest
 
-    with pytest.raises(ValueError, match="unknown zoo preset 'huge'"):
-        train_zoo("huge", tmp_path)
+    for call in (train_zoo, ensure_zoo):
+        with pytest.raises(ValueError, match="unknown zoo preset 'huge'"):
+            call("huge", tmp_path)

@@ -36,6 +36,8 @@ SCALES = {
 
 
 def members(scale: str, out: Path) -> list[tuple[str, str, list[str], str | None]]:
+    if scale not in SCALES:
+        raise ValueError(f"unknown zoo preset {scale!r}: expected one of {sorted(SCALES)}")
     s = SCALES[scale]
     steps, hd_steps = [f"train.steps={s['steps']}"], [f"train.steps={s['hd_steps']}"]
     base = str(out / "baseline")
@@ -56,8 +58,6 @@ def train_zoo(scale: str = "micro", out: str | Path = "runs", *, progress: bool 
               only: list[str] | None = None) -> dict:
     """Train (or resume) and evaluate the zoo; returns and writes ``zoo.json`` under ``out``.
     ``progress``: True for tqdm bars, or ``progress(name, step, total, record)`` after every step."""
-    if scale not in SCALES:
-        raise ValueError(f"unknown zoo preset {scale!r}: expected one of {sorted(SCALES)}")
     unknown = sorted(set(only or []) - set(member_names(scale)))
     if unknown:
         raise ValueError(f"unknown zoo member(s) {unknown}: expected some of {member_names(scale)}")
