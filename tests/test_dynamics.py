@@ -73,7 +73,7 @@ def test_rollout_tracks_norms_and_perturbation_growth():
     assert torch.all(torch.isfinite(out.perturbation_ratio)) and torch.all(out.perturbation_ratio > 0)
     unperturbed = rollout(model, tokens(1, 4)[0].tolist(), 40)
     torch.testing.assert_close(unperturbed.state_norm, out.state_norm)  # the perturbed copy is a separate row
-    assert torch.all(out.gate_mean > 0) and torch.all(out.gate_mean < 1)
+    assert out.gate_mean.shape == (40,) and torch.all(out.gate_mean > 0) and torch.all(out.gate_mean < 1)
     assert out.standard_distance[0] > 0  # the first soft step already differs from standard
 
 

@@ -24,10 +24,11 @@ def test_soft_reports_the_gate_and_value_each_token_reentered_with(fbt):
     assert all(v > 0 for v in out["value_norm"][:-1])
 
 
-def test_unit_scale_changes_nothing_and_zero_scale_removes_the_value_path(fbt):
+def test_state_scale_multiplies_the_value_path(fbt):
     plain = inspect_generation(fbt, PROMPT, regime="soft", max_new_tokens=6, stop_at_eos=False)
-    same = inspect_generation(fbt, PROMPT, regime="soft", max_new_tokens=6, stop_at_eos=False, intervention=Intervention(state_scale=1.0))
-    assert same["ids"] == plain["ids"] and same["state_norm"] == plain["state_norm"]
+    doubled = inspect_generation(fbt, PROMPT, regime="soft", max_new_tokens=6, stop_at_eos=False, intervention=Intervention(state_scale=2.0))
+    # the first fed-back state comes from the plain prefill, identical in both runs; W_U is linear
+    assert doubled["value_norm"][0] == pytest.approx(2 * plain["value_norm"][0], rel=1e-5)
     zero = inspect_generation(fbt, PROMPT, regime="soft", max_new_tokens=6, stop_at_eos=False, intervention=Intervention(state_scale=0.0))
     assert zero["value_norm"][:-1] == [0.0] * 5
     assert zero["state_norm"][0] == plain["state_norm"][0]  # the first token comes from the plain prefill

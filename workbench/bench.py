@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from models import without_hooks
+from models import PRESETS, without_hooks
 from workbench.config import build_model
 from workbench.decoding import generate
 from workbench.runconfig import make_run_config
@@ -94,44 +94,43 @@ def _full_recompute(model, prompt: torch.Tensor, new: int) -> None:
         ids = torch.cat([ids, nxt], dim=1)
 
 
-def _fbt_train_step(preset: str, sizes: dict, passes: int, seed: int = 0) -> Callable:
-    """One FBT training step (the training loop's loss with ``passes`` passes, backward, AdamW)."""
-    cfg = make_run_config("fbt", preset, "chain", [f"train.batch_size={sizes['batch']}", f"train.seq_len={sizes['seq']}"])
-    model = build_model("fbt", preset, seed=seed)
-    strategy = make_strategy(cfg)
-    strategy.passes = lambda step: passes
+def _train_step(model, loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], sizes: dict, seed: int = 0) -> Callable:
+    """One optimiser step on a fixed random batch: ``loss(x, y)``, backward, AdamW."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     g = torch.Generator().manual_seed(seed)
     x = torch.randint(4, 100, (sizes["batch"], sizes["seq"]), generator=g)
     y = torch.randint(4, 100, (sizes["batch"], sizes["seq"]), generator=g)
 
     def step():
-        loss, _ = strategy.loss(model, x, y, 0, slice(0, sizes["batch"]))
-        loss.backward()
+        loss(x, y).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
     return step
+
+
+def _fbt_train_step(preset: str, sizes: dict, passes: int) -> Callable:
+    """The training loop's FBT loss with ``passes`` passes."""
+    cfg = make_run_config("fbt", preset, "chain", [f"train.batch_size={sizes['batch']}", f"train.seq_len={sizes['seq']}"])
+    model = build_model("fbt", preset)
+    strategy = make_strategy(cfg)
+    strategy.passes = lambda step: passes
+    return _train_step(model, lambda x, y: strategy.loss(model, x, y, 0, slice(0, sizes["batch"]))[0], sizes)
+
+
+def _plain_train_step(model, sizes: dict, hf: bool = False) -> Callable:
+    """Next-token loss on the batch itself (``hf``: a ``transformers`` model, logits in ``.logits``)."""
+
+    def loss(x, y):
+        logits = model(x).logits if hf else model(x)
+        return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), x[:, 1:].flatten())
+
+    return _train_step(model, loss, sizes)
 
 
 def _hd_model(preset: str, n: int, dense: bool, seed: int = 0):
-    n_layers = build_model("baseline", preset, device="meta").cfg.n_layers
+    n_layers = PRESETS[preset]["n_layers"]
     return build_model("hd", preset, seed=seed, n_streams=n, cross_layers=tuple(range(n_layers)) if dense else None)
-
-
-def _plain_train_step(model, sizes: dict, seed: int = 0, hf: bool = False) -> Callable:
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randint(4, 100, (sizes["batch"], sizes["seq"]), generator=g)
-
-    def step():
-        logits = model(x).logits if hf else model(x)
-        loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), x[:, 1:].flatten())
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    return step
 
 
 def train_flops_per_token(model, seq: int) -> float:

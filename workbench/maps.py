@@ -39,15 +39,18 @@ def jacobian_summary(F: Map, h: Tensor) -> dict:
     """Everything the power-iteration routines estimate, exactly, from one Jacobian (small D):
     eigenvalues sorted by decreasing modulus, spectral radius, spectral norm, Frobenius norm."""
     J = jacobian(F, h).double()
-    ev = torch.linalg.eigvals(J)
-    ev = ev[ev.abs().argsort(descending=True)]
+    ev = _sorted_eigvals(J)
     return {"eigenvalues": ev, "spectral_radius": float(ev.abs()[0]), "spectral_norm": float(torch.linalg.matrix_norm(J, 2)),
             "frobenius": float(torch.linalg.matrix_norm(J))}
 
 
 def eigenvalues(F: Map, h: Tensor) -> Tensor:
     """All eigenvalues (complex) of dF/dh at h, sorted by decreasing modulus."""
-    ev = torch.linalg.eigvals(jacobian(F, h).double())
+    return _sorted_eigvals(jacobian(F, h))
+
+
+def _sorted_eigvals(J: Tensor) -> Tensor:
+    ev = torch.linalg.eigvals(J.double())
     return ev[ev.abs().argsort(descending=True)]
 
 

@@ -49,16 +49,23 @@ def find_run_dirs(root: str | Path, max_depth: int = 3) -> list[Path]:
 
 
 def read_metrics(path: Path) -> list[dict]:
-    """The lines of ``metrics.jsonl``; a torn last line (a run killed mid-write) is dropped."""
+    """The records of ``metrics.jsonl`` (none if it is missing). A torn last line (a process killed
+    while appending it) is dropped; a corrupt line before it is an error naming the line."""
     if not path.is_file():
         return []
-    rows = []
-    for line in path.read_text().splitlines():
+    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(lines, 1):
         try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
+            record = json.loads(line)
+            if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+                raise ValueError
+        except ValueError:
+            if number == len(lines):
+                break
+            raise ValueError(f"corrupt line {number} of {path}: {line[:60]!r}") from None
+        records.append(record)
+    return records
 
 
 def inspect_run(path: str | Path, root: str | Path | None = None, *, check_weights: bool = True) -> RunInfo:

@@ -111,7 +111,7 @@ def cache_activations(
             if passes == "exact" and prefill == "recurrent":
                 stacked = rec.by_step(hook)[None]  # [1, batch, pos, ...]
             else:
-                stacked = torch.stack([r.value for r in rec.calls(hook)])  # [n_passes, batch, pos, ...]
+                stacked = rec.by_pass(hook)  # [n_passes, batch, pos, ...]
             per_pass.append(torch.stack([_per_position(a, hook, n, width) for a in stacked]))
         n_passes = per_pass[0].shape[0]
         # rows: every real (sequence, position) x pass x stream

@@ -21,7 +21,7 @@ import numpy as np
 from models import FullBandwidthLM
 from workbench.checkpoint import load_model, write_json
 from workbench.decoding import generate
-from workbench.evaluate import EVAL_SEED_OFFSET
+from workbench.evaluate import EVAL_SEED_OFFSET, is_correct
 from workbench.tasks import Example, TaskConfig, load_jsonl, make_chain, parse_final_answer
 from workbench.tokenizer import CharTokenizer
 
@@ -69,7 +69,7 @@ def run_traces(model, examples: list[Example], regime: str, passes, tokenizer: C
             answer = parse_final_answer(text)
             rows[i] = {
                 "problem_id": i, "difficulty": examples[i].difficulty, "trace_tokens": trace_length(text, tokenizer),
-                "total_tokens": n, "answer": answer, "correct": answer is not None and answer == examples[i].answer,
+                "total_tokens": n, "answer": answer, "correct": is_correct(examples[i], text),
                 "finished": bool(out.finished[j]), "text": text,
                 "state_norms": [round(x, 4) for x in norms[j, :n].tolist()] if isinstance(model, FullBandwidthLM) else None,
             }
@@ -155,7 +155,6 @@ def trace_study(runs: list[str], out_dir: str | Path, *, task: str = "chain", re
     reference = (Path(runs[0]).name, "standard")
     summary = {"task": task, "passes": passes, "n_problems": len(examples), "difficulties": list(difficulties),
                "timing": timing, **summarise(rows, reference)}
-    write_json(out_dir / "summary.json", summary)
     with (out_dir / "traces.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()

@@ -30,6 +30,7 @@ from workbench.checkpoint import (atomic_write, link_or_copy, load_model, load_w
 from workbench.config import model_from_config
 from workbench.data import TokenStream, batch_windows, step_generator
 from workbench.runconfig import RunConfig, load_run_config
+from workbench.runs import read_metrics
 from workbench.tasks import load_task
 from workbench.tokenizer import CharTokenizer
 
@@ -340,21 +341,11 @@ def _mean_across(values: dict, world: int, device) -> dict:
 
 
 def _trim_metrics(path: Path, before_step: int) -> None:
-    """Keep the metrics lines up to ``before_step``; a torn last line (a process killed while
-    appending it) is dropped, a corrupt line before it is an error naming the line."""
+    """Keep the metrics lines up to ``before_step`` (``read_metrics`` drops a torn last line and
+    names a corrupt one before it)."""
     if path.is_file():
-        lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
-        kept = []
-        for number, line in enumerate(lines, 1):
-            try:
-                keep = json.loads(line)["step"] <= before_step
-            except (ValueError, KeyError, TypeError):
-                if number == len(lines):
-                    break
-                raise ValueError(f"corrupt line {number} of {path}: {line[:60]!r}") from None
-            if keep:
-                kept.append(line)
-        atomic_write(path, lambda tmp: Path(tmp).write_text("".join(k + "\n" for k in kept)))
+        kept = [r for r in read_metrics(path) if r["step"] <= before_step]
+        atomic_write(path, lambda tmp: Path(tmp).write_text("".join(json.dumps(r) + "\n" for r in kept)))
 
 
 def train(cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, progress: bool | Callable = True,
