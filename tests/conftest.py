@@ -1,3 +1,5 @@
+import pickle
+
 import pytest
 import torch
 
@@ -49,3 +51,30 @@ def micro_zoo(tmp_path_factory):
     out = tmp_path_factory.mktemp("zoo") / "micro"
     main(["zoo", "--preset", "micro", "--out", str(out), "--no-progress"])
     return out
+
+
+@pytest.fixture
+def no_unpickling(monkeypatch):
+    """Loading anything under this fixture fails if it tries to unpickle."""
+    def forbidden(*args, **kwargs):
+        raise AssertionError("loading a checkpoint tried to unpickle")
+
+    class Unpickler(pickle.Unpickler):  # still a class: modules imported lazily subclass it
+        load = forbidden
+
+    for module, name in [(pickle, "load"), (pickle, "loads"), (torch, "load")]:
+        monkeypatch.setattr(module, name, forbidden)
+    monkeypatch.setattr(pickle, "Unpickler", Unpickler)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The fault suites' tally (``tests/faultkit.py``), one line per fault class they exercised."""
+    import sys
+
+    faultkit = sys.modules.get("faultkit")
+    if faultkit is None or not faultkit.TALLY:
+        return
+    terminalreporter.section("fault tally")
+    for name, c in faultkit.TALLY.items():
+        terminalreporter.write_line(f"{name}: inputs tried {c['inputs_tried']}, faults injected {c['faults_injected']}, "
+                                    f"data lost {c['data_lost']}")

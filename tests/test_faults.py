@@ -3,11 +3,10 @@ tokenizers; a training process killed in the middle of a checkpoint write; NaN i
 training step; a fuzzed command line; rollouts past the context or to divergence.
 
 ``COUNTS`` tallies the inputs tried, the faults injected and the data lost (which must stay zero);
-the module prints it when it finishes (``pytest -s``)."""
+pytest prints every fault class's tally at the end of the session (``tests/faultkit.py``)."""
 
 import contextlib
 import importlib
-import io
 import json
 import os
 import pickle
@@ -29,77 +28,30 @@ from safetensors.torch import load_file, save_file
 import workbench.checkpoint as checkpoint
 import workbench.train as training
 from conftest import tokens
+from faultkit import assert_usage_error, cli, snapshot, stamps, tally
+from faultkit import assert_nothing_lost as _assert_nothing_lost
 from workbench import CharTokenizer, build_model, load_model, save_model
 from workbench.checkpoint import load_weights, save_weights
-from workbench.cli import main
 from workbench.dynamics import RolloutDiverged, rollout
 from workbench.runconfig import make_run_config
 from workbench.train import TrainingDiverged, train
 
-COUNTS = {"fuzz_inputs": 0, "faults_injected": 0, "data_lost": 0}
+COUNTS = tally("checkpoints, resume, kills, NaN steps, rollouts, CLI fuzz (#8)")
 FAST = ["train.batch_size=4", "train.seq_len=32", "train.warmup=3", "train.log_every=2", "data.n_train=300"]
 W, C, T = "model.safetensors", "config.json", "tokenizer.json"
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _one_thread_and_counts():
+def _one_thread():
     # debug-sized models on a shared 2-core machine: one intra-op thread is many times faster than two
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-    print(f"\n{__name__}: {COUNTS}")
-
-
-@pytest.fixture
-def no_unpickling(monkeypatch):
-    def forbidden(*args, **kwargs):
-        raise AssertionError("loading a checkpoint tried to unpickle")
-
-    class Unpickler(pickle.Unpickler):  # still a class: modules imported lazily subclass it
-        load = forbidden
-
-    for module, name in [(pickle, "load"), (pickle, "loads"), (torch, "load")]:
-        monkeypatch.setattr(module, name, forbidden)
-    monkeypatch.setattr(pickle, "Unpickler", Unpickler)
-
-
-def snapshot(directory: Path) -> dict:
-    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
-
-
-def stamps(directory: Path) -> dict:
-    """Size and modification time of every file: any write changes them (a cheap snapshot)."""
-    return {str(p.relative_to(directory)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(directory.rglob("*"))}
 
 
 def assert_nothing_lost(before: dict, after: dict) -> None:
-    if before != after:
-        COUNTS["data_lost"] += 1
-    assert before == after, sorted(set(before.items()) ^ set(after.items()))
-
-
-def cli(argv: list[str]) -> tuple[int | None, str, str]:
-    """(exit code, stdout, stderr) of ``workbench ARGV`` run in-process; None when it returned."""
-    out, err = io.StringIO(), io.StringIO()
-    code = None
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main(argv)
-        except SystemExit as stop:
-            code = stop.code
-    return code, out.getvalue(), err.getvalue()
-
-
-def assert_usage_error(argv: list[str], *named: str, match: str = "") -> str:
-    code, _, err = cli(argv)
-    assert code == 2 and "Traceback" not in err, err
-    message = err.strip()
-    assert "\n" not in message and message.startswith(f"workbench {argv[0]}: error:"), err
-    for text in named:
-        assert text in message, message
-    assert not match or re.search(match, message), message
-    return message
+    _assert_nothing_lost(before, after, COUNTS)
 
 
 # ---- 1. corrupt, truncated or missing checkpoint files ------------------------------------
@@ -405,8 +357,7 @@ HARNESS = textwrap.dedent('''
     torch.set_num_threads(1)
     import workbench.checkpoint as checkpoint
     import workbench.train as training
-    from workbench.cli import main
-
+    
     def say(marker, text):  # atomically: the test polls the marker
         Path(f"{marker}.part").write_text(text)
         os.replace(f"{marker}.part", marker)
@@ -752,7 +703,7 @@ def test_fuzzed_command_lines_are_usage_errors_never_tracebacks(fuzz_targets, pr
     before = stamps(fuzz_targets["base"]), stamps(pristine["fbt"].parent)
     t = fuzz_targets
     argv = data.draw(argv_strategy(verb, t["bad_runs"], t["bad_models"], t["resume_bad"], t["a_file"]), label="argv")
-    COUNTS["fuzz_inputs"] += 1
+    COUNTS["inputs_tried"] += 1
     code, out, err = cli(argv)
     assert code is not None, f"{argv} ran to completion"
     if code == 0:
