@@ -36,7 +36,9 @@ def test_paired_calls_each_side_once_per_repetition_plus_warmup():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["bench", "--reps", "3", "--only", "hook_overhead", "--preset", "debug"], "at least 5 paired repetitions"),
+    (["bench", "--reps", "3", "--only", "hook_overhead", "--preset", "debug"], "reps=3: the benchmark wants 5..1000 paired"),
+    (["bench", "--reps", "1000000000", "--only", "hook_overhead", "--preset", "debug"], "reps=1000000000: the benchmark wants 5..1000"),
+    (["bench", "--store-positions", "10000000000", "--preset", "debug"], "store_positions=10000000000: expected 1,000..10,000,000"),
     (["bench", "--only", "warp_speed", "--preset", "debug"], "unknown bench keys ['warp_speed']"),
     (["bench", "--preset", "huge"], "invalid choice: 'huge'"),
 ])

@@ -129,17 +129,32 @@ def test_corrupt_or_missing_checkpoints_name_the_file(tmp_path):
     (["generate", "fbt:debug", "--prompt", "Q", "--temperature", "nan"], "temperature=nan: expected a finite number >= 0"),
     (["cache", "baseline:debug", "--hooks", "hook_embed", "--n-sequences", "0", "--out", "STORE"], "no examples to cache"),
     (["zoo", "--only", "bogus", "--out", "ZOO"], "unknown zoo member(s) ['bogus']"),
-    (["dynamics", "RUN", "--starts", "1", "--out", "DYN"], "starts=1: expected >= 2"),
-    (["dynamics", "RUN", "--spectra", "-2", "--out", "DYN"], "spectra=-2: expected >= 1"),
+    (["dynamics", "RUN", "--starts", "1", "--out", "DYN"], "starts=1: expected 2..4096"),
+    (["dynamics", "RUN", "--spectra", "-2", "--out", "DYN"], "spectra=-2: expected 1..1000"),
+    # sizes that would run until memory or time runs out are bounded before any work
+    (["dynamics", "RUN", "--horizon", "1000000000", "--out", "DYN"], "horizon=1000000000: expected 1..100,000 steps"),
+    (["dynamics", "RUN", "--starts", "1000000000", "--out", "DYN"], "starts=1000000000: expected 2..4096"),
+    (["dynamics", "RUN", "--fp-steps", "1000000000", "--out", "DYN"], "fp_steps=1000000000: expected 2..100,000"),
+    (["dynamics", "RUN", "--max-passes", "1000000000", "--out", "DYN"], "max_passes=1000000000: expected 2..256"),
+    (["traces", "RUN", "--n-problems", "1000000000", "--out", "DYN"], "n_problems=1000000000: expected 1..100,000"),
+    (["traces", "RUN", "--difficulty", "1..1000000000", "--out", "DYN"], "expected a step range like 1..4 within 1..64, got '1..1000000000'"),
+    (["cache", "baseline:debug", "--hooks", "hook_embed", "--n-sequences", "1000000000", "--out", "STORE"],
+     "1000000000 modsum examples requested: expected 0..1,000,000"),
+    (["eval", "SAVED", "--n", "1000000000"], "n=1000000000: expected 1..1,000,000 examples per task"),
+    (["train", "--out", "STORE", "--set", "data.n_train=1000000000"], "1000000000 mix examples requested: expected 0..1,000,000"),
+    (["train", "--out", "STORE", "--set", "data.chain_max_steps=1000000000"], "data field chain_max_steps=1000000000: expected at most 64"),
 ])
 def test_settings_no_work_can_use_are_named_before_anything_is_written(tmp_path, argv, message, capsys):
     from workbench.cli import main
 
-    argv = [str(tmp_path / a) if a in ("STORE", "ZOO", "RUN", "DYN") else a for a in argv]
+    saved = save_model(build_model("baseline", "debug"), tmp_path.parent / f"{tmp_path.name}-saved")
+    argv = [str(tmp_path / a) if a in ("STORE", "ZOO", "RUN", "DYN") else str(saved) if a == "SAVED" else a for a in argv]
+    before = sorted(p.name for p in saved.rglob("*"))
     with pytest.raises(SystemExit) as exit_:
         main(argv)
     assert exit_.value.code == 2 and message in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []  # no output directory was created
+    assert sorted(p.name for p in saved.rglob("*")) == before
 
 
 def test_eval_names_the_config_file_with_a_bad_training_section(tmp_path, capsys):

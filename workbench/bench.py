@@ -151,8 +151,10 @@ def run_bench(preset: str = "small", *, reps: int = 5, only: list[str] | None = 
               store_positions: int | None = None) -> dict:
     if preset not in SIZES:
         raise ValueError(f"unknown bench preset {preset!r}: expected one of {sorted(SIZES)}")
-    if reps < 5:
-        raise ValueError(f"reps={reps}: the benchmark wants at least 5 paired repetitions")
+    if not 5 <= reps <= 1000:
+        raise ValueError(f"reps={reps}: the benchmark wants 5..1000 paired repetitions")
+    if store_positions is not None and not 1000 <= store_positions <= 10_000_000:
+        raise ValueError(f"store_positions={store_positions}: expected 1,000..10,000,000")
     unknown = set(only or []) - set(TARGETS)
     if unknown:
         raise ValueError(f"unknown bench keys {sorted(unknown)}: expected some of {sorted(TARGETS)}")

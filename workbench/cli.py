@@ -11,13 +11,30 @@ from pathlib import Path
 logger = logging.getLogger("workbench")
 
 
-def _emit(result: dict, out: str | None) -> None:
+WRITTEN_BY = "written_by"  # the key that marks a --json file as a verb's, so a later --json may replace it
+
+
+def _check_json_target(out: str | None) -> None:
+    """A --json file is new, or one an earlier verb wrote there (checked before any work)."""
+    from workbench.checkpoint import read_json
+
+    if out and Path(out).exists():
+        try:
+            previous = read_json(Path(out))
+        except (OSError, ValueError):
+            previous = {}
+        if not str(previous.get(WRITTEN_BY, "")).startswith("workbench "):
+            raise FileExistsError(f"{out} exists and is not a workbench --json output: choose another path")
+
+
+def _emit(result: dict, out: str | None, verb: str) -> None:
     if out:
         from workbench.checkpoint import write_json
 
+        _check_json_target(out)
         path = Path(out)
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_json(path, result)
+        write_json(path, {WRITTEN_BY: f"workbench {verb}", **result})
         print(f"wrote {path}")
 
 
@@ -66,7 +83,7 @@ def cmd_bench(args) -> dict:
         spread = "" if "spread" not in e else f"[{e['spread'][0]:.3g}, {e['spread'][1]:.3g}]"
         print(f"{e['key']:28s} {e['ratio']:8.3f}  {spread:>17s}  {e['target'] or 'reported':>8s}  {e['met']}")
     if args.out:
-        _emit(report, args.out)
+        _emit(report, args.out, "bench")
     return report
 
 
@@ -112,7 +129,7 @@ def cmd_export(args) -> dict:
 
     model = resolve_model(args.model)
     tok = _tokenizer_for(args.model)
-    out = export_hf(model, args.out_dir, tok)
+    out = export_hf(model, args.out_dir, tok, overwrite=args.overwrite)
     note = json.loads((out / "workbench_export.json").read_text())
     print(f"exported {model.arch} ({note['meaning']}) to {out}")
     return {"out_dir": str(out), **note}
@@ -121,7 +138,7 @@ def cmd_export(args) -> dict:
 def cmd_demo(args) -> dict:
     from workbench.demo import run_demo
 
-    report = run_demo(args.out, preset=args.preset, seed=args.seed)
+    report = run_demo(args.out, preset=args.preset, seed=args.seed, overwrite=args.overwrite)
     print(f"parameters: {report['parameters']}")
     print(f"cached vs full forward, max |logit diff|: {report['cache_parity_max_abs']}")
     print("FBT K-pass vs exact recurrence, max state error per position (zero at positions < K):")
@@ -203,13 +220,16 @@ def cmd_cache(args) -> dict:
     import time
 
     from workbench.checkpoint import resolve_model
-    from workbench.store import cache_activations
+    from workbench.store import cache_activations, store_estimate
     from workbench.tasks import load_task
 
     model = resolve_model(args.run)
     examples = load_task(args.task, args.n_sequences, args.seed)[: args.n_sequences]
+    estimate = store_estimate(model, examples, args.hooks, prefill=args.prefill, passes=args.passes)
+    print(f"storing about {estimate['rows']:,} rows, {estimate['bytes'] / 2**30:.2f} GiB, in {args.out}", flush=True)
     started = time.perf_counter()
-    out = cache_activations(model, examples, args.hooks, args.out, prefill=args.prefill, passes=args.passes)
+    out = cache_activations(model, examples, args.hooks, args.out, prefill=args.prefill, passes=args.passes,
+                            overwrite=args.overwrite)
     meta = json.loads((out / "store.json").read_text())
     meta["peak_rss_mib"] = peak_rss_mib()
     meta["seconds"] = round(time.perf_counter() - started, 1)
@@ -222,7 +242,7 @@ def cmd_probe(args) -> dict:
     from workbench.probe_study import probe_study
 
     report = probe_study(args.run, args.target, hooks=args.hooks, passes=args.passes, exact=not args.no_exact,
-                         n_sequences=args.n_sequences, seed=args.seed, out=args.out)
+                         n_sequences=args.n_sequences, seed=args.seed, out=args.out, overwrite=args.overwrite)
     for row in report["rows"]:
         print(f"{row['hook']:28s} {row['prefill']:9s} K={str(row['passes']):5s} stream {row['stream']}  "
               f"acc {row['accuracy']:.3f}  control {row['control_accuracy']:.3f}  chance {row['chance']:.3f}")
@@ -233,7 +253,7 @@ def cmd_probe(args) -> dict:
 def cmd_dynamics(args) -> dict:
     from workbench.dynamics_study import dynamics_study
 
-    report = dynamics_study(args.runs, args.out, horizon=args.horizon, perturb_at=args.perturb_at,
+    report = dynamics_study(args.runs, args.out, overwrite=args.overwrite, horizon=args.horizon, perturb_at=args.perturb_at,
                             n_spectra=args.spectra, n_fixed=args.fixed_points, n_starts=args.starts, max_passes=args.max_passes, fp_steps=args.fp_steps)
     for name, r in report["runs"].items():
         lyap = " ".join(f"T={t}: {v:+.3f}" for t, v in r["lyapunov"].items())
@@ -252,7 +272,7 @@ def cmd_traces(args) -> dict:
 
     summary = trace_study(args.runs, args.out, task=args.task, regimes=args.regimes.split(","), passes=args.passes,
                           n_problems=args.n_problems, difficulties=args.difficulty, seed=args.seed,
-                          max_new_tokens=args.max_new_tokens)
+                          max_new_tokens=args.max_new_tokens, overwrite=args.overwrite)
     for key, g in summary["groups"].items():
         print(f"{key:24s} mean trace {g['mean_trace']:6.1f}  median {g['median_trace']:6.1f}  accuracy {g['accuracy']:.3f}  "
               f"unfinished {g['unfinished']:.3f}  ({summary['timing'][key]['problems_per_s']} problems/s)")
@@ -265,14 +285,17 @@ def cmd_traces(args) -> dict:
 
 
 def _difficulty_range(text: str) -> list[int]:
+    from workbench.tasks import LIMITS
+
+    top = LIMITS["chain_max_steps"]
     try:
         lo, _, hi = text.partition("..")
-        values = list(range(int(lo), int(hi or lo) + 1))
+        lo, hi = int(lo), int(hi or lo)
     except ValueError:
-        values = []
-    if not values or values[0] < 1:
-        raise argparse.ArgumentTypeError(f"expected a step range like 1..4, got {text!r}")
-    return values
+        lo, hi = 0, -1
+    if not 1 <= lo <= hi <= top:
+        raise argparse.ArgumentTypeError(f"expected a step range like 1..4 within 1..{top}, got {text!r}")
+    return list(range(lo, hi + 1))
 
 
 def _pass_list(text: str) -> list[int]:
@@ -291,6 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="end-to-end demo: build, check invariants, decode, export")
     p.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
+    p.add_argument("--overwrite", action="store_true", help="replace a previous demo output there (never anything else)")
     p.add_argument("--preset", default="tiny")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_demo, json_out=None)
@@ -310,6 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="export a model's backbone as a Hugging Face LlamaForCausalLM")
     p.add_argument("model", help="run directory, or ARCH:PRESET[:SEED] for a fresh model")
     p.add_argument("out_dir")
+    p.add_argument("--overwrite", action="store_true", help="replace a previous export there (never anything else)")
     p.add_argument("--json", dest="json_out", help="write the result as JSON here")
     p.set_defaults(func=cmd_export)
 
@@ -353,6 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=10_000)
     p.add_argument("--out", required=True)
     p.add_argument("--json", dest="json_out", help="also write the store's metadata here")
+    p.add_argument("--overwrite", action="store_true", help="replace a previous store there (never anything else)")
     p.set_defaults(func=cmd_cache)
 
     p = sub.add_parser("probe", help="layer-0 study: linear probes by hook x prefill regime")
@@ -364,6 +390,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-sequences", type=int, default=400)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="default RUN/results/probe_<target>.json")
+    p.add_argument("--overwrite", action="store_true", help="replace a previous probe sweep (report, figure and probe weights) there (never anything else)")
     p.add_argument("--json", dest="json_out", help="also write the report here")
     p.set_defaults(func=cmd_probe)
 
@@ -377,6 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-passes", type=int, default=8, help="K-pass convergence up to this many passes")
     p.add_argument("--fp-steps", type=int, default=200, help="fixed-point finder: Adam steps (then half as many L-BFGS)")
     p.add_argument("--out", required=True, help="output directory (JSON and figures)")
+    p.add_argument("--overwrite", action="store_true", help="replace a previous dynamics study there (never anything else)")
     p.add_argument("--json", dest="json_out", help="also write a pointer JSON here")
     p.set_defaults(func=cmd_dynamics)
 
@@ -390,12 +418,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=160)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True)
+    p.add_argument("--overwrite", action="store_true", help="replace a previous trace study there (never anything else)")
     p.add_argument("--json", dest="json_out", help="also write the summary here")
     p.set_defaults(func=cmd_traces)
 
     p = sub.add_parser("bench", help="speed as ratios measured side by side in one process")
     p.add_argument("--preset", choices=["debug", "tiny", "small"], default="small")
-    p.add_argument("--reps", type=int, default=5, help="paired repetitions per entry (at least 5)")
+    p.add_argument("--reps", type=int, default=5, help="paired repetitions per entry (5..1000)")
     p.add_argument("--only", action="append", default=None, help="measure only this key (repeatable)")
     p.add_argument("--store-positions", type=int, default=None, help="positions for activation_store_peak_rss (default: by preset)")
     p.add_argument("--out", default=None, help="write the report as JSON here")
@@ -428,8 +457,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        _check_json_target(args.json_out)
+        if getattr(args, "out", None) and args.verb == "bench":
+            _check_json_target(args.out)
         result = args.func(args)
-        _emit(result, args.json_out)
+        _emit(result, args.json_out, args.verb)
     except (ValueError, OSError, KeyError, TypeError, RuntimeError) as err:  # OSError: unwritable --out/--json paths
         parser.exit(2, f"workbench {args.verb}: error: {' '.join(str(err).split())}\n")  # one line
     return 0

@@ -11,9 +11,10 @@ import torch
 from models import FullBandwidthLM
 from workbench.activations import run_with_pass_cache
 from workbench.checkpoint import save_model, write_json
-from workbench.config import build_model
+from workbench.config import build_model, make_config
 from workbench.decoding import REGIMES, generate
 from workbench.export import export_hf
+from workbench.outputs import claim
 from workbench.tokenizer import CharTokenizer
 
 
@@ -49,9 +50,18 @@ def jacobi_residuals(model: FullBandwidthLM, tokens: torch.Tensor, max_passes: i
     return rows
 
 
-def run_demo(out_dir: str | Path, preset: str = "tiny", seed: int = 0) -> dict:
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+def run_demo(out_dir: str | Path, preset: str = "tiny", seed: int = 0, *, overwrite: bool = False) -> dict:
+    """The demo's report; its files (``demo.json``, the ``fbt`` run, the ``hf_baseline`` export) go
+    into ``out_dir``: a new or empty directory, or a previous demo there, replaced only with
+    ``overwrite``."""
+    make_config("baseline", preset)  # an unknown preset is named before anything is written
+    with claim(out_dir, "demo", overwrite=overwrite) as out:
+        report = _demo(out.staging, preset, seed)
+        out.publish(replaces=("fbt", "hf_baseline"))
+    return report
+
+
+def _demo(out_dir: Path, preset: str, seed: int) -> dict:
     tok = CharTokenizer()
     gen = torch.Generator().manual_seed(seed)
     report: dict = {"preset": preset, "seed": seed, "note": "untrained weights: generated text is noise"}

@@ -11,18 +11,22 @@ import torch
 from workbench.checkpoint import load_model, write_json
 from workbench.dynamics import RolloutDiverged, feedback_map, kpass_convergence, prefill_context, rollout
 from workbench.maps import find_fixed_points, jacobian_summary, lyapunov_from_growth
+from workbench.outputs import claim
 from workbench.tokenizer import CharTokenizer
 
+MAX_HORIZON = 100_000  # states are kept for every step: 100k steps of d_model 1024 in float32 is 400 MB
 DEFAULT_PROMPT = "Q: Start with 12. Add 7. Multiply by 3. What is the result?\nA:"
 
 
 def check_params(*, horizon: int = 2000, perturb_at: int = 20, n_spectra: int = 6, n_fixed: int = 2, n_starts: int = 16,
                  max_passes: int = 8, fp_steps: int = 200, **_) -> None:
     """Reject settings the analyses cannot use, naming each, before any work (or output) starts."""
-    rules = [("horizon", horizon, horizon >= 1, ">= 1"), ("perturb_at", perturb_at, 1 <= perturb_at < horizon, f"1 <= perturb_at < horizon={horizon}"),
-             ("spectra", n_spectra, n_spectra >= 1, ">= 1"), ("fixed_points", n_fixed, n_fixed >= 0, ">= 0"),
-             ("starts", n_starts, n_starts >= 2, ">= 2 (the previous state and zeros come first)"),
-             ("max_passes", max_passes, max_passes >= 2, ">= 2"), ("fp_steps", fp_steps, fp_steps >= 2, ">= 2")]
+    rules = [("horizon", horizon, 1 <= horizon <= MAX_HORIZON, f"1..{MAX_HORIZON:,} steps"),
+             ("perturb_at", perturb_at, 1 <= perturb_at < horizon, f"1 <= perturb_at < horizon={horizon}"),
+             ("spectra", n_spectra, 1 <= n_spectra <= min(horizon, 1000), f"1..{min(horizon, 1000)} (at most one per step)"),
+             ("fixed_points", n_fixed, 0 <= n_fixed <= n_spectra, f"0..spectra={n_spectra} (they are sought at the spectra's steps)"),
+             ("starts", n_starts, 2 <= n_starts <= 4096, "2..4096 (the previous state and zeros come first)"),
+             ("max_passes", max_passes, 2 <= max_passes <= 256, "2..256"), ("fp_steps", fp_steps, 2 <= fp_steps <= 100_000, "2..100,000")]
     for name, value, ok, expected in rules:
         if not ok:
             raise ValueError(f"{name}={value}: expected {expected}")
@@ -77,20 +81,26 @@ def analyse_run(run_dir: str | Path, *, prompt: str = DEFAULT_PROMPT, horizon: i
     }
 
 
-def dynamics_study(runs: list[str], out_dir: str | Path, **kwargs) -> dict:
+FIGURES = ("rollout.png", "spectra.png", "fixed_points.png", "kpass.png")
+
+
+def dynamics_study(runs: list[str], out_dir: str | Path, *, overwrite: bool = False, **kwargs) -> dict:
+    """Analyse ``runs`` side by side into ``out_dir`` (``dynamics.json`` and figures): a new or
+    empty directory, or a previous dynamics study there, replaced only with ``overwrite``."""
     check_params(**kwargs)
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    results = {}
-    for r in runs:
-        try:
-            results[Path(r).name] = analyse_run(r, **kwargs)
-        except RolloutDiverged as err:  # several runs side by side: say which one diverged
-            raise RolloutDiverged(f"{r}: {err}") from err
-    states = {name: r.pop("_states") for name, r in results.items()}
-    figures = plot_dynamics(results, states, out_dir)
-    report = {"runs": results, "figures": figures}
-    write_json(out_dir / "dynamics.json", report)
+    with claim(out_dir, "dynamics", overwrite=overwrite) as out:
+        results = {}
+        for r in runs:
+            try:
+                results[Path(r).name] = analyse_run(r, **kwargs)
+            except RolloutDiverged as err:  # several runs side by side: say which one diverged
+                raise RolloutDiverged(f"{r}: {err}") from err
+        states = {name: r.pop("_states") for name, r in results.items()}
+        figures = [str(out_dir / Path(f).name) for f in plot_dynamics(results, states, out.staging)]
+        report = {"runs": results, "figures": figures}
+        write_json(out.staging / "dynamics.json", report)
+        out.publish(replaces=FIGURES)
     return report
 
 

@@ -12,6 +12,7 @@ Per task (held-out examples, a seed distinct from training):
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -20,8 +21,9 @@ import torch.nn.functional as F
 from models import DecoderLM, FullBandwidthLM
 from workbench.checkpoint import load_model, write_json
 from workbench.decoding import REGIMES, generate, score_completions
+from workbench.outputs import hold
 from workbench.runconfig import load_run_config
-from workbench.tasks import SYNTHETIC, Example, TaskConfig, load_task, parse_final_answer
+from workbench.tasks import MAX_EXAMPLES, SYNTHETIC, Example, TaskConfig, load_task, parse_final_answer
 from workbench.tokenizer import CharTokenizer
 
 EVAL_SEED_OFFSET = 10_000  # validation problems never share the training seed
@@ -101,11 +103,21 @@ def evaluate_examples(model: DecoderLM, examples: list[Example], tokenizer: Char
 
 def evaluate_run(run_dir: str | Path, *, n_examples: int | None = None, fused_passes: int | str = 2,
                  task: str | None = None, write: bool = True) -> dict:
-    """Evaluate the run at ``run_dir`` on its task; writes ``results/eval.json``."""
+    """Evaluate the run at ``run_dir`` on its task; writes ``results/eval.json`` (the run's own
+    summary, refreshed by every evaluation), holding ``results/`` while it evaluates."""
     run_dir = Path(run_dir)
     cfg = load_run_config(run_dir / "config.json")  # errors name the file
     model = load_model(run_dir)
     tokenizer = CharTokenizer.load(run_dir)
+    n = n_examples if n_examples is not None else cfg.train.eval_examples
+    if not 1 <= n <= MAX_EXAMPLES:
+        raise ValueError(f"n={n}: expected 1..{MAX_EXAMPLES:,} examples per task")
+    with hold(run_dir / "results") if write else nullcontext():
+        return _evaluate_run(run_dir, cfg, model, tokenizer, n_examples, fused_passes, task, write)
+
+
+def _evaluate_run(run_dir: Path, cfg, model: DecoderLM, tokenizer: CharTokenizer, n_examples: int | None,
+                  fused_passes: int | str, task: str | None, write: bool) -> dict:
     n = n_examples if n_examples is not None else cfg.train.eval_examples
     data = TaskConfig(**{k: getattr(cfg.data, k) for k in TaskConfig.__dataclass_fields__})
     started = time.perf_counter()
@@ -119,6 +131,5 @@ def evaluate_run(run_dir: str | Path, *, n_examples: int | None = None, fused_pa
         result["tasks"][name]["skipped_too_long"] = len(examples) - len(fits)
     result["seconds"] = round(time.perf_counter() - started, 2)
     if write:
-        (run_dir / "results").mkdir(exist_ok=True)
         write_json(run_dir / "results" / "eval.json", result)
     return result

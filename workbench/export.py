@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 
 from models import DecoderLM, HiddenDecodingLM
-from workbench.checkpoint import write_json
+from workbench.checkpoint import read_json, write_json
+from workbench.outputs import claim
 from workbench.tokenizer import CharTokenizer
 
 
@@ -63,8 +64,13 @@ def hf_state_dict(model: DecoderLM) -> dict[str, torch.Tensor]:
     return {k: v.detach().float().cpu() for k, v in out.items()}
 
 
-def export_hf(model: DecoderLM, out_dir: str | Path, tokenizer: CharTokenizer | None = None) -> Path:
-    """Write ``config.json``, ``model.safetensors`` and the tokenizer files to ``out_dir``."""
+HF_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+            "special_tokens_map.json")  # what an export wrote before workbench_export.json listed its files
+
+
+def export_hf(model: DecoderLM, out_dir: str | Path, tokenizer: CharTokenizer | None = None, *, overwrite: bool = False) -> Path:
+    """Write ``config.json``, ``model.safetensors`` and the tokenizer files to ``out_dir``: a new or
+    empty directory, or a previous export there, replaced only with ``overwrite``."""
     from transformers import LlamaForCausalLM
 
     tokenizer = tokenizer or CharTokenizer()
@@ -73,28 +79,38 @@ def export_hf(model: DecoderLM, out_dir: str | Path, tokenizer: CharTokenizer | 
             f"tokenizer has {tokenizer.vocab_size} ids but the model's d_vocab is {model.cfg.d_vocab}"
         )
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    hf = LlamaForCausalLM(hf_llama_config(model, tokenizer))
-    missing, unexpected = hf.load_state_dict(hf_state_dict(model), strict=False)
-    if unexpected or any(not k.startswith("lm_head") for k in missing):
-        raise RuntimeError(f"export mapping is out of date: missing {missing}, unexpected {unexpected}")
-    hf.save_pretrained(out_dir)
-    tokenizer.save(out_dir, model.cfg.n_ctx)
-    exact = model.arch == "baseline" or (model.arch == "hd" and model.n_streams == 1)
-    dropped = {
-        "baseline": [],
-        "fbt": [name for name, _ in model.named_parameters() if name.startswith("fusion.")],
-        "hd": [f"embed.W_E[1:{model.n_streams}]"] if model.n_streams > 1 else [],
-    }[model.arch]
-    note = {
-        "source_arch": model.arch,
-        "exact": exact,
-        "meaning": {
-            "baseline": "the model itself",
-            "fbt": "the backbone: the FBT in the 'standard' regime (no feedback)",
-            "hd": "the first embedding table and the blocks, read as a single-stream model",
-        }[model.arch],
-        "dropped": dropped,
-    }
-    write_json(out_dir / "workbench_export.json", note)
+    with claim(out_dir, "export", overwrite=overwrite) as out:
+        previous = _previous_files(out_dir) if out.previous else ()
+        hf = LlamaForCausalLM(hf_llama_config(model, tokenizer))
+        missing, unexpected = hf.load_state_dict(hf_state_dict(model), strict=False)
+        if unexpected or any(not k.startswith("lm_head") for k in missing):
+            raise RuntimeError(f"export mapping is out of date: missing {missing}, unexpected {unexpected}")
+        hf.save_pretrained(out.staging)
+        tokenizer.save(out.staging, model.cfg.n_ctx)
+        exact = model.arch == "baseline" or (model.arch == "hd" and model.n_streams == 1)
+        dropped = {
+            "baseline": [],
+            "fbt": [name for name, _ in model.named_parameters() if name.startswith("fusion.")],
+            "hd": [f"embed.W_E[1:{model.n_streams}]"] if model.n_streams > 1 else [],
+        }[model.arch]
+        note = {
+            "source_arch": model.arch,
+            "exact": exact,
+            "meaning": {
+                "baseline": "the model itself",
+                "fbt": "the backbone: the FBT in the 'standard' regime (no feedback)",
+                "hd": "the first embedding table and the blocks, read as a single-stream model",
+            }[model.arch],
+            "dropped": dropped,
+            "files": sorted(p.name for p in out.staging.iterdir()),
+        }
+        write_json(out.staging / "workbench_export.json", note)
+        out.publish(replaces=previous)
     return out_dir
+
+
+def _previous_files(out_dir: Path) -> tuple[str, ...]:
+    files = read_json(out_dir / "workbench_export.json").get("files")
+    if isinstance(files, list) and all(isinstance(f, str) for f in files):
+        return tuple(files)
+    return HF_FILES

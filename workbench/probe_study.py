@@ -5,20 +5,23 @@ does not? Sweeps hook x prefill regime (x stream for HD) and writes one row per 
 
 from __future__ import annotations
 
+import os
 import re
-import tempfile
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
 
 from models import FullBandwidthLM
-from workbench.checkpoint import load_model, write_json
+from workbench.checkpoint import atomic_write, load_model, read_json, write_json
 from workbench.evaluate import EVAL_SEED_OFFSET
+from workbench.outputs import fsync_dir, hold, staging_in
 from workbench.probes import save_probe, train_probe
 from workbench.store import cache_activations, load_store
 from workbench.tasks import LABELS, TaskConfig, synthetic_examples
 
+MAX_SEQUENCES = 100_000
 TARGET_TASK = {label: task for task, labels in LABELS.items() for label in labels}
 
 
@@ -45,29 +48,39 @@ def regimes(model, passes: list[int], exact: bool) -> list[tuple[str, int | str]
 
 def probe_study(run_dir: str | Path, target: str, *, hooks: list[str] | None = None, passes: list[int] = (2, 3),
                 exact: bool = True, n_sequences: int = 400, seed: int = 0, out: str | Path | None = None,
-                data: TaskConfig | None = None, max_rows: int = 20000,
+                data: TaskConfig | None = None, max_rows: int = 20000, overwrite: bool = False,
                 progress: Callable[[float, str], None] | None = None) -> dict:
     """Run the sweep on the model in ``run_dir``; writes ``results/probe_<target>.json`` (and a
-    figure, and the probe weights under ``results/probes/``). ``progress(fraction, what)`` is
-    called before each activation caching and after each probe."""
+    figure, and the probe weights under ``results/probes/<target>/``), holding ``results/`` while it
+    works. A previous sweep's outputs are replaced only with ``overwrite``. ``progress(fraction,
+    what)`` is called before each activation caching and after each probe."""
     if target not in TARGET_TASK:
         raise ValueError(f"unknown probe target {target!r}: expected one of {sorted(TARGET_TASK)}")
+    if not 3 <= n_sequences <= MAX_SEQUENCES:
+        raise ValueError(f"n_sequences={n_sequences}: expected 3..{MAX_SEQUENCES:,} (train, validation and test split by sequence)")
     run_dir = Path(run_dir)
     model = load_model(run_dir)
     hooks = hooks or default_hooks(model.cfg.n_layers)
     task = TARGET_TASK[target]
-    examples = synthetic_examples(task, n_sequences, seed + EVAL_SEED_OFFSET, data)
     results_dir = run_dir / "results"
+    out = Path(out) if out else results_dir / f"probe_{target}.json"
+    probes_dir = results_dir / "probes" / target
+    check_probe_outputs(out, probes_dir, overwrite)
+    examples = synthetic_examples(task, n_sequences, seed + EVAL_SEED_OFFSET, data)
     rows = []
     rng = np.random.default_rng(seed)
     sweep = regimes(model, list(passes), exact)
     total, done = len(sweep) * len(hooks) * model.n_streams, 0
     report = progress or (lambda fraction, what: None)
-    with tempfile.TemporaryDirectory(dir=results_dir.parent if results_dir.parent.exists() else None) as tmp:
+    with ExitStack() as held:
+        for directory in dict.fromkeys([results_dir, out.parent]):
+            held.enter_context(hold(directory))
+        check_probe_outputs(out, probes_dir, overwrite)  # again, now that nobody else can write them
+        staging = held.enter_context(staging_in(results_dir))
         for prefill, k in sweep:
             report(done / total, f"caching activations: {prefill} prefill, K={k}")
-            store_dir = cache_activations(model, examples, hooks, Path(tmp) / f"{prefill}-{k}", prefill=prefill, passes=k)
-            ds, meta = load_store(store_dir)
+            store_dir = cache_activations(model, examples, hooks, staging / f"store-{prefill}-{k}", prefill=prefill, passes=k)
+            ds, meta = load_store(store_dir, verify=False)  # written just now by this process
             table = ds.select_columns(["seq", "pass", "stream", "token", f"label.{target}"]).with_format("numpy")[:]
             labels = table[f"label.{target}"]
             last_pass = int(table["pass"].max())
@@ -79,7 +92,7 @@ def probe_study(run_dir: str | Path, target: str, *, hooks: list[str] | None = N
                     X = ds.select_columns([f"act.{hook}"]).select(keep).with_format("numpy")[:][f"act.{hook}"]
                     result = train_probe(X, labels[keep], table["seq"][keep], table["token"][keep], seed=seed)
                     name = f"{hook}__{prefill}-{k}" + (f"__s{stream}" if meta["n_streams"] > 1 else "")
-                    save_probe(result, results_dir / "probes" / target / f"{name}.safetensors",
+                    save_probe(result, staging / "probes" / f"{name}.safetensors",
                                {"hook": hook, "prefill": prefill, "passes": k, "stream": stream, "target": target})
                     rows.append({"hook": hook, "layer": depth(hook), "prefill": prefill, "passes": k, "stream": stream,
                                  "accuracy": result.accuracy, "chance": result.chance,
@@ -89,12 +102,38 @@ def probe_study(run_dir: str | Path, target: str, *, hooks: list[str] | None = N
                                  "converged": result.converged})
                     done += 1
                     report(done / total, f"probed {hook} ({prefill}, K={k}, stream {stream})")
-    report = {"run": str(run_dir), "arch": model.arch, "target": target, "task": task, "n_sequences": n_sequences, "rows": rows}
-    out = Path(out) if out else results_dir / f"probe_{target}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_json(out, report)
-    report["figure"] = str(plot_probe_rows(rows, out.with_suffix(".png"), f"{run_dir.name}: probing {target}"))
+        report = {"run": str(run_dir), "arch": model.arch, "target": target, "task": task, "n_sequences": n_sequences, "rows": rows}
+        # publish: the probe weights as one directory swap, then the figure, then the report last
+        probes_dir.parent.mkdir(parents=True, exist_ok=True)
+        if probes_dir.exists():
+            os.replace(probes_dir, staging / "replaced-probes")
+        os.replace(staging / "probes", probes_dir)
+        fsync_dir(probes_dir.parent)
+        figure = plot_probe_rows(rows, out.with_suffix(".png"), f"{run_dir.name}: probing {target}")
+        write_json(out, report)
+    report["figure"] = str(figure)
     return report
+
+
+def check_probe_outputs(out: Path, probes_dir: Path, overwrite: bool) -> None:
+    """A sweep writes new files, or replaces a previous sweep's with ``overwrite``; never a file it
+    did not write."""
+    figure = out.with_suffix(".png")
+    if out.exists() and not _is_probe_report(out):
+        raise FileExistsError(f"{out} exists and is not a probe report: choose another --out")
+    if figure.exists() and not out.exists():
+        raise FileExistsError(f"{figure} exists and belongs to no probe report: choose another --out")
+    previous = [p for p in (out, probes_dir) if p.exists()]
+    if previous and not overwrite:
+        raise FileExistsError(f"{previous[0]} holds a previous probe sweep: pass --overwrite to replace it")
+
+
+def _is_probe_report(path: Path) -> bool:
+    try:
+        report = read_json(path)
+    except (OSError, ValueError):
+        return False
+    return isinstance(report.get("rows"), list) and "target" in report
 
 
 def plot_probe_rows(rows: list[dict], path: Path, title: str) -> Path:
@@ -116,5 +155,5 @@ def plot_probe_rows(rows: list[dict], path: Path, title: str) -> Path:
     ax.set_title(title)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
     return path

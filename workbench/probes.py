@@ -92,6 +92,9 @@ def train_probe(X: np.ndarray, y: np.ndarray, groups: np.ndarray, tokens: np.nda
         raise ValueError(f"kind={kind!r}: expected 'classification' or 'regression'")
     if len(X) != len(y) or len(X) != len(groups) or len(X) != len(tokens):
         raise ValueError(f"X, y, groups, tokens must have one row each: {len(X)}, {len(y)}, {len(groups)}, {len(tokens)}")
+    bad = ~np.isfinite(X).all(axis=1)
+    if bad.any():
+        raise ValueError(f"the activations hold NaN or inf in {int(bad.sum())} of {len(X)} rows (first: row {int(np.argmax(bad))})")
     masks = split_by_sequence(groups, seed)
     if kind == "classification" and len(np.unique(y[masks[0]])) < 2:
         raise ValueError("the training split holds a single class: nothing to probe")

@@ -10,26 +10,38 @@ Prefill regimes:
 - ``standard``: one plain pass (every architecture);
 - ``recurrent``: FBT K-pass prefill with feedback at every position, one row per pass
   (``passes=K``), or the exact sequential recurrence (``passes='exact'``, stored as pass 0).
+
+Integrity: ``store.json`` lists every shard with its row count, byte size and CRC32. A store is
+written into a staging directory inside its (exclusively held) directory and published with
+``store.json`` last; ``load_store`` always checks shard names (confined to the store), sizes, row
+counts and columns, and with ``verify=True`` (the default) the checksums and that every activation
+is finite. Every error names the store (and the shard or hook).
 """
 
 from __future__ import annotations
 
-import json
+import os
+import re
 import shutil
+import zlib
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import torch
+from torch import Tensor
 
 from models import DecoderLM, FullBandwidthLM, unstack_streams
 from workbench.activations import ActivationRecorder, resolve_hook_names
-from workbench.checkpoint import write_json
+from workbench.checkpoint import read_json, write_json
+from workbench.outputs import claim
 from workbench.tasks import Example
 from workbench.tokenizer import CharTokenizer
 
 PREFILLS = ("standard", "recurrent")
 META = "store.json"
+FORMAT = 2  # 1: shards listed by name only
+SHARD = re.compile(r"^shard-\d{5}\.arrow$")
 
 
 def _check(model: DecoderLM, hooks: list[str], prefill: str, passes) -> None:
@@ -58,6 +70,64 @@ def _per_position(act: torch.Tensor, hook: str, n_streams: int, n_tokens: int) -
     return act.reshape(act.shape[0], n_tokens, n_streams, -1).float()
 
 
+def _batches(examples: list[Example], tokenizer: CharTokenizer, batch_size: int, n_ctx: int):
+    """(first index, examples, tokens [batch, width], real [batch, width]) per batch, right-padded."""
+    for start in range(0, len(examples), batch_size):
+        chunk = examples[start : start + batch_size]
+        seqs = [tokenizer.encode(ex.text) for ex in chunk]
+        width = max(map(len, seqs))
+        if width > n_ctx:
+            raise ValueError(f"an example of {width} tokens is longer than the context n_ctx={n_ctx}")
+        tokens = torch.zeros(len(chunk), width, dtype=torch.long)
+        real = torch.zeros(len(chunk), width, dtype=torch.bool)
+        for i, seq in enumerate(seqs):
+            tokens[i, : len(seq)] = torch.tensor(seq)
+            real[i, : len(seq)] = True
+        yield start, chunk, tokens, real
+
+
+def _record(model: DecoderLM, hooks: list[str], tokens: Tensor, prefill: str, passes) -> list[Tensor]:
+    """Per hook: [n_passes, batch, tokens, streams, features] of one batch."""
+    width = tokens.shape[1]
+    with ActivationRecorder(model, hooks, device="cpu") as rec:
+        if prefill == "standard":
+            model(tokens) if not isinstance(model, FullBandwidthLM) else model(tokens, fuse_mask=torch.zeros_like(tokens, dtype=torch.bool))
+        elif passes == "exact":
+            cache = model.make_cache(width)
+            for t in range(width):  # right padding comes after every real token: harmless
+                model.final_states(tokens[:, t : t + 1], cache=cache)
+        else:
+            model.final_states(tokens, passes=passes)
+    out = []
+    for hook in hooks:
+        stacked = rec.by_step(hook)[None] if (prefill == "recurrent" and passes == "exact") else rec.by_pass(hook)
+        out.append(torch.stack([_per_position(a, hook, model.n_streams, width) for a in stacked]))
+    return out
+
+
+def store_estimate(model: DecoderLM, examples: list[Example], hooks: list[str], *, prefill: str = "standard",
+                   passes: int | str = 1, tokenizer: CharTokenizer | None = None) -> dict:
+    """Rows and bytes the store will take, from the token counts and one example's activations
+    (what ``cache_activations`` checks against the free disk space before writing)."""
+    hooks = resolve_hook_names(model, hooks)
+    _check(model, hooks, prefill, passes)
+    tokenizer = tokenizer or CharTokenizer()
+    if not examples:
+        raise ValueError("no examples to cache (n_sequences must be >= 1)")
+    lengths = [len(tokenizer.encode(ex.text)) for ex in examples]
+    if max(lengths) > model.cfg.n_ctx:
+        i = lengths.index(max(lengths))
+        raise ValueError(f"example {i} of {lengths[i]} tokens is longer than the context n_ctx={model.cfg.n_ctx}")
+    positions = sum(lengths)
+    _, _, tokens, _ = next(_batches(examples[:1], tokenizer, 1, model.cfg.n_ctx))
+    acts = _record(model, hooks, tokens.to(model.embed.W_E.device), prefill, passes)
+    n_passes = acts[0].shape[0]
+    labels = {name for ex in examples for name in ex.labels}
+    per_row = 4 * sum(a.shape[-1] for a in acts) + 8 * (5 + len(labels))  # float32 activations, int64 columns
+    rows = positions * n_passes * model.n_streams
+    return {"rows": rows, "bytes": rows * per_row, "positions": positions, "n_passes": n_passes}
+
+
 @torch.no_grad()
 def cache_activations(
     model: DecoderLM,
@@ -69,8 +139,10 @@ def cache_activations(
     passes: int | str = 1,
     batch_size: int = 32,
     tokenizer: CharTokenizer | None = None,
+    overwrite: bool = False,
 ) -> Path:
-    """Write the store to ``out_dir`` (replaced only once the new one is complete)."""
+    """Write the store to ``out_dir``: a new or empty directory, or a previous store there, which is
+    replaced (once the new one is complete) only with ``overwrite``."""
     hooks = resolve_hook_names(model, hooks)
     if not examples:
         raise ValueError("no examples to cache (n_sequences must be >= 1)")
@@ -79,84 +151,124 @@ def cache_activations(
     _check(model, hooks, prefill, passes)
     tokenizer = tokenizer or CharTokenizer()
     out_dir = Path(out_dir)
-    tmp = out_dir.with_name(out_dir.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    estimate = store_estimate(model, examples, hooks, prefill=prefill, passes=passes, tokenizer=tokenizer)
+    free = shutil.disk_usage(_existing_ancestor(out_dir)).free
+    if estimate["bytes"] > 0.9 * free:
+        raise ValueError(f"the store would take about {estimate['bytes'] / 2**30:.1f} GiB ({estimate['rows']:,} rows) but "
+                         f"{free / 2**30:.1f} GiB are free under {_existing_ancestor(out_dir)}: store fewer hooks or sequences")
     label_names = sorted({name for ex in examples for name in ex.labels})
     n = model.n_streams
-    shards, n_rows = [], 0
-    for start in range(0, len(examples), batch_size):
-        chunk = examples[start : start + batch_size]
-        seqs = [tokenizer.encode(ex.text) for ex in chunk]
-        width = max(map(len, seqs))
-        if width > model.cfg.n_ctx:
-            raise ValueError(f"example of {width} tokens is longer than the context n_ctx={model.cfg.n_ctx}")
-        tokens = torch.zeros(len(chunk), width, dtype=torch.long)
-        real = torch.zeros(len(chunk), width, dtype=torch.bool)
-        for i, s in enumerate(seqs):
-            tokens[i, : len(s)] = torch.tensor(s)
-            real[i, : len(s)] = True
-        tokens = tokens.to(model.embed.W_E.device)
-        with ActivationRecorder(model, hooks, device="cpu") as rec:
-            if prefill == "standard":
-                model(tokens) if not isinstance(model, FullBandwidthLM) else model(tokens, fuse_mask=torch.zeros_like(real).to(tokens.device))
-            elif passes == "exact":
-                cache = model.make_cache(width)
-                for t in range(width):  # right padding comes after every real token: harmless
-                    model.final_states(tokens[:, t : t + 1], cache=cache)
-            else:
-                model.final_states(tokens, passes=passes)
-        per_pass = []
-        for hook in hooks:
-            if passes == "exact" and prefill == "recurrent":
-                stacked = rec.by_step(hook)[None]  # [1, batch, pos, ...]
-            else:
-                stacked = rec.by_pass(hook)  # [n_passes, batch, pos, ...]
-            per_pass.append(torch.stack([_per_position(a, hook, n, width) for a in stacked]))
-        n_passes = per_pass[0].shape[0]
-        # rows: every real (sequence, position) x pass x stream
-        b_idx, t_idx = real.nonzero(as_tuple=True)
-        columns = {
-            "seq": np.repeat(start + b_idx.numpy(), n_passes * n),
-            "pos": np.repeat(t_idx.numpy(), n_passes * n),
-            "pass": np.tile(np.repeat(np.arange(n_passes), n), len(b_idx)),
-            "stream": np.tile(np.arange(n), len(b_idx) * n_passes),
-            "token": np.repeat(tokens.cpu()[b_idx, t_idx].numpy(), n_passes * n),
-        }
-        for name in label_names:
-            table = np.full((len(chunk), width), -1, dtype=np.int64)
-            for i, ex in enumerate(chunk):
-                if name in ex.labels:
-                    table[i, : len(ex.labels[name])] = ex.labels[name]
-            columns[f"label.{name}"] = np.repeat(table[b_idx.numpy(), t_idx.numpy()], n_passes * n)
-        for hook, act in zip(hooks, per_pass):
-            # act: [n_passes, batch, pos, streams, d] -> rows in (seq, pos, pass, stream) order
-            rows = act[:, b_idx, t_idx].permute(1, 0, 2, 3).reshape(-1, act.shape[-1]).numpy()
-            columns[f"act.{hook}"] = pa.FixedSizeListArray.from_arrays(pa.array(rows.reshape(-1), pa.float32()), rows.shape[1])
-        table = pa.table({k: v if isinstance(v, pa.Array) else pa.array(v) for k, v in columns.items()})
-        path = tmp / f"shard-{len(shards):05d}.arrow"
-        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
-            writer.write_table(table)
-        shards.append(path.name)
-        n_rows += table.num_rows
-    meta = {"hooks": hooks, "labels": label_names, "prefill": prefill, "passes": passes, "arch": model.arch,
-            "n_streams": n, "n_sequences": len(examples), "n_rows": n_rows, "shards": shards}
-    write_json(tmp / META, meta)
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    tmp.rename(out_dir)
+    with claim(out_dir, "store", overwrite=overwrite) as out:
+        shards, n_rows = [], 0
+        for start, chunk, tokens, real in _batches(examples, tokenizer, batch_size, model.cfg.n_ctx):
+            per_pass = _record(model, hooks, tokens.to(model.embed.W_E.device), prefill, passes)
+            n_passes = per_pass[0].shape[0]
+            b_idx, t_idx = real.nonzero(as_tuple=True)  # rows: every real (sequence, position) x pass x stream
+            columns = {
+                "seq": np.repeat(start + b_idx.numpy(), n_passes * n),
+                "pos": np.repeat(t_idx.numpy(), n_passes * n),
+                "pass": np.tile(np.repeat(np.arange(n_passes), n), len(b_idx)),
+                "stream": np.tile(np.arange(n), len(b_idx) * n_passes),
+                "token": np.repeat(tokens[b_idx, t_idx].numpy(), n_passes * n),
+            }
+            for name in label_names:
+                table = np.full(tuple(tokens.shape), -1, dtype=np.int64)
+                for i, ex in enumerate(chunk):
+                    if name in ex.labels:
+                        table[i, : len(ex.labels[name])] = ex.labels[name]
+                columns[f"label.{name}"] = np.repeat(table[b_idx.numpy(), t_idx.numpy()], n_passes * n)
+            for hook, act in zip(hooks, per_pass):
+                # act: [n_passes, batch, pos, streams, d] -> rows in (seq, pos, pass, stream) order
+                rows = act[:, b_idx, t_idx].permute(1, 0, 2, 3).reshape(-1, act.shape[-1]).numpy()
+                if not np.isfinite(rows).all():
+                    raise ValueError(f"hook {hook} holds NaN or inf in sequences {start}..{start + len(chunk) - 1}: "
+                                     f"nothing was stored in {out_dir}")
+                columns[f"act.{hook}"] = pa.FixedSizeListArray.from_arrays(pa.array(rows.reshape(-1), pa.float32()), rows.shape[1])
+            table = pa.table({k: v if isinstance(v, pa.Array) else pa.array(v) for k, v in columns.items()})
+            shards.append(_write_shard(out.staging / f"shard-{len(shards):05d}.arrow", table))
+            n_rows += table.num_rows
+        meta = {"format": FORMAT, "hooks": hooks, "labels": label_names, "prefill": prefill, "passes": passes, "arch": model.arch,
+                "n_streams": n, "n_sequences": len(examples), "n_rows": n_rows, "shards": shards}
+        write_json(out.staging / META, meta)
+        out.publish(replaces=lambda name: SHARD.match(name) is not None)
     return out_dir
 
 
-def load_store(directory: str | Path):
+def _existing_ancestor(path: Path) -> Path:
+    path = path.absolute()
+    while not path.exists():
+        path = path.parent
+    return path
+
+
+def _write_shard(path: Path, table: pa.Table) -> dict:
+    """One Arrow IPC stream file, written and fsynced; its entry in ``store.json``."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    data = sink.getvalue()
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    return {"name": path.name, "rows": table.num_rows, "bytes": data.size, "crc32": f"{zlib.crc32(data):08x}"}
+
+
+def load_store(directory: str | Path, *, verify: bool = True):
     """The store as a memory-mapped ``datasets.Dataset`` (nothing is read into RAM until used),
-    plus its metadata."""
+    plus its metadata. Shard names, sizes, row counts and columns are always checked against
+    ``store.json``; ``verify`` also checks every shard's CRC32 and that every activation is finite
+    (a full read: about as long as reading the store once)."""
     from datasets import Dataset, concatenate_datasets
 
     directory = Path(directory)
     meta_path = directory / META
     if not meta_path.is_file():
         raise FileNotFoundError(f"no activation store at {directory} (missing {META})")
-    meta = json.loads(meta_path.read_text())
-    parts = [Dataset.from_file(str(directory / name), in_memory=False) for name in meta["shards"]]
+    meta = read_json(meta_path)
+    where = f"corrupt activation store {directory}"
+    for key, kind in (("hooks", list), ("labels", list), ("shards", list), ("n_rows", int), ("n_streams", int)):
+        if not isinstance(meta.get(key), kind) or isinstance(meta.get(key), bool):
+            raise ValueError(f"{where}: {META} field {key!r} is {meta.get(key)!r}, expected {kind.__name__}")
+    entries = [e if isinstance(e, dict) else {"name": e} for e in meta["shards"]]  # format 1 listed bare names
+    parts, total = [], 0
+    for entry in entries:
+        name = entry.get("name")
+        if not isinstance(name, str) or not SHARD.match(name):
+            raise ValueError(f"{where}: shard name {name!r} in {META} is not shard-NNNNN.arrow (shards live in the store itself)")
+        path = directory / name
+        if not path.is_file() or path.is_symlink():
+            raise ValueError(f"{where}: shard {name} listed in {META} is missing (or not a plain file)")
+        if "bytes" in entry and path.stat().st_size != entry["bytes"]:
+            raise ValueError(f"{where}: shard {name} has {path.stat().st_size} bytes, {META} says {entry['bytes']} (torn or altered)")
+        if verify and "crc32" in entry and _file_crc32(path) != entry["crc32"]:
+            raise ValueError(f"{where}: shard {name} does not match its CRC32 in {META} (altered bytes)")
+        try:
+            part = Dataset.from_file(str(path), in_memory=False)
+        except Exception as err:  # pyarrow raises several types for a damaged file
+            raise ValueError(f"{where}: shard {name} is not a readable Arrow file: {' '.join(str(err).split())[:200]}") from err
+        if "rows" in entry and len(part) != entry["rows"]:
+            raise ValueError(f"{where}: shard {name} holds {len(part)} rows, {META} says {entry['rows']}")
+        expected = {"seq", "pos", "pass", "stream", "token", *(f"label.{x}" for x in meta["labels"]), *(f"act.{h}" for h in meta["hooks"])}
+        if set(part.column_names) != expected:
+            raise ValueError(f"{where}: shard {name} has columns {sorted(part.column_names)}, {META} needs {sorted(expected)}")
+        if verify:
+            for hook in meta["hooks"]:
+                values = part.data.column(f"act.{hook}").combine_chunks().flatten().to_numpy(zero_copy_only=False)
+                if not np.isfinite(values).all():
+                    raise ValueError(f"{where}: hook {hook} holds NaN or inf in shard {name}")
+        total += len(part)
+        parts.append(part)
+    if total != meta["n_rows"]:
+        raise ValueError(f"{where}: the shards hold {total} rows, {META} says n_rows={meta['n_rows']}")
+    if not parts:
+        raise ValueError(f"{where}: {META} lists no shards")
     return concatenate_datasets(parts), meta
+
+
+def _file_crc32(path: Path, chunk: int = 1 << 22) -> str:
+    crc = 0
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            crc = zlib.crc32(block, crc)
+    return f"{crc:08x}"

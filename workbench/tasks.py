@@ -44,6 +44,11 @@ class Example:
         return self.prompt + self.completion
 
 
+MAX_EXAMPLES = 1_000_000  # synthetic examples of one call
+LIMITS = {"chain_max_steps": 64, "chain_merge": 64, "chain_max_operand": 10**6, "modsum_min_len": 4096, "modsum_max_len": 4096,
+          "flipflop_min_len": 4096, "flipflop_max_len": 4096}
+
+
 @dataclass
 class TaskConfig:
     """Parameters of the synthetic tasks (the ``data.*`` overrides)."""
@@ -73,6 +78,9 @@ class TaskConfig:
             raise ValueError(f"data field modsum_p={self.modsum_p}: expected 2..10 (a one-digit answer)")
         if self.flipflop_bits > 8:
             raise ValueError(f"data field flipflop_bits={self.flipflop_bits}: expected at most 8 channels")
+        for name, top in LIMITS.items():  # an example must stay a sequence a model can read
+            if getattr(self, name) > top:
+                raise ValueError(f"data field {name}={getattr(self, name)}: expected at most {top}")
         for lo, hi in (("modsum_min_len", "modsum_max_len"), ("flipflop_min_len", "flipflop_max_len")):
             if getattr(self, lo) > getattr(self, hi):
                 raise ValueError(f"data fields {lo}={getattr(self, lo)} > {hi}={getattr(self, hi)}")
@@ -188,6 +196,8 @@ def synthetic_examples(task: str, n: int, seed: int, cfg: TaskConfig | None = No
     cfg = cfg or TaskConfig()
     if task not in TASK_KINDS:
         raise ValueError(f"unknown task {task!r}: expected one of {TASK_KINDS} or jsonl:PATH, text:PATH, hf:NAME")
+    if not 0 <= n <= MAX_EXAMPLES:
+        raise ValueError(f"{n} {task} examples requested: expected 0..{MAX_EXAMPLES:,} (they are generated in memory)")
     rng = random.Random(f"{task}:{seed}")
     out = []
     for _ in range(n):

@@ -22,15 +22,19 @@ from models import FullBandwidthLM
 from workbench.checkpoint import load_model, write_json
 from workbench.decoding import generate
 from workbench.evaluate import EVAL_SEED_OFFSET, is_correct
+from workbench.outputs import claim
 from workbench.tasks import Example, TaskConfig, load_jsonl, make_chain, parse_final_answer
 from workbench.tokenizer import CharTokenizer
 
 MARKER = "####"
+MAX_PROBLEMS = 100_000
 
 
 def problems(task: str, n: int, difficulties: list[int], seed: int = 0) -> list[Example]:
     """``chain`` problems spread evenly over ``difficulties`` (steps), or the first ``n`` problems
     of a GSM8K-format JSONL file (``gsm8k-jsonl:PATH``; difficulty = its number of ``<<`` steps)."""
+    if not 1 <= n <= MAX_PROBLEMS:
+        raise ValueError(f"n_problems={n}: expected 1..{MAX_PROBLEMS:,} (every model and regime generates for each)")
     if task.startswith("gsm8k-jsonl:"):
         examples = load_jsonl(task.split(":", 1)[1])[:n]
         return [ex for ex in examples if ex.difficulty in difficulties] if difficulties else examples
@@ -135,33 +139,37 @@ def summarise(rows: list[dict], reference: tuple[str, str]) -> dict:
 
 def trace_study(runs: list[str], out_dir: str | Path, *, task: str = "chain", regimes: list[str] = ("standard", "soft", "fused"),
                 passes: int | str = 2, n_problems: int = 200, difficulties: list[int] = (1, 2, 3, 4), seed: int = 0,
-                max_new_tokens: int = 160, batch_size: int = 64) -> dict:
+                max_new_tokens: int = 160, batch_size: int = 64, overwrite: bool = False) -> dict:
+    """Every run under every regime on the same problems, into ``out_dir`` (``summary.json``,
+    ``traces.csv``, ``traces.png``): a new or empty directory, or a previous trace study there,
+    replaced only with ``overwrite``."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = CharTokenizer()
     examples = problems(task, n_problems, list(difficulties), seed)
     if not examples:
         raise ValueError(f"no problems of difficulty {list(difficulties)} in {task!r}")
-    rows, timing = [], {}
-    for run in runs:
-        model = load_model(run)
-        name = Path(run).name
-        for regime in regimes if isinstance(model, FullBandwidthLM) else ["standard"]:
-            started = time.perf_counter()
-            for row in run_traces(model, examples, regime, passes, tokenizer, max_new_tokens=max_new_tokens, batch_size=batch_size):
-                rows.append({"model": name, "regime": regime, **row})
-            seconds = time.perf_counter() - started
-            timing[f"{name}/{regime}"] = {"seconds": round(seconds, 2), "problems_per_s": round(len(examples) / seconds, 2)}
-    reference = (Path(runs[0]).name, "standard")
-    summary = {"task": task, "passes": passes, "n_problems": len(examples), "difficulties": list(difficulties),
-               "timing": timing, **summarise(rows, reference)}
-    with (out_dir / "traces.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        for r in rows:
-            writer.writerow({**r, "state_norms": json.dumps(r["state_norms"])})
-    summary["figures"] = plot_traces(rows, summary, out_dir)
-    write_json(out_dir / "summary.json", summary)
+    with claim(out_dir, "traces", overwrite=overwrite) as out:
+        rows, timing = [], {}
+        for run in runs:
+            model = load_model(run)
+            name = Path(run).name
+            for regime in regimes if isinstance(model, FullBandwidthLM) else ["standard"]:
+                started = time.perf_counter()
+                for row in run_traces(model, examples, regime, passes, tokenizer, max_new_tokens=max_new_tokens, batch_size=batch_size):
+                    rows.append({"model": name, "regime": regime, **row})
+                seconds = time.perf_counter() - started
+                timing[f"{name}/{regime}"] = {"seconds": round(seconds, 2), "problems_per_s": round(len(examples) / seconds, 2)}
+        reference = (Path(runs[0]).name, "standard")
+        summary = {"task": task, "passes": passes, "n_problems": len(examples), "difficulties": list(difficulties),
+                   "timing": timing, **summarise(rows, reference)}
+        with (out.staging / "traces.csv").open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            for r in rows:
+                writer.writerow({**r, "state_norms": json.dumps(r["state_norms"])})
+        summary["figures"] = [str(out_dir / Path(f).name) for f in plot_traces(rows, summary, out.staging)]
+        write_json(out.staging / "summary.json", summary)
+        out.publish(replaces=("traces.csv", "traces.png"))
     return summary
 
 

@@ -14,7 +14,7 @@ import math
 import os
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +29,7 @@ from workbench.checkpoint import (atomic_write, link_or_copy, load_model, load_w
                                   remove_stale_temps, save_weights, write_json)
 from workbench.config import model_from_config
 from workbench.data import TokenStream, batch_windows, step_generator
+from workbench.outputs import OutputBusy, contents, hold
 from workbench.runconfig import RunConfig, load_run_config
 from workbench.runs import read_metrics
 from workbench.tasks import load_task
@@ -348,39 +349,86 @@ def _trim_metrics(path: Path, before_step: int) -> None:
         atomic_write(path, lambda tmp: Path(tmp).write_text("".join(json.dumps(r) + "\n" for r in kept)))
 
 
+RUN_FILES = {"config.json", "metrics.jsonl", "model.safetensors", "tokenizer.json", "tokenizer_config.json", STATE_DIR, "results"}
+
+
+def check_new_run_dir(run_dir: Path) -> None:
+    """A new run goes into a new or empty directory, or one holding only what a run killed (or
+    diverged) before its first checkpoint left; never over a run or anything else."""
+    found = contents(run_dir)
+    if (run_dir / "model.safetensors").exists() or (run_dir / STATE_DIR / "state.json").exists():
+        raise FileExistsError(f"{run_dir} already holds a run; pass --resume to continue it or choose a new --out")
+    foreign = [n for n in found if n not in RUN_FILES]
+    if foreign:
+        shown = ", ".join(foreign[:4]) + (f" and {len(foreign) - 4} more" if len(foreign) > 4 else "")
+        raise FileExistsError(f"{run_dir} holds files that are not a workbench run ({shown}): choose a new or empty --out")
+
+
+@contextmanager
+def held_by_main_process(run_dir: Path, rank_info: "Dist", device):
+    """The run directory's lock, taken by the process that writes (rank 0); the other processes
+    stop too when it cannot be taken."""
+    if rank_info.world == 1:
+        with hold(run_dir):
+            yield
+        return
+    with ExitStack() as stack:
+        failure = None
+        if rank_info.main:
+            try:
+                stack.enter_context(hold(run_dir))
+            except (OutputBusy, OSError) as err:
+                failure = err
+        flag = torch.tensor([failure is not None], dtype=torch.int32, device=device)
+        dist.broadcast(flag, src=0)
+        if failure is not None:
+            raise failure
+        if flag.item():
+            raise OutputBusy(f"rank 0 could not lock {run_dir} (its error says why)")
+        yield
+
+
 def train(cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, progress: bool | Callable = True,
           stop_after: int | None = None) -> dict:
     """Train ``cfg`` into ``out_dir``; returns a summary. ``resume`` continues from the last
     checkpoint there and reaches the same weights as an uninterrupted run. ``stop_after`` ends
     the process after that many steps as if interrupted (the schedule still spans train.steps).
     ``progress``: True for a tqdm bar, or a callable ``progress(step, total, record)`` called after
-    every step (``record`` is the metrics line when one was logged at that step, else None)."""
+    every step (``record`` is the metrics line when one was logged at that step, else None).
+    The run directory is held exclusively while training writes it (``workbench.outputs.hold``)."""
     run_dir = Path(out_dir)
     rank_info, device = setup_distributed(cfg.train.device)
+    t = cfg.train
+    if t.batch_size % (rank_info.world * t.grad_accum):
+        raise ValueError(f"train.batch_size={t.batch_size} is not divisible by processes x grad_accum = {rank_info.world} x {t.grad_accum}")
+    # everything that can be checked is checked before the run directory is created or held
+    if resume and not (run_dir / STATE_DIR / "state.json").is_file():
+        raise FileNotFoundError(f"--resume: no checkpoint in {run_dir} (missing {STATE_DIR}/state.json)")
+    if not resume:
+        check_new_run_dir(run_dir)
+    stream = TokenStream.from_examples(load_task(cfg.data.task, cfg.data.n_train, t.seed, cfg.data), CharTokenizer())
+    if len(stream) <= t.seq_len + 1:
+        raise ValueError(f"task {cfg.data.task!r} gives {len(stream)} tokens, fewer than train.seq_len={t.seq_len}")
+    if not resume:
+        fresh = init_from(cfg.init_from, cfg, device) if cfg.init_from else model_from_config(cfg.arch, cfg.model, seed=t.seed, device=device)
+    with held_by_main_process(run_dir, rank_info, device):
+        if resume:
+            saved = load_run_config(run_dir / "config.json")
+            if saved.arch != cfg.arch:
+                raise ValueError(f"--resume: {run_dir} holds an {saved.arch!r} run, not {cfg.arch!r}")
+            model, opt, start = load_checkpoint(run_dir, cfg, device)
+        else:
+            check_new_run_dir(run_dir)  # again, now that it is held
+            model, opt, start = fresh, make_optimizer(fresh, cfg), 0
+        return _train_loop(cfg, run_dir, rank_info, device, model, opt, start, stream, resume, progress, stop_after)
+
+
+def _train_loop(cfg: RunConfig, run_dir: Path, rank_info: "Dist", device, model: DecoderLM, opt, start: int,
+                stream: TokenStream, resume: bool, progress, stop_after) -> dict:
     tokenizer = CharTokenizer()
     t = cfg.train
     per_rank = t.batch_size // rank_info.world
-    if t.batch_size % (rank_info.world * t.grad_accum):
-        raise ValueError(f"train.batch_size={t.batch_size} is not divisible by processes x grad_accum = {rank_info.world} x {t.grad_accum}")
     micro = per_rank // t.grad_accum
-
-    if resume:
-        if not (run_dir / STATE_DIR / "state.json").is_file():
-            raise FileNotFoundError(f"--resume: no checkpoint in {run_dir} (missing {STATE_DIR}/state.json)")
-        saved = load_run_config(run_dir / "config.json")
-        if saved.arch != cfg.arch:
-            raise ValueError(f"--resume: {run_dir} holds an {saved.arch!r} run, not {cfg.arch!r}")
-        model, opt, start = load_checkpoint(run_dir, cfg, device)
-    else:
-        if (run_dir / "model.safetensors").exists() or (run_dir / STATE_DIR / "state.json").exists():
-            raise FileExistsError(f"{run_dir} already holds a run; pass --resume to continue it or choose a new --out")
-        model = init_from(cfg.init_from, cfg, device) if cfg.init_from else model_from_config(cfg.arch, cfg.model, seed=t.seed, device=device)
-        opt, start = make_optimizer(model, cfg), 0
-
-    examples = load_task(cfg.data.task, cfg.data.n_train, t.seed, cfg.data)
-    stream = TokenStream.from_examples(examples, tokenizer)
-    if len(stream) <= t.seq_len + 1:
-        raise ValueError(f"task {cfg.data.task!r} gives {len(stream)} tokens, fewer than train.seq_len={t.seq_len}")
     strategy = make_strategy(cfg)
     model.train()
     if t.compile:

@@ -8,14 +8,15 @@ gives models good enough for the studies to show something.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from workbench.checkpoint import read_json, write_json
 from workbench.evaluate import evaluate_run
-from workbench.runconfig import make_run_config
-from workbench.train import train
+from workbench.outputs import hold
+from workbench.runconfig import load_run_config, make_run_config
+from workbench.train import check_new_run_dir, train
 
 SCALES = {
     "micro": {
@@ -57,32 +58,54 @@ def member_names(scale: str = "micro") -> list[str]:
 def train_zoo(scale: str = "micro", out: str | Path = "runs", *, progress: bool | Callable = True,
               only: list[str] | None = None) -> dict:
     """Train (or resume) and evaluate the zoo; returns and writes ``zoo.json`` under ``out``.
-    ``progress``: True for tqdm bars, or ``progress(name, step, total, record)`` after every step."""
+    ``progress``: True for tqdm bars, or ``progress(name, step, total, record)`` after every step.
+    The zoo directory is held while it trains; a member directory that holds anything but that
+    member's own run (same config) is left alone and stops the zoo before any training."""
     unknown = sorted(set(only or []) - set(member_names(scale)))
     if unknown:
         raise ValueError(f"unknown zoo member(s) {unknown}: expected some of {member_names(scale)}")
     out = Path(out)
-    summary = {"scale": scale, "models": {}}
-    if (out / "zoo.json").is_file():  # a partial re-run (``only``) keeps the other members' entries
-        previous = json.loads((out / "zoo.json").read_text())
-        if previous.get("scale") == scale:
-            summary["models"].update(previous.get("models", {}))
+    plan = []
     for name, arch, overrides, init in members(scale, out):
-        if only and name not in only:
-            continue
-        cfg = make_run_config(arch, SCALES[scale]["preset"], "mix", SCALES[scale]["common"] + overrides, init_from=init)
-        run = out / name
-        started = time.perf_counter()
-        resume = (run / "train_state" / "state.json").is_file()
-        report = (lambda step, total, record, name=name: progress(name, step, total, record)) if callable(progress) else progress
-        result = train(cfg, run, resume=resume, progress=report)
-        seconds = time.perf_counter() - started
-        evaluation = evaluate_run(run)
-        summary["models"][name] = {"train_seconds": round(seconds, 1), "eval_seconds": evaluation["seconds"],
-                                   "resumed_from": result["resumed_from"], "tasks": evaluation["tasks"]}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "zoo.json").write_text(json.dumps(summary, indent=2) + "\n")
+        if not only or name in only:
+            plan.append((name, make_run_config(arch, SCALES[scale]["preset"], "mix", SCALES[scale]["common"] + overrides, init_from=init)))
+    for name, cfg in plan:  # before anything is written
+        check_member(out / name, cfg)
+    with hold(out):
+        summary = {"scale": scale, "models": {}}
+        if (out / "zoo.json").exists():  # a partial re-run (``only``) keeps the other members' entries
+            previous = read_json(out / "zoo.json")
+            if previous.get("scale") == scale and isinstance(previous.get("models"), dict):
+                summary["models"].update(previous["models"])
+        for name, cfg in plan:
+            run = out / name
+            check_member(run, cfg)
+            started = time.perf_counter()
+            resume = (run / "train_state" / "state.json").is_file()
+            report = (lambda step, total, record, name=name: progress(name, step, total, record)) if callable(progress) else progress
+            result = train(cfg, run, resume=resume, progress=report)
+            seconds = time.perf_counter() - started
+            evaluation = evaluate_run(run)
+            summary["models"][name] = {"train_seconds": round(seconds, 1), "eval_seconds": evaluation["seconds"],
+                                       "resumed_from": result["resumed_from"], "tasks": evaluation["tasks"]}
+            write_json(out / "zoo.json", summary)  # after every member: a stopped zoo keeps what it finished
     return summary
+
+
+def check_member(run: Path, cfg) -> None:
+    """A zoo member's directory is new, or holds that member's run (resumed), or what a run killed
+    before its first checkpoint left; a run of another config is never resumed as the member."""
+    if (run / "train_state" / "state.json").is_file():
+        saved = load_run_config(run / "config.json").to_dict()
+        wanted = cfg.to_dict()
+        differ = sorted(f"{section}.{key}" for section in wanted if section != "model" and isinstance(wanted[section], dict)
+                        for key in wanted[section] if saved.get(section, {}).get(key) != wanted[section][key])
+        differ += [key for key in ("arch", "preset") if saved.get(key) != wanted[key]]
+        if differ:
+            raise FileExistsError(f"{run} holds a run that is not this zoo's {run.name} (it differs in {', '.join(differ[:4])}): "
+                                  "move it away or train the zoo into another --out")
+    else:
+        check_new_run_dir(run)
 
 
 def ensure_zoo(scale: str = "micro", out: str | Path = "runs/micro", *, progress: bool | Callable = False) -> Path:

@@ -1,0 +1,329 @@
+"""Output ownership (issue #12): concurrent writers and wrong-target outputs.
+
+Concurrent writers are real ``workbench`` processes: the first one is frozen with SIGSTOP as soon as
+it holds its output directory, so the second one meets it deterministically; it is then continued,
+or killed to leave a stale lock behind. Wrong targets are trained runs, stores, studies and plain
+user files: every verb pointed at something it did not write refuses with one line and changes
+nothing (``faultkit.snapshot`` compares bytes)."""
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from faultkit import assert_nothing_lost, assert_usage_error, cli, snapshot, tally
+from workbench import build_model, load_model, save_model
+from workbench.outputs import LOCK, OutputBusy, claim, hold
+from workbench.runs import read_metrics
+from workbench.store import load_store
+
+CONCURRENT = tally("concurrent writers")
+WRONG = tally("wrong-target outputs")
+FAST = ["train.batch_size=4", "train.seq_len=32", "train.warmup=3", "train.log_every=1", "data.n_train=300"]
+SETS = [a for s in FAST for a in ("--set", s)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# ---- the lock itself -----------------------------------------------------------------------
+
+
+def holder_record(directory: Path) -> dict:
+    text = (directory / LOCK).read_text() if (directory / LOCK).exists() else ""
+    return json.loads(text) if text.strip() else {}
+
+
+def start_holding(argv: list[str], directory: Path, timeout: float = 120.0) -> subprocess.Popen:
+    """Start ``workbench ARGV`` and freeze it (SIGSTOP) the moment it holds ``directory``."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "workbench.cli", *argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    deadline = time.monotonic() + timeout
+    while holder_record(directory).get("pid") != proc.pid:
+        if proc.poll() is not None:
+            raise AssertionError(f"{argv} ended before holding {directory}: {proc.stderr.read().decode()[-2000:]}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"{argv} did not hold {directory} within {timeout} s")
+        time.sleep(0.002)
+    os.kill(proc.pid, signal.SIGSTOP)
+    return proc
+
+
+def finish(proc: subprocess.Popen, *, kill: bool = False) -> int:
+    if kill:
+        proc.kill()
+    else:
+        os.kill(proc.pid, signal.SIGCONT)
+    return proc.wait(timeout=600)
+
+
+def test_a_held_directory_names_its_holder_to_a_second_process(tmp_path):
+    script = "import sys; from workbench.outputs import hold\nwith hold(sys.argv[1]):\n    print('held', flush=True); sys.stdin.readline()"
+    proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "out"), "--some-flag"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "held\n"
+        CONCURRENT["faults_injected"] += 1
+        with pytest.raises(OutputBusy, match=rf"{tmp_path / 'out'} is being written by PID {proc.pid} \(-c .*--some-flag\) on .* since "):
+            with hold(tmp_path / "out"):
+                pass
+    finally:
+        proc.communicate("\n", timeout=60)
+    assert holder_record(tmp_path / "out") == {}  # released: an empty lock file
+    with hold(tmp_path / "out"):
+        assert holder_record(tmp_path / "out")["pid"] == os.getpid()
+
+
+def test_a_lock_left_by_a_killed_process_is_taken_over_and_reported(tmp_path, caplog):
+    script = "import sys; from workbench.outputs import hold\nwith hold(sys.argv[1]):\n    print('held', flush=True); sys.stdin.readline()"
+    proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "out")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "held\n"
+    proc.kill()
+    proc.wait()
+    CONCURRENT["faults_injected"] += 1
+    assert holder_record(tmp_path / "out")["pid"] == proc.pid  # the dead holder's record stays behind
+    with caplog.at_level(logging.WARNING, logger="workbench.outputs"), hold(tmp_path / "out"):
+        assert holder_record(tmp_path / "out")["pid"] == os.getpid()
+    assert f"took over a stale lock of PID {proc.pid}" in caplog.text and "no longer running" in caplog.text
+
+
+def test_the_lock_is_reentrant_in_one_thread_and_exclusive_between_threads(tmp_path):
+    errors = []
+    with hold(tmp_path / "out"), hold(tmp_path / "out"):  # nested: the same writer
+        thread = threading.Thread(target=lambda: errors.append(_try_hold(tmp_path / "out")))
+        thread.start()
+        thread.join()
+    assert len(errors) == 1 and "another thread of this process" in errors[0]
+    assert _try_hold(tmp_path / "out") is None  # released once the outer hold ends
+
+
+def _try_hold(path):
+    try:
+        with hold(path):
+            return None
+    except OutputBusy as err:
+        return str(err)
+
+
+def test_a_claim_refuses_before_creating_anything_and_publishes_atomically(tmp_path):
+    target = tmp_path / "dyn"
+    target.mkdir()
+    (target / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match=r"holds files that are not a dynamics study \(notes.txt\)"):
+        with claim(target, "dynamics"):
+            pass
+    assert sorted(p.name for p in target.iterdir()) == ["notes.txt"]  # not even a lock file
+    with claim(tmp_path / "new", "dynamics") as out:
+        (out.staging / "rollout.png").write_text("figure")
+        (out.staging / "dynamics.json").write_text("{}")
+        assert not (tmp_path / "new" / "dynamics.json").exists()  # nothing visible before publish
+        out.publish(replaces=("rollout.png",))
+    assert sorted(p.name for p in (tmp_path / "new").iterdir()) == [LOCK, "dynamics.json", "rollout.png"]
+    with pytest.raises(FileExistsError, match="holds a previous dynamics study: pass --overwrite"):
+        with claim(tmp_path / "new", "dynamics"):
+            pass
+    with pytest.raises(RuntimeError, match="boom"), claim(tmp_path / "new", "dynamics", overwrite=True) as out:
+        (out.staging / "dynamics.json").write_text('{"new": 1}')
+        raise RuntimeError("boom")  # a failed writer leaves the previous output as it was
+    assert (tmp_path / "new" / "dynamics.json").read_text() == "{}" and (tmp_path / "new" / "rollout.png").exists()
+    assert not list((tmp_path / "new").glob(".staging-*"))
+
+
+# ---- concurrent writers: real processes -----------------------------------------------------
+
+
+def train_argv(arch: str, out: Path, steps: int = 400, every: int = 10) -> list[str]:
+    return ["train", "--arch", arch, "--out", str(out), "--no-progress", *SETS, "--set", f"train.steps={steps}",
+            "--set", f"train.checkpoint_every={every}"]
+
+
+def test_two_trainings_into_one_directory_one_resume_and_a_stale_lock(tmp_path, caplog):
+    """The reported bug: two `train` of different archs into one new directory both exited 0 and
+    interleaved their metrics. Now the second names the first; so does a concurrent --resume; a
+    SIGKILL leaves a stale lock that the next --resume takes over, and the metrics stay one run's."""
+    run = tmp_path / "run"
+    first = start_holding(train_argv("fbt", run), run)
+    try:
+        CONCURRENT["faults_injected"] += 1
+        assert_usage_error(train_argv("baseline", run), f"is being written by PID {first.pid}", "train --arch fbt")
+        CONCURRENT["faults_injected"] += 1
+        os.kill(first.pid, signal.SIGCONT)
+        deadline = time.monotonic() + 120
+        while not (run / "train_state" / "state.json").exists():  # let it commit a checkpoint
+            assert first.poll() is None and time.monotonic() < deadline, "the first training ended or stalled"
+            time.sleep(0.01)
+        os.kill(first.pid, signal.SIGSTOP)
+        assert_usage_error(["train", "--out", str(run), "--resume", "--no-progress"], f"is being written by PID {first.pid}")
+    finally:
+        finish(first, kill=True)
+    CONCURRENT["faults_injected"] += 1
+    with caplog.at_level(logging.WARNING, logger="workbench.outputs"):
+        code, _, err = cli(["train", "--out", str(run), "--resume", "--no-progress", "--stop-after", "3"])
+    assert code is None, err
+    assert f"took over a stale lock of PID {first.pid}" in caplog.text
+    steps = [r["step"] for r in read_metrics(run / "metrics.jsonl")]
+    assert steps == list(range(1, steps[-1] + 1))  # one run's lines, no step twice
+    assert load_model(run).arch == "fbt"
+
+
+def test_two_caches_into_one_store_do_not_mix(tmp_path):
+    """The reported bug: two `cache` into one --out published a store mixing two models' shards."""
+    store = tmp_path / "store"
+    argv = ["cache", "fbt:debug:1", "--hooks", "blocks.0.hook_resid_pre", "--task", "modsum", "--n-sequences", "400", "--out", str(store)]
+    first = start_holding(argv, store)
+    try:
+        CONCURRENT["faults_injected"] += 1
+        assert_usage_error(["cache", "baseline:debug", "--hooks", "hook_embed", "--task", "flipflop", "--n-sequences", "8",
+                            "--out", str(store)], f"is being written by PID {first.pid}", "cache fbt:debug:1")
+    finally:
+        assert finish(first) == 0
+    ds, meta = load_store(store)
+    assert meta["arch"] == "fbt" and meta["hooks"] == ["blocks.0.hook_resid_pre"] and len(ds) == meta["n_rows"]
+    assert sorted(set(ds["seq"])) == list(range(400))
+
+
+def test_two_zoos_into_one_directory(tmp_path):
+    zoo = tmp_path / "zoo"
+    first = start_holding(["zoo", "--preset", "micro", "--out", str(zoo), "--no-progress"], zoo)
+    try:
+        before = snapshot(zoo)
+        CONCURRENT["faults_injected"] += 1
+        assert_usage_error(["zoo", "--preset", "micro", "--out", str(zoo), "--no-progress", "--only", "baseline"],
+                           f"is being written by PID {first.pid}", "zoo --preset micro")
+        assert_nothing_lost(before, snapshot(zoo), CONCURRENT)
+    finally:
+        finish(first, kill=True)
+
+
+# ---- wrong targets: every verb pointed at what it did not write -------------------------------
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A trained run (with a user's notes in it), a finished store and a user directory."""
+    base = tmp_path_factory.mktemp("targets")
+    code, _, err = cli(train_argv("fbt", base / "run", steps=4, every=2))
+    assert code is None, err
+    (base / "run" / "notes.md").write_text("my observations")
+    code, _, err = cli(["eval", str(base / "run"), "--n", "4"])
+    assert code is None, err
+    code, _, err = cli(["cache", "fbt:debug", "--hooks", "hook_embed", "--task", "modsum", "--n-sequences", "40",
+                        "--out", str(base / "store")])
+    assert code is None, err
+    (base / "mine").mkdir()
+    (base / "mine" / "thesis.tex").write_text("\\section{}")
+    shutil.copytree(base / "run", base / "zoo" / "fbt")  # a zoo directory whose fbt member is another run
+    return base
+
+
+def wrong_targets(base: Path) -> list[tuple[list[str], str, str]]:
+    run, store, mine = (str(base / n) for n in ("run", "store", "mine"))
+    sets = [a for s in FAST + ["train.steps=2"] for a in ("--set", s)]
+    return [  # (argv, what must be named, the directory to compare)
+        (["cache", "fbt:debug", "--hooks", "hook_embed", "--n-sequences", "4", "--out", run], "not an activation store", "run"),
+        (["cache", "fbt:debug", "--hooks", "hook_embed", "--n-sequences", "4", "--out", run, "--overwrite"], "not an activation store", "run"),
+        (["cache", "fbt:debug", "--hooks", "hook_embed", "--n-sequences", "4", "--out", mine, "--overwrite"], "thesis.tex", "mine"),
+        (["cache", "fbt:debug", "--hooks", "hook_embed", "--n-sequences", "4", "--out", store], "pass --overwrite", "store"),
+        (["demo", "--out", run, "--preset", "debug"], "not a demo output", "run"),
+        (["demo", "--out", str(base), "--preset", "debug", "--overwrite"], "not a demo output", "."),
+        (["export", run, run], "not a Hugging Face export", "run"),
+        (["export", "fbt:debug", store, "--overwrite"], "not a Hugging Face export", "store"),
+        (["train", "--out", run, *sets], "already holds a run", "run"),
+        (["train", "--out", mine, *sets], "not a workbench run (thesis.tex)", "mine"),
+        (["train", "--out", store, *sets], "not a workbench run", "store"),
+        (["dynamics", run, "--out", run, "--horizon", "30", "--spectra", "1", "--fixed-points", "0"], "not a dynamics study", "run"),
+        (["traces", run, "--out", store, "--n-problems", "2"], "not a trace study", "store"),
+        (["traces", run, "--out", mine, "--n-problems", "2", "--overwrite"], "not a trace study", "mine"),
+        (["probe", run, "--target", "memory", "--out", f"{run}/config.json", "--overwrite"], "is not a probe report", "run"),
+        (["probe", run, "--target", "memory", "--out", f"{mine}/thesis.tex"], "is not a probe report", "mine"),
+        (["eval", run, "--n", "2", "--json", f"{run}/config.json"], "is not a workbench --json output", "run"),
+        (["generate", "fbt:debug", "--prompt", "a", "--json", f"{mine}/thesis.tex"], "is not a workbench --json output", "mine"),
+        (["zoo", "--preset", "micro", "--out", str(base / "zoo"), "--only", "fbt"], "that is not this zoo's fbt", "zoo"),
+    ]
+
+
+def test_every_verb_refuses_a_target_it_did_not_write_and_changes_nothing(trained, tmp_path):
+    for argv, named, compared in wrong_targets(trained):
+        where = trained / compared
+        before = snapshot(where)
+        WRONG["faults_injected"] += 1
+        assert_usage_error(argv, named)
+        assert_nothing_lost(before, snapshot(where), WRONG)
+
+
+def test_overwrite_replaces_only_the_previous_output(trained, tmp_path):
+    store = tmp_path / "store"
+    argv = ["cache", "baseline:debug", "--hooks", "hook_embed", "blocks.0.hook_resid_post", "--task", "modsum",
+            "--n-sequences", "70", "--out", str(store)]
+    assert cli(argv)[0] is None
+    (store / "README.txt").write_text("what this store is for")
+    old = load_store(store)[1]
+    assert len(old["shards"]) == 3
+    WRONG["faults_injected"] += 1
+    assert_usage_error(argv, "holds a previous activation store: pass --overwrite")
+    argv[argv.index("70")] = "20"  # a smaller store: one shard replaces three
+    assert cli(argv + ["--overwrite"])[0] is None
+    ds, meta = load_store(store)
+    assert meta["n_sequences"] == 20 and [s["name"] for s in meta["shards"]] == ["shard-00000.arrow"]
+    assert sorted(p.name for p in store.iterdir()) == [LOCK, "README.txt", "shard-00000.arrow", "store.json"]
+
+
+def test_a_json_output_replaces_only_an_earlier_json_output(tmp_path):
+    out = tmp_path / "gen.json"
+    argv = ["generate", "fbt:debug", "--prompt", "ab", "--max-new-tokens", "2", "--json", str(out)]
+    assert cli(argv)[0] is None
+    first = json.loads(out.read_text())
+    assert first["written_by"] == "workbench generate" and "generations" in first
+    assert cli(argv)[0] is None  # its own earlier output: replaced
+    WRONG["faults_injected"] += 1
+    out.write_text(json.dumps({"my": "results"}))
+    assert_usage_error(argv, str(out), "not a workbench --json output")
+    assert json.loads(out.read_text()) == {"my": "results"}
+
+
+def test_a_probe_sweep_replaces_its_previous_sweep_only_with_overwrite(tmp_path):
+    run = save_model(build_model("fbt", "debug"), tmp_path / "run")
+    argv = ["probe", str(run), "--target", "running_sum", "--passes", "2", "--no-exact", "--n-sequences", "30",
+            "--hooks", "blocks.0.hook_resid_pre"]
+    assert cli(argv)[0] is None
+    first = snapshot(run / "results")
+    WRONG["faults_injected"] += 1
+    assert_usage_error(argv, "holds a previous probe sweep: pass --overwrite")
+    assert_nothing_lost(first, snapshot(run / "results"), WRONG)
+    assert cli(argv + ["--overwrite", "--hooks", "hook_embed"])[0] is None  # a different sweep: its probes replace the old set
+    probes = sorted(p.name for p in (run / "results" / "probes" / "running_sum").iterdir())
+    assert probes == ["hook_embed__recurrent-2.safetensors", "hook_embed__standard-1.safetensors"]
+    assert not [p for p in (run / "results").iterdir() if p.name.startswith(".staging-") or p.name.startswith("tmp")]
+
+
+def test_a_killed_cache_leaves_only_staging_that_the_next_writer_removes(tmp_path):
+    store = tmp_path / "store"
+    argv = ["cache", "fbt:debug", "--hooks", "blocks.0.hook_resid_pre", "--task", "modsum", "--n-sequences", "400", "--out", str(store)]
+    proc = start_holding(argv, store)
+    os.kill(proc.pid, signal.SIGCONT)
+    deadline = time.monotonic() + 120
+    while not list(store.glob(".staging-*/shard-00001.arrow")):  # killed mid-write, after two shards
+        assert proc.poll() is None and time.monotonic() < deadline, "the cache ended or stalled"
+        time.sleep(0.005)
+    finish(proc, kill=True)
+    WRONG["faults_injected"] += 1
+    assert [p.name for p in store.iterdir() if p.name != LOCK] == [f".staging-{proc.pid}"]
+    with pytest.raises(FileNotFoundError, match="no activation store"):
+        load_store(store)
+    assert cli(argv[:-4] + ["--n-sequences", "8", "--out", str(store)])[0] is None  # no --overwrite needed: nothing was published
+    assert sorted(p.name for p in store.iterdir()) == [LOCK, "shard-00000.arrow", "store.json"]

@@ -1,0 +1,257 @@
+"""Ownership of output directories: a verb that writes a run, a store, a study output or a zoo holds
+an exclusive lock on its directory while it writes, and never deletes or overwrites what it did not
+create.
+
+- ``hold(directory)``: the lock. ``DIR/.workbench.lock`` is held with ``fcntl.flock`` and names its
+  holder (PID, command, host, start time); a second writer gets ``OutputBusy`` naming the holder.
+  The kernel releases the lock when the holder dies, so a lock file still naming a dead process is
+  stale: the next writer takes it over and logs that it did.
+- ``claim(directory, kind, overwrite)``: the lock, plus the rule for outputs that are one unit (an
+  activation store, a dynamics or trace study, a Hugging Face export, the demo). The directory must
+  be new, empty, or a previous output of the same kind (recognised by its metadata file), which is
+  replaced only with ``overwrite``. Files are written into a hidden staging directory inside it and
+  published by ``publish()``, metadata file last, so a reader never sees a half-written output and a
+  killed writer leaves only its staging directory, which the next holder removes.
+- Runs, zoos and a run's ``results/`` keep their own rules (resume, refresh) and use ``hold``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+logger = logging.getLogger(__name__)
+
+LOCK = ".workbench.lock"
+STAGING = ".staging-"
+_TMP = re.compile(r"^\..+\.tmp$")  # what checkpoint.atomic_write leaves when a writer is killed
+
+
+class OutputBusy(RuntimeError):
+    """Another process (or thread) holds the output directory."""
+
+
+@dataclass(frozen=True)
+class Kind:
+    noun: str  # "activation store"
+    article: str  # "an"
+    marker: str  # the metadata file that says a directory holds this kind of output
+    verb: str  # the CLI verb that writes it
+
+
+KINDS = {
+    "store": Kind("activation store", "an", "store.json", "cache"),
+    "dynamics": Kind("dynamics study", "a", "dynamics.json", "dynamics"),
+    "traces": Kind("trace study", "a", "summary.json", "traces"),
+    "export": Kind("Hugging Face export", "a", "workbench_export.json", "export"),
+    "demo": Kind("demo output", "a", "demo.json", "demo"),
+}
+
+_held: dict[Path, list] = {}  # resolved directory -> [thread id, depth, fd]
+_held_guard = threading.Lock()
+
+
+def is_bookkeeping(name: str) -> bool:
+    """Files of ours that say nothing about what a directory holds: the lock, staging directories,
+    and the temporary files of a killed atomic write."""
+    return name == LOCK or name.startswith(STAGING) or bool(_TMP.match(name))
+
+
+def contents(directory: Path) -> list[str]:
+    """The names in ``directory`` that are not bookkeeping, sorted (none if it does not exist)."""
+    directory = Path(directory)
+    if not directory.exists():
+        return []
+    if not directory.is_dir():
+        raise NotADirectoryError(f"{directory} exists and is not a directory")
+    return sorted(p.name for p in directory.iterdir() if not is_bookkeeping(p.name))
+
+
+def _holder_record() -> dict:
+    return {"pid": os.getpid(), "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]) if sys.argv else "python",
+            "host": socket.gethostname(), "since": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+def _read_record(fd: int) -> dict | None:
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        text = os.read(fd, 65536).decode(errors="replace")
+        record = json.loads(text) if text.strip() else None
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _describe(record: dict | None) -> str:
+    if not record:
+        return "another process"
+    return f"PID {record.get('pid', '?')} ({record.get('command', '?')}) on {record.get('host', '?')} since {record.get('since', '?')}"
+
+
+def _alive(pid) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, TypeError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextmanager
+def hold(directory: str | Path) -> Iterator[Path]:
+    """Create ``directory`` (and its parents) if needed and hold it exclusively until the block
+    ends. Re-entrant within one thread; another thread or process gets ``OutputBusy``."""
+    directory = Path(directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise NotADirectoryError(f"{directory} exists and is not a directory") from None
+    except OSError as err:
+        raise OSError(err.errno, f"cannot create {directory}: {err.strerror}") from None
+    key = directory.resolve()
+    with _held_guard:
+        entry = _held.get(key)
+        if entry is not None:
+            if entry[0] != threading.get_ident():
+                raise OutputBusy(f"{directory} is being written by another thread of this process (PID {os.getpid()}): "
+                                 "wait for it to finish or choose another output directory")
+            entry[1] += 1
+    if entry is not None:
+        try:
+            yield directory
+        finally:
+            with _held_guard:
+                entry[1] -= 1
+        return
+    path = directory / LOCK
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as err:
+        raise OSError(err.errno, f"cannot lock {directory}: {err.strerror} ({path})") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise OutputBusy(f"{directory} is being written by {_describe(_read_record(fd))}: "
+                             "wait for it to finish or choose another output directory") from None
+        stale = _read_record(fd)
+        if stale:
+            state = "still running, not holding it" if _alive(stale.get("pid")) else "no longer running"
+            logger.warning("%s: took over a stale lock of %s (%s)", directory, _describe(stale), state)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(_holder_record()) + "\n").encode(), 0)
+        with _held_guard:
+            _held[key] = [threading.get_ident(), 0, fd]
+        try:
+            yield directory
+        finally:
+            with _held_guard:
+                _held.pop(key, None)
+            os.ftruncate(fd, 0)  # an empty lock file is a released one; a record left behind is stale
+    finally:
+        os.close(fd)  # closing releases the flock
+
+
+class Claim:
+    """A held unit output directory with its staging directory (see ``claim``)."""
+
+    def __init__(self, directory: Path, kind: Kind, previous: bool):
+        self.directory, self.kind, self.previous = directory, kind, previous
+        self.staging = directory / f"{STAGING}{os.getpid()}"
+        self.published = False
+
+    def publish(self, replaces=()) -> None:
+        """Move everything staged into the directory, ``kind.marker`` last. A previous output is
+        invalidated first (its marker goes), then its entries named by ``replaces`` (names, or a
+        callable on a name) that the new output does not bring are removed, and entries with a
+        staged replacement are swapped."""
+        staged = sorted(p.name for p in self.staging.iterdir())
+        marker = self.kind.marker
+        if marker not in staged:
+            raise RuntimeError(f"the {self.kind.noun} in {self.staging} has no {marker}: nothing to publish")
+        trash = self.staging / f"{STAGING}replaced"
+        trash.mkdir()
+        if self.previous:
+            old = self.directory / marker
+            if old.exists():
+                os.replace(old, trash / marker)
+            owned = replaces if callable(replaces) else set(replaces).__contains__
+            for name in contents(self.directory):
+                if name not in staged and owned(name):
+                    os.replace(self.directory / name, trash / name)
+        for name in [n for n in staged if n != marker] + [marker]:
+            target = self.directory / name
+            if target.exists() and (target.is_dir() and not target.is_symlink()):
+                os.replace(target, trash / name)  # a directory is not replaced by rename in one step
+            os.replace(self.staging / name, target)
+        fsync_dir(self.directory)
+        self.published = True
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make the renames into ``directory`` durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def claim(directory: str | Path, kind: str, *, overwrite: bool = False) -> Iterator[Claim]:
+    """Hold ``directory`` as a new output of ``kind`` (see the module docstring). Staging is
+    removed when the block ends, published or not."""
+    spec = KINDS[kind]
+    directory = Path(directory)
+    found = contents(directory)  # refuse before creating anything
+    _check_target(directory, spec, found, overwrite)
+    with hold(directory), staging_in(directory):
+        found = contents(directory)
+        _check_target(directory, spec, found, overwrite)
+        yield Claim(directory, spec, previous=bool(found))
+
+
+@contextmanager
+def staging_in(directory: Path) -> Iterator[Path]:
+    """A fresh staging directory inside ``directory``, which the caller holds; what killed writers
+    left there is removed first, and this one when the block ends."""
+    for leftover in Path(directory).glob(f"{STAGING}*"):  # no one else can be using it: we hold the lock
+        shutil.rmtree(leftover)
+    path = Path(directory) / f"{STAGING}{os.getpid()}"
+    path.mkdir()
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _check_target(directory: Path, spec: Kind, found: list[str], overwrite: bool) -> None:
+    if not found:
+        return
+    if spec.marker not in found or not _is_json_object(directory / spec.marker):
+        shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
+        raise FileExistsError(f"{directory} holds files that are not {spec.article} {spec.noun} ({shown}): "
+                              "choose a new or empty directory")
+    if not overwrite:
+        raise FileExistsError(f"{directory} holds a previous {spec.noun}: pass --overwrite to replace it, "
+                              "or choose a new directory")
+
+
+def _is_json_object(path: Path) -> bool:
+    try:
+        return isinstance(json.loads(path.read_text()), dict)
+    except (OSError, ValueError, RecursionError):
+        return False
