@@ -15,6 +15,7 @@ from workbench.checkpoint import load_model
 from workbench.runs import RunInfo, find_run_dirs, list_runs
 
 ROOT_KEY = "runs_root"
+RUN_FILES = ("config.json", "model.safetensors", "metrics.jsonl", "results/eval.json")
 
 
 def runs_root() -> Path:
@@ -34,10 +35,20 @@ def runs_root_picker() -> None:
             st.warning(f"{text} is not a directory yet: the Runs page can train a zoo into it.")
 
 
-def stamp(path: Path) -> tuple:
-    """Changes whenever a run's weights, config or metrics change (cache invalidation)."""
-    files = [path / n for n in ("config.json", "model.safetensors", "metrics.jsonl", "results/eval.json")]
-    return tuple(f.stat().st_mtime_ns if f.exists() else 0 for f in files)
+def _mark(path: Path) -> tuple[int, int] | int:
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return 0
+    except OSError:  # unreadable (EACCES): a chmod that fixes it changes the mark
+        return -1
+    return info.st_mtime_ns, info.st_ctime_ns  # ctime: a chmod alone changes what can be read
+
+
+def stamp(path: Path, names: tuple[str, ...] = RUN_FILES) -> tuple:
+    """Changes whenever a run's weights, config, metrics or eval (or their modes) change (cache
+    invalidation); never raises."""
+    return tuple(_mark(path / n) for n in names)
 
 
 @st.cache_data(show_spinner="Reading runs...", max_entries=16)
@@ -48,10 +59,10 @@ def _runs(root: str, stamps: tuple) -> list[RunInfo]:
 def runs() -> list[RunInfo]:
     """Every run under the runs directory, broken ones included (their ``error`` says why)."""
     root = runs_root()
-    if not root.is_dir():
+    if not os.path.isdir(root):
         return []
-    dirs = find_run_dirs(root)
-    return _runs(str(root), tuple((str(d), stamp(d)) for d in dirs))
+    dirs = find_run_dirs(root)  # the directories themselves and results/ too: modes and the results listing
+    return _runs(str(root), tuple((str(d), stamp(d, ("", "results", *RUN_FILES))) for d in dirs))
 
 
 @st.cache_resource(show_spinner="Loading model...", max_entries=8)
