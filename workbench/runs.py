@@ -1,5 +1,5 @@
-"""Run directories under a root: what the app's Runs page lists, and what it reads of each (checked, so
-pages can trust a usable run's fields)."""
+"""Run directories under a root: what the app's Runs page lists, what it reads of each (checked, so
+pages can trust a usable run's fields), and the rules for writing under the root."""
 
 from __future__ import annotations
 
@@ -168,4 +168,18 @@ def list_runs(root: str | Path, *, check_weights: bool = True) -> list[RunInfo]:
     return [inspect_run(p, root, check_weights=check_weights) if err is None
             else RunInfo(_name(p, root), p, arch=None, config={}, error=f"{_describe(err)} (runs under it, if any, are not listed)")
             for p, err in _walk(root)]
+
+
+def within_root(path: str | Path, root: str | Path) -> Path:
+    """``path`` with symlinks and ``..`` resolved (a relative one taken under ``root``) if that is
+    ``root`` or a directory under it; else a ValueError naming both. The app writes only there."""
+    root = Path(root).resolve()
+    try:
+        resolved = (root / Path(path).expanduser()).resolve()
+    except (OSError, RuntimeError, ValueError) as err:  # a symlink loop, a NUL byte
+        raise ValueError(f"{path}: not a usable path ({err}); expected the runs root {root} or a directory under it") from None
+    if resolved != root and root not in resolved.parents:
+        shown = "" if str(resolved) == str(path) else f" (resolves to {resolved})"
+        raise ValueError(f"{path}{shown} is outside the runs root {root}: expected the root or a directory under it")
+    return resolved
 
