@@ -12,7 +12,7 @@ import streamlit as st
 from streamlit.runtime.scriptrunner_utils.exceptions import ScriptControlException
 
 from workbench.checkpoint import load_model
-from workbench.runs import RunInfo, find_run_dirs, list_runs, within_root
+from workbench.runs import RunInfo, exposure_warning, find_run_dirs, list_runs, within_root
 
 ROOT_KEY, INPUT_KEY, REFUSED_KEY = "runs_root", "runs_root_input", "runs_root_refused"
 RUN_FILES = ("config.json", "model.safetensors", "metrics.jsonl", "results/eval.json")
@@ -48,6 +48,8 @@ def runs_root_picker() -> None:
             st.error(refused)
         if not os.path.isdir(runs_root()):
             st.warning(f"{runs_root()} is not a directory yet: the Runs page can train a zoo into it.")
+        if warning := exposure_warning(st.get_option("server.address"), app_root()):
+            st.warning(warning)
 
 
 def writable(*paths: Path) -> bool:

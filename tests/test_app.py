@@ -15,6 +15,18 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 MAIN = str(Path(__file__).resolve().parents[1] / "app" / "main.py")
 
 
+@pytest.fixture(autouse=True)
+def loopback():
+    """AppTest has no server: bind the app where ``workbench app`` does by default, so the sidebar's
+    warning for a non-loopback address is off unless a test sets another address."""
+    from streamlit import config
+
+    previous = config.get_option("server.address")
+    config.set_option("server.address", "127.0.0.1")
+    yield config
+    config.set_option("server.address", previous)
+
+
 @pytest.fixture(scope="module")
 def zoo(micro_zoo, tmp_path_factory):
     """A copy of the micro zoo the pages may write results into."""
@@ -246,3 +258,29 @@ def test_writes_through_a_symlink_out_of_the_root_are_refused(monkeypatch, micro
     counts["faults_injected"] += 2
     assert_nothing_lost(before, snapshot(elsewhere), counts)
 
+
+def test_the_sidebar_warns_when_the_app_is_bound_beyond_loopback(monkeypatch, tmp_path, loopback):
+    at = open_page(monkeypatch, tmp_path)
+    assert not [w for w in at.sidebar.warning if "loopback" in w.value]
+    loopback.set_option("server.address", "0.0.0.0")
+    at.run()
+    assert [w.value for w in at.sidebar.warning if "loopback" in w.value] == [
+        f"--address 0.0.0.0 is not a loopback address: anyone who can reach it can start training and write files under {tmp_path.resolve()}"]
+
+
+def test_app_verb_warns_on_stderr_before_starting_when_the_address_is_not_loopback(monkeypatch, tmp_path, capsys):
+    import subprocess
+
+    from workbench.cli import main
+    from workbench.runs import is_loopback
+
+    assert all(map(is_loopback, ["127.0.0.1", "127.4.5.6", "::1", "[::1]", "localhost", "LocalHost", "::ffff:127.0.0.1"]))
+    assert not any(map(is_loopback, ["0.0.0.0", "::", "", None, "192.168.1.7", "10.0.0.1", "example.org", "128.0.0.1"]))
+    started = []
+    monkeypatch.setattr(subprocess, "call", lambda command, **kwargs: started.append(capsys.readouterr().err) or 0)
+    for address, warned in [("0.0.0.0", True), ("127.0.0.1", False), ("localhost", False), ("192.168.1.7", True)]:
+        main(["app", "--runs", str(tmp_path), "--address", address])
+        lines = started.pop().splitlines()
+        expected = [f"workbench app: warning: --address {address} is not a loopback address: anyone who can reach it can start "
+                    f"training and write files under {tmp_path.resolve()}"]
+        assert lines == (expected if warned else []), (address, lines)

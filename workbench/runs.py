@@ -3,6 +3,7 @@ pages can trust a usable run's fields), and the rules for writing under the root
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -183,3 +184,23 @@ def within_root(path: str | Path, root: str | Path) -> Path:
         raise ValueError(f"{path}{shown} is outside the runs root {root}: expected the root or a directory under it")
     return resolved
 
+
+def is_loopback(address: str | None) -> bool:
+    """Whether a server bound to ``address`` serves this machine only (127.0.0.0/8, ::1, localhost).
+    None or "" (all interfaces) and host names other than localhost are not."""
+    text = (address or "").strip().strip("[]").lower()
+    if text == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return ip.is_loopback or (isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None and ip.ipv4_mapped.is_loopback)
+
+
+def exposure_warning(address: str | None, root: str | Path) -> str | None:
+    """The one-line warning for an app bound to ``address`` (None: all interfaces) over ``root``."""
+    if is_loopback(address):
+        return None
+    return (f"--address {address or '(all interfaces)'} is not a loopback address: anyone who can reach it can start "
+            f"training and write files under {Path(root).resolve()}")
