@@ -12,32 +12,72 @@ import streamlit as st
 from streamlit.runtime.scriptrunner_utils.exceptions import ScriptControlException
 
 from workbench.checkpoint import load_model
-from workbench.runs import RunInfo, find_run_dirs, list_runs
+from workbench.runs import RunInfo, exposure_warning, find_run_dirs, list_runs, within_root
 
-ROOT_KEY = "runs_root"
+ROOT_KEY, INPUT_KEY, REFUSED_KEY = "runs_root", "runs_root_input", "runs_root_refused"
+RUN_FILES = ("config.json", "model.safetensors", "metrics.jsonl", "results/eval.json")
+
+
+def app_root() -> Path:
+    """The runs root: ``WORKBENCH_RUNS`` (set by ``workbench app --runs``), else ``runs``. The app
+    reads and writes only under it."""
+    return Path(os.environ.get("WORKBENCH_RUNS") or "runs").resolve()
 
 
 def runs_root() -> Path:
-    """The runs directory: the sidebar's value, else ``WORKBENCH_RUNS`` (set by ``workbench app
-    --runs``), else ``runs``."""
-    return Path(st.session_state.get(ROOT_KEY) or os.environ.get("WORKBENCH_RUNS", "runs"))
+    """The runs directory: the sidebar's choice (the root or a directory under it), else the root."""
+    return Path(st.session_state.get(ROOT_KEY) or app_root())
+
+
+def _choose_root() -> None:
+    """The sidebar box's callback: take the root or a directory under it; refuse anything else
+    and put the previous value back in the box."""
+    try:
+        st.session_state[ROOT_KEY] = str(within_root(st.session_state[INPUT_KEY], app_root()))
+    except ValueError as err:
+        st.session_state[REFUSED_KEY] = f"Refused: {err}"
+    st.session_state[INPUT_KEY] = str(runs_root())
 
 
 def runs_root_picker() -> None:
+    st.session_state.setdefault(INPUT_KEY, str(runs_root()))
     with st.sidebar:
-        text = st.text_input("Runs directory", value=str(runs_root()), key="runs_root_input",
-                             help="A directory whose subdirectories (up to 3 levels deep) are run directories.")
-        if text and Path(text) != runs_root():
-            st.session_state[ROOT_KEY] = text
-            st.rerun()
-        if not Path(text).is_dir():
-            st.warning(f"{text} is not a directory yet: the Runs page can train a zoo into it.")
+        st.text_input("Runs directory", key=INPUT_KEY, on_change=_choose_root,
+                      help=f"{app_root()} (the runs root) or a directory under it; its subdirectories (up to 3 levels deep) are run directories.")
+        if refused := st.session_state.pop(REFUSED_KEY, None):
+            st.error(refused)
+        if not os.path.isdir(runs_root()):
+            st.warning(f"{runs_root()} is not a directory yet: the Runs page can train a zoo into it.")
+        if warning := exposure_warning(st.get_option("server.address"), app_root()):
+            st.warning(warning)
 
 
-def stamp(path: Path) -> tuple:
-    """Changes whenever a run's weights, config or metrics change (cache invalidation)."""
-    files = [path / n for n in ("config.json", "model.safetensors", "metrics.jsonl", "results/eval.json")]
-    return tuple(f.stat().st_mtime_ns if f.exists() else 0 for f in files)
+def writable(*paths: Path) -> bool:
+    """Whether every path lies under the runs root once symlinks are resolved; if not, an error
+    element names the first that does not. Every write the app starts checks this first."""
+    try:
+        for path in paths:
+            within_root(path, app_root())
+    except ValueError as err:
+        st.error(f"Refused to write: {err}")
+        return False
+    return True
+
+
+def _mark(path: Path) -> tuple[int, int] | int:
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return 0
+    except OSError:  # unreadable (EACCES): a chmod that fixes it changes the mark
+        return -1
+    return info.st_mtime_ns, info.st_ctime_ns  # ctime: a chmod alone changes what can be read
+
+
+def stamp(path: Path, names: tuple[str, ...] = RUN_FILES) -> tuple:
+    """Changes whenever a run's weights, config, metrics or eval (or their modes) change (cache
+    invalidation); never raises."""
+    return tuple(_mark(path / n) for n in names)
 
 
 @st.cache_data(show_spinner="Reading runs...", max_entries=16)
@@ -48,10 +88,10 @@ def _runs(root: str, stamps: tuple) -> list[RunInfo]:
 def runs() -> list[RunInfo]:
     """Every run under the runs directory, broken ones included (their ``error`` says why)."""
     root = runs_root()
-    if not root.is_dir():
+    if not os.path.isdir(root):
         return []
-    dirs = find_run_dirs(root)
-    return _runs(str(root), tuple((str(d), stamp(d)) for d in dirs))
+    dirs = find_run_dirs(root)  # the directories themselves and results/ too: modes and the results listing
+    return _runs(str(root), tuple((str(d), stamp(d, ("", "results", *RUN_FILES))) for d in dirs))
 
 
 @st.cache_resource(show_spinner="Loading model...", max_entries=8)

@@ -7,10 +7,24 @@ from pathlib import Path
 
 import pytest
 
+from faultkit import assert_nothing_lost, snapshot, tally
+
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 MAIN = str(Path(__file__).resolve().parents[1] / "app" / "main.py")
+
+
+@pytest.fixture(autouse=True)
+def loopback():
+    """AppTest has no server: bind the app where ``workbench app`` does by default, so the sidebar's
+    warning for a non-loopback address is off unless a test sets another address."""
+    from streamlit import config
+
+    previous = config.get_option("server.address")
+    config.set_option("server.address", "127.0.0.1")
+    yield config
+    config.set_option("server.address", previous)
 
 
 @pytest.fixture(scope="module")
@@ -194,3 +208,79 @@ def test_app_verb_rejects_bad_ports_and_finds_its_script(tmp_path, capsys):
         with pytest.raises(SystemExit) as exit_:
             main(argv)
         assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def sidebar_errors(at: AppTest) -> list[str]:
+    return [e.value for e in at.sidebar.error]
+
+
+def test_the_sidebar_refuses_directories_outside_the_runs_root_and_trains_nothing_there(monkeypatch, tmp_path):
+    root, elsewhere = tmp_path / "runs", tmp_path / "elsewhere"
+    root.mkdir()
+    (root / "link").symlink_to(elsewhere, target_is_directory=True)
+    at = open_page(monkeypatch, root)
+    for outside in [str(elsewhere), f"{root}/../x", str(root / "link"), "/"]:
+        at.text_input(key="runs_root_input").set_value(outside).run()
+        assert_clean(at)
+        assert any("outside the runs root" in e and outside in e for e in sidebar_errors(at)), (outside, sidebar_errors(at))
+        assert at.text_input(key="runs_root_input").value == str(root)  # the previous value is kept
+        assert at.button(key="train_zoo").label == f"Train the micro zoo into {root / 'micro'}"
+    at.text_input(key="runs_root_input").set_value(str(root / "sub")).run()
+    assert not sidebar_errors(at) and at.text_input(key="runs_root_input").value == str(root / "sub")
+    at.button(key="train_zoo").click().run()
+    assert_clean(at)
+    assert not errors(at)
+    assert sorted(at.dataframe[0].value["run"]) == ["micro/baseline", "micro/fbt", "micro/fbt-no3pass", "micro/hd2", "micro/hd4"]
+    assert not elsewhere.exists() and not (tmp_path / "x").exists() and (root / "sub" / "micro" / "fbt" / "model.safetensors").is_file()
+
+
+def test_writes_through_a_symlink_out_of_the_root_are_refused(monkeypatch, micro_zoo, tmp_path):
+    """A run or zoo directory under the root may link elsewhere: it is read, never written."""
+    counts = tally("writes outside the runs root")
+    root, elsewhere = tmp_path / "runs", tmp_path / "elsewhere"
+    shutil.copytree(micro_zoo / "fbt", elsewhere / "fbt")
+    (elsewhere / "zoo").mkdir()
+    root.mkdir()
+    (root / "linked-fbt").symlink_to(elsewhere / "fbt", target_is_directory=True)
+    (root / "micro").symlink_to(elsewhere / "zoo", target_is_directory=True)
+    before = snapshot(elsewhere)
+    at = open_page(monkeypatch, root, "probes")
+    at.selectbox(key="probe_run").set_value("linked-fbt")
+    at.number_input(key="probe_n").set_value(40)
+    at.button(key="probe_train").click().run()
+    assert_clean(at)
+    assert any(e.startswith("Refused to write") and "outside the runs root" in e for e in errors(at)), errors(at)
+    at.switch_page("views/runs.py").run()
+    at.button(key="train_zoo").click().run()
+    assert_clean(at)
+    assert any(e.startswith("Refused to write") and str(root / "micro") in e for e in errors(at)), errors(at)
+    counts["inputs_tried"] += 2
+    counts["faults_injected"] += 2
+    assert_nothing_lost(before, snapshot(elsewhere), counts)
+
+
+def test_the_sidebar_warns_when_the_app_is_bound_beyond_loopback(monkeypatch, tmp_path, loopback):
+    at = open_page(monkeypatch, tmp_path)
+    assert not [w for w in at.sidebar.warning if "loopback" in w.value]
+    loopback.set_option("server.address", "0.0.0.0")
+    at.run()
+    assert [w.value for w in at.sidebar.warning if "loopback" in w.value] == [
+        f"--address 0.0.0.0 is not a loopback address: anyone who can reach it can start training and write files under {tmp_path.resolve()}"]
+
+
+def test_app_verb_warns_on_stderr_before_starting_when_the_address_is_not_loopback(monkeypatch, tmp_path, capsys):
+    import subprocess
+
+    from workbench.cli import main
+    from workbench.runs import is_loopback
+
+    assert all(map(is_loopback, ["127.0.0.1", "127.4.5.6", "::1", "[::1]", "localhost", "LocalHost", "::ffff:127.0.0.1"]))
+    assert not any(map(is_loopback, ["0.0.0.0", "::", "", None, "192.168.1.7", "10.0.0.1", "example.org", "128.0.0.1"]))
+    started = []
+    monkeypatch.setattr(subprocess, "call", lambda command, **kwargs: started.append(capsys.readouterr().err) or 0)
+    for address, warned in [("0.0.0.0", True), ("127.0.0.1", False), ("localhost", False), ("192.168.1.7", True)]:
+        main(["app", "--runs", str(tmp_path), "--address", address])
+        lines = started.pop().splitlines()
+        expected = [f"workbench app: warning: --address {address} is not a loopback address: anyone who can reach it can start "
+                    f"training and write files under {tmp_path.resolve()}"]
+        assert lines == (expected if warned else []), (address, lines)

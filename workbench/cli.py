@@ -60,9 +60,13 @@ def cmd_app(args) -> dict:
     import os
     import subprocess
 
+    from workbench.runs import exposure_warning
+
     runs = Path(args.runs)
     if runs.exists() and not runs.is_dir():
         raise ValueError(f"--runs {runs}: expected a directory of run directories, got a file")
+    if warning := exposure_warning(args.address, runs):
+        print(f"workbench app: warning: {warning}", file=sys.stderr, flush=True)
     command = [sys.executable, "-m", "streamlit", "run", str(app_script()), "--server.address", args.address,
                "--server.port", str(args.port), "--server.headless", "true", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
     print(f"workbench app: runs from {runs.resolve()} at http://{args.address}:{args.port}", flush=True)

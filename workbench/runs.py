@@ -1,14 +1,18 @@
-"""Run directories under a root: what the app's Runs page lists, and what it reads of each."""
+"""Run directories under a root: what the app's Runs page lists, what it reads of each (checked, so
+pages can trust a usable run's fields), and the rules for writing under the root."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from workbench.checkpoint import load_model, read_json
+from workbench.runconfig import run_config_from_dict
 
 SKIP = {"train_state", "results", "probes"}
+PLOTTED = ("loss", "lr", "tokens_per_s")  # what the Runs page draws of every metrics record
 
 
 @dataclass
@@ -16,11 +20,11 @@ class RunInfo:
     name: str  # path relative to the root, e.g. "cpu/fbt"
     path: Path
     arch: str | None
-    config: dict
+    config: dict  # validated (the model section complete); {} when config.json is unusable
     metrics: list[dict] = field(default_factory=list)
-    eval: dict | None = None
+    eval: dict | None = None  # results/eval.json, validated
     results: list[str] = field(default_factory=list)  # files under results/
-    error: str | None = None  # why the run cannot be used (corrupt checkpoint, bad config, ...)
+    error: str | None = None  # why the run cannot be used (corrupt checkpoint, bad config, unreadable, ...)
 
     @property
     def usable(self) -> bool:
@@ -31,21 +35,29 @@ class RunInfo:
         return self.metrics[-1]["step"] if self.metrics else None
 
 
-def find_run_dirs(root: str | Path, max_depth: int = 3) -> list[Path]:
-    """Directories under ``root`` (itself included) that hold a ``config.json`` and a
-    ``model.safetensors`` (or only a config: an unfinished or broken run), sorted by path."""
-    root = Path(root)
+def _walk(root: Path, max_depth: int = 3) -> list[tuple[Path, OSError | None]]:
+    """(run directory, None) for each directory holding a config.json, and (directory, error) for
+    each one that cannot be looked into: it may hold runs, so it is reported rather than skipped."""
     if not root.is_dir():
         raise FileNotFoundError(f"runs directory {root} does not exist (train the zoo with `workbench zoo --out {root}`)")
     found, frontier = [], [(root, 0)]
     while frontier:
         directory, depth = frontier.pop()
-        if (directory / "config.json").is_file():
-            found.append(directory)
-            continue
-        if depth < max_depth:
-            frontier += [(d, depth + 1) for d in directory.iterdir() if d.is_dir() and d.name not in SKIP and not d.name.startswith(".")]
-    return sorted(found)
+        try:
+            if (directory / "config.json").is_file():
+                found.append((directory, None))
+            elif depth < max_depth:
+                frontier += [(d, depth + 1) for d in directory.iterdir() if d.name not in SKIP and not d.name.startswith(".") and d.is_dir()]
+        except OSError as err:  # pathlib raises EACCES from is_file/is_dir too
+            found.append((directory, err))
+    return sorted(found, key=lambda entry: entry[0])
+
+
+def find_run_dirs(root: str | Path, max_depth: int = 3) -> list[Path]:
+    """Directories under ``root`` (itself included) that hold a ``config.json`` and a
+    ``model.safetensors`` (or only a config: an unfinished or broken run), and those that cannot be
+    read (``list_runs`` reports them), sorted by path. Never raises for what lies under ``root``."""
+    return [path for path, _ in _walk(Path(root), max_depth)]
 
 
 def read_metrics(path: Path) -> list[dict]:
@@ -68,26 +80,127 @@ def read_metrics(path: Path) -> list[dict]:
     return records
 
 
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_metrics(records: list[dict], path: Path) -> list[dict]:
+    """``records`` (read from ``path``) if each has the numbers the Runs page plots (and
+    ``loss_pass*``, ``n_streams`` are numbers where present), else a ValueError naming the record."""
+    for number, record in enumerate(records, 1):
+        for key in [*PLOTTED, *(k for k in record if k.startswith("loss_pass") or k == "n_streams")]:
+            if not _number(record.get(key)):
+                raise ValueError(f"{path}: record {number} (step {record['step']}) has {key}={json.dumps(record.get(key))[:60]}, "
+                                 f"expected a number")
+    return records
+
+
+def check_eval(data: dict, path: Path) -> dict:
+    """``data`` (read from ``path``) if it has the structure ``evaluate_run`` writes, else a
+    ValueError naming the field, its value, the file and what was expected."""
+
+    def expect(ok: bool, where: str, value, expected: str) -> None:
+        if not ok:
+            raise ValueError(f"{path}: {where} is {json.dumps(value)[:60]}, expected {expected}")
+
+    for key, ok, expected in [("run", lambda v: isinstance(v, str), "a string"), ("arch", lambda v: isinstance(v, str), "a string"),
+                              ("fused_passes", lambda v: isinstance(v, str) or _number(v), "a number of passes"),
+                              ("seconds", _number, "a number")]:
+        if key in data:
+            expect(ok(data[key]), key, data[key], expected)
+    tasks = data.get("tasks")
+    expect(isinstance(tasks, dict), "tasks", tasks, "an object of task name -> result")
+    for task, res in tasks.items():
+        expect(isinstance(res, dict), f"tasks.{task}", res, "an object with n, loss, answer_loss, accuracy")
+        for key in ("n", "skipped_too_long"):
+            if key == "n" or key in res:
+                expect(isinstance(res.get(key), int) and not isinstance(res.get(key), bool) and res[key] >= 0,
+                       f"tasks.{task}.{key}", res.get(key), "an integer >= 0")
+        for key in ("loss", "answer_loss", "accuracy"):
+            values = res.get(key)
+            expect(isinstance(values, dict), f"tasks.{task}.{key}", values, "an object of regime -> number")
+            for regime, value in values.items():
+                if key == "accuracy":
+                    expect(_number(value) and 0 <= value <= 1, f"tasks.{task}.{key}.{regime}", value, "a number in [0, 1]")
+                else:
+                    expect(_number(value), f"tasks.{task}.{key}.{regime}", value, "a number")
+    return data
+
+
 def inspect_run(path: str | Path, root: str | Path | None = None, *, check_weights: bool = True) -> RunInfo:
     """Everything the Runs page shows of one run; problems end up in ``error``, never raised."""
     path = Path(path)
-    name = str(path.relative_to(root)) if root is not None and path != Path(root) else path.name
-    info = RunInfo(name=name, path=path, arch=None, config={})
+    info = RunInfo(name=_name(path, root), path=path, arch=None, config={})
     try:
-        info.config = read_json(path / "config.json")
-        info.arch = info.config.get("arch")
-        info.metrics = read_metrics(path / "metrics.jsonl")
-        if (path / "results" / "eval.json").is_file():
-            info.eval = read_json(path / "results" / "eval.json")
-        if (path / "results").is_dir():
-            info.results = sorted(p.name for p in (path / "results").iterdir() if p.is_file())
+        raw = read_json(path / "config.json")
+        run_config = run_config_from_dict(raw, source=path / "config.json")  # a model-only config gets the defaults
+        info.config = {**raw, "model": run_config.model.to_dict()}  # every model field, for the pages to read
+        info.arch = run_config.arch
+        info.metrics = check_metrics(read_metrics(path / "metrics.jsonl"), path / "metrics.jsonl")
+        results = path / "results"
+        if (results / "eval.json").is_file():
+            info.eval = check_eval(read_json(results / "eval.json"), results / "eval.json")
+        if results.is_dir():  # hidden files (locks, temporaries of atomic writes) are not results
+            info.results = sorted(p.name for p in results.iterdir() if not p.name.startswith(".") and p.is_file())
         if check_weights:
             load_model(path)
     except (ValueError, FileNotFoundError, KeyError, TypeError, RuntimeError, OSError) as err:
-        info.error = f"{type(err).__name__}: {err}"
+        info.error = _describe(err)
+        if str(path) not in info.error:  # e.g. torch's own message for a size it cannot allocate
+            info.error += f" (in {path})"
     return info
 
 
+def _name(path: Path, root: str | Path | None) -> str:
+    return str(path.relative_to(root)) if root is not None and path != Path(root) else path.name
+
+
+def _describe(err: Exception) -> str:
+    """One line: the error's type and its message's first line."""
+    if isinstance(err, OSError) and err.filename and err.strerror:  # "[Errno 13] Permission denied: 'x'" says less
+        return f"{type(err).__name__}: cannot read {err.filename}: {err.strerror}"
+    return f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"
+
+
 def list_runs(root: str | Path, *, check_weights: bool = True) -> list[RunInfo]:
+    """``inspect_run`` of every run directory under ``root``; a directory that cannot be read is a
+    run whose ``error`` names it."""
     root = Path(root)
-    return [inspect_run(p, root, check_weights=check_weights) for p in find_run_dirs(root)]
+    return [inspect_run(p, root, check_weights=check_weights) if err is None
+            else RunInfo(_name(p, root), p, arch=None, config={}, error=f"{_describe(err)} (runs under it, if any, are not listed)")
+            for p, err in _walk(root)]
+
+
+def within_root(path: str | Path, root: str | Path) -> Path:
+    """``path`` with symlinks and ``..`` resolved (a relative one taken under ``root``) if that is
+    ``root`` or a directory under it; else a ValueError naming both. The app writes only there."""
+    root = Path(root).resolve()
+    try:
+        resolved = (root / Path(path).expanduser()).resolve()
+    except (OSError, RuntimeError, ValueError) as err:  # a symlink loop, a NUL byte
+        raise ValueError(f"{path}: not a usable path ({err}); expected the runs root {root} or a directory under it") from None
+    if resolved != root and root not in resolved.parents:
+        shown = "" if str(resolved) == str(path) else f" (resolves to {resolved})"
+        raise ValueError(f"{path}{shown} is outside the runs root {root}: expected the root or a directory under it")
+    return resolved
+
+
+def is_loopback(address: str | None) -> bool:
+    """Whether a server bound to ``address`` serves this machine only (127.0.0.0/8, ::1, localhost).
+    None or "" (all interfaces) and host names other than localhost are not."""
+    text = (address or "").strip().strip("[]").lower()
+    if text == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return ip.is_loopback or (isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None and ip.ipv4_mapped.is_loopback)
+
+
+def exposure_warning(address: str | None, root: str | Path) -> str | None:
+    """The one-line warning for an app bound to ``address`` (None: all interfaces) over ``root``."""
+    if is_loopback(address):
+        return None
+    return (f"--address {address or '(all interfaces)'} is not a loopback address: anyone who can reach it can start "
+            f"training and write files under {Path(root).resolve()}")

@@ -4,7 +4,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from app.state import find, pick_run, runs, shown_errors
+from app.state import find, pick_run, runs, shown_errors, writable
 from workbench.checkpoint import read_json
 from workbench.probe_study import default_hooks, probe_study
 from workbench.tasks import LABELS
@@ -29,7 +29,7 @@ if run.arch == "fbt":
     exact = c5.checkbox("Also the exact recurrence", value=True, key="probe_exact")
 
 saved = run.path / "results" / f"probe_{target}.json"
-if st.button("Train probes", key="probe_train", type="primary"):
+if st.button("Train probes", key="probe_train", type="primary") and writable(run.path, saved, saved.parent / "probes" / target):
     if not hooks:
         st.error("Pick at least one hook to probe.")
     else:

@@ -3,7 +3,7 @@
 import pandas as pd
 import streamlit as st
 
-from app.state import runs, runs_root, shown_errors
+from app.state import runs, runs_root, shown_errors, writable
 from workbench.zoo import SCALES, member_names, train_zoo
 
 st.title("Runs")
@@ -15,8 +15,8 @@ def train_zoo_panel() -> None:
     scale = st.radio("Zoo", list(SCALES), horizontal=True, key="zoo_scale",
                      captions=["~15 s on 2 cores: enough to try every page", "~21 min: models good enough for the studies"])
     out = root / scale
-    if st.button(f"Train the {scale} zoo into {out}", key="train_zoo", type="primary"):
-        names = member_names(scale)
+    names = member_names(scale)
+    if st.button(f"Train the {scale} zoo into {out}", key="train_zoo", type="primary") and writable(out, out / "zoo.json", *(out / n for n in names)):
         with st.status(f"Training the {scale} zoo", expanded=True) as status, shown_errors("Training"):
             bar = st.progress(0.0, text="starting")
             log = st.empty()
