@@ -106,6 +106,13 @@ def test_probes_page_trains_and_draws_the_layer0_comparison(monkeypatch, zoo):
     assert not at.metric and any("No saved probes for running_sum" in i.value for i in at.info)
     at.selectbox(key="probe_target").set_value("memory").run()
     assert len(at.metric) == 3  # the saved results come back without retraining
+    # retraining says it replaces the saved sweep, and does (a sweep replaces only its own outputs)
+    assert at.button(key="probe_train").label == "Retrain probes (replaces the saved ones)"
+    at.multiselect(key="probe_passes").set_value([2, 3]).run()
+    at.button(key="probe_train").click().run()
+    assert_clean(at)
+    assert not errors(at)
+    assert [m.label for m in at.metric] == ["standard", "recurrent K=2", "recurrent K=3", "recurrent K=exact"]
 
 
 def test_probes_page_rejects_an_empty_hook_list(monkeypatch, zoo):

@@ -29,13 +29,15 @@ if run.arch == "fbt":
     exact = c5.checkbox("Also the exact recurrence", value=True, key="probe_exact")
 
 saved = run.path / "results" / f"probe_{target}.json"
-if st.button("Train probes", key="probe_train", type="primary") and writable(run.path, saved, saved.parent / "probes" / target):
+previous = saved.exists() or (saved.parent / "probes" / target).exists()  # a sweep replaces only its own outputs
+label = "Retrain probes (replaces the saved ones)" if previous else "Train probes"
+if st.button(label, key="probe_train", type="primary") and writable(run.path, saved, saved.parent / "probes" / target):
     if not hooks:
         st.error("Pick at least one hook to probe.")
     else:
         with st.status(f"Probing {target} on {run.name}", expanded=True) as status, shown_errors("Probing"):
             bar = st.progress(0.0)
-            probe_study(run.path, target, hooks=hooks, passes=passes, exact=exact, n_sequences=int(n_sequences),
+            probe_study(run.path, target, hooks=hooks, passes=passes, exact=exact, n_sequences=int(n_sequences), overwrite=previous,
                         progress=lambda fraction, what: bar.progress(min(1.0, fraction), text=what))
             status.update(label=f"Probed {target} on {run.name}", state="complete")
 
