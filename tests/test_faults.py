@@ -357,7 +357,8 @@ HARNESS = textwrap.dedent('''
     torch.set_num_threads(1)
     import workbench.checkpoint as checkpoint
     import workbench.train as training
-    
+    from workbench.cli import main
+
     def say(marker, text):  # atomically: the test polls the marker
         Path(f"{marker}.part").write_text(text)
         os.replace(f"{marker}.part", marker)
