@@ -80,11 +80,16 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.w = nn.Parameter(torch.ones(d_model))
         self.hook_normalized = HookPoint()  # [batch, pos, d_model]
+        self.guard = None  # a models.numerics.NumericsGuard while guard_numerics is on
+        self.site = ""  # this norm's path in the model (set with the guard)
 
     def forward(self, x: Tensor) -> Tensor:
         dtype = x.dtype
         xf = x.float() if dtype in (torch.float16, torch.bfloat16) else x
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        mean_square = xf.pow(2).mean(-1, keepdim=True)  # [batch, pos, 1]
+        if self.guard is not None:  # inf when the square overflows: rsqrt would turn it into a finite zero
+            self.guard.record(self.site, mean_square)
+        xf = xf * torch.rsqrt(mean_square + self.eps)
         return self.hook_normalized(self.w * xf.to(dtype))
 
 

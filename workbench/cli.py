@@ -87,6 +87,7 @@ def cmd_presets(args) -> dict:
 
 
 def cmd_generate(args) -> dict:
+    from models import NonFiniteActivation
     from workbench.checkpoint import resolve_model
     from workbench.decoding import generate
 
@@ -95,10 +96,13 @@ def cmd_generate(args) -> dict:
     prompts = [tok.encode(p) for p in args.prompt]  # training streams carry no BOS
     result = {"model": args.model, "prompts": args.prompt, "generations": {}}
     for regime in args.regime.split(","):
-        out = generate(
-            model, prompts, regime=regime, max_new_tokens=args.max_new_tokens, passes=args.passes,
-            temperature=args.temperature, top_k=args.top_k, seed=args.seed, eos_token_id=tok.eos_id,
-        )
+        try:
+            out = generate(
+                model, prompts, regime=regime, max_new_tokens=args.max_new_tokens, passes=args.passes,
+                temperature=args.temperature, top_k=args.top_k, seed=args.seed, eos_token_id=tok.eos_id,
+            )
+        except NonFiniteActivation as err:
+            raise NonFiniteActivation(f"regime {regime}: {err}", err.what, err.step, err.pass_index) from err
         texts = [tok.decode(ids) for ids in out.completions()]
         result["generations"][regime] = texts
         for prompt, text in zip(args.prompt, texts):

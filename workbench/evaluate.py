@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from models import DecoderLM, FullBandwidthLM
+from models import DecoderLM, FullBandwidthLM, NonFiniteActivation, guard_numerics
 from workbench.checkpoint import load_model, write_json
 from workbench.decoding import REGIMES, generate, score_completions
 from workbench.runconfig import load_run_config
@@ -46,18 +46,20 @@ def is_correct(example: Example, generated: str) -> bool:
 
 def plain_loss(model: DecoderLM, sequences: list[list[int]], batch_size: int) -> float:
     """Mean next-token loss of whole sequences, one full forward per batch (right padding is
-    invisible to earlier positions)."""
+    invisible to earlier positions). A non-finite activation raises ``NonFiniteActivation``
+    (step = batch): an overflow would otherwise score constant logits as a loss of ln(d_vocab)."""
     total, count = 0.0, 0
-    for chunk in _batches(sequences, batch_size):
-        width = max(len(s) for s in chunk)
-        tokens = torch.zeros(len(chunk), width, dtype=torch.long)
-        target = torch.full((len(chunk), width), -100, dtype=torch.long)
-        for i, s in enumerate(chunk):
-            tokens[i, : len(s)] = torch.tensor(s)
-            target[i, : len(s) - 1] = torch.tensor(s[1:])
-        logits = model(tokens.to(model.embed.W_E.device)).float()
-        total += float(F.cross_entropy(logits.flatten(0, 1), target.flatten().to(logits.device), ignore_index=-100, reduction="sum"))
-        count += int((target >= 0).sum())
+    with guard_numerics(model):
+        for chunk in _batches(sequences, batch_size):
+            width = max(len(s) for s in chunk)
+            tokens = torch.zeros(len(chunk), width, dtype=torch.long)
+            target = torch.full((len(chunk), width), -100, dtype=torch.long)
+            for i, s in enumerate(chunk):
+                tokens[i, : len(s)] = torch.tensor(s)
+                target[i, : len(s) - 1] = torch.tensor(s[1:])
+            logits = model(tokens.to(model.embed.W_E.device)).float()
+            total += float(F.cross_entropy(logits.flatten(0, 1), target.flatten().to(logits.device), ignore_index=-100, reduction="sum"))
+            count += int((target >= 0).sum())
     return total / max(count, 1)
 
 
@@ -71,28 +73,35 @@ def evaluate_examples(model: DecoderLM, examples: list[Example], tokenizer: Char
     completions = [tokenizer.encode(ex.completion) + [eos] for ex in examples]
     wholes = [p + c for p, c in zip(prompts, completions)]
 
-    def mean_nll(regime: str, pairs) -> float:
+    def named(what: str, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except NonFiniteActivation as err:  # say which of eval's computations met it
+            raise NonFiniteActivation(f"{what}: {err}", err.what, err.step, err.pass_index) from err
+
+    def mean_nll(what: str, regime: str, pairs) -> float:
         total, count = 0.0, 0
         for chunk in _batches(pairs, batch_size):
-            nll = score_completions(model, [p for p, _ in chunk], [c for _, c in chunk], regime=regime,
-                                    passes=fused_passes if regime == "fused" else 1, pad_token_id=tokenizer.pad_id)
+            nll = named(what, score_completions, model, [p for p, _ in chunk], [c for _, c in chunk], regime=regime,
+                        passes=fused_passes if regime == "fused" else 1, pad_token_id=tokenizer.pad_id)
             total += float(nll.nansum())
             count += int((~nll.isnan()).sum())
         return total / max(count, 1)
 
-    row: dict = {"n": len(examples), "loss": {"standard": plain_loss(model, wholes, batch_size)}}
+    row: dict = {"n": len(examples), "loss": {"standard": named("loss[standard]", plain_loss, model, wholes, batch_size)}}
     if fbt:
         # prompt = the first token, so "soft" feeds back from position 1 on: the exact recurrence
-        row["loss"]["recurrent"] = mean_nll("soft", [(w[:1], w[1:]) for w in wholes])
-    row["answer_loss"] = {r: mean_nll(r, list(zip(prompts, completions))) for r in regimes}
+        row["loss"]["recurrent"] = mean_nll("loss[recurrent]", "soft", [(w[:1], w[1:]) for w in wholes])
+    row["answer_loss"] = {r: mean_nll(f"answer_loss[{r}]", r, list(zip(prompts, completions))) for r in regimes}
     row["accuracy"] = {}
     longest = max(len(c) for c in completions) + 8
     for regime in regimes:
         correct = 0
         for chunk in _batches(list(zip(examples, prompts)), batch_size):
-            out = generate(model, [p for _, p in chunk], regime=regime, passes=fused_passes if regime == "fused" else 1,
-                           max_new_tokens=min(longest, model.cfg.n_ctx - max(len(p) for _, p in chunk)),
-                           eos_token_id=eos, pad_token_id=tokenizer.pad_id)
+            out = named(f"accuracy[{regime}]", generate, model, [p for _, p in chunk], regime=regime,
+                        passes=fused_passes if regime == "fused" else 1,
+                        max_new_tokens=min(longest, model.cfg.n_ctx - max(len(p) for _, p in chunk)),
+                        eos_token_id=eos, pad_token_id=tokenizer.pad_id)
             for (ex, _), ids in zip(chunk, out.completions()):
                 correct += is_correct(ex, tokenizer.decode(ids))
         row["accuracy"][regime] = correct / len(examples)

@@ -4,7 +4,8 @@ it is right, on the same problems.
 One row per (model, regime, problem): ``problem_id``, ``difficulty``, ``trace_tokens`` (generated
 tokens before the ``####`` marker; all of them when there is none), ``total_tokens`` (up to and
 including <eos>), ``answer``, ``correct``, ``finished`` (false when the budget ran out before
-<eos>), the generated ``text`` and, for FBT, the per-step carried-state norms.
+<eos>), the generated ``text`` and, for FBT, the per-step carried-state norms. Generation stops with ``models.NonFiniteActivation`` naming the step
+and the site when an activation overflows.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from models import FullBandwidthLM
+from models import FullBandwidthLM, NonFiniteActivation
 from workbench.checkpoint import load_model, write_json
 from workbench.decoding import generate
 from workbench.evaluate import EVAL_SEED_OFFSET, is_correct
@@ -59,8 +60,11 @@ def run_traces(model, examples: list[Example], regime: str, passes, tokenizer: C
         idx = order[start : start + batch_size]
         width = max(len(prompts[i]) for i in idx)
         budget = min(max_new_tokens, model.cfg.n_ctx - width)
-        out = generate(model, [prompts[i] for i in idx], regime=regime, passes=passes, max_new_tokens=budget,
-                       eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id)
+        try:
+            out = generate(model, [prompts[i] for i in idx], regime=regime, passes=passes, max_new_tokens=budget,
+                           eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id)
+        except NonFiniteActivation as err:
+            raise NonFiniteActivation(f"regime {regime}: {err}", err.what, err.step, err.pass_index) from err
         norms = out.states.float().norm(dim=-1)
         for j, i in enumerate(idx):
             n = int(out.lengths[j])
