@@ -1,9 +1,10 @@
 """Finite overflow (issue #12): an activation that overflows (RMSNorm turns an input whose square
 is inf into a *finite* zero, the logits become constant and argmax emits the pad id) stops every
-inference tool with one line naming the step and the site.
+inference tool with one line naming the step and the site; ids that decode to nothing are counted.
 
 ``COUNTS`` is this fault class's tally, printed at the end of the session (``tests/faultkit.py``)."""
 
+import json
 import re
 import shutil
 
@@ -11,17 +12,21 @@ import pytest
 import torch
 
 from conftest import tokens
-from faultkit import assert_usage_error, tally
+from faultkit import assert_usage_error, cli, tally
 from models import NonFiniteActivation, guard_numerics
 from workbench import CharTokenizer, build_model, generate, load_model, save_model
 from workbench.checkpoint import load_weights, save_weights
 from workbench.decoding import score_completions
 from workbench.dynamics import RolloutDiverged, rollout
+from workbench.evaluate import evaluate_examples
 from workbench.runconfig import make_run_config
+from workbench.tasks import load_task
 from workbench.train import train
+from workbench.traces import problems, run_traces, summarise
 
 COUNTS = tally("finite overflow")
 ARCHS = {"baseline": {}, "fbt": {}, "hd": {"n_streams": 2}}
+SILENT = {0, 1, 2, 3, *range(100, 128)}  # the specials and the ids past the character vocabulary (d_vocab 128)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -228,3 +233,58 @@ def test_dynamics_names_an_overflow_in_the_prompts_prefill(tmp_path):
     assert_usage_error(["dynamics", str(run), *DYNAMICS, "--out", str(out)],
                        match=r"own dtype \(float32\): blocks\.1\.ln1 input overflowed in the prompt's prefill \(before step 0\)$")
     assert not (out / "dynamics.json").exists()
+
+
+# ---- silent tokens: ids that decode to nothing are counted -------------------------------
+
+
+def pad_emitter(arch="fbt"):
+    """ln_final's weight zeroed: every state is 0, every logit 0, and greedy argmax picks id 0 (pad)
+    at every step, the overflow's symptom without an overflow (so the guard has nothing to say)."""
+    model = build_model(arch, "debug", **ARCHS[arch])
+    with torch.no_grad():
+        model.ln_final.w.zero_()
+    return model
+
+
+def test_the_tokenizer_names_the_ids_that_decode_to_nothing():
+    assert CharTokenizer().silent_ids(128) == SILENT
+
+
+def test_silent_tokens_are_counted_up_to_eos():
+    model = pad_emitter("baseline")
+    out = generate(model, [[5, 6, 7], [8]], max_new_tokens=7, eos_token_id=2)
+    assert out.new_tokens.eq(0).all() and out.silent_counts(SILENT) == [7, 7]
+    # uniform logits, sampled: count by hand the silent ids before the first eos of each row
+    free = generate(model, [[5, 6, 7]], max_new_tokens=40, temperature=1.0, seed=1).new_tokens[0].tolist()
+    eos = next(t for t in free[5:] if t not in SILENT)  # an id the row emits, at least 5 tokens in
+    stop = free.index(eos)
+    expected = len([t for t in free[:stop] if t in SILENT])
+    assert expected > 0
+    out = generate(model, [[5, 6, 7]], max_new_tokens=40, temperature=1.0, seed=1, eos_token_id=eos)
+    assert out.completions()[0] == free[: stop + 1] and out.silent_counts(SILENT) == [expected]
+
+
+def test_traces_and_eval_report_silent_tokens():
+    model, tok = pad_emitter(), CharTokenizer()
+    examples = problems("chain", 3, [1])
+    rows = [{"model": "m", "regime": "soft", **r} for r in run_traces(model, examples, "soft", 1, tok, max_new_tokens=6)]
+    assert [(r["silent_tokens"], r["total_tokens"], r["text"], r["trace_tokens"]) for r in rows] == [(6, 6, "", 0)] * 3
+    group = summarise(rows, ("m", "soft"))["groups"]["m/soft"]
+    assert group["silent_tokens"] == 18 and group["silent_rate"] == 1.0
+    examples = load_task("modsum", 4, 0)[:4]
+    row = evaluate_examples(model, examples, tok)
+    prompts = [tok.encode(ex.prompt) for ex in examples]
+    budget = min(max(len(tok.encode(ex.completion)) + 1 for ex in examples) + 8, model.cfg.n_ctx - max(map(len, prompts)))
+    assert row["silent_tokens"] == {"standard": 4 * budget, "soft": 4 * budget, "fused": 4 * budget}
+    assert row["accuracy"] == {"standard": 0.0, "soft": 0.0, "fused": 0.0}
+
+
+def test_generate_warns_and_reports_silent_tokens(tmp_path):
+    run = save_model(pad_emitter("hd"), tmp_path / "hd")
+    code, out, err = cli(["generate", str(run), "--prompt", "ab", "--prompt", "c", "--max-new-tokens", "5", "--json", str(tmp_path / "g.json")])
+    assert code is None and "[standard] 'ab' -> ''" in out
+    assert err.strip().splitlines() == ["warning: [standard] 10 generated tokens decode to nothing (pad, other special tokens or "
+                                        "ids past the vocabulary) and are missing from the text; per prompt: [5, 5]"]
+    result = json.loads((tmp_path / "g.json").read_text())
+    assert result["silent_tokens"] == {"standard": [5, 5]} and result["generations"] == {"standard": ["", ""]}

@@ -94,7 +94,8 @@ def cmd_generate(args) -> dict:
     model = resolve_model(args.model)
     tok = _tokenizer_for(args.model)
     prompts = [tok.encode(p) for p in args.prompt]  # training streams carry no BOS
-    result = {"model": args.model, "prompts": args.prompt, "generations": {}}
+    silent = tok.silent_ids(model.cfg.d_vocab)
+    result = {"model": args.model, "prompts": args.prompt, "generations": {}, "silent_tokens": {}}
     for regime in args.regime.split(","):
         try:
             out = generate(
@@ -105,8 +106,12 @@ def cmd_generate(args) -> dict:
             raise NonFiniteActivation(f"regime {regime}: {err}", err.what, err.step, err.pass_index) from err
         texts = [tok.decode(ids) for ids in out.completions()]
         result["generations"][regime] = texts
+        result["silent_tokens"][regime] = counts = out.silent_counts(silent)  # per prompt
         for prompt, text in zip(args.prompt, texts):
             print(f"[{regime}] {prompt!r} -> {text!r}")
+        if sum(counts):  # the texts above cannot show them
+            print(f"warning: [{regime}] {sum(counts)} generated tokens decode to nothing (pad, other special tokens or "
+                  f"ids past the vocabulary) and are missing from the text; per prompt: {counts}", file=sys.stderr)
     return result
 
 

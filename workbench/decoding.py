@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Collection, Sequence
 
 import torch
 from torch import Tensor
@@ -40,6 +40,12 @@ class Generation:
     def completions(self) -> list[list[int]]:
         """Generated ids per row, up to and including the first eos (when one was set)."""
         return [row.tolist()[: int(n)] for row, n in zip(self.new_tokens, self.lengths)]
+
+    def silent_counts(self, silent: Collection[int]) -> list[int]:
+        """Per row, the generated ids before the first eos that are in ``silent`` (a tokenizer's
+        ``silent_ids``: ids that decode to nothing, so the text alone would hide them)."""
+        return [sum(t in silent for t in ids[: len(ids) - int(done)])
+                for ids, done in zip(self.completions(), self.finished.tolist())]
 
 
 def pad_prompts(prompts, pad_token_id: int = 0, device=None) -> tuple[Tensor, Tensor | None]:

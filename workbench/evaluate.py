@@ -66,9 +66,13 @@ def plain_loss(model: DecoderLM, sequences: list[list[int]], batch_size: int) ->
 @torch.no_grad()
 def evaluate_examples(model: DecoderLM, examples: list[Example], tokenizer: CharTokenizer, *,
                       fused_passes: int | str = 2, batch_size: int = 64) -> dict:
+    """One task's row: ``loss``, ``answer_loss`` and ``accuracy`` per regime (module docstring), and
+    ``silent_tokens[regime]``: generated ids before <eos> that decode to nothing (pad, other
+    specials, ids past the vocabulary), which the scored text cannot show."""
     fbt = isinstance(model, FullBandwidthLM)
     regimes = REGIMES if fbt else ("standard",)
     eos = tokenizer.eos_id
+    silent = tokenizer.silent_ids(model.cfg.d_vocab)
     prompts = [tokenizer.encode(ex.prompt) for ex in examples]
     completions = [tokenizer.encode(ex.completion) + [eos] for ex in examples]
     wholes = [p + c for p, c in zip(prompts, completions)]
@@ -93,10 +97,10 @@ def evaluate_examples(model: DecoderLM, examples: list[Example], tokenizer: Char
         # prompt = the first token, so "soft" feeds back from position 1 on: the exact recurrence
         row["loss"]["recurrent"] = mean_nll("loss[recurrent]", "soft", [(w[:1], w[1:]) for w in wholes])
     row["answer_loss"] = {r: mean_nll(f"answer_loss[{r}]", r, list(zip(prompts, completions))) for r in regimes}
-    row["accuracy"] = {}
+    row["accuracy"], row["silent_tokens"] = {}, {}
     longest = max(len(c) for c in completions) + 8
     for regime in regimes:
-        correct = 0
+        correct = quiet = 0
         for chunk in _batches(list(zip(examples, prompts)), batch_size):
             out = named(f"accuracy[{regime}]", generate, model, [p for _, p in chunk], regime=regime,
                         passes=fused_passes if regime == "fused" else 1,
@@ -104,7 +108,9 @@ def evaluate_examples(model: DecoderLM, examples: list[Example], tokenizer: Char
                         eos_token_id=eos, pad_token_id=tokenizer.pad_id)
             for (ex, _), ids in zip(chunk, out.completions()):
                 correct += is_correct(ex, tokenizer.decode(ids))
+            quiet += sum(out.silent_counts(silent))
         row["accuracy"][regime] = correct / len(examples)
+        row["silent_tokens"][regime] = quiet
     return row
 
 

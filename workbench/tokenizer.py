@@ -38,6 +38,12 @@ class CharTokenizer:
     def decode(self, ids, skip_special: bool = True) -> str:
         return self.tokenizer.decode(list(map(int, ids)), skip_special_tokens=skip_special)
 
+    def silent_ids(self, d_vocab: int) -> frozenset[int]:
+        """The ids below ``d_vocab`` that decode to the empty string: the special tokens and ids the
+        vocabulary does not hold. A model can generate them and decoded text hides them, so tools
+        count them instead (``Generation.silent_counts``)."""
+        return frozenset(i for i in range(d_vocab) if self.decode([i]) == "")
+
     @property
     def id_limit(self) -> int:
         """One more than the largest id: a model needs d_vocab at least this."""
