@@ -44,9 +44,12 @@ class ModelConfig:
             )
         if self.d_head % 2:
             raise ValueError(f"d_head = d_model / n_heads = {self.d_head}: rotary embeddings need it even")
-        for name in ("rope_base", "norm_eps", "init_std"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"config field {name}={getattr(self, name)!r}: expected a number > 0")
+        # JSON and --set both accept Infinity; rotary angles, the norm and the init need finite values
+        for name, ok, expected in (("rope_base", 1 < self.rope_base < math.inf, "a finite number > 1"),
+                                   ("norm_eps", 0 < self.norm_eps < 1, "a number in (0, 1)"),
+                                   ("init_std", 0 < self.init_std < math.inf, "a finite number > 0")):
+            if not ok:
+                raise ValueError(f"config field {name}={getattr(self, name)!r}: expected {expected}")
 
     @property
     def d_head(self) -> int:

@@ -1,6 +1,7 @@
-"""Checkpoints (issue #12): a full disk during a checkpoint and integer weights are each stopped
-with one line naming the file and the problem; atomic writes are synced to the disk (file and
-directory) before they count as done.
+"""Checkpoints, configs and tokenizers (issue #12): a full disk during a checkpoint, integer weights,
+non-finite or absurd config values and inconsistent tokenizer vocabularies are each stopped with
+one line naming the file (or field) and the problem; atomic writes are synced to the disk (file
+and directory) before they count as done.
 
 ``COUNTS`` is this fault class's tally, printed at the end of the session (``tests/faultkit.py``)."""
 
@@ -19,7 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 from faultkit import assert_usage_error, tally
-from workbench import build_model, load_model, save_model
+from workbench import CharTokenizer, build_model, load_model, save_model
 from workbench.checkpoint import load_weights, save_weights, write_json
 from workbench.runconfig import make_run_config
 from workbench.train import train
@@ -141,3 +142,89 @@ def test_integer_weights_are_an_error_naming_the_file_the_tensor_and_the_dtype(p
                                          "must be floating point$"):
         load_model(run)
     assert_usage_error(["generate", str(run), "--prompt", "a"], str(run / W), "'ln_final.w'", f"dtype {name}")
+
+
+# ---- non-finite and absurd config values -------------------------------------------------
+
+CONFIG_VALUES = [
+    ("rope_base", float("inf"), "rope_base=inf: expected a finite number > 1"),
+    ("rope_base", 1.0, "rope_base=1.0: expected a finite number > 1"),
+    ("rope_base", 0.5, "rope_base=0.5: expected a finite number > 1"),
+    ("norm_eps", 1e300, r"norm_eps=1e\+300: expected a number in \(0, 1\)"),
+    ("norm_eps", float("inf"), r"norm_eps=inf: expected a number in \(0, 1\)"),
+    ("norm_eps", 1.0, r"norm_eps=1.0: expected a number in \(0, 1\)"),
+    ("norm_eps", 0.0, r"norm_eps=0.0: expected a number in \(0, 1\)"),
+    ("init_std", float("inf"), "init_std=inf: expected a finite number > 0"),
+    ("init_std", -float("inf"), "init_std=-inf: expected a finite number > 0"),
+]
+
+
+@pytest.mark.parametrize("field,value,match", CONFIG_VALUES)
+def test_a_saved_config_with_a_non_finite_or_absurd_value_names_the_field(pristine, tmp_path, field, value, match):
+    run = copy_of(pristine, tmp_path)
+    config = json.loads((run / C).read_text())
+    config["model"][field] = value
+    (run / C).write_text(json.dumps(config))  # JSON writes inf as Infinity, which json.loads accepts
+    assert ("Infinity" in (run / C).read_text()) == (abs(value) == float("inf"))
+    COUNTS["faults_injected"] += 1
+    with pytest.raises(ValueError, match=rf"bad model config in {re.escape(str(run / C))}: config field {match}"):
+        load_model(run)
+    assert_usage_error(["generate", str(run), "--prompt", "a"], str(run / C), match=match)
+
+
+@pytest.mark.parametrize("field,value,match", CONFIG_VALUES)
+def test_a_set_override_with_a_non_finite_or_absurd_value_names_the_field(tmp_path, monkeypatch, field, value, match):
+    monkeypatch.chdir(tmp_path)
+    COUNTS["inputs_tried"] += 1
+    assert_usage_error(["train", "--arch", "fbt", "--out", "x", "--set", f"model.{field}={value!r}",
+                        *[a for s in TRAIN for a in ("--set", s)]], match=f"config field {match}")
+    assert not (tmp_path / "x").exists()
+
+
+# ---- tokenizers whose ids do not mean what every tool assumes ----------------------------
+
+
+def edit_tokenizer(change):
+    def edit(run):
+        data = json.loads((run / T).read_text())
+        change(data["model"]["vocab"], {t["content"]: t for t in data["added_tokens"]})
+        (run / T).write_text(json.dumps(data))
+    return edit
+
+
+def swap(a, b):
+    def change(vocab, added):
+        vocab[a], vocab[b] = vocab[b], vocab[a]
+        for x, y in ((a, b), (b, a)):
+            if x in added:
+                added[x]["id"] = vocab[x]
+    return change
+
+
+TOKENIZERS = [
+    ("two tokens share an id", edit_tokenizer(lambda v, a: v.update(a=5)), r"maps several tokens to one id: id 5 <- \[' ', 'a'\]"),
+    ("several pairs share ids", edit_tokenizer(lambda v, a: v.update({c: 10 + i for i, c in enumerate("abcd")})),
+     r"maps several tokens to one id: id 10 <- .*; id 11 <- .*; id 12 <- .* \(and 1 more\)"),
+    ("<pad> and <eos> swapped", edit_tokenizer(swap("<pad>", "<eos>")), "<pad> is id 2, <eos> is id 0"),
+    ("<unk> and 'a' swapped", edit_tokenizer(swap("<unk>", "a")), "<unk> is id 70$"),
+    ("<bos> and <unk> swapped", edit_tokenizer(swap("<bos>", "<unk>")), "<bos> is id 3, <unk> is id 1$"),
+]
+
+
+@pytest.mark.parametrize("name,fault,match", TOKENIZERS, ids=[t[0] for t in TOKENIZERS])
+def test_a_tokenizer_that_maps_ids_inconsistently_is_rejected_naming_the_entries(pristine, tmp_path, name, fault, match):
+    run = copy_of(pristine, tmp_path)
+    fault(run)
+    COUNTS["faults_injected"] += 1
+    if "swapped" in name:
+        match = r"special tokens must be at ids 0 <pad>, 1 <bos>, 2 <eos>, 3 <unk>: " + match
+    with pytest.raises(ValueError, match=match) as info:
+        CharTokenizer.load(run)
+    assert str(run / T) in str(info.value) and "\n" not in str(info.value)
+    assert_usage_error(["generate", str(run), "--prompt", "a"], str(run / T), match=match)
+
+
+def test_the_default_tokenizer_passes_its_own_checks(tmp_path):
+    CharTokenizer().save(tmp_path)
+    tok = CharTokenizer.load(tmp_path)
+    assert (tok.pad_id, tok.bos_id, tok.eos_id, tok.unk_id) == (0, 1, 2, 3)
