@@ -1,7 +1,7 @@
 """Checkpoints, configs and tokenizers (issue #12): a full disk during a checkpoint, integer weights,
-non-finite or absurd config values and inconsistent tokenizer vocabularies are each stopped with
-one line naming the file (or field) and the problem; atomic writes are synced to the disk (file
-and directory) before they count as done.
+non-finite or absurd config values, inconsistent tokenizer vocabularies and unbounded pass counts
+are each stopped with one line naming the file (or field) and the problem; atomic writes are
+synced to the disk (file and directory) before they count as done.
 
 ``COUNTS`` is this fault class's tally, printed at the end of the session (``tests/faultkit.py``)."""
 
@@ -19,9 +19,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from conftest import tokens
 from faultkit import assert_usage_error, tally
-from workbench import CharTokenizer, build_model, load_model, save_model
+from workbench import CharTokenizer, build_model, generate, load_model, save_model
 from workbench.checkpoint import load_weights, save_weights, write_json
+from workbench.decoding import score_completions
+from workbench.dynamics import kpass_convergence
 from workbench.runconfig import make_run_config
 from workbench.train import train
 
@@ -228,3 +231,43 @@ def test_the_default_tokenizer_passes_its_own_checks(tmp_path):
     CharTokenizer().save(tmp_path)
     tok = CharTokenizer.load(tmp_path)
     assert (tok.pad_id, tok.bos_id, tok.eos_id, tok.unk_id) == (0, 1, 2, 3)
+
+
+# ---- unbounded pass counts ---------------------------------------------------------------
+
+EXACT = r"passes=129 is more than the context n_ctx=128: K = the prompt length is already the exact recurrence \(use 'exact'\)"
+
+
+def test_a_pass_count_past_the_context_is_rejected_before_any_work():
+    model = build_model("fbt", "debug")  # n_ctx 128
+    calls = model.forward_calls
+    with pytest.raises(ValueError, match="^" + EXACT):
+        generate(model, tokens(1, 4), regime="fused", passes=129, max_new_tokens=2)
+    with pytest.raises(ValueError, match="^" + EXACT):
+        score_completions(model, [[5, 6]], [[7]], regime="fused", passes=129)
+    with pytest.raises(ValueError, match="^max_" + EXACT):
+        kpass_convergence(model, tokens(1, 6)[0].tolist(), 129)
+    assert model.forward_calls == calls
+    generate(model, tokens(1, 4), regime="fused", passes=128, max_new_tokens=1)  # the bound itself is allowed
+
+
+def test_unbounded_passes_on_the_command_line_are_usage_errors(pristine, tmp_path):
+    COUNTS["inputs_tried"] += 2
+    assert_usage_error(["generate", str(pristine), "--prompt", "a", "--regime", "fused", "--passes", str(10**9)],
+                       match=r"passes=1000000000 is more than the context n_ctx=128: .*\(use 'exact'\)")
+    out = tmp_path / "out"
+    assert_usage_error(["dynamics", str(pristine), "--horizon", "30", "--perturb-at", "5", "--max-passes", "129", "--out", str(out)],
+                       match="max_" + EXACT)
+    assert not (out / "dynamics.json").exists()
+
+
+def test_eval_rejects_an_unbounded_pass_count_before_scoring_anything(monkeypatch):
+    import workbench.evaluate as evaluate
+
+    def scored(*args, **kwargs):
+        raise AssertionError("plain_loss ran before the pass count was checked")
+
+    monkeypatch.setattr(evaluate, "plain_loss", scored)
+    model, tok = build_model("fbt", "debug"), CharTokenizer()
+    with pytest.raises(ValueError, match="^" + EXACT):
+        evaluate.evaluate_examples(model, evaluate.load_task("modsum", 2, 0)[:2], tok, fused_passes=129)

@@ -87,14 +87,25 @@ def _check_args(model, regime, passes, max_new_tokens, temperature, top_k):
         raise ValueError(f"unknown regime {regime!r}: expected one of {REGIMES}")
     if regime != "standard" and not isinstance(model, FullBandwidthLM):
         raise ValueError(f"regime {regime!r} needs a Full-Bandwidth model; arch {model.arch!r} decodes only 'standard'")
-    if passes != "exact" and (not isinstance(passes, int) or isinstance(passes, bool) or passes < 1):
-        raise ValueError(f"passes={passes!r}: expected an integer >= 1 or 'exact'")
+    check_passes(model, passes)
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens!r}: expected an integer >= 1")
     if not math.isfinite(temperature) or temperature < 0:
         raise ValueError(f"temperature={temperature!r}: expected a finite number >= 0")
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k={top_k!r}: expected None or an integer >= 1")
+
+
+def check_passes(model: DecoderLM, passes, name: str = "passes") -> None:
+    """K of a K-pass computation: an integer in [1, n_ctx] (K = the sequence length is already the
+    exact recurrence, so a larger K only costs time), or 'exact'."""
+    if passes == "exact":
+        return
+    if not isinstance(passes, int) or isinstance(passes, bool) or passes < 1:
+        raise ValueError(f"{name}={passes!r}: expected an integer >= 1 or 'exact'")
+    if passes > model.cfg.n_ctx:
+        raise ValueError(f"{name}={passes} is more than the context n_ctx={model.cfg.n_ctx}: K = the prompt length is "
+                         "already the exact recurrence (use 'exact')")
 
 
 def prefill(model: DecoderLM, tokens: Tensor, mask: Tensor | None, regime: str, passes, cache) -> Tensor:

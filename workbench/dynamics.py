@@ -25,6 +25,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from models import FullBandwidthLM, NonFiniteActivation, guard_numerics
 from workbench.activations import ActivationRecorder
+from workbench.decoding import check_passes
 
 CONTEXT_RULES = ("slide", "stop")
 
@@ -182,6 +183,7 @@ def kpass_convergence(model: FullBandwidthLM, tokens: list[int], max_passes: int
     of next-token distributions (whole sequence), and per position ||H^k_t - H*_t|| against the
     exact recurrence H*. Positions < k are exact after k passes."""
     _check(model)
+    check_passes(model, max_passes, "max_passes")
     ids = torch.tensor([tokens], device=model.embed.W_E.device)
     with guard_numerics(model):  # step 0: the K passes; step t + 1: position t of the exact recurrence
         states = model.run_passes(ids, max_passes)

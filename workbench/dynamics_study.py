@@ -33,7 +33,10 @@ def analyse_run(run_dir: str | Path, *, prompt: str = DEFAULT_PROMPT, horizon: i
                 seed: int = 0) -> dict:
     check_params(horizon=horizon, perturb_at=perturb_at, n_spectra=n_spectra, n_fixed=n_fixed, n_starts=n_starts,
                  max_passes=max_passes, fp_steps=fp_steps)
+    from workbench.decoding import check_passes
+
     model = load_model(run_dir)
+    check_passes(model, max_passes, "max_passes")  # before any work: K passes cost K forwards
     tok = CharTokenizer()
     ids = tok.encode(prompt)
     if model.embed.W_E.dtype != torch.float64:

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from models import DecoderLM, FullBandwidthLM, NonFiniteActivation, guard_numerics
 from workbench.checkpoint import load_model, write_json
-from workbench.decoding import REGIMES, generate, score_completions
+from workbench.decoding import REGIMES, check_passes, generate, score_completions
 from workbench.runconfig import load_run_config
 from workbench.tasks import SYNTHETIC, Example, TaskConfig, load_task, parse_final_answer
 from workbench.tokenizer import CharTokenizer
@@ -70,6 +70,8 @@ def evaluate_examples(model: DecoderLM, examples: list[Example], tokenizer: Char
     ``silent_tokens[regime]``: generated ids before <eos> that decode to nothing (pad, other
     specials, ids past the vocabulary), which the scored text cannot show."""
     fbt = isinstance(model, FullBandwidthLM)
+    if fbt:
+        check_passes(model, fused_passes)  # before the losses run, not when the fused regime's turn comes
     regimes = REGIMES if fbt else ("standard",)
     eos = tokenizer.eos_id
     silent = tokenizer.silent_ids(model.cfg.d_vocab)
