@@ -4,6 +4,7 @@ from models.baseline import BaselineLM, DecoderLM, without_hooks
 from models.full_bandwidth import FBTConfig, FullBandwidthLM
 from models.hidden_decoding import HDConfig, HiddenDecodingLM, expand_streams, unstack_streams
 from models.layers import KVCache, ModelConfig
+from models.numerics import NonFiniteActivation, guard_numerics
 from models.presets import PRESETS, preset
 
 __all__ = [
@@ -15,8 +16,10 @@ __all__ = [
     "HiddenDecodingLM",
     "KVCache",
     "ModelConfig",
+    "NonFiniteActivation",
     "PRESETS",
     "expand_streams",
+    "guard_numerics",
     "preset",
     "unstack_streams",
     "without_hooks",

@@ -12,6 +12,7 @@ from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
 from models.layers import AttnContext, Block, KVCache, ModelConfig, RMSNorm, Rotary, init_weights
+from models.numerics import UNGUARDED
 
 
 class Embed(nn.Module):
@@ -42,6 +43,19 @@ class DecoderLM(HookedRootModule):
         # forward calls (decoding steps). Labels only, read by the workbench's activation recorder.
         self.current_pass = 0
         self.forward_calls = 0
+        self.numerics_guard = None  # set by models.guard_numerics
+
+    def guard_scope(self):
+        """The context a model call runs in: the numerics guard checks its records when the
+        outermost call ends (one host sync per call, none when no guard is on)."""
+        return self.numerics_guard if self.numerics_guard is not None else UNGUARDED
+
+    def checked_logits(self, logits: Tensor) -> Tensor:
+        """``logits`` [batch, pos, (n_streams,) d_vocab], recorded by the numerics guard when one is on."""
+        if self.numerics_guard is not None:
+            self.numerics_guard.record("readout", logits)
+            self.numerics_guard.settle()
+        return logits
 
     def compute_patterns(self, enabled: bool = True) -> None:
         """Always compute attention patterns explicitly (so ``hook_pattern`` fires for tools that
@@ -149,7 +163,7 @@ class DecoderLM(HookedRootModule):
 
     def readout(self, h: Tensor) -> Tensor:
         """Tied readout: logits [batch, pos, d_vocab] from final-normed states."""
-        return h @ self.embed.W_E.T
+        return self.checked_logits(h @ self.embed.W_E.T)
 
     def final_states(
         self,
@@ -162,9 +176,10 @@ class DecoderLM(HookedRootModule):
         sequence. ``attention_mask`` [batch, pos] is False at (left) padding."""
         self.check_tokens(tokens, cache)
         self.forward_calls += 1
-        ctx = self.context(tokens, cache, attention_mask)
-        h = self.run_stack(self.stack_input(tokens), ctx)
-        self.commit(cache, ctx, tokens.shape[1])
+        with self.guard_scope():
+            ctx = self.context(tokens, cache, attention_mask)
+            h = self.run_stack(self.stack_input(tokens), ctx)
+            self.commit(cache, ctx, tokens.shape[1])
         return h
 
     def forward(
@@ -175,7 +190,8 @@ class DecoderLM(HookedRootModule):
         attention_mask: Tensor | None = None,
     ) -> Tensor:
         """Logits [batch, pos, d_vocab]; arguments as in ``final_states``."""
-        return self.readout(self.final_states(tokens, cache=cache, attention_mask=attention_mask))
+        with self.guard_scope():
+            return self.readout(self.final_states(tokens, cache=cache, attention_mask=attention_mask))
 
 
 class BaselineLM(DecoderLM):

@@ -114,29 +114,30 @@ class FullBandwidthLM(DecoderLM):
 
         ctx = self.context(tokens, cache, attention_mask)
         states: list[Tensor] = []
-        try:
-            for k in range(passes):
-                self.current_pass = k
-                ctx.write = commit and k == passes - 1
-                if k == 0:
-                    # only the first position can know its previous state before any pass has run
-                    fuse = fuse_mask.clone()
-                    fuse[:, 1:] = False
-                    if fuse.any():
-                        prev = torch.cat((first[:, None], embed.new_zeros(B, T - 1, embed.shape[-1])), 1)
-                        x = self.fusion(self._feedback(prev, k, perturb, detach_states), embed, fuse)
+        with self.guard_scope():  # the numerics guard, if on, checks every pass once they have run
+            try:
+                for k in range(passes):
+                    self.current_pass = k
+                    ctx.write = commit and k == passes - 1
+                    if k == 0:
+                        # only the first position can know its previous state before any pass has run
+                        fuse = fuse_mask.clone()
+                        fuse[:, 1:] = False
+                        if fuse.any():
+                            prev = torch.cat((first[:, None], embed.new_zeros(B, T - 1, embed.shape[-1])), 1)
+                            x = self.fusion(self._feedback(prev, k, perturb, detach_states), embed, fuse)
+                        else:
+                            x = embed
                     else:
-                        x = embed
-                else:
-                    prev = torch.cat((first[:, None], states[-1][:, :-1]), dim=1)
-                    x = self.fusion(self._feedback(prev, k, perturb, detach_states), embed, fuse_mask)
-                states.append(self.run_stack(x, ctx))
-        finally:
-            self.current_pass = 0
-        if commit:
-            self.commit(cache, ctx, T)
-            if cache is not None:
-                cache.state = states[-1][:, -1]
+                        prev = torch.cat((first[:, None], states[-1][:, :-1]), dim=1)
+                        x = self.fusion(self._feedback(prev, k, perturb, detach_states), embed, fuse_mask)
+                    states.append(self.run_stack(x, ctx))
+            finally:
+                self.current_pass = 0
+            if commit:
+                self.commit(cache, ctx, T)
+                if cache is not None:
+                    cache.state = states[-1][:, -1]
         return states
 
     @staticmethod
@@ -172,6 +173,7 @@ class FullBandwidthLM(DecoderLM):
         """Logits [batch, pos, d_vocab] of the last pass. ``passes=1`` with no cached state is the
         plain backbone (the ``standard`` regime); a cached continuation fuses its first position
         with the cached state unless ``fuse_mask`` says otherwise (the ``soft`` regime)."""
-        return self.readout(
-            self.final_states(tokens, passes=passes, fuse_mask=fuse_mask, cache=cache, attention_mask=attention_mask)
-        )
+        with self.guard_scope():
+            return self.readout(
+                self.final_states(tokens, passes=passes, fuse_mask=fuse_mask, cache=cache, attention_mask=attention_mask)
+            )

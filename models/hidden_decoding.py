@@ -98,7 +98,7 @@ class HiddenDecodingLM(DecoderLM):
         h = unstack_streams(h, self.n_streams)
         if not all_streams:
             h = h[:, :, -1] if self.cfg.readout == "last" else h.sum(dim=2)
-        return h @ self.embed.W_E[0].T
+        return self.checked_logits(h @ self.embed.W_E[0].T)
 
     def stack_input(self, tokens: Tensor) -> Tensor:
         """Interleaved stream embeddings [batch, n_streams * pos, d_model]."""
@@ -115,8 +115,8 @@ class HiddenDecodingLM(DecoderLM):
     ) -> Tensor:
         """Logits [batch, pos, d_vocab] read from the last stream (or [batch, pos, n_streams,
         d_vocab] with ``all_streams``)."""
-        h = self.final_states(tokens, cache=cache, attention_mask=attention_mask)
-        return self.readout(h, all_streams)
+        with self.guard_scope():
+            return self.readout(self.final_states(tokens, cache=cache, attention_mask=attention_mask), all_streams)
 
 
 def expand_streams(model: DecoderLM, n_streams: int, **hd_overrides) -> HiddenDecodingLM:

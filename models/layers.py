@@ -44,9 +44,12 @@ class ModelConfig:
             )
         if self.d_head % 2:
             raise ValueError(f"d_head = d_model / n_heads = {self.d_head}: rotary embeddings need it even")
-        for name in ("rope_base", "norm_eps", "init_std"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"config field {name}={getattr(self, name)!r}: expected a number > 0")
+        # JSON and --set both accept Infinity; rotary angles, the norm and the init need finite values
+        for name, ok, expected in (("rope_base", 1 < self.rope_base < math.inf, "a finite number > 1"),
+                                   ("norm_eps", 0 < self.norm_eps < 1, "a number in (0, 1)"),
+                                   ("init_std", 0 < self.init_std < math.inf, "a finite number > 0")):
+            if not ok:
+                raise ValueError(f"config field {name}={getattr(self, name)!r}: expected {expected}")
 
     @property
     def d_head(self) -> int:
@@ -80,11 +83,16 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.w = nn.Parameter(torch.ones(d_model))
         self.hook_normalized = HookPoint()  # [batch, pos, d_model]
+        self.guard = None  # a models.numerics.NumericsGuard while guard_numerics is on
+        self.site = ""  # this norm's path in the model (set with the guard)
 
     def forward(self, x: Tensor) -> Tensor:
         dtype = x.dtype
         xf = x.float() if dtype in (torch.float16, torch.bfloat16) else x
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        mean_square = xf.pow(2).mean(-1, keepdim=True)  # [batch, pos, 1]
+        if self.guard is not None:  # inf when the square overflows: rsqrt would turn it into a finite zero
+            self.guard.record(self.site, mean_square)
+        xf = xf * torch.rsqrt(mean_square + self.eps)
         return self.hook_normalized(self.w * xf.to(dtype))
 
 

@@ -32,12 +32,7 @@ FAST = ["train.batch_size=4", "train.seq_len=32", "train.warmup=3", "train.log_e
 SETS = [a for s in FAST for a in ("--set", s)]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # ---- the lock itself -----------------------------------------------------------------------
@@ -327,3 +322,41 @@ def test_a_killed_cache_leaves_only_staging_that_the_next_writer_removes(tmp_pat
         load_store(store)
     assert cli(argv[:-4] + ["--n-sequences", "8", "--out", str(store)])[0] is None  # no --overwrite needed: nothing was published
     assert sorted(p.name for p in store.iterdir()) == [LOCK, "shard-00000.arrow", "store.json"]
+
+
+def test_save_model_replaces_a_model_only_when_asked(tmp_path):
+    run = save_model(build_model("fbt", "debug"), tmp_path / "run")
+    (run / "notes.md").write_text("mine")
+    before = snapshot(run)
+    WRONG["faults_injected"] += 1
+    with pytest.raises(FileExistsError, match=r"already holds a model \(model.safetensors, config.json, tokenizer.json\)"):
+        save_model(build_model("baseline", "debug"), run)
+    assert_nothing_lost(before, snapshot(run), WRONG)
+    save_model(build_model("baseline", "debug"), run, overwrite=True)
+    assert load_model(run).arch == "baseline" and (run / "notes.md").read_text() == "mine"
+
+
+def test_a_failed_probe_sweep_leaves_no_temporary_directories(tmp_path):
+    """The reported leftovers: a failed probe left ``tmp*`` stores in the run directory. Here the
+    sweep fails in its second caching (an overflowing weight makes the recurrent prefill stop)."""
+    from workbench.checkpoint import load_weights, save_weights
+
+    run = save_model(build_model("fbt", "debug"), tmp_path / "run")
+    tensors, meta = load_weights(run / "model.safetensors")
+    tensors["fusion.W_U.weight"].view(-1)[0] = 1e30  # only fused positions overflow: the standard prefill passes
+    save_weights(run / "model.safetensors", tensors, meta)
+    before = snapshot(run)
+    WRONG["faults_injected"] += 1
+    assert_usage_error(["probe", str(run), "--target", "running_sum", "--passes", "2", "--no-exact", "--n-sequences", "30",
+                        "--hooks", "hook_embed"], "non-finite activation", "FBT pass 2")
+    left = sorted(str(p.relative_to(run)) for p in run.rglob("*") if p.name != LOCK)
+    assert left == sorted([name for name in before if name != LOCK] + ["results"]), left  # results/ holds no store, probe or report
+
+
+def test_a_torn_zoo_summary_is_named(tmp_path):
+    zoo = tmp_path / "zoo"
+    zoo.mkdir()
+    (zoo / "zoo.json").write_text('{"scale": "micro", "models": {"base')  # a non-atomic write cut short
+    WRONG["faults_injected"] += 1
+    assert_usage_error(["zoo", "--preset", "micro", "--out", str(zoo), "--only", "baseline", "--no-progress"],
+                       f"corrupt JSON in {zoo / 'zoo.json'}")

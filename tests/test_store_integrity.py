@@ -24,12 +24,7 @@ COUNTS = tally("corrupt stores")
 HOOKS = ["hook_embed", "blocks.0.hook_resid_post"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
@@ -187,12 +182,19 @@ def test_the_cli_writes_a_store_that_verifies_and_refuses_nan_activations(tmp_pa
     estimate = int(re.search(r"storing about ([\d,]+) rows", out).group(1).replace(",", ""))
     assert estimate == stored["n_rows"]
 
+    # NaN from the model: the numerics guard names the sequences and the site (the next norm)
     model = build_model("fbt", "debug")
-    model.blocks[0].hook_resid_post.add_hook(lambda x, hook: x.masked_fill(torch.rand_like(x) < 0.01, float("nan")))
+    model.blocks[0].hook_resid_post.add_hook(lambda x, hook: x.index_fill(1, torch.tensor([3]), float("nan")))
     COUNTS["faults_injected"] += 1
-    with pytest.raises(ValueError, match=r"hook blocks.0.hook_resid_post holds NaN or inf in sequences 0\.\.15: nothing was stored in"):
+    with pytest.raises(RuntimeError, match=r"sequence 0: non-finite activation: blocks.1.ln1 input is NaN at step 0, FBT pass 1 .*nothing was stored"):
         cache_activations(model, synthetic_examples("modsum", 40, 1), HOOKS, tmp_path / "nan", batch_size=16)
     assert not (tmp_path / "nan" / "store.json").exists() and not list((tmp_path / "nan").glob(".staging-*"))
+    # NaN after the last norm, where no guard looks (a hook on the carried state): refused when written
+    model = build_model("fbt", "debug")
+    model.ln_final.hook_normalized.add_hook(lambda x, hook: x.index_fill(1, torch.tensor([3]), float("nan")))
+    COUNTS["faults_injected"] += 1
+    with pytest.raises(ValueError, match=r"hook ln_final.hook_normalized holds NaN or inf in sequences 0\.\.15: nothing was stored in"):
+        cache_activations(model, synthetic_examples("modsum", 40, 1), ["ln_final.hook_normalized"], tmp_path / "nan", batch_size=16)
 
 
 @pytest.fixture

@@ -4,9 +4,11 @@ carries a CRC32 of its tensors and metadata, so torn or flipped bytes are caught
 
 from __future__ import annotations
 
+import errno
 import glob
 import json
 import os
+import re
 import shutil
 import tempfile
 import zlib
@@ -19,6 +21,7 @@ from torch import Tensor
 
 from models import DecoderLM
 from workbench.config import ARCHS, build_model, config_from_dict, model_from_config
+from workbench.outputs import hold
 from workbench.tokenizer import CharTokenizer
 
 CONFIG = "config.json"
@@ -29,7 +32,10 @@ TMP_SUFFIX = ".tmp"
 
 def atomic_write(path: Path, write) -> None:
     """Write through ``write(tmp_path)`` then rename, so a crash never leaves a half-written file
-    (only a hidden ``.NAME.*.tmp`` beside it). OS errors name ``path``, not the temporary file."""
+    (only a hidden ``.NAME.*.tmp`` beside it). The temporary file is fsynced before the rename and
+    the directory after it, so once this returns the new file survives a power loss too (a rename
+    alone can reach the disk before the data it publishes). OS errors name ``path``, not the
+    temporary file."""
     path = Path(path)
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
@@ -39,13 +45,26 @@ def atomic_write(path: Path, write) -> None:
     try:
         write(tmp)
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the file the usual permissions
+        _fsync(tmp)
         os.replace(tmp, path)
+        _fsync(path.parent)
     except BaseException as err:
         if os.path.exists(tmp):
             os.unlink(tmp)
         if isinstance(err, OSError):
             raise _naming(err, path) from err
         raise
+
+
+def _fsync(path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as err:
+        if err.errno != errno.EINVAL:  # EINVAL: a file system that cannot sync this (some cannot sync directories)
+            raise
+    finally:
+        os.close(fd)
 
 
 def _naming(err: OSError, path: Path) -> OSError:
@@ -114,7 +133,15 @@ def save_weights(path: Path, tensors: dict[str, Tensor], metadata: dict[str, str
     tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
     metadata = dict(metadata or {})
     metadata[CHECKSUM] = tensor_checksum(tensors, metadata)
-    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
+
+    def write(tmp: str) -> None:
+        try:
+            save_file(tensors, tmp, metadata=metadata)
+        except SafetensorError as err:  # e.g. a full disk: an OSError, so atomic_write names the path
+            code = re.search(r"os error (\d+)", str(err))
+            raise OSError(int(code[1]), os.strerror(int(code[1]))) if code else OSError(f"safetensors: {err}") from err
+
+    atomic_write(path, write)
 
 
 def load_weights(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
@@ -139,14 +166,19 @@ def load_weights(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
     return tensors, metadata
 
 
-def save_model(model: DecoderLM, directory: str | Path, tokenizer: CharTokenizer | None = None, extra: dict | None = None) -> Path:
-    """Save weights, config (``{"arch", "model", **extra}``) and tokenizer into ``directory``."""
+def save_model(model: DecoderLM, directory: str | Path, tokenizer: CharTokenizer | None = None, extra: dict | None = None,
+               *, overwrite: bool = False) -> Path:
+    """Save weights, config (``{"arch", "model", **extra}``) and tokenizer into ``directory``,
+    holding it while they are written; a model already there is replaced only with ``overwrite``."""
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    save_weights(directory / WEIGHTS, model.state_dict(), {"arch": model.arch})
-    config = {"arch": model.arch, "model": model.cfg.to_dict(), **(extra or {})}
-    write_json(directory / CONFIG, config)
-    (tokenizer or CharTokenizer()).save(directory, model.cfg.n_ctx)
+    existing = [name for name in (WEIGHTS, CONFIG, "tokenizer.json") if (directory / name).exists()]
+    if existing and not overwrite:
+        raise FileExistsError(f"{directory} already holds a model ({', '.join(existing)}): pass overwrite=True to replace it")
+    with hold(directory):
+        save_weights(directory / WEIGHTS, model.state_dict(), {"arch": model.arch})
+        config = {"arch": model.arch, "model": model.cfg.to_dict(), **(extra or {})}
+        write_json(directory / CONFIG, config)
+        (tokenizer or CharTokenizer()).save(directory, model.cfg.n_ctx)
     return directory
 
 
@@ -171,6 +203,10 @@ def model_from_weights(arch: str, values: dict, weights: Path, config_path: Path
     except (TypeError, ValueError) as err:
         raise ValueError(f"bad model config in {config_path}: {err}") from err
     tensors, _ = load_weights(weights)
+    for name, t in tensors.items():  # load_state_dict would silently cast integers and bools to floats
+        if not t.is_floating_point():
+            raise ValueError(f"{weights}: tensor {name!r} has dtype {str(t.dtype).removeprefix('torch.')}; model weights "
+                             "must be floating point")
     try:
         with torch.device("meta"):
             expected = {k: tuple(v.shape) for k, v in ARCHS[arch][1](cfg).state_dict().items()}

@@ -108,22 +108,31 @@ def cmd_presets(args) -> dict:
 
 
 def cmd_generate(args) -> dict:
+    from models import NonFiniteActivation
     from workbench.checkpoint import resolve_model
     from workbench.decoding import generate
 
     model = resolve_model(args.model)
     tok = _tokenizer_for(args.model)
     prompts = [tok.encode(p) for p in args.prompt]  # training streams carry no BOS
-    result = {"model": args.model, "prompts": args.prompt, "generations": {}}
+    silent = tok.silent_ids(model.cfg.d_vocab)
+    result = {"model": args.model, "prompts": args.prompt, "generations": {}, "silent_tokens": {}}
     for regime in args.regime.split(","):
-        out = generate(
-            model, prompts, regime=regime, max_new_tokens=args.max_new_tokens, passes=args.passes,
-            temperature=args.temperature, top_k=args.top_k, seed=args.seed, eos_token_id=tok.eos_id,
-        )
+        try:
+            out = generate(
+                model, prompts, regime=regime, max_new_tokens=args.max_new_tokens, passes=args.passes,
+                temperature=args.temperature, top_k=args.top_k, seed=args.seed, eos_token_id=tok.eos_id,
+            )
+        except NonFiniteActivation as err:
+            raise NonFiniteActivation(f"regime {regime}: {err}", err.what, err.step, err.pass_index) from err
         texts = [tok.decode(ids) for ids in out.completions()]
         result["generations"][regime] = texts
+        result["silent_tokens"][regime] = counts = out.silent_counts(silent)  # per prompt
         for prompt, text in zip(args.prompt, texts):
             print(f"[{regime}] {prompt!r} -> {text!r}")
+        if sum(counts):  # the texts above cannot show them
+            print(f"warning: [{regime}] {sum(counts)} generated tokens decode to nothing (pad, other special tokens or "
+                  f"ids past the vocabulary) and are missing from the text; per prompt: {counts}", file=sys.stderr)
     return result
 
 

@@ -15,12 +15,12 @@ from __future__ import annotations
 import math
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Collection, Sequence
 
 import torch
 from torch import Tensor
 
-from models import DecoderLM, FullBandwidthLM
+from models import DecoderLM, FullBandwidthLM, guard_numerics
 
 REGIMES = ("standard", "soft", "fused")
 
@@ -40,6 +40,12 @@ class Generation:
     def completions(self) -> list[list[int]]:
         """Generated ids per row, up to and including the first eos (when one was set)."""
         return [row.tolist()[: int(n)] for row, n in zip(self.new_tokens, self.lengths)]
+
+    def silent_counts(self, silent: Collection[int]) -> list[int]:
+        """Per row, the generated ids before the first eos that are in ``silent`` (a tokenizer's
+        ``silent_ids``: ids that decode to nothing, so the text alone would hide them)."""
+        return [sum(t in silent for t in ids[: len(ids) - int(done)])
+                for ids, done in zip(self.completions(), self.finished.tolist())]
 
 
 def pad_prompts(prompts, pad_token_id: int = 0, device=None) -> tuple[Tensor, Tensor | None]:
@@ -81,14 +87,25 @@ def _check_args(model, regime, passes, max_new_tokens, temperature, top_k):
         raise ValueError(f"unknown regime {regime!r}: expected one of {REGIMES}")
     if regime != "standard" and not isinstance(model, FullBandwidthLM):
         raise ValueError(f"regime {regime!r} needs a Full-Bandwidth model; arch {model.arch!r} decodes only 'standard'")
-    if passes != "exact" and (not isinstance(passes, int) or isinstance(passes, bool) or passes < 1):
-        raise ValueError(f"passes={passes!r}: expected an integer >= 1 or 'exact'")
+    check_passes(model, passes)
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens!r}: expected an integer >= 1")
     if not math.isfinite(temperature) or temperature < 0:
         raise ValueError(f"temperature={temperature!r}: expected a finite number >= 0")
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k={top_k!r}: expected None or an integer >= 1")
+
+
+def check_passes(model: DecoderLM, passes, name: str = "passes") -> None:
+    """K of a K-pass computation: an integer in [1, n_ctx] (K = the sequence length is already the
+    exact recurrence, so a larger K only costs time), or 'exact'."""
+    if passes == "exact":
+        return
+    if not isinstance(passes, int) or isinstance(passes, bool) or passes < 1:
+        raise ValueError(f"{name}={passes!r}: expected an integer >= 1 or 'exact'")
+    if passes > model.cfg.n_ctx:
+        raise ValueError(f"{name}={passes} is more than the context n_ctx={model.cfg.n_ctx}: K = the prompt length is "
+                         "already the exact recurrence (use 'exact')")
 
 
 def prefill(model: DecoderLM, tokens: Tensor, mask: Tensor | None, regime: str, passes, cache) -> Tensor:
@@ -126,9 +143,11 @@ def score_completions(
     regime: str = "standard",
     passes: int | str = 1,
     pad_token_id: int = 0,
+    check_numerics: bool = True,
 ) -> Tensor:
     """Teacher-forced negative log-likelihood [batch, completion_pos] of each completion after its
-    prompt, decoded exactly as ``generate`` would (NaN past a row's completion)."""
+    prompt, decoded exactly as ``generate`` would (NaN past a row's completion). Non-finite
+    activations raise ``NonFiniteActivation`` (see ``generate``)."""
     _check_args(model, regime, passes, 1, 0.0, None)
     device = model.embed.W_E.device
     tokens, mask = pad_prompts(prompts, pad_token_id, device)
@@ -140,16 +159,17 @@ def score_completions(
     for i, c in enumerate(completions):
         target[i, : len(c)] = torch.tensor(list(c), dtype=torch.long)
     model.check_tokens(target.clamp(min=0))
-    cache = model.make_cache(P + C)
-    n = model.n_streams
-    h = prefill(model, tokens, mask, regime, passes, cache)
-    nll = torch.full((B, C), float("nan"), device=device)
-    for j in range(C):
-        logp = model.readout(h[:, -n:])[:, -1].float().log_softmax(-1)
-        valid = target[:, j] >= 0
-        nll[valid, j] = -logp[valid].gather(1, target[valid, j : j + 1])[:, 0]
-        if j < C - 1:
-            h = step(model, target[:, j : j + 1].clamp(min=0), regime, cache)
+    with guard_numerics(model, check_numerics):
+        cache = model.make_cache(P + C)
+        n = model.n_streams
+        h = prefill(model, tokens, mask, regime, passes, cache)
+        nll = torch.full((B, C), float("nan"), device=device)
+        for j in range(C):
+            logp = model.readout(h[:, -n:])[:, -1].float().log_softmax(-1)
+            valid = target[:, j] >= 0
+            nll[valid, j] = -logp[valid].gather(1, target[valid, j : j + 1])[:, 0]
+            if j < C - 1:
+                h = step(model, target[:, j : j + 1].clamp(min=0), regime, cache)
     return nll
 
 
@@ -166,12 +186,16 @@ def generate(
     seed: int | None = 0,
     eos_token_id: int | None = None,
     pad_token_id: int = 0,
+    check_numerics: bool = True,
 ) -> Generation:
     """Generate ``max_new_tokens`` for every prompt with a key/value cache.
 
     ``passes`` is the K of the ``fused`` regime's K-pass prefill (``'exact'``: the sequential
     recurrence). Hooks attached to ``model`` fire at every step; the workbench's
-    ``ActivationRecorder`` tells the steps (and passes) apart.
+    ``ActivationRecorder`` tells the steps (and passes) apart. With ``check_numerics`` (the
+    default) a non-finite norm input or logit raises ``models.NonFiniteActivation`` naming the
+    site and the step (forward calls: 0 is the prefill, except that ``passes='exact'`` prefills
+    one prompt position per call); an overflow would otherwise decode as a run of pad ids.
     """
     _check_args(model, regime, passes, max_new_tokens, temperature, top_k)
     device = model.embed.W_E.device
@@ -186,27 +210,28 @@ def generate(
     generator = None
     if temperature > 0 and seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)
-    cache = model.make_cache(P + max_new_tokens)
-    h = prefill(model, tokens, mask, regime, passes, cache)
-    n = model.n_streams
-    new = torch.empty(B, max_new_tokens, dtype=torch.long, device=device)
-    states = []
-    finished = torch.zeros(B, dtype=torch.bool, device=device)
-    lengths = torch.full((B,), max_new_tokens, dtype=torch.long, device=device)
-    for i in range(max_new_tokens):
-        logits = model.readout(h[:, -n:])[:, -1]  # the last token's n stream positions
-        states.append(h[:, -1])  # its last stream
-        nxt = sample(logits, temperature, top_k, generator)
-        if eos_token_id is not None:
-            nxt = torch.where(finished, torch.full_like(nxt, pad_token_id), nxt)
-            just = (nxt == eos_token_id) & ~finished
-            lengths = torch.where(just, torch.full_like(lengths, i + 1), lengths)
-            finished |= just
-        new[:, i] = nxt
-        if i == max_new_tokens - 1 or (eos_token_id is not None and bool(finished.all())):
-            new = new[:, : i + 1]
-            break
-        h = step(model, nxt[:, None], regime, cache)
+    with guard_numerics(model, check_numerics):
+        cache = model.make_cache(P + max_new_tokens)
+        h = prefill(model, tokens, mask, regime, passes, cache)
+        n = model.n_streams
+        new = torch.empty(B, max_new_tokens, dtype=torch.long, device=device)
+        states = []
+        finished = torch.zeros(B, dtype=torch.bool, device=device)
+        lengths = torch.full((B,), max_new_tokens, dtype=torch.long, device=device)
+        for i in range(max_new_tokens):
+            logits = model.readout(h[:, -n:])[:, -1]  # the last token's n stream positions
+            states.append(h[:, -1])  # its last stream
+            nxt = sample(logits, temperature, top_k, generator)
+            if eos_token_id is not None:
+                nxt = torch.where(finished, torch.full_like(nxt, pad_token_id), nxt)
+                just = (nxt == eos_token_id) & ~finished
+                lengths = torch.where(just, torch.full_like(lengths, i + 1), lengths)
+                finished |= just
+            new[:, i] = nxt
+            if i == max_new_tokens - 1 or (eos_token_id is not None and bool(finished.all())):
+                new = new[:, : i + 1]
+                break
+            h = step(model, nxt[:, None], regime, cache)
 
     full_mask = torch.ones(B, P + new.shape[1], dtype=torch.bool, device=device)
     if mask is not None:

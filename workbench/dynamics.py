@@ -23,14 +23,15 @@ import torch
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from models import FullBandwidthLM
+from models import FullBandwidthLM, NonFiniteActivation, guard_numerics
 from workbench.activations import ActivationRecorder
+from workbench.decoding import check_passes
 
 CONTEXT_RULES = ("slide", "stop")
 
 
 class RolloutDiverged(RuntimeError):
-    pass
+    """A rollout met a non-finite activation; the message names the rollout step and the site."""
 
 
 def _check(model) -> None:
@@ -41,20 +42,24 @@ def _check(model) -> None:
 @torch.no_grad()
 def prefill_context(model: FullBandwidthLM, prefix: list[int], capacity: int | None = None, plain: int = 0):
     """``prefix`` in a fresh cache, its first ``plain`` tokens plain (a prompt, as in ``soft``
-    decoding) and the rest by the exact recurrence; returns (cache, carried state [D])."""
+    decoding) and the rest by the exact recurrence; returns (cache, carried state [D]). Non-finite
+    activations raise ``NonFiniteActivation`` (steps are its forward calls: the plain part, then
+    one per position)."""
     _check(model)
     cache = model.make_cache(capacity)
     ids = torch.tensor([prefix], device=model.embed.W_E.device)
-    if plain:
-        h = model.final_states(ids[:, :plain], fuse_mask=torch.zeros_like(ids[:, :plain], dtype=torch.bool), cache=cache)
-    for t in range(plain, ids.shape[1]):
-        h = model.final_states(ids[:, t : t + 1], cache=cache)
+    with guard_numerics(model):
+        if plain:
+            h = model.final_states(ids[:, :plain], fuse_mask=torch.zeros_like(ids[:, :plain], dtype=torch.bool), cache=cache)
+        for t in range(plain, ids.shape[1]):
+            h = model.final_states(ids[:, t : t + 1], cache=cache)
     return cache, h[0, -1]
 
 
 def feedback_map(model: FullBandwidthLM, cache, token: int):
     """F(h): [M, D] -> [M, D], the carried state after feeding ``token`` with previous state h,
-    reading (never writing) ``cache``. Differentiable in h (torch.func works on it)."""
+    reading (never writing) ``cache``. Differentiable in h (torch.func works on it). Not guarded:
+    a fixed-point search evaluates F at wild states and handles what comes back itself."""
     _check(model)
     device = model.embed.W_E.device
 
@@ -102,8 +107,9 @@ def rollout(
 ) -> Rollout:
     """``soft`` decoding of ``horizon`` steps after ``prompt`` (greedy, or teacher-forced on
     ``tokens``), next to a ``standard`` rollout on the same tokens and, with ``perturb_at``, a
-    perturbed copy of the carried state at that step. Non-finite states raise
-    ``RolloutDiverged`` naming the step."""
+    perturbed copy of the carried state at that step. A non-finite activation (a norm input, a
+    logit, the carried state that ``ln_final`` makes) raises ``RolloutDiverged`` naming the step
+    and the site."""
     _check(model)
     if context_rule not in CONTEXT_RULES:
         raise ValueError(f"context_rule={context_rule!r}: expected one of {CONTEXT_RULES}")
@@ -120,48 +126,51 @@ def rollout(
     ids = torch.tensor([prompt] * n, device=device)
     cache = model.make_cache()
     plain = torch.zeros_like(ids, dtype=torch.bool)
-    h = model.final_states(ids, fuse_mask=plain, cache=cache)[:, -1]
     fuse = torch.tensor([[True], [False], [True]][:n], device=device)
     out = {k: [] for k in ("state", "input", "gate_mean", "gate_entropy", "logit_entropy", "standard", "ratio")}
     fed, slid, stopped, d0, kept = [], [], None, None, []
-    # the last residual is read to catch overflow: RMSNorm maps an overflowing stream to a finite (zero) state
-    last_resid = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
-    names = ["blocks.0.hook_resid_pre", last_resid] + (["fusion.hook_gate"] if model.fusion.W_G is not None else [])
-    for step in range(horizon):
-        logits = model.readout(h[:1])
-        logp = logits.float().log_softmax(-1)
-        nxt = tokens[step] if tokens is not None else int(logits.argmax())
-        if cache.length + 1 > cache.capacity:
-            if context_rule == "stop":
-                stopped = f"context full after {cache.length} tokens (n_ctx={model.cfg.n_ctx}) at step {step}"
-                break
-            cache.slide(cache.capacity // 2)
-            slid.append(step)
-        if perturb_at == step:
-            delta = torch.randn(h.shape[-1], generator=torch.Generator().manual_seed(seed), dtype=torch.float32).to(device, h.dtype)
-            h = h.clone()
-            h[2] = h[0] + eps * delta / delta.norm()
-            cache.state = h
-            d0 = float((h[2] - h[0]).norm())
-        with ActivationRecorder(model, names) as rec:
-            h = model.final_states(torch.full((n, 1), nxt, device=device), fuse_mask=fuse, cache=cache)[:, -1]
-        if not torch.isfinite(h).all():
-            raise RolloutDiverged(f"non-finite carried state at step {step} (token {nxt})")
-        if not torch.isfinite(rec.calls(last_resid)[-1].value[:, -1].norm(dim=-1)).all():
-            raise RolloutDiverged(f"the residual stream overflowed at step {step} (token {nxt}): the carried state diverged")
-        u = rec.calls("blocks.0.hook_resid_pre")[-1].value[0, -1]
-        fed.append(nxt)
-        kept.append(h[0].float().cpu())
-        out["state"].append(float(h[0].norm()))
-        out["input"].append(float(u.norm()))
-        if "fusion.hook_gate" in names:
-            gate = rec.calls("fusion.hook_gate")[-1].value[0, -1].float()
-            out["gate_mean"].append(float(gate.mean()))
-            out["gate_entropy"].append(float(_binary_entropy(gate).mean()))
-        out["logit_entropy"].append(float(-(logp.exp() * logp).sum()))
-        out["standard"].append(float((h[0] - h[1]).norm()))
-        if d0 is not None:
-            out["ratio"].append(float((h[2] - h[0]).norm()) / d0)
+    names = ["blocks.0.hook_resid_pre"] + (["fusion.hook_gate"] if model.fusion.W_G is not None else [])
+    step = nxt = None  # where a non-finite activation arose: the prefill, or a step (and its token)
+    try:
+        with guard_numerics(model):
+            h = model.final_states(ids, fuse_mask=plain, cache=cache)[:, -1]
+            for step in range(horizon):
+                nxt = None  # not chosen yet: the readout below may be what fails
+                logits = model.readout(h[:1])
+                logp = logits.float().log_softmax(-1)
+                nxt = tokens[step] if tokens is not None else int(logits.argmax())
+                if cache.length + 1 > cache.capacity:
+                    if context_rule == "stop":
+                        stopped = f"context full after {cache.length} tokens (n_ctx={model.cfg.n_ctx}) at step {step}"
+                        break
+                    cache.slide(cache.capacity // 2)
+                    slid.append(step)
+                if perturb_at == step:
+                    delta = torch.randn(h.shape[-1], generator=torch.Generator().manual_seed(seed), dtype=torch.float32).to(device, h.dtype)
+                    h = h.clone()
+                    h[2] = h[0] + eps * delta / delta.norm()
+                    cache.state = h
+                    d0 = float((h[2] - h[0]).norm())
+                with ActivationRecorder(model, names) as rec:
+                    h = model.final_states(torch.full((n, 1), nxt, device=device), fuse_mask=fuse, cache=cache)[:, -1]
+                u = rec.calls("blocks.0.hook_resid_pre")[-1].value[0, -1]
+                fed.append(nxt)
+                kept.append(h[0].float().cpu())
+                out["state"].append(float(h[0].norm()))
+                out["input"].append(float(u.norm()))
+                if "fusion.hook_gate" in names:
+                    gate = rec.calls("fusion.hook_gate")[-1].value[0, -1].float()
+                    out["gate_mean"].append(float(gate.mean()))
+                    out["gate_entropy"].append(float(_binary_entropy(gate).mean()))
+                out["logit_entropy"].append(float(-(logp.exp() * logp).sum()))
+                out["standard"].append(float((h[0] - h[1]).norm()))
+                if d0 is not None:
+                    out["ratio"].append(float((h[2] - h[0]).norm()) / d0)
+    except NonFiniteActivation as err:
+        if step is None:
+            raise RolloutDiverged(f"{err.what} in the prompt's prefill (before step 0)") from err
+        token = f" (token {nxt})" if nxt is not None else ""
+        raise RolloutDiverged(f"{err.what} at step {step}{token}: the carried state diverged") from err
     t = lambda key: torch.tensor(out[key], dtype=torch.float64)
     states = torch.stack(kept) if kept else torch.empty(0, model.cfg.d_model)
     return Rollout(fed, states, t("state"), t("input"), t("gate_mean"), t("gate_entropy"), t("logit_entropy"), t("standard"),
@@ -174,18 +183,20 @@ def kpass_convergence(model: FullBandwidthLM, tokens: list[int], max_passes: int
     of next-token distributions (whole sequence), and per position ||H^k_t - H*_t|| against the
     exact recurrence H*. Positions < k are exact after k passes."""
     _check(model)
+    check_passes(model, max_passes, "max_passes")
     ids = torch.tensor([tokens], device=model.embed.W_E.device)
-    states = model.run_passes(ids, max_passes)
-    cache = model.make_cache(len(tokens))
-    exact = torch.cat([model.final_states(ids[:, t : t + 1], cache=cache) for t in range(len(tokens))], dim=1)
-    rows = []
-    for k in range(1, max_passes + 1):
-        H = states[k - 1][0]
-        row = {"passes": k, "error_to_exact": (H - exact[0]).norm(dim=-1).tolist()}
-        if k > 1:
-            prev = states[k - 2][0]
-            logp, logq = (model.readout(x).float().log_softmax(-1) for x in (H, prev))
-            row["relative_residual"] = float((H - prev).norm() / H.norm())
-            row["kl_to_previous"] = float((logp.exp() * (logp - logq)).sum(-1).mean())
-        rows.append(row)
+    with guard_numerics(model):  # step 0: the K passes; step t + 1: position t of the exact recurrence
+        states = model.run_passes(ids, max_passes)
+        cache = model.make_cache(len(tokens))
+        exact = torch.cat([model.final_states(ids[:, t : t + 1], cache=cache) for t in range(len(tokens))], dim=1)
+        rows = []
+        for k in range(1, max_passes + 1):
+            H = states[k - 1][0]
+            row = {"passes": k, "error_to_exact": (H - exact[0]).norm(dim=-1).tolist()}
+            if k > 1:
+                prev = states[k - 2][0]
+                logp, logq = (model.readout(x).float().log_softmax(-1) for x in (H, prev))
+                row["relative_residual"] = float((H - prev).norm() / H.norm())
+                row["kl_to_previous"] = float((logp.exp() * (logp - logq)).sum(-1).mean())
+            rows.append(row)
     return {"tokens": len(tokens), "rows": rows}

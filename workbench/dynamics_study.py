@@ -37,9 +37,20 @@ def analyse_run(run_dir: str | Path, *, prompt: str = DEFAULT_PROMPT, horizon: i
                 seed: int = 0) -> dict:
     check_params(horizon=horizon, perturb_at=perturb_at, n_spectra=n_spectra, n_fixed=n_fixed, n_starts=n_starts,
                  max_passes=max_passes, fp_steps=fp_steps)
-    model = load_model(run_dir).double()
+    from workbench.decoding import check_passes
+
+    model = load_model(run_dir)
+    check_passes(model, max_passes, "max_passes")  # before any work: K passes cost K forwards
     tok = CharTokenizer()
     ids = tok.encode(prompt)
+    if model.embed.W_E.dtype != torch.float64:
+        # fp64 absorbs what overflows in the checkpoint's own precision (a 1e30 weight squares to
+        # 1e60): without this check the analyses would describe a model that does not exist
+        try:
+            rollout(model, ids, min(horizon, 8))  # the prompt's prefill and a few soft steps, guarded
+        except RolloutDiverged as err:
+            raise RolloutDiverged(f"in the checkpoint's own dtype ({str(model.embed.W_E.dtype).removeprefix('torch.')}): {err}") from err
+    model = model.double()
     roll = rollout(model, ids, horizon, perturb_at=perturb_at, seed=seed)
     ratios = roll.perturbation_ratio
     lyap = lyapunov_from_growth(ratios)

@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from models import DecoderLM, FullBandwidthLM
+from models import DecoderLM, FullBandwidthLM, NonFiniteActivation, guard_numerics
 from workbench.checkpoint import load_model, write_json
-from workbench.decoding import REGIMES, generate, score_completions
+from workbench.decoding import REGIMES, check_passes, generate, score_completions
 from workbench.outputs import hold
 from workbench.runconfig import load_run_config
 from workbench.tasks import MAX_EXAMPLES, SYNTHETIC, Example, TaskConfig, load_task, parse_final_answer
@@ -48,56 +48,73 @@ def is_correct(example: Example, generated: str) -> bool:
 
 def plain_loss(model: DecoderLM, sequences: list[list[int]], batch_size: int) -> float:
     """Mean next-token loss of whole sequences, one full forward per batch (right padding is
-    invisible to earlier positions)."""
+    invisible to earlier positions). A non-finite activation raises ``NonFiniteActivation``
+    (step = batch): an overflow would otherwise score constant logits as a loss of ln(d_vocab)."""
     total, count = 0.0, 0
-    for chunk in _batches(sequences, batch_size):
-        width = max(len(s) for s in chunk)
-        tokens = torch.zeros(len(chunk), width, dtype=torch.long)
-        target = torch.full((len(chunk), width), -100, dtype=torch.long)
-        for i, s in enumerate(chunk):
-            tokens[i, : len(s)] = torch.tensor(s)
-            target[i, : len(s) - 1] = torch.tensor(s[1:])
-        logits = model(tokens.to(model.embed.W_E.device)).float()
-        total += float(F.cross_entropy(logits.flatten(0, 1), target.flatten().to(logits.device), ignore_index=-100, reduction="sum"))
-        count += int((target >= 0).sum())
+    with guard_numerics(model):
+        for chunk in _batches(sequences, batch_size):
+            width = max(len(s) for s in chunk)
+            tokens = torch.zeros(len(chunk), width, dtype=torch.long)
+            target = torch.full((len(chunk), width), -100, dtype=torch.long)
+            for i, s in enumerate(chunk):
+                tokens[i, : len(s)] = torch.tensor(s)
+                target[i, : len(s) - 1] = torch.tensor(s[1:])
+            logits = model(tokens.to(model.embed.W_E.device)).float()
+            total += float(F.cross_entropy(logits.flatten(0, 1), target.flatten().to(logits.device), ignore_index=-100, reduction="sum"))
+            count += int((target >= 0).sum())
     return total / max(count, 1)
 
 
 @torch.no_grad()
 def evaluate_examples(model: DecoderLM, examples: list[Example], tokenizer: CharTokenizer, *,
                       fused_passes: int | str = 2, batch_size: int = 64) -> dict:
+    """One task's row: ``loss``, ``answer_loss`` and ``accuracy`` per regime (module docstring), and
+    ``silent_tokens[regime]``: generated ids before <eos> that decode to nothing (pad, other
+    specials, ids past the vocabulary), which the scored text cannot show."""
     fbt = isinstance(model, FullBandwidthLM)
+    if fbt:
+        check_passes(model, fused_passes)  # before the losses run, not when the fused regime's turn comes
     regimes = REGIMES if fbt else ("standard",)
     eos = tokenizer.eos_id
+    silent = tokenizer.silent_ids(model.cfg.d_vocab)
     prompts = [tokenizer.encode(ex.prompt) for ex in examples]
     completions = [tokenizer.encode(ex.completion) + [eos] for ex in examples]
     wholes = [p + c for p, c in zip(prompts, completions)]
 
-    def mean_nll(regime: str, pairs) -> float:
+    def named(what: str, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except NonFiniteActivation as err:  # say which of eval's computations met it
+            raise NonFiniteActivation(f"{what}: {err}", err.what, err.step, err.pass_index) from err
+
+    def mean_nll(what: str, regime: str, pairs) -> float:
         total, count = 0.0, 0
         for chunk in _batches(pairs, batch_size):
-            nll = score_completions(model, [p for p, _ in chunk], [c for _, c in chunk], regime=regime,
-                                    passes=fused_passes if regime == "fused" else 1, pad_token_id=tokenizer.pad_id)
+            nll = named(what, score_completions, model, [p for p, _ in chunk], [c for _, c in chunk], regime=regime,
+                        passes=fused_passes if regime == "fused" else 1, pad_token_id=tokenizer.pad_id)
             total += float(nll.nansum())
             count += int((~nll.isnan()).sum())
         return total / max(count, 1)
 
-    row: dict = {"n": len(examples), "loss": {"standard": plain_loss(model, wholes, batch_size)}}
+    row: dict = {"n": len(examples), "loss": {"standard": named("loss[standard]", plain_loss, model, wholes, batch_size)}}
     if fbt:
         # prompt = the first token, so "soft" feeds back from position 1 on: the exact recurrence
-        row["loss"]["recurrent"] = mean_nll("soft", [(w[:1], w[1:]) for w in wholes])
-    row["answer_loss"] = {r: mean_nll(r, list(zip(prompts, completions))) for r in regimes}
-    row["accuracy"] = {}
+        row["loss"]["recurrent"] = mean_nll("loss[recurrent]", "soft", [(w[:1], w[1:]) for w in wholes])
+    row["answer_loss"] = {r: mean_nll(f"answer_loss[{r}]", r, list(zip(prompts, completions))) for r in regimes}
+    row["accuracy"], row["silent_tokens"] = {}, {}
     longest = max(len(c) for c in completions) + 8
     for regime in regimes:
-        correct = 0
+        correct = quiet = 0
         for chunk in _batches(list(zip(examples, prompts)), batch_size):
-            out = generate(model, [p for _, p in chunk], regime=regime, passes=fused_passes if regime == "fused" else 1,
-                           max_new_tokens=min(longest, model.cfg.n_ctx - max(len(p) for _, p in chunk)),
-                           eos_token_id=eos, pad_token_id=tokenizer.pad_id)
+            out = named(f"accuracy[{regime}]", generate, model, [p for _, p in chunk], regime=regime,
+                        passes=fused_passes if regime == "fused" else 1,
+                        max_new_tokens=min(longest, model.cfg.n_ctx - max(len(p) for _, p in chunk)),
+                        eos_token_id=eos, pad_token_id=tokenizer.pad_id)
             for (ex, _), ids in zip(chunk, out.completions()):
                 correct += is_correct(ex, tokenizer.decode(ids))
+            quiet += sum(out.silent_counts(silent))
         row["accuracy"][regime] = correct / len(examples)
+        row["silent_tokens"][regime] = quiet
     return row
 
 
@@ -112,13 +129,13 @@ def evaluate_run(run_dir: str | Path, *, n_examples: int | None = None, fused_pa
     n = n_examples if n_examples is not None else cfg.train.eval_examples
     if not 1 <= n <= MAX_EXAMPLES:
         raise ValueError(f"n={n}: expected 1..{MAX_EXAMPLES:,} examples per task")
+    check_passes(model, fused_passes)
     with hold(run_dir / "results") if write else nullcontext():
-        return _evaluate_run(run_dir, cfg, model, tokenizer, n_examples, fused_passes, task, write)
+        return _evaluate_run(run_dir, cfg, model, tokenizer, n, fused_passes, task, write)
 
 
-def _evaluate_run(run_dir: Path, cfg, model: DecoderLM, tokenizer: CharTokenizer, n_examples: int | None,
+def _evaluate_run(run_dir: Path, cfg, model: DecoderLM, tokenizer: CharTokenizer, n: int,
                   fused_passes: int | str, task: str | None, write: bool) -> dict:
-    n = n_examples if n_examples is not None else cfg.train.eval_examples
     data = TaskConfig(**{k: getattr(cfg.data, k) for k in TaskConfig.__dataclass_fields__})
     started = time.perf_counter()
     result = {"run": str(run_dir), "arch": cfg.arch, "fused_passes": fused_passes, "tasks": {}}

@@ -31,9 +31,10 @@ import pyarrow as pa
 import torch
 from torch import Tensor
 
-from models import DecoderLM, FullBandwidthLM, unstack_streams
+from models import DecoderLM, FullBandwidthLM, NonFiniteActivation, guard_numerics, unstack_streams
 from workbench.activations import ActivationRecorder, resolve_hook_names
 from workbench.checkpoint import read_json, write_json
+from workbench.decoding import check_passes
 from workbench.outputs import claim
 from workbench.tasks import Example
 from workbench.tokenizer import CharTokenizer
@@ -49,8 +50,7 @@ def _check(model: DecoderLM, hooks: list[str], prefill: str, passes) -> None:
         raise ValueError(f"unknown prefill {prefill!r}: expected one of {PREFILLS}")
     if prefill == "recurrent" and not isinstance(model, FullBandwidthLM):
         raise ValueError(f"prefill 'recurrent' needs a Full-Bandwidth model; arch {model.arch!r} has only 'standard'")
-    if passes != "exact" and (not isinstance(passes, int) or passes < 1):
-        raise ValueError(f"passes={passes!r}: expected an integer >= 1 or 'exact'")
+    check_passes(model, passes)
     for hook in hooks:
         if hook.startswith("fusion."):
             raise ValueError(
@@ -86,18 +86,23 @@ def _batches(examples: list[Example], tokenizer: CharTokenizer, batch_size: int,
         yield start, chunk, tokens, real
 
 
-def _record(model: DecoderLM, hooks: list[str], tokens: Tensor, prefill: str, passes) -> list[Tensor]:
-    """Per hook: [n_passes, batch, tokens, streams, features] of one batch."""
+def _record(model: DecoderLM, hooks: list[str], tokens: Tensor, prefill: str, passes, what: str) -> list[Tensor]:
+    """Per hook: [n_passes, batch, tokens, streams, features] of one batch (``what``: its sequences,
+    named when the numerics guard stops it)."""
     width = tokens.shape[1]
-    with ActivationRecorder(model, hooks, device="cpu") as rec:
-        if prefill == "standard":
-            model(tokens) if not isinstance(model, FullBandwidthLM) else model(tokens, fuse_mask=torch.zeros_like(tokens, dtype=torch.bool))
-        elif passes == "exact":
-            cache = model.make_cache(width)
-            for t in range(width):  # right padding comes after every real token: harmless
-                model.final_states(tokens[:, t : t + 1], cache=cache)
-        else:
-            model.final_states(tokens, passes=passes)
+    with ActivationRecorder(model, hooks, device="cpu") as rec, guard_numerics(model):
+        try:
+            if prefill == "standard":  # states only: the readout's logits are never stored
+                plain = {"fuse_mask": torch.zeros_like(tokens, dtype=torch.bool)} if isinstance(model, FullBandwidthLM) else {}
+                model.final_states(tokens, **plain)
+            elif passes == "exact":
+                cache = model.make_cache(width)
+                for t in range(width):  # right padding comes after every real token: harmless
+                    model.final_states(tokens[:, t : t + 1], cache=cache)
+            else:
+                model.final_states(tokens, passes=passes)
+        except NonFiniteActivation as err:
+            raise NonFiniteActivation(f"{what}: {err}; nothing was stored", err.what, err.step, err.pass_index) from err
     out = []
     for hook in hooks:
         stacked = rec.by_step(hook)[None] if (prefill == "recurrent" and passes == "exact") else rec.by_pass(hook)
@@ -120,7 +125,7 @@ def store_estimate(model: DecoderLM, examples: list[Example], hooks: list[str], 
         raise ValueError(f"example {i} of {lengths[i]} tokens is longer than the context n_ctx={model.cfg.n_ctx}")
     positions = sum(lengths)
     _, _, tokens, _ = next(_batches(examples[:1], tokenizer, 1, model.cfg.n_ctx))
-    acts = _record(model, hooks, tokens.to(model.embed.W_E.device), prefill, passes)
+    acts = _record(model, hooks, tokens.to(model.embed.W_E.device), prefill, passes, "sequence 0")
     n_passes = acts[0].shape[0]
     labels = {name for ex in examples for name in ex.labels}
     per_row = 4 * sum(a.shape[-1] for a in acts) + 8 * (5 + len(labels))  # float32 activations, int64 columns
@@ -161,7 +166,8 @@ def cache_activations(
     with claim(out_dir, "store", overwrite=overwrite) as out:
         shards, n_rows = [], 0
         for start, chunk, tokens, real in _batches(examples, tokenizer, batch_size, model.cfg.n_ctx):
-            per_pass = _record(model, hooks, tokens.to(model.embed.W_E.device), prefill, passes)
+            per_pass = _record(model, hooks, tokens.to(model.embed.W_E.device), prefill, passes,
+                               f"sequences {start}..{start + len(chunk) - 1}")
             n_passes = per_pass[0].shape[0]
             b_idx, t_idx = real.nonzero(as_tuple=True)  # rows: every real (sequence, position) x pass x stream
             columns = {

@@ -26,6 +26,18 @@ class CharTokenizer:
         missing = [t for t in SPECIALS if tokenizer.token_to_id(t) is None]
         if missing:
             raise ValueError(f"the tokenizer has no special token {missing[0]!r} (it needs {list(SPECIALS)})")
+        # tools pad with id 0 and stop at id 2, and an id must decode to one token only
+        misplaced = [f"{t} is id {tokenizer.token_to_id(t)}" for i, t in enumerate(SPECIALS) if tokenizer.token_to_id(t) != i]
+        if misplaced:
+            raise ValueError(f"special tokens must be at ids {', '.join(f'{i} {t}' for i, t in enumerate(SPECIALS))}: "
+                             + ", ".join(misplaced))
+        tokens_of: dict[int, list[str]] = {}
+        for token, i in sorted(tokenizer.get_vocab().items(), key=lambda item: (item[1], item[0])):
+            tokens_of.setdefault(i, []).append(token)
+        shared = [f"id {i} <- {tokens!r}" for i, tokens in tokens_of.items() if len(tokens) > 1]
+        if shared:
+            more = f" (and {len(shared) - 3} more)" if len(shared) > 3 else ""
+            raise ValueError(f"the vocabulary maps several tokens to one id: {'; '.join(shared[:3])}{more}")
 
     @property
     def vocab_size(self) -> int:
@@ -37,6 +49,12 @@ class CharTokenizer:
 
     def decode(self, ids, skip_special: bool = True) -> str:
         return self.tokenizer.decode(list(map(int, ids)), skip_special_tokens=skip_special)
+
+    def silent_ids(self, d_vocab: int) -> frozenset[int]:
+        """The ids below ``d_vocab`` that decode to the empty string: the special tokens and ids the
+        vocabulary does not hold. A model can generate them and decoded text hides them, so tools
+        count them instead (``Generation.silent_counts``)."""
+        return frozenset(i for i in range(d_vocab) if self.decode([i]) == "")
 
     @property
     def id_limit(self) -> int:

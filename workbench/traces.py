@@ -4,7 +4,10 @@ it is right, on the same problems.
 One row per (model, regime, problem): ``problem_id``, ``difficulty``, ``trace_tokens`` (generated
 tokens before the ``####`` marker; all of them when there is none), ``total_tokens`` (up to and
 including <eos>), ``answer``, ``correct``, ``finished`` (false when the budget ran out before
-<eos>), the generated ``text`` and, for FBT, the per-step carried-state norms.
+<eos>), ``silent_tokens`` (generated ids before <eos> that decode to nothing: pad, other specials,
+ids past the vocabulary; ``text`` cannot show them), the generated ``text`` and, for FBT, the
+per-step carried-state norms. Generation stops with ``models.NonFiniteActivation`` naming the step
+and the site when an activation overflows.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from models import FullBandwidthLM
+from models import FullBandwidthLM, NonFiniteActivation
 from workbench.checkpoint import load_model, write_json
 from workbench.decoding import generate
 from workbench.evaluate import EVAL_SEED_OFFSET, is_correct
@@ -57,15 +60,20 @@ def run_traces(model, examples: list[Example], regime: str, passes, tokenizer: C
                max_new_tokens: int, batch_size: int = 64) -> list[dict]:
     """Greedy generation on every problem under ``regime``; rows in problem order."""
     prompts = [tokenizer.encode(ex.prompt) for ex in examples]
+    silent = tokenizer.silent_ids(model.cfg.d_vocab)
     order = sorted(range(len(examples)), key=lambda i: len(prompts[i]))  # similar lengths share a batch
     rows: dict[int, dict] = {}
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
         width = max(len(prompts[i]) for i in idx)
         budget = min(max_new_tokens, model.cfg.n_ctx - width)
-        out = generate(model, [prompts[i] for i in idx], regime=regime, passes=passes, max_new_tokens=budget,
-                       eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id)
+        try:
+            out = generate(model, [prompts[i] for i in idx], regime=regime, passes=passes, max_new_tokens=budget,
+                           eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id)
+        except NonFiniteActivation as err:
+            raise NonFiniteActivation(f"regime {regime}: {err}", err.what, err.step, err.pass_index) from err
         norms = out.states.float().norm(dim=-1)
+        quiet = out.silent_counts(silent)
         for j, i in enumerate(idx):
             n = int(out.lengths[j])
             ids = out.new_tokens[j, :n].tolist()
@@ -74,7 +82,7 @@ def run_traces(model, examples: list[Example], regime: str, passes, tokenizer: C
             rows[i] = {
                 "problem_id": i, "difficulty": examples[i].difficulty, "trace_tokens": trace_length(text, tokenizer),
                 "total_tokens": n, "answer": answer, "correct": is_correct(examples[i], text),
-                "finished": bool(out.finished[j]), "text": text,
+                "finished": bool(out.finished[j]), "silent_tokens": quiet[j], "text": text,
                 "state_norms": [round(x, 4) for x in norms[j, :n].tolist()] if isinstance(model, FullBandwidthLM) else None,
             }
     return [rows[i] for i in range(len(examples))]
@@ -94,8 +102,9 @@ def paired_bootstrap(a: np.ndarray, b: np.ndarray, n_resamples: int = 2000, seed
 
 def summarise(rows: list[dict], reference: tuple[str, str]) -> dict:
     """Per (model, regime, difficulty): trace length mean/median, accuracy, unfinished rate;
-    accuracy within shared trace-length quartile bins (matched length); paired comparisons of
-    every (model, regime) against ``reference`` on the same problems."""
+    per (model, regime) also ``silent_tokens`` (their count) and ``silent_rate`` (per token
+    generated before <eos>); accuracy within shared trace-length quartile bins (matched length);
+    paired comparisons of every (model, regime) against ``reference`` on the same problems."""
     keys = sorted({(r["model"], r["regime"]) for r in rows})
     lengths = np.array([r["trace_tokens"] for r in rows])
     edges = np.unique(np.quantile(lengths, [0, 0.25, 0.5, 0.75, 1.0]))
@@ -123,6 +132,10 @@ def summarise(rows: list[dict], reference: tuple[str, str]) -> dict:
             "accuracy": statistics.fmean(r["correct"] for r in sel), "unfinished": statistics.fmean(not r["finished"] for r in sel),
             "by_difficulty": per_difficulty, "accuracy_at_matched_length": matched,
         }
+        if all("silent_tokens" in r for r in sel):  # rows from run_traces
+            silent = sum(r["silent_tokens"] for r in sel)
+            groups[f"{model}/{regime}"].update(silent_tokens=silent, silent_rate=silent / max(
+                sum(r["total_tokens"] - r["finished"] for r in sel), 1))
     ref = {r["problem_id"]: r for r in rows if (r["model"], r["regime"]) == reference}
     paired = {}
     for model, regime in keys:
