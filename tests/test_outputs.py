@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from faultkit import assert_nothing_lost, assert_usage_error, cli, snapshot, tally
 from workbench import build_model, load_model, save_model
