@@ -150,6 +150,8 @@ FAULTS = [
     ("config norm_eps NaN", C, edit_model(norm_eps=float("nan")), ALL, ValueError, "norm_eps=nan: expected float"),
     ("config d_model not the weights'", C, edit_model(d_model=64), ALL, ValueError, r"does not match the config .*embed\.W_E"),
     ("config of an absurd size", C, edit_model(d_model=2**40, n_heads=2**30), ALL, ValueError, "bad model config"),
+    ("config of a size torch cannot describe", C, edit_model(d_model=10**30, n_heads=2), ALL, ValueError,
+     "bad model config .*a size torch cannot allocate"),
     ("config fusion unknown", C, edit_model(fusion="concat"), ("fbt",), ValueError, "fusion='concat'"),
     ("config cross_layers an int", C, edit_model(cross_layers=1), ("hd",), ValueError, r"cross_layers=1: expected tuple\[int, \.\.\.\] \| None"),
     ("config n_streams zero", C, edit_model(n_streams=0), ("hd",), ValueError, "n_streams=0"),

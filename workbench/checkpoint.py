@@ -210,8 +210,9 @@ def model_from_weights(arch: str, values: dict, weights: Path, config_path: Path
     try:
         with torch.device("meta"):
             expected = {k: tuple(v.shape) for k, v in ARCHS[arch][1](cfg).state_dict().items()}
-    except (RuntimeError, OverflowError) as err:  # sizes past what torch can even describe
-        raise ValueError(f"bad model config in {config_path}: {err}") from err
+    except (RuntimeError, OverflowError, TypeError) as err:  # sizes past what torch can even describe
+        raise ValueError(f"bad model config in {config_path}: a size torch cannot allocate "
+                         f"({str(err).splitlines()[0][:160]})") from err
     problems = [f"{k} missing" for k in expected if k not in tensors]
     problems += [f"unexpected {k}" for k in tensors if k not in expected]
     problems += [f"{k} is {list(tensors[k].shape)}, the config needs {list(shape)}"
