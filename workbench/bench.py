@@ -36,6 +36,7 @@ TARGETS = {  # key: (comparison, target); None = reported only
     "hd4_dense_train_step": (None, None),
     "hd4_decode_throughput": (">=", 0.85),
     "hook_overhead": ("<=", 1.03),
+    "numerics_guard_decode": ("<=", 1.03),
     "vs_hf_llama_train": ("<=", 1.0),
     "vs_bridge_cache": ("<=", 0.5),
     "cpu_mfu": (">=", 0.5),
@@ -81,8 +82,8 @@ def entry(key: str, value: float, **fields) -> dict:
 # ---- the pieces being timed ----------------------------------------------------------------
 
 
-def _decode(model, prompt: torch.Tensor, regime: str, new: int) -> Callable:
-    return lambda: generate(model, prompt, regime=regime, max_new_tokens=new)
+def _decode(model, prompt: torch.Tensor, regime: str, new: int, check_numerics: bool = True) -> Callable:
+    return lambda: generate(model, prompt, regime=regime, max_new_tokens=new, check_numerics=check_numerics)
 
 
 @torch.no_grad()
@@ -189,6 +190,12 @@ def run_bench(preset: str = "small", *, reps: int = 5, only: list[str] | None = 
             results.append(paired("hd4_decode_throughput", _decode(hd, prompt, "standard", new), _decode(base, prompt, "standard", new),
                                   what_a=f"HD n=4 decode, batch 1, {new} tokens", what_b=f"baseline decode, batch 1, {new} tokens",
                                   reps=reps, note="tokens/s of HD over tokens/s of the baseline = t_baseline / t_HD"))
+        if want("numerics_guard_decode"):
+            fbt = build_model("fbt", preset).eval()
+            new = sizes["new_tokens"]
+            results.append(paired("numerics_guard_decode", _decode(fbt, prompt, "soft", new, check_numerics=False),
+                                  _decode(fbt, prompt, "soft", new), what_a=f"FBT soft decode, no numerics guard, batch 1, {new} tokens",
+                                  what_b=f"FBT soft decode, guarded (the default), batch 1, {new} tokens", reps=max(reps, 11)))
         if want("hook_overhead"):
             base = build_model("baseline", preset).eval()
             bare = without_hooks(base)
