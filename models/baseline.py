@@ -30,6 +30,7 @@ class DecoderLM(HookedRootModule):
 
     arch = "baseline"
     n_streams = 1
+    regimes: tuple[str, ...] = ("standard",)  # the decoding regimes ``prefill`` and ``step`` know
 
     def __init__(self, cfg: ModelConfig, blocks: list[Block] | None = None):
         super().__init__()
@@ -161,9 +162,38 @@ class DecoderLM(HookedRootModule):
         """The stack's input embeddings [batch, pos, d_model] for ``tokens``."""
         return self.hook_embed(self.embed(tokens))
 
+    @property
+    def readout_weight(self) -> Tensor:
+        """[d_vocab, d_model]: the table the tied readout uses (the token embedding)."""
+        return self.embed.W_E
+
+    @property
+    def carries_state(self) -> bool:
+        """Whether decoding feeds a state from step to step (a regime other than ``standard``)."""
+        return len(self.regimes) > 1
+
     def readout(self, h: Tensor) -> Tensor:
         """Tied readout: logits [batch, pos, d_vocab] from final-normed states."""
-        return self.checked_logits(h @ self.embed.W_E.T)
+        return self.checked_logits(h @ self.readout_weight.T)
+
+    # ---- decoding regimes: what a regime means at the prompt and at one step ---------------------
+
+    def check_regime(self, regime: str) -> None:
+        if regime not in self.regimes:
+            kind = "needs a Full-Bandwidth model" if regime in ("soft", "fused") else "is unknown"
+            raise ValueError(f"regime {regime!r} {kind}; arch {self.arch!r} decodes only {'/'.join(self.regimes)}")
+
+    def prefill(self, tokens: Tensor, *, regime: str = "standard", passes: int | str = 1, cache: KVCache | None = None,
+                attention_mask: Tensor | None = None) -> Tensor:
+        """Final states [batch, pos, d_model] of a prompt under ``regime`` (into ``cache`` if given).
+        Here every regime is ``standard``; ``passes`` matters only where a regime feeds back."""
+        self.check_regime(regime)
+        return self.final_states(tokens, cache=cache, attention_mask=attention_mask)
+
+    def step(self, tokens: Tensor, *, regime: str = "standard", cache: KVCache) -> Tensor:
+        """Final states [batch, 1 * n_streams, d_model] of one new token per row after ``cache``."""
+        self.check_regime(regime)
+        return self.final_states(tokens, cache=cache)
 
     def final_states(
         self,

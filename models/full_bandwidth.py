@@ -57,6 +57,9 @@ class Fusion(nn.Module):
 
 class FullBandwidthLM(DecoderLM):
     arch = "fbt"
+    # standard: plain everywhere; soft: plain prompt, then every step fused with the carried state;
+    # fused: K-pass prompt (passes='exact': the sequential recurrence), then soft steps
+    regimes = ("standard", "soft", "fused")
 
     def __init__(self, cfg: FBTConfig):
         super().__init__(cfg)
@@ -160,6 +163,34 @@ class FullBandwidthLM(DecoderLM):
         """Carried states [batch, pos, d_model] of the last pass (arguments as in ``run_passes``)."""
         return self.run_passes(tokens, passes, fuse_mask=fuse_mask, cache=cache, attention_mask=attention_mask,
                                state=state, commit=commit)[-1]
+
+    def prefill(self, tokens: Tensor, *, regime: str = "standard", passes: int | str = 1, cache: KVCache | None = None,
+                attention_mask: Tensor | None = None) -> Tensor:
+        """Final states [batch, pos, d_model] of a prompt under ``regime`` (into ``cache`` if given).
+        ``standard`` and ``soft`` run it plain; ``fused`` fuses every position after a row's first
+        real token, by ``passes`` Jacobi passes or, with ``passes='exact'``, by the sequential
+        recurrence, one position per call (the one place it is written)."""
+        self.check_regime(regime)
+        if regime != "fused":
+            plain = torch.zeros_like(tokens, dtype=torch.bool)
+            return self.final_states(tokens, fuse_mask=plain, cache=cache, attention_mask=attention_mask)
+        real = attention_mask if attention_mask is not None else torch.ones_like(tokens, dtype=torch.bool)
+        after_real = torch.cat((torch.zeros_like(real[:, :1]), real[:, :-1]), dim=1)
+        fuse = real & after_real
+        if passes != "exact":
+            return self.final_states(tokens, passes=passes, fuse_mask=fuse, cache=cache, attention_mask=attention_mask)
+        cache = cache if cache is not None else self.make_cache(tokens.shape[1])
+        states = []
+        for t in range(tokens.shape[1]):
+            mask = attention_mask[:, t : t + 1] if attention_mask is not None else None
+            states.append(self.final_states(tokens[:, t : t + 1], fuse_mask=fuse[:, t : t + 1], cache=cache, attention_mask=mask))
+        return torch.cat(states, dim=1)
+
+    def step(self, tokens: Tensor, *, regime: str = "standard", cache: KVCache) -> Tensor:
+        """Final states [batch, 1, d_model] of one new token per row after ``cache``; ``soft`` and
+        ``fused`` fuse it with the carried state."""
+        self.check_regime(regime)
+        return self.final_states(tokens, fuse_mask=torch.full_like(tokens, regime != "standard", dtype=torch.bool), cache=cache)
 
     def forward(
         self,

@@ -98,7 +98,12 @@ class HiddenDecodingLM(DecoderLM):
         h = unstack_streams(h, self.n_streams)
         if not all_streams:
             h = h[:, :, -1] if self.cfg.readout == "last" else h.sum(dim=2)
-        return self.checked_logits(h @ self.embed.W_E[0].T)
+        return self.checked_logits(h @ self.readout_weight.T)
+
+    @property
+    def readout_weight(self) -> Tensor:
+        """[d_vocab, d_model]: the first stream's table E_1, which the readout is tied to."""
+        return self.embed.W_E[0]
 
     def stack_input(self, tokens: Tensor) -> Tensor:
         """Interleaved stream embeddings [batch, n_streams * pos, d_model]."""

@@ -37,6 +37,27 @@ def test_fused_prefill_with_cache_continues_the_recurrence():
         torch.testing.assert_close(torch.cat(h, 1), sequential_fbt_states(model, toks), atol=1e-12, rtol=0)
 
 
+def test_the_models_regimes_at_the_prompt_and_at_a_step():
+    """``prefill``/``step`` own what a regime means: fused + 'exact' is the recurrence at every
+    position (all states returned), fused K-pass is exact on its first K positions, soft steps
+    continue the recurrence, standard is plain; a baseline knows only standard."""
+    model = build_model("fbt", "debug", dtype=torch.float64)
+    toks = tokens(2, 9)
+    truth = sequential_fbt_states(model, toks)
+    with torch.no_grad():
+        torch.testing.assert_close(model.prefill(toks, regime="fused", passes="exact"), truth, atol=1e-12, rtol=0)
+        err = (model.prefill(toks, regime="fused", passes=4) - truth).abs().amax(dim=(0, 2))
+        assert err[:4].max() < 1e-12 and err[4] > 1e-6
+        cache = model.make_cache()
+        h = [model.prefill(toks[:, :1], regime="soft", cache=cache)]
+        h += [model.step(toks[:, t : t + 1], regime="soft", cache=cache) for t in range(1, 9)]
+        torch.testing.assert_close(torch.cat(h, 1), truth, atol=1e-12, rtol=0)
+        plain = model.final_states(toks, fuse_mask=torch.zeros_like(toks, dtype=torch.bool))
+        assert torch.equal(model.prefill(toks, regime="soft"), plain) and torch.equal(model.prefill(toks), plain)
+    with pytest.raises(ValueError, match="regime 'soft' needs a Full-Bandwidth model; arch 'baseline' decodes only standard"):
+        build_model("baseline", "debug").prefill(toks, regime="soft")
+
+
 def test_standard_regime_is_the_plain_backbone():
     fbt = build_model("fbt", "debug", seed=3)
     baseline = build_model("baseline", "debug")

@@ -1,4 +1,5 @@
-"""Batched generation with a key/value cache for every architecture, and the FBT decoding regimes.
+"""Batched generation with a key/value cache for every architecture. What a regime means at the
+prompt and at one step is the model's (``model.prefill``, ``model.step``, ``model.regimes``):
 
 - ``standard``: plain embeddings everywhere (any architecture).
 - ``soft``: plain prefill of the prompt, then every generated step is fused with the previous
@@ -20,7 +21,7 @@ from typing import Collection, Sequence
 import torch
 from torch import Tensor
 
-from models import DecoderLM, FullBandwidthLM, guard_numerics
+from models import DecoderLM, guard_numerics
 
 REGIMES = ("standard", "soft", "fused")
 
@@ -85,8 +86,7 @@ def sample(logits: Tensor, temperature: float, top_k: int | None, generator: tor
 def _check_args(model, regime, passes, max_new_tokens, temperature, top_k):
     if regime not in REGIMES:
         raise ValueError(f"unknown regime {regime!r}: expected one of {REGIMES}")
-    if regime != "standard" and not isinstance(model, FullBandwidthLM):
-        raise ValueError(f"regime {regime!r} needs a Full-Bandwidth model; arch {model.arch!r} decodes only 'standard'")
+    model.check_regime(regime)
     check_passes(model, passes)
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens!r}: expected an integer >= 1")
@@ -106,32 +106,6 @@ def check_passes(model: DecoderLM, passes, name: str = "passes") -> None:
     if passes > model.cfg.n_ctx:
         raise ValueError(f"{name}={passes} is more than the context n_ctx={model.cfg.n_ctx}: K = the prompt length is "
                          "already the exact recurrence (use 'exact')")
-
-
-def prefill(model: DecoderLM, tokens: Tensor, mask: Tensor | None, regime: str, passes, cache) -> Tensor:
-    """Run the prompt into ``cache`` under ``regime``; returns its final states."""
-    if not isinstance(model, FullBandwidthLM):
-        return model.final_states(tokens, cache=cache, attention_mask=mask)
-    if regime != "fused":
-        plain = torch.zeros_like(tokens, dtype=torch.bool)
-        return model.final_states(tokens, fuse_mask=plain, cache=cache, attention_mask=mask)
-    real = mask if mask is not None else torch.ones_like(tokens, dtype=torch.bool)
-    after_real = torch.cat((torch.zeros_like(real[:, :1]), real[:, :-1]), dim=1)
-    fuse = real & after_real  # every prompt position after a row's first real token
-    if passes != "exact":
-        return model.final_states(tokens, passes=passes, fuse_mask=fuse, cache=cache, attention_mask=mask)
-    for t in range(tokens.shape[1]):  # the sequential recurrence, one position at a time
-        step_mask = mask[:, t : t + 1] if mask is not None else None
-        h = model.final_states(tokens[:, t : t + 1], fuse_mask=fuse[:, t : t + 1], cache=cache, attention_mask=step_mask)
-    return h
-
-
-def step(model: DecoderLM, tokens: Tensor, regime: str, cache) -> Tensor:
-    """Feed one new token per row [batch, 1]; ``soft``/``fused`` fuse it with the carried state."""
-    if not isinstance(model, FullBandwidthLM):
-        return model.final_states(tokens, cache=cache)
-    fuse = torch.full_like(tokens, regime != "standard", dtype=torch.bool)
-    return model.final_states(tokens, fuse_mask=fuse, cache=cache)
 
 
 @torch.no_grad()
@@ -162,14 +136,14 @@ def score_completions(
     with guard_numerics(model, check_numerics):
         cache = model.make_cache(P + C)
         n = model.n_streams
-        h = prefill(model, tokens, mask, regime, passes, cache)
+        h = model.prefill(tokens, regime=regime, passes=passes, cache=cache, attention_mask=mask)
         nll = torch.full((B, C), float("nan"), device=device)
         for j in range(C):
             logp = model.readout(h[:, -n:])[:, -1].float().log_softmax(-1)
             valid = target[:, j] >= 0
             nll[valid, j] = -logp[valid].gather(1, target[valid, j : j + 1])[:, 0]
             if j < C - 1:
-                h = step(model, target[:, j : j + 1].clamp(min=0), regime, cache)
+                h = model.step(target[:, j : j + 1].clamp(min=0), regime=regime, cache=cache)
     return nll
 
 
@@ -212,7 +186,7 @@ def generate(
         generator = torch.Generator(device=device).manual_seed(seed)
     with guard_numerics(model, check_numerics):
         cache = model.make_cache(P + max_new_tokens)
-        h = prefill(model, tokens, mask, regime, passes, cache)
+        h = model.prefill(tokens, regime=regime, passes=passes, cache=cache, attention_mask=mask)
         n = model.n_streams
         new = torch.empty(B, max_new_tokens, dtype=torch.long, device=device)
         states = []
@@ -231,7 +205,7 @@ def generate(
             if i == max_new_tokens - 1 or (eos_token_id is not None and bool(finished.all())):
                 new = new[:, : i + 1]
                 break
-            h = step(model, nxt[:, None], regime, cache)
+            h = model.step(nxt[:, None], regime=regime, cache=cache)
 
     full_mask = torch.ones(B, P + new.shape[1], dtype=torch.bool, device=device)
     if mask is not None:

@@ -23,28 +23,23 @@ def max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def cache_parity(model, tokens: torch.Tensor, split: int) -> float:
-    """Largest logit gap between one full forward and prefill + one-token cached steps."""
-    kwargs = {}
-    if isinstance(model, FullBandwidthLM):
-        kwargs["fuse_mask"] = torch.zeros_like(tokens, dtype=torch.bool)
+    """Largest logit gap between one full forward and prefill + one-token cached steps (standard)."""
     with torch.no_grad():
-        full = model(tokens, **kwargs)
+        full = model.readout(model.prefill(tokens))
         cache = model.make_cache()
-        parts = [model(tokens[:, :split], cache=cache, **{k: v[:, :split] for k, v in kwargs.items()})]
-        for t in range(split, tokens.shape[1]):
-            parts.append(model(tokens[:, t : t + 1], cache=cache, **{k: v[:, t : t + 1] for k, v in kwargs.items()}))
-    return max_abs(full, torch.cat(parts, dim=1))
+        parts = [model.prefill(tokens[:, :split], cache=cache)]
+        parts += [model.step(tokens[:, t : t + 1], cache=cache) for t in range(split, tokens.shape[1])]
+    return max_abs(full, model.readout(torch.cat(parts, dim=1)))
 
 
 def jacobi_residuals(model: FullBandwidthLM, tokens: torch.Tensor, max_passes: int) -> list[list[float]]:
     """Per K, per position: ||h^(K)_t - h_t|| for the exact recurrence h (fp64)."""
     model = model.double()
     with torch.no_grad():
-        cache = model.make_cache()
-        exact = torch.cat([model.final_states(tokens[:, t : t + 1], cache=cache) for t in range(tokens.shape[1])], 1)
+        exact = model.prefill(tokens, regime="fused", passes="exact")
         rows = []
         for k in range(1, max_passes + 1):
-            h = model.final_states(tokens, passes=k)
+            h = model.prefill(tokens, regime="fused", passes=k)
             rows.append((h - exact).norm(dim=-1).amax(dim=0).tolist())
     model.float()
     return rows

@@ -35,7 +35,7 @@ class RolloutDiverged(RuntimeError):
 
 
 def _check(model) -> None:
-    if not isinstance(model, FullBandwidthLM):
+    if not model.carries_state:
         raise ValueError(f"feedback dynamics need a Full-Bandwidth model, got arch {model.arch!r}")
 
 
@@ -48,11 +48,11 @@ def prefill_context(model: FullBandwidthLM, prefix: list[int], capacity: int | N
     _check(model)
     cache = model.make_cache(capacity)
     ids = torch.tensor([prefix], device=model.embed.W_E.device)
+    first = max(plain, 1)  # the first token has no state to fuse with: plain either way
     with guard_numerics(model):
-        if plain:
-            h = model.final_states(ids[:, :plain], fuse_mask=torch.zeros_like(ids[:, :plain], dtype=torch.bool), cache=cache)
-        for t in range(plain, ids.shape[1]):
-            h = model.final_states(ids[:, t : t + 1], cache=cache)
+        h = model.prefill(ids[:, :first], regime="soft", cache=cache)
+        for t in range(first, ids.shape[1]):
+            h = model.step(ids[:, t : t + 1], regime="soft", cache=cache)
     return cache, h[0, -1]
 
 
@@ -125,7 +125,6 @@ def rollout(
     n = 3 if perturb_at is not None else 2  # rows: soft, standard, perturbed soft
     ids = torch.tensor([prompt] * n, device=device)
     cache = model.make_cache()
-    plain = torch.zeros_like(ids, dtype=torch.bool)
     fuse = torch.tensor([[True], [False], [True]][:n], device=device)
     out = {k: [] for k in ("state", "input", "gate_mean", "gate_entropy", "logit_entropy", "standard", "ratio")}
     fed, slid, stopped, d0, kept = [], [], None, None, []
@@ -133,7 +132,7 @@ def rollout(
     step = nxt = None  # where a non-finite activation arose: the prefill, or a step (and its token)
     try:
         with guard_numerics(model):
-            h = model.final_states(ids, fuse_mask=plain, cache=cache)[:, -1]
+            h = model.prefill(ids, regime="soft", cache=cache)[:, -1]
             for step in range(horizon):
                 nxt = None  # not chosen yet: the readout below may be what fails
                 logits = model.readout(h[:1])
@@ -187,8 +186,7 @@ def kpass_convergence(model: FullBandwidthLM, tokens: list[int], max_passes: int
     ids = torch.tensor([tokens], device=model.embed.W_E.device)
     with guard_numerics(model):  # step 0: the K passes; step t + 1: position t of the exact recurrence
         states = model.run_passes(ids, max_passes)
-        cache = model.make_cache(len(tokens))
-        exact = torch.cat([model.final_states(ids[:, t : t + 1], cache=cache) for t in range(len(tokens))], dim=1)
+        exact = model.prefill(ids, regime="fused", passes="exact")
         rows = []
         for k in range(1, max_passes + 1):
             H = states[k - 1][0]

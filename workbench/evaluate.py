@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from models import DecoderLM, FullBandwidthLM, NonFiniteActivation, guard_numerics
+from models import DecoderLM, NonFiniteActivation, guard_numerics
 from workbench.checkpoint import load_model, write_json
-from workbench.decoding import REGIMES, check_passes, generate, score_completions
+from workbench.decoding import check_passes, generate, score_completions
 from workbench.outputs import hold
 from workbench.runconfig import load_run_config
 from workbench.tasks import MAX_EXAMPLES, SYNTHETIC, Example, TaskConfig, load_task, parse_final_answer
@@ -71,10 +71,9 @@ def evaluate_examples(model: DecoderLM, examples: list[Example], tokenizer: Char
     """One task's row: ``loss``, ``answer_loss`` and ``accuracy`` per regime (module docstring), and
     ``silent_tokens[regime]``: generated ids before <eos> that decode to nothing (pad, other
     specials, ids past the vocabulary), which the scored text cannot show."""
-    fbt = isinstance(model, FullBandwidthLM)
-    if fbt:
+    regimes = model.regimes
+    if "fused" in regimes:
         check_passes(model, fused_passes)  # before the losses run, not when the fused regime's turn comes
-    regimes = REGIMES if fbt else ("standard",)
     eos = tokenizer.eos_id
     silent = tokenizer.silent_ids(model.cfg.d_vocab)
     prompts = [tokenizer.encode(ex.prompt) for ex in examples]
@@ -97,7 +96,7 @@ def evaluate_examples(model: DecoderLM, examples: list[Example], tokenizer: Char
         return total / max(count, 1)
 
     row: dict = {"n": len(examples), "loss": {"standard": named("loss[standard]", plain_loss, model, wholes, batch_size)}}
-    if fbt:
+    if model.carries_state:
         # prompt = the first token, so "soft" feeds back from position 1 on: the exact recurrence
         row["loss"]["recurrent"] = mean_nll("loss[recurrent]", "soft", [(w[:1], w[1:]) for w in wholes])
     row["answer_loss"] = {r: mean_nll(f"answer_loss[{r}]", r, list(zip(prompts, completions))) for r in regimes}

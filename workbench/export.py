@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from models import DecoderLM, HiddenDecodingLM
+from models import DecoderLM
 from workbench.checkpoint import read_json, write_json
 from workbench.outputs import claim
 from workbench.tokenizer import CharTokenizer
@@ -45,7 +45,7 @@ def hf_llama_config(model: DecoderLM, tokenizer: CharTokenizer):
 
 def hf_state_dict(model: DecoderLM) -> dict[str, torch.Tensor]:
     """Our weights under Hugging Face Llama names (the readout is tied to the embedding)."""
-    W_E = model.embed.W_E[0] if isinstance(model, HiddenDecodingLM) else model.embed.W_E
+    W_E = model.readout_weight
     out = {"model.embed_tokens.weight": W_E, "model.norm.weight": model.ln_final.w, "lm_head.weight": W_E}
     names = {
         "self_attn.q_proj": "attn.W_Q",

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from models import DecoderLM, FullBandwidthLM, HiddenDecodingLM
+from models import DecoderLM
 from workbench.activations import ActivationRecorder
 from workbench.decoding import generate
 from workbench.tokenizer import CharTokenizer
@@ -27,12 +27,12 @@ class Intervention:
     def hooks(self, model: DecoderLM) -> list[tuple[str, object]]:
         hooks = []
         if self.state_scale != 1.0:
-            if not isinstance(model, FullBandwidthLM):
+            if "fusion.hook_state" not in model.hook_dict:
                 raise ValueError(f"state_scale={self.state_scale} needs an FBT model (it scales the carried state), got arch {model.arch!r}")
             scale = self.state_scale
             hooks.append(("fusion.hook_state", lambda x, hook: x * scale))
         if self.ablate_stream is not None:
-            if not isinstance(model, HiddenDecodingLM):
+            if "hook_stream_embed" not in model.hook_dict:
                 raise ValueError(f"ablate_stream={self.ablate_stream} needs a Hidden Decoding model, got arch {model.arch!r}")
             if not 0 <= self.ablate_stream < model.n_streams:
                 raise ValueError(f"ablate_stream={self.ablate_stream}: expected a stream index 0..{model.n_streams - 1}")
@@ -62,7 +62,7 @@ def inspect_generation(model: DecoderLM, prompt: str, *, regime: str = "standard
     if budget < 1:
         raise ValueError(f"the prompt has {len(ids)} tokens, which leaves no room in the context n_ctx={model.cfg.n_ctx}")
     intervention = intervention or Intervention()
-    names = ["fusion.hook_gate", "fusion.hook_value"] if isinstance(model, FullBandwidthLM) and model.cfg.fusion == "glu" else []
+    names = ["fusion.hook_gate", "fusion.hook_value"] if "fusion.hook_gate" in model.hook_dict else []
     with model.hooks(fwd_hooks=intervention.hooks(model)), ActivationRecorder(model, names) as rec:
         out = generate(model, [ids], regime=regime, passes=passes, max_new_tokens=budget,
                        eos_token_id=tokenizer.eos_id if stop_at_eos else None, pad_token_id=tokenizer.pad_id)

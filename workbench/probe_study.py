@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 
-from models import FullBandwidthLM
 from workbench.checkpoint import atomic_write, load_model, read_json, write_json
 from workbench.evaluate import EVAL_SEED_OFFSET
 from workbench.outputs import fsync_dir, hold, staging_in
@@ -39,7 +38,7 @@ def depth(hook: str) -> float:
 
 def regimes(model, passes: list[int], exact: bool) -> list[tuple[str, int | str]]:
     out: list[tuple[str, int | str]] = [("standard", 1)]
-    if isinstance(model, FullBandwidthLM):
+    if "fused" in model.regimes:
         out += [("recurrent", k) for k in passes if k > 1]
         if exact:
             out.append(("recurrent", "exact"))

@@ -31,7 +31,7 @@ import pyarrow as pa
 import torch
 from torch import Tensor
 
-from models import DecoderLM, FullBandwidthLM, NonFiniteActivation, guard_numerics, unstack_streams
+from models import DecoderLM, NonFiniteActivation, guard_numerics, unstack_streams
 from workbench.activations import ActivationRecorder, resolve_hook_names
 from workbench.checkpoint import read_json, write_json
 from workbench.decoding import check_passes
@@ -48,7 +48,7 @@ SHARD = re.compile(r"^shard-\d{5}\.arrow$")
 def _check(model: DecoderLM, hooks: list[str], prefill: str, passes) -> None:
     if prefill not in PREFILLS:
         raise ValueError(f"unknown prefill {prefill!r}: expected one of {PREFILLS}")
-    if prefill == "recurrent" and not isinstance(model, FullBandwidthLM):
+    if prefill == "recurrent" and "fused" not in model.regimes:
         raise ValueError(f"prefill 'recurrent' needs a Full-Bandwidth model; arch {model.arch!r} has only 'standard'")
     check_passes(model, passes)
     for hook in hooks:
@@ -92,15 +92,9 @@ def _record(model: DecoderLM, hooks: list[str], tokens: Tensor, prefill: str, pa
     width = tokens.shape[1]
     with ActivationRecorder(model, hooks, device="cpu") as rec, guard_numerics(model):
         try:
-            if prefill == "standard":  # states only: the readout's logits are never stored
-                plain = {"fuse_mask": torch.zeros_like(tokens, dtype=torch.bool)} if isinstance(model, FullBandwidthLM) else {}
-                model.final_states(tokens, **plain)
-            elif passes == "exact":
-                cache = model.make_cache(width)
-                for t in range(width):  # right padding comes after every real token: harmless
-                    model.final_states(tokens[:, t : t + 1], cache=cache)
-            else:
-                model.final_states(tokens, passes=passes)
+            # states only (the readout's logits are never stored); right padding comes after every
+            # real token, so it changes no real position, in K passes or in the exact recurrence
+            model.prefill(tokens, regime="standard" if prefill == "standard" else "fused", passes=passes)
         except NonFiniteActivation as err:
             raise NonFiniteActivation(f"{what}: {err}; nothing was stored", err.what, err.step, err.pass_index) from err
     out = []

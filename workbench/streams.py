@@ -27,7 +27,7 @@ def task_windows(task: str, n_sequences: int, seq_len: int, seed: int = 0) -> Te
 
 
 def _check(model) -> None:
-    if not isinstance(model, HiddenDecodingLM):
+    if "hook_stream_embed" not in model.hook_dict:  # the analyses read per-stream embeddings
         raise ValueError(f"stream analyses need a Hidden Decoding model, got arch {model.arch!r}")
 
 

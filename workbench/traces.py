@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from models import FullBandwidthLM, NonFiniteActivation
+from models import NonFiniteActivation
 from workbench.checkpoint import load_model, write_json
 from workbench.decoding import generate
 from workbench.evaluate import EVAL_SEED_OFFSET, is_correct
@@ -83,7 +83,7 @@ def run_traces(model, examples: list[Example], regime: str, passes, tokenizer: C
                 "problem_id": i, "difficulty": examples[i].difficulty, "trace_tokens": trace_length(text, tokenizer),
                 "total_tokens": n, "answer": answer, "correct": is_correct(examples[i], text),
                 "finished": bool(out.finished[j]), "silent_tokens": quiet[j], "text": text,
-                "state_norms": [round(x, 4) for x in norms[j, :n].tolist()] if isinstance(model, FullBandwidthLM) else None,
+                "state_norms": [round(x, 4) for x in norms[j, :n].tolist()] if model.carries_state else None,
             }
     return [rows[i] for i in range(len(examples))]
 
@@ -166,7 +166,7 @@ def trace_study(runs: list[str], out_dir: str | Path, *, task: str = "chain", re
         for run in runs:
             model = load_model(run)
             name = Path(run).name
-            for regime in regimes if isinstance(model, FullBandwidthLM) else ["standard"]:
+            for regime in regimes if model.carries_state else ["standard"]:
                 started = time.perf_counter()
                 for row in run_traces(model, examples, regime, passes, tokenizer, max_new_tokens=max_new_tokens, batch_size=batch_size):
                     rows.append({"model": name, "regime": regime, **row})
