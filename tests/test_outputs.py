@@ -21,7 +21,7 @@ import pytest
 
 from faultkit import assert_nothing_lost, assert_usage_error, cli, snapshot, tally
 from workbench import build_model, load_model, save_model
-from workbench.outputs import LOCK, OutputBusy, claim, hold
+from workbench.outputs import LOCK, STAGING_MARK, OutputBusy, claim, hold
 from workbench.runs import read_metrics
 from workbench.store import load_store
 
@@ -136,6 +136,31 @@ def test_a_claim_refuses_before_creating_anything_and_publishes_atomically(tmp_p
         raise RuntimeError("boom")  # a failed writer leaves the previous output as it was
     assert (tmp_path / "new" / "dynamics.json").read_text() == "{}" and (tmp_path / "new" / "rollout.png").exists()
     assert not list((tmp_path / "new").glob(".staging-*"))
+
+
+def test_only_a_staging_directory_a_writer_made_is_ever_removed(tmp_path):
+    """Leftover staging is removed only when it is provably a writer's: ``.staging-PID``, a real
+    directory, holding the staging mark. A user's look-alikes survive a claim untouched."""
+    out = tmp_path / "dyn"
+    with claim(out, "dynamics") as first:
+        (first.staging / "dynamics.json").write_text("{}")
+        first.publish()
+        killed = out / ".staging-99999"
+        shutil.copytree(first.staging, killed)  # what a killed writer leaves: it holds the mark
+    (out / ".staging-12345").mkdir()  # the user's, no mark
+    (out / ".staging-12345" / "data.txt").write_text("mine")
+    (out / ".staging-keep").mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(killed, elsewhere)
+    (out / ".staging-54321").symlink_to(elsewhere)  # a link to a marked directory elsewhere
+    WRONG["faults_injected"] += 1
+    with claim(out, "dynamics", overwrite=True) as again:
+        assert not killed.exists()
+        (again.staging / "dynamics.json").write_text('{"new": 1}')
+        again.publish()
+    assert (out / ".staging-12345" / "data.txt").read_text() == "mine" and (out / ".staging-keep").is_dir()
+    assert (elsewhere / STAGING_MARK).is_file() and (out / ".staging-54321").is_symlink()
+    assert json.loads((out / "dynamics.json").read_text()) == {"new": 1}
 
 
 # ---- concurrent writers: real processes -----------------------------------------------------

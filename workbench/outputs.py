@@ -35,7 +35,9 @@ from typing import Iterator
 logger = logging.getLogger(__name__)
 
 LOCK = ".workbench.lock"
-STAGING = ".staging-"
+STAGING = ".staging-"  # + the writer's PID
+STAGING_MARK = ".workbench-staging"  # inside every staging directory: what makes a leftover one removable
+_STAGING = re.compile(r"^\.staging-\d+$")
 _TMP = re.compile(r"^\..+\.tmp$")  # what checkpoint.atomic_write leaves when a writer is killed
 
 
@@ -66,7 +68,7 @@ _held_guard = threading.Lock()
 def is_bookkeeping(name: str) -> bool:
     """Files of ours that say nothing about what a directory holds: the lock, staging directories,
     and the temporary files of a killed atomic write."""
-    return name == LOCK or name.startswith(STAGING) or bool(_TMP.match(name))
+    return name == LOCK or bool(_STAGING.match(name)) or bool(_TMP.match(name))
 
 
 def contents(directory: Path) -> list[str]:
@@ -178,7 +180,7 @@ class Claim:
         invalidated first (its marker goes), then its entries named by ``replaces`` (names, or a
         callable on a name) that the new output does not bring are removed, and entries with a
         staged replacement are swapped."""
-        staged = sorted(p.name for p in self.staging.iterdir())
+        staged = sorted(p.name for p in self.staging.iterdir() if p.name != STAGING_MARK)
         marker = self.kind.marker
         if marker not in staged:
             raise RuntimeError(f"the {self.kind.noun} in {self.staging} has no {marker}: nothing to publish")
@@ -226,13 +228,17 @@ def claim(directory: str | Path, kind: str, *, overwrite: bool = False) -> Itera
 
 @contextmanager
 def staging_in(directory: Path) -> Iterator[Path]:
-    """A fresh staging directory inside ``directory``, which the caller holds; what killed writers
-    left there is removed first, and this one when the block ends."""
-    for leftover in Path(directory).glob(f"{STAGING}*"):  # no one else can be using it: we hold the lock
-        shutil.rmtree(leftover)
+    """A fresh staging directory inside ``directory``, which the caller holds, removed when the
+    block ends. What a killed writer left is removed first, but only a directory that is provably
+    a staging directory (``.staging-PID``, not a link, holding ``STAGING_MARK``): no one else can be
+    using it while we hold the lock, and nothing a user made there matches."""
+    for leftover in Path(directory).iterdir():
+        if _STAGING.match(leftover.name) and not leftover.is_symlink() and (leftover / STAGING_MARK).is_file():
+            shutil.rmtree(leftover)
     path = Path(directory) / f"{STAGING}{os.getpid()}"
-    path.mkdir()
+    path.mkdir()  # never an existing directory: mkdir fails on one, so what is removed below is ours
     try:
+        (path / STAGING_MARK).write_text(json.dumps(_holder_record()) + "\n")
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
