@@ -37,6 +37,7 @@ TARGETS = {  # key: (comparison, target); None = reported only
     "hd4_decode_throughput": (">=", 0.85),
     "hook_overhead": ("<=", 1.03),
     "numerics_guard_decode": ("<=", 1.03),
+    "store_verify_load": (None, None),
     "vs_hf_llama_train": ("<=", 1.0),
     "vs_bridge_cache": ("<=", 0.5),
     "cpu_mfu": (">=", 0.5),
@@ -232,6 +233,8 @@ def run_bench(preset: str = "small", *, reps: int = 5, only: list[str] | None = 
         e["achieved_gflops"] = flops / e["b"]["median_s"] / 1e9
         e["matmul_gflops"] = mm_flops / e["a"]["median_s"] / 1e9
         results.append(e)
+    if want("store_verify_load"):
+        results.append(_store_verify(preset, (store_positions or sizes["store_positions"]) // 10, reps))
     if want("activation_store_peak_rss"):
         results.append(_store_rss(preset, store_positions or sizes["store_positions"]))
     return {"preset": preset, "reps": reps, "machine": machine(), "entries": results}
@@ -274,6 +277,23 @@ def _store_rss(preset: str, positions: int) -> dict:
         meta = json.loads((Path(tmp) / "meta.json").read_text())
     return entry("activation_store_peak_rss", meta["peak_rss_mib"], unit="MiB", positions=meta["n_rows"], seconds=meta.get("seconds"),
                  note="peak RSS of the whole caching process (model, datasets/Arrow writer and Python included)")
+
+
+def _store_verify(preset: str, positions: int, reps: int) -> dict:
+    """``load_store`` with every check (CRC32s, finiteness) over the default cheap checks only, on
+    a store of about ``positions`` positions of one ``d_model`` hook written here."""
+    from workbench.store import cache_activations, load_store
+    from workbench.tasks import synthetic_examples
+
+    with tempfile.TemporaryDirectory() as tmp:
+        store = cache_activations(build_model("fbt", preset), synthetic_examples("modsum", max(1, positions // 14), 0),
+                                  ["blocks.0.hook_resid_pre"], Path(tmp) / "store")
+        size = sum(p.stat().st_size for p in store.iterdir())
+        e = paired("store_verify_load", lambda: load_store(store, verify=False), lambda: load_store(store, verify=True),
+                   what_a="load_store(verify=False): names, sizes, row counts, columns",
+                   what_b="load_store(verify=True): also CRC32s and finiteness", reps=reps)
+    e["store_mib"] = round(size / 2**20, 1)
+    return e
 
 
 def machine() -> dict:

@@ -4,7 +4,6 @@ carries a CRC32 of its tensors and metadata, so torn or flipped bytes are caught
 
 from __future__ import annotations
 
-import errno
 import glob
 import json
 import os
@@ -21,7 +20,7 @@ from torch import Tensor
 
 from models import DecoderLM
 from workbench.config import ARCHS, build_model, config_from_dict, model_from_config
-from workbench.outputs import hold
+from workbench.outputs import fsync, hold
 from workbench.tokenizer import CharTokenizer
 
 CONFIG = "config.json"
@@ -45,26 +44,15 @@ def atomic_write(path: Path, write) -> None:
     try:
         write(tmp)
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the file the usual permissions
-        _fsync(tmp)
+        fsync(tmp)
         os.replace(tmp, path)
-        _fsync(path.parent)
+        fsync(path.parent)
     except BaseException as err:
         if os.path.exists(tmp):
             os.unlink(tmp)
         if isinstance(err, OSError):
             raise _naming(err, path) from err
         raise
-
-
-def _fsync(path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    except OSError as err:
-        if err.errno != errno.EINVAL:  # EINVAL: a file system that cannot sync this (some cannot sync directories)
-            raise
-    finally:
-        os.close(fd)
 
 
 def _naming(err: OSError, path: Path) -> OSError:

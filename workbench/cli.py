@@ -86,8 +86,6 @@ def cmd_bench(args) -> dict:
     for e in report["entries"]:
         spread = "" if "spread" not in e else f"[{e['spread'][0]:.3g}, {e['spread'][1]:.3g}]"
         print(f"{e['key']:28s} {e['ratio']:8.3f}  {spread:>17s}  {e['target'] or 'reported':>8s}  {e['met']}")
-    if args.out:
-        _emit(report, args.out, "bench")
     return report
 
 
@@ -233,16 +231,15 @@ def cmd_cache(args) -> dict:
     import time
 
     from workbench.checkpoint import resolve_model
-    from workbench.store import cache_activations, store_estimate
+    from workbench.store import cache_activations
     from workbench.tasks import load_task
 
     model = resolve_model(args.run)
     examples = load_task(args.task, args.n_sequences, args.seed)[: args.n_sequences]
-    estimate = store_estimate(model, examples, args.hooks, prefill=args.prefill, passes=args.passes)
-    print(f"storing about {estimate['rows']:,} rows, {estimate['bytes'] / 2**30:.2f} GiB, in {args.out}", flush=True)
     started = time.perf_counter()
     out = cache_activations(model, examples, args.hooks, args.out, prefill=args.prefill, passes=args.passes,
-                            overwrite=args.overwrite)
+                            overwrite=args.overwrite, on_estimate=lambda e: print(
+                                f"storing about {e['rows']:,} rows, {e['bytes'] / 2**30:.2f} GiB, in {args.out}", flush=True))
     meta = json.loads((out / "store.json").read_text())
     meta["peak_rss_mib"] = peak_rss_mib()
     meta["seconds"] = round(time.perf_counter() - started, 1)
@@ -440,8 +437,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reps", type=int, default=5, help="paired repetitions per entry (5..1000)")
     p.add_argument("--only", action="append", default=None, help="measure only this key (repeatable)")
     p.add_argument("--store-positions", type=int, default=None, help="positions for activation_store_peak_rss (default: by preset)")
-    p.add_argument("--out", default=None, help="write the report as JSON here")
-    p.set_defaults(func=cmd_bench, json_out=None)
+    p.add_argument("--out", dest="json_out", default=None, help="write the report as JSON here")
+    p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("app", help="the Streamlit app over a runs directory")
     p.add_argument("--runs", default="runs", help="directory whose subdirectories are runs (default runs)")
@@ -471,8 +468,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         _check_json_target(args.json_out)
-        if getattr(args, "out", None) and args.verb == "bench":
-            _check_json_target(args.out)
         result = args.func(args)
         _emit(result, args.json_out, args.verb)
     except (ValueError, OSError, KeyError, TypeError, RuntimeError) as err:  # OSError: unwritable --out/--json paths

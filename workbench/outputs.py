@@ -17,6 +17,7 @@ create.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import logging
@@ -50,18 +51,17 @@ class Kind:
     noun: str  # "activation store"
     article: str  # "an"
     marker: str  # the metadata file that says a directory holds this kind of output
-    verb: str  # the CLI verb that writes it
 
 
 KINDS = {
-    "store": Kind("activation store", "an", "store.json", "cache"),
-    "dynamics": Kind("dynamics study", "a", "dynamics.json", "dynamics"),
-    "traces": Kind("trace study", "a", "summary.json", "traces"),
-    "export": Kind("Hugging Face export", "a", "workbench_export.json", "export"),
-    "demo": Kind("demo output", "a", "demo.json", "demo"),
+    "store": Kind("activation store", "an", "store.json"),
+    "dynamics": Kind("dynamics study", "a", "dynamics.json"),
+    "traces": Kind("trace study", "a", "summary.json"),
+    "export": Kind("Hugging Face export", "a", "workbench_export.json"),
+    "demo": Kind("demo output", "a", "demo.json"),
 }
 
-_held: dict[Path, list] = {}  # resolved directory -> [thread id, depth, fd]
+_held: dict[Path, list] = {}  # resolved directory -> [thread id, nesting depth]
 _held_guard = threading.Lock()
 
 
@@ -156,7 +156,7 @@ def hold(directory: str | Path) -> Iterator[Path]:
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(_holder_record()) + "\n").encode(), 0)
         with _held_guard:
-            _held[key] = [threading.get_ident(), 0, fd]
+            _held[key] = [threading.get_ident(), 0]
         try:
             yield directory
         finally:
@@ -170,10 +170,8 @@ def hold(directory: str | Path) -> Iterator[Path]:
 class Claim:
     """A held unit output directory with its staging directory (see ``claim``)."""
 
-    def __init__(self, directory: Path, kind: Kind, previous: bool):
-        self.directory, self.kind, self.previous = directory, kind, previous
-        self.staging = directory / f"{STAGING}{os.getpid()}"
-        self.published = False
+    def __init__(self, directory: Path, kind: Kind, previous: bool, staging: Path):
+        self.directory, self.kind, self.previous, self.staging = directory, kind, previous, staging
 
     def publish(self, replaces=()) -> None:
         """Move everything staged into the directory, ``kind.marker`` last. A previous output is
@@ -199,17 +197,24 @@ class Claim:
             if target.exists() and (target.is_dir() and not target.is_symlink()):
                 os.replace(target, trash / name)  # a directory is not replaced by rename in one step
             os.replace(self.staging / name, target)
-        fsync_dir(self.directory)
-        self.published = True
+        fsync(self.directory)
 
 
-def fsync_dir(directory: Path) -> None:
-    """Make the renames into ``directory`` durable."""
-    fd = os.open(directory, os.O_RDONLY)
+def fsync(path) -> None:
+    """Make a file's data, or the renames into a directory, durable."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
+    except OSError as err:
+        if err.errno != errno.EINVAL:  # EINVAL: a file system that cannot sync this (some cannot sync directories)
+            raise
     finally:
         os.close(fd)
+
+
+def listing(names: list[str], most: int = 4) -> str:
+    """``a, b, c, d and 3 more``: what a refused directory holds, for its error message."""
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 @contextmanager
@@ -220,10 +225,10 @@ def claim(directory: str | Path, kind: str, *, overwrite: bool = False) -> Itera
     directory = Path(directory)
     found = contents(directory)  # refuse before creating anything
     _check_target(directory, spec, found, overwrite)
-    with hold(directory), staging_in(directory):
+    with hold(directory), staging_in(directory) as staging:
         found = contents(directory)
         _check_target(directory, spec, found, overwrite)
-        yield Claim(directory, spec, previous=bool(found))
+        yield Claim(directory, spec, bool(found), staging)
 
 
 @contextmanager
@@ -248,8 +253,7 @@ def _check_target(directory: Path, spec: Kind, found: list[str], overwrite: bool
     if not found:
         return
     if spec.marker not in found or not _is_json_object(directory / spec.marker):
-        shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
-        raise FileExistsError(f"{directory} holds files that are not {spec.article} {spec.noun} ({shown}): "
+        raise FileExistsError(f"{directory} holds files that are not {spec.article} {spec.noun} ({listing(found)}): "
                               "choose a new or empty directory")
     if not overwrite:
         raise FileExistsError(f"{directory} holds a previous {spec.noun}: pass --overwrite to replace it, "

@@ -15,7 +15,7 @@ import numpy as np
 
 from workbench.checkpoint import atomic_write, load_model, read_json, write_json
 from workbench.evaluate import EVAL_SEED_OFFSET
-from workbench.outputs import fsync_dir, hold, staging_in
+from workbench.outputs import fsync, hold, staging_in
 from workbench.probes import save_probe, train_probe
 from workbench.store import cache_activations, load_store
 from workbench.tasks import LABELS, TaskConfig, synthetic_examples
@@ -107,7 +107,7 @@ def probe_study(run_dir: str | Path, target: str, *, hooks: list[str] | None = N
         if probes_dir.exists():
             os.replace(probes_dir, staging / "replaced-probes")
         os.replace(staging / "probes", probes_dir)
-        fsync_dir(probes_dir.parent)
+        fsync(probes_dir.parent)
         figure = plot_probe_rows(rows, out.with_suffix(".png"), f"{run_dir.name}: probing {target}")
         write_json(out, report)
     report["figure"] = str(figure)

@@ -20,10 +20,10 @@ is finite. Every error names the store (and the shard or hook).
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +35,7 @@ from models import DecoderLM, NonFiniteActivation, guard_numerics, unstack_strea
 from workbench.activations import ActivationRecorder, resolve_hook_names
 from workbench.checkpoint import read_json, write_json
 from workbench.decoding import check_passes
-from workbench.outputs import claim
+from workbench.outputs import claim, fsync
 from workbench.tasks import Example
 from workbench.tokenizer import CharTokenizer
 
@@ -139,9 +139,11 @@ def cache_activations(
     batch_size: int = 32,
     tokenizer: CharTokenizer | None = None,
     overwrite: bool = False,
+    on_estimate: Callable[[dict], None] | None = None,
 ) -> Path:
     """Write the store to ``out_dir``: a new or empty directory, or a previous store there, which is
-    replaced (once the new one is complete) only with ``overwrite``."""
+    replaced (once the new one is complete) only with ``overwrite``. ``on_estimate`` receives
+    ``store_estimate``'s answer before anything is written."""
     hooks = resolve_hook_names(model, hooks)
     if not examples:
         raise ValueError("no examples to cache (n_sequences must be >= 1)")
@@ -151,6 +153,8 @@ def cache_activations(
     tokenizer = tokenizer or CharTokenizer()
     out_dir = Path(out_dir)
     estimate = store_estimate(model, examples, hooks, prefill=prefill, passes=passes, tokenizer=tokenizer)
+    if on_estimate is not None:
+        on_estimate(estimate)
     free = shutil.disk_usage(_existing_ancestor(out_dir)).free
     if estimate["bytes"] > 0.9 * free:
         raise ValueError(f"the store would take about {estimate['bytes'] / 2**30:.1f} GiB ({estimate['rows']:,} rows) but "
@@ -207,10 +211,8 @@ def _write_shard(path: Path, table: pa.Table) -> dict:
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
     data = sink.getvalue()
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    path.write_bytes(data)
+    fsync(path)
     return {"name": path.name, "rows": table.num_rows, "bytes": data.size, "crc32": f"{zlib.crc32(data):08x}"}
 
 

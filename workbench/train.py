@@ -29,7 +29,7 @@ from workbench.checkpoint import (atomic_write, link_or_copy, load_model, load_w
                                   remove_stale_temps, save_weights, write_json)
 from workbench.config import model_from_config
 from workbench.data import TokenStream, batch_windows, step_generator
-from workbench.outputs import OutputBusy, contents, hold
+from workbench.outputs import OutputBusy, contents, hold, listing
 from workbench.runconfig import RunConfig, load_run_config
 from workbench.runs import read_metrics
 from workbench.tasks import load_task
@@ -360,8 +360,7 @@ def check_new_run_dir(run_dir: Path) -> None:
         raise FileExistsError(f"{run_dir} already holds a run; pass --resume to continue it or choose a new --out")
     foreign = [n for n in found if n not in RUN_FILES]
     if foreign:
-        shown = ", ".join(foreign[:4]) + (f" and {len(foreign) - 4} more" if len(foreign) > 4 else "")
-        raise FileExistsError(f"{run_dir} holds files that are not a workbench run ({shown}): choose a new or empty --out")
+        raise FileExistsError(f"{run_dir} holds files that are not a workbench run ({listing(foreign)}): choose a new or empty --out")
 
 
 @contextmanager
