@@ -11,8 +11,8 @@ from pathlib import Path
 import streamlit as st
 from streamlit.runtime.scriptrunner_utils.exceptions import ScriptControlException
 
-from workbench.checkpoint import load_model
 from workbench.runs import RunInfo, exposure_warning, find_run_dirs, list_runs, within_root
+from workbench.runtime.checkpoint import load_model
 
 ROOT_KEY, INPUT_KEY, REFUSED_KEY = "runs_root", "runs_root_input", "runs_root_refused"
 RUN_FILES = ("config.json", "model.safetensors", "metrics.jsonl", "results/eval.json")

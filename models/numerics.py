@@ -60,7 +60,7 @@ class NumericsGuard:
     def record(self, site: str, value: Tensor) -> None:
         self.pending.append((site, self.model.forward_calls - self.start - 1, self.model.current_pass, value))
 
-    def __enter__(self) -> "NumericsGuard":
+    def __enter__(self) -> NumericsGuard:
         self.depth += 1
         return self
 

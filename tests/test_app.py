@@ -6,7 +6,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from faultkit import assert_nothing_lost, snapshot, tally
 
 pytest.importorskip("streamlit")

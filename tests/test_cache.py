@@ -1,8 +1,8 @@
 """Cached (incremental) decoding equals the full forward pass."""
 
 import torch
-
 from conftest import sequential_fbt_states, tokens
+
 from workbench import build_model
 
 

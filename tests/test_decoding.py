@@ -2,8 +2,8 @@
 
 import pytest
 import torch
-
 from conftest import sequential_fbt_states, tokens
+
 from workbench import build_model, generate
 
 
@@ -105,7 +105,7 @@ def test_bfloat16_models_run_and_track_fp32(arch):
 def test_scored_completions_match_the_full_forward_and_the_recurrence():
     import torch.nn.functional as F
 
-    from workbench.decoding import score_completions
+    from workbench.runtime.decoding import score_completions
 
     toks = tokens(2, 10)
     prompts = [toks[0, :4].tolist(), toks[1, :6].tolist()]

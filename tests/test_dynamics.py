@@ -2,11 +2,11 @@
 
 import pytest
 import torch
-
 from conftest import tokens
+
 from workbench import build_model
-from workbench.dynamics import RolloutDiverged, feedback_map, kpass_convergence, prefill_context, rollout
-from workbench.maps import eigenvalues, find_fixed_points, jacobian, jacobian_summary, spectral_norm, spectral_radius
+from workbench.dynamics.feedback import RolloutDiverged, feedback_map, kpass_convergence, prefill_context, rollout
+from workbench.dynamics.maps import eigenvalues, find_fixed_points, jacobian, jacobian_summary, spectral_norm, spectral_radius
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +138,7 @@ def test_dynamics_cli_compares_runs_and_writes_figures(tmp_path, capsys):
 
 
 def test_fixed_points_share_the_states_pca_coordinates():
-    from workbench.dynamics_study import state_pca
+    from workbench.dynamics.study import state_pca
 
     X = torch.randn(50, 8, generator=torch.Generator().manual_seed(1))
     P, points = state_pca(X, [{"step": 3, "points": [{"state": X[7].tolist(), "stable": True, "spectral_radius": 0.5}]}])

@@ -5,8 +5,8 @@ import os
 
 import pytest
 import torch
-
 from conftest import tokens
+
 from workbench import build_model, generate, load_model, make_config, parse_override, save_model
 
 
@@ -159,7 +159,7 @@ def test_settings_no_work_can_use_are_named_before_anything_is_written(tmp_path,
 
 def test_eval_names_the_config_file_with_a_bad_training_section(tmp_path, capsys):
     from workbench.cli import main
-    from workbench.runconfig import make_run_config
+    from workbench.training.runconfig import make_run_config
 
     run = save_model(build_model("baseline", "debug"), tmp_path / "run")
     config = json.loads((run / "config.json").read_text())

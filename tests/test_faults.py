@@ -21,20 +21,22 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tokens
+from faultkit import assert_nothing_lost as _assert_nothing_lost
+from faultkit import assert_usage_error, cli, snapshot, stamps, tally
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
-import workbench.checkpoint as checkpoint
-import workbench.train as training
-from conftest import tokens
-from faultkit import assert_usage_error, cli, snapshot, stamps, tally
-from faultkit import assert_nothing_lost as _assert_nothing_lost
+import workbench.runtime.checkpoint as checkpoint
+import workbench.runtime.tokenizer as tokenizer
+import workbench.storage.files as files
+import workbench.training.train as training
 from workbench import CharTokenizer, build_model, load_model, save_model
-from workbench.checkpoint import load_weights, save_weights
-from workbench.dynamics import RolloutDiverged, rollout
-from workbench.runconfig import make_run_config
-from workbench.train import TrainingDiverged, train
+from workbench.dynamics.feedback import RolloutDiverged, rollout
+from workbench.runtime.checkpoint import load_weights, save_weights
+from workbench.training.runconfig import make_run_config
+from workbench.training.train import TrainingDiverged, train
 
 COUNTS = tally("checkpoints, resume, kills, NaN steps, rollouts, CLI fuzz (#8)")
 FAST = ["train.batch_size=4", "train.seq_len=32", "train.warmup=3", "train.log_every=2", "data.n_train=300"]
@@ -351,8 +353,10 @@ HARNESS = textwrap.dedent('''
     from pathlib import Path
     import torch
     torch.set_num_threads(1)
-    import workbench.checkpoint as checkpoint
-    import workbench.train as training
+    import workbench.runtime.checkpoint as checkpoint
+    import workbench.runtime.tokenizer as tokenizer
+    import workbench.storage.files as files
+    import workbench.training.train as training
     from workbench.cli import main
 
     def say(marker, text):  # atomically: the test polls the marker
@@ -360,7 +364,7 @@ HARNESS = textwrap.dedent('''
         os.replace(f"{marker}.part", marker)
 
     def stall(write_index, marker, argv):
-        real_write, real_save = checkpoint.atomic_write, training.save_checkpoint
+        real_write, real_save = files.atomic_write, training.save_checkpoint
         seen = {"checkpoints": 0, "writes": 0, "inside": False}
 
         def save(*args, **kwargs):
@@ -385,7 +389,7 @@ HARNESS = textwrap.dedent('''
                     return real_write(path, torn)
             return real_write(path, fill)
 
-        checkpoint.atomic_write = training.atomic_write = write
+        files.atomic_write = checkpoint.atomic_write = tokenizer.atomic_write = training.atomic_write = write
         training.save_checkpoint = save
         main(argv)
         say(marker, "finished")
@@ -409,7 +413,8 @@ HARNESS = textwrap.dedent('''
 def test_a_process_killed_at_any_checkpoint_write_leaves_a_loadable_run_that_resumes_exactly(tmp_path, no_unpickling):
     # the uninterrupted run, recording every file write of each checkpoint and the weights it saved
     writes, saved, saving = [], {}, []
-    real_write, real_save = checkpoint.atomic_write, training.save_checkpoint
+    real_write, real_save = files.atomic_write, training.save_checkpoint
+    writers = [files, checkpoint, tokenizer, training]  # every module that binds the name
 
     def record_write(path, fill):
         if saving:
@@ -425,8 +430,8 @@ def test_a_process_killed_at_any_checkpoint_write_leaves_a_loadable_run_that_res
             saving.pop()
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(checkpoint, "atomic_write", record_write)
-        patch.setattr(training, "atomic_write", record_write)
+        for module in writers:
+            patch.setattr(module, "atomic_write", record_write)
         patch.setattr(training, "save_checkpoint", record_save)
         assert cli(KILL_ARGV + ["--out", str(tmp_path / "straight")])[0] is None
     second = [name for step, name in writes if step == 4]  # the writes of the second checkpoint
@@ -545,11 +550,11 @@ def real_work(*args, **kwargs):
 
 # where each verb's real work starts; generate is left alone (a debug model's generation is cheap,
 # and its argument checks live inside it)
-HEAVY = [("workbench.train", "load_task"), ("workbench.zoo", "train_zoo"), ("workbench.demo", "cache_parity"),
-         ("subprocess", "call"), ("workbench.export", "export_hf"),
-         ("workbench.evaluate", "evaluate_examples"), ("workbench.store", "cache_activations"),
-         ("workbench.probe_study", "cache_activations"), ("workbench.dynamics_study", "rollout"),
-         ("workbench.traces", "run_traces"), ("workbench.bench", "build_model"), ("workbench.bench", "_store_rss")]
+HEAVY = [("workbench.training.train", "load_task"), ("workbench.training.zoo", "train_zoo"), ("workbench.demo", "cache_parity"),
+         ("subprocess", "call"), ("workbench.runtime.export", "export_hf"),
+         ("workbench.training.evaluate", "evaluate_examples"), ("workbench.probing.store", "cache_activations"),
+         ("workbench.probing.study", "cache_activations"), ("workbench.dynamics.study", "rollout"),
+         ("workbench.studies.traces", "run_traces"), ("workbench.bench", "build_model"), ("workbench.bench", "_store_rss")]
 
 NAMES = st.text(max_size=12).filter(lambda s: ":" not in s)  # unicode junk, never ARCH:PRESET
 INTS = st.integers(-(10**6), 10**6).map(str)
@@ -691,7 +696,7 @@ def test_fuzzed_command_lines_are_usage_errors_never_tracebacks(fuzz_targets, pr
     outcomes are exit status 2 with a message, or 0 for --help. Nothing the examples point at changes."""
     if Path.cwd() != tmp_path:  # once per test: the examples share the directory and the patches
         # import every module before patching any: a module first imported under the patches would
-        # bind a patched name (``from workbench.store import cache_activations``) for good
+        # bind a patched name (``from workbench.probing.store import cache_activations``) for good
         modules = [importlib.import_module(module) for module, _ in HEAVY]
         for module, (_, name) in zip(modules, HEAVY):
             monkeypatch.setattr(module, name, real_work)
@@ -788,7 +793,7 @@ def test_a_prompt_that_fills_the_context_stops_at_once_with_the_reason():
 
 
 def test_the_dynamics_cli_reports_a_rollout_that_diverges_past_the_context(tmp_path, monkeypatch):
-    import workbench.dynamics_study as study
+    import workbench.dynamics.study as study
 
     run = save_model(build_model("fbt", "debug"), tmp_path / "fbt")
     real = study.load_model

@@ -2,8 +2,8 @@
 
 import pytest
 import torch
-
 from conftest import sequential_fbt_states, tokens
+
 from models import expand_streams
 from workbench import build_model
 

@@ -17,16 +17,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from conftest import tokens
 from faultkit import assert_usage_error, tally
+from safetensors.torch import load_file
+
 from workbench import CharTokenizer, build_model, generate, load_model, save_model
-from workbench.checkpoint import load_weights, save_weights, write_json
-from workbench.decoding import score_completions
-from workbench.dynamics import kpass_convergence
-from workbench.runconfig import make_run_config
-from workbench.train import train
+from workbench.dynamics.feedback import kpass_convergence
+from workbench.runtime.checkpoint import load_weights, save_weights
+from workbench.runtime.decoding import score_completions
+from workbench.storage.files import write_json
+from workbench.training.runconfig import make_run_config
+from workbench.training.train import train
 
 COUNTS = tally("checkpoints, configs, tokenizers (#12)")
 W, C, T = "model.safetensors", "config.json", "tokenizer.json"
@@ -193,7 +194,7 @@ def edit_tokenizer(change):
 def swap(a, b):
     def change(vocab, added):
         vocab[a], vocab[b] = vocab[b], vocab[a]
-        for x, y in ((a, b), (b, a)):
+        for x, _y in ((a, b), (b, a)):
             if x in added:
                 added[x]["id"] = vocab[x]
     return change
@@ -257,7 +258,7 @@ def test_unbounded_passes_on_the_command_line_are_usage_errors(pristine, tmp_pat
 
 
 def test_eval_rejects_an_unbounded_pass_count_before_scoring_anything(monkeypatch):
-    import workbench.evaluate as evaluate
+    import workbench.training.evaluate as evaluate
 
     def scored(*args, **kwargs):
         raise AssertionError("plain_loss ran before the pass count was checked")

@@ -4,11 +4,11 @@ import json
 
 import pytest
 import torch
-
 from conftest import tokens
+
 from models import expand_streams
 from workbench import CharTokenizer, build_model
-from workbench.export import export_hf
+from workbench.runtime.export import export_hf
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from workbench.maps import (
+from workbench.dynamics.maps import (
     eigenvalues,
     find_fixed_points,
     frobenius_hutchinson,

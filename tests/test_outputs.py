@@ -18,12 +18,12 @@ import time
 from pathlib import Path
 
 import pytest
-
 from faultkit import assert_nothing_lost, assert_usage_error, cli, snapshot, tally
+
 from workbench import build_model, load_model, save_model
-from workbench.outputs import LOCK, STAGING_MARK, OutputBusy, claim, hold
-from workbench.runs import read_metrics
-from workbench.store import load_store
+from workbench.probing.store import load_store
+from workbench.storage.outputs import LOCK, STAGING_MARK, OutputBusy, claim, hold
+from workbench.training.metrics import read_metrics
 
 CONCURRENT = tally("concurrent writers")
 WRONG = tally("wrong-target outputs")
@@ -67,7 +67,7 @@ def finish(proc: subprocess.Popen, *, kill: bool = False) -> int:
 
 
 def test_a_held_directory_names_its_holder_to_a_second_process(tmp_path):
-    script = "import sys; from workbench.outputs import hold\nwith hold(sys.argv[1]):\n    print('held', flush=True); sys.stdin.readline()"
+    script = "import sys; from workbench.storage.outputs import hold\nwith hold(sys.argv[1]):\n    print('held', flush=True); sys.stdin.readline()"
     proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "out"), "--some-flag"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
     try:
@@ -84,14 +84,14 @@ def test_a_held_directory_names_its_holder_to_a_second_process(tmp_path):
 
 
 def test_a_lock_left_by_a_killed_process_is_taken_over_and_reported(tmp_path, caplog):
-    script = "import sys; from workbench.outputs import hold\nwith hold(sys.argv[1]):\n    print('held', flush=True); sys.stdin.readline()"
+    script = "import sys; from workbench.storage.outputs import hold\nwith hold(sys.argv[1]):\n    print('held', flush=True); sys.stdin.readline()"
     proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "out")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline() == "held\n"
     proc.kill()
     proc.wait()
     CONCURRENT["faults_injected"] += 1
     assert holder_record(tmp_path / "out")["pid"] == proc.pid  # the dead holder's record stays behind
-    with caplog.at_level(logging.WARNING, logger="workbench.outputs"), hold(tmp_path / "out"):
+    with caplog.at_level(logging.WARNING, logger="workbench.storage.outputs"), hold(tmp_path / "out"):
         assert holder_record(tmp_path / "out")["pid"] == os.getpid()
     assert f"took over a stale lock of PID {proc.pid}" in caplog.text and "no longer running" in caplog.text
 
@@ -191,7 +191,7 @@ def test_two_trainings_into_one_directory_one_resume_and_a_stale_lock(tmp_path, 
     finally:
         finish(first, kill=True)
     CONCURRENT["faults_injected"] += 1
-    with caplog.at_level(logging.WARNING, logger="workbench.outputs"):
+    with caplog.at_level(logging.WARNING, logger="workbench.storage.outputs"):
         code, _, err = cli(["train", "--out", str(run), "--resume", "--no-progress", "--stop-after", "3"])
     assert code is None, err
     assert f"took over a stale lock of PID {first.pid}" in caplog.text
@@ -363,7 +363,7 @@ def test_save_model_replaces_a_model_only_when_asked(tmp_path):
 def test_a_failed_probe_sweep_leaves_no_temporary_directories(tmp_path):
     """The reported leftovers: a failed probe left ``tmp*`` stores in the run directory. Here the
     sweep fails in its second caching (an overflowing weight makes the recurrent prefill stop)."""
-    from workbench.checkpoint import load_weights, save_weights
+    from workbench.runtime.checkpoint import load_weights, save_weights
 
     run = save_model(build_model("fbt", "debug"), tmp_path / "run")
     tensors, meta = load_weights(run / "model.safetensors")

@@ -10,19 +10,19 @@ import shutil
 
 import pytest
 import torch
-
 from conftest import tokens
 from faultkit import assert_usage_error, cli, tally
+
 from models import NonFiniteActivation, guard_numerics
 from workbench import CharTokenizer, build_model, generate, load_model, save_model
-from workbench.checkpoint import load_weights, save_weights
-from workbench.decoding import score_completions
-from workbench.dynamics import RolloutDiverged, rollout
-from workbench.evaluate import evaluate_examples
-from workbench.runconfig import make_run_config
-from workbench.tasks import load_task
-from workbench.train import train
-from workbench.traces import problems, run_traces, summarise
+from workbench.data.tasks import load_task
+from workbench.dynamics.feedback import RolloutDiverged, rollout
+from workbench.runtime.checkpoint import load_weights, save_weights
+from workbench.runtime.decoding import score_completions
+from workbench.studies.traces import problems, run_traces, summarise
+from workbench.training.evaluate import evaluate_examples
+from workbench.training.runconfig import make_run_config
+from workbench.training.train import train
 
 COUNTS = tally("finite overflow")
 ARCHS = {"baseline": {}, "fbt": {}, "hd": {"n_streams": 2}}

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from workbench import build_model
-from workbench.playground import Intervention, inspect_generation
+from workbench.studies.playground import Intervention, inspect_generation
 
 PROMPT = "Q: Start with 3. Add 4.\nA:"
 

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from workbench import build_model, run_with_pass_cache
-from workbench.probes import control_labels, save_probe, split_by_sequence, train_probe
-from workbench.store import cache_activations, load_store
-from workbench.tasks import synthetic_examples
-from workbench.tokenizer import CharTokenizer
+from workbench.data.tasks import synthetic_examples
+from workbench.probing.probes import control_labels, save_probe, split_by_sequence, train_probe
+from workbench.probing.store import cache_activations, load_store
+from workbench.runtime.tokenizer import CharTokenizer
 
 
 def planted(n_seq=120, per_seq=20, d=16, seed=0, n_types=50):
@@ -161,7 +161,7 @@ def test_probe_and_cache_errors_list_valid_names(tmp_path, capsys):
 
 def test_probe_study_reports_progress_up_to_done(tmp_path):
     from workbench import save_model
-    from workbench.probe_study import probe_study
+    from workbench.probing.study import probe_study
 
     run = save_model(build_model("hd", "debug", n_streams=2), tmp_path / "run")
     seen = []

@@ -13,8 +13,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from faultkit import assert_nothing_lost, stamps, tally
+
 from workbench.runs import find_run_dirs, inspect_run, list_runs
 
 pytest.importorskip("streamlit")
@@ -225,7 +225,7 @@ def test_unreadable_entries_are_error_rows_and_every_page_still_renders(micro_zo
         root = base / "runs"
         for name in GOOD:
             shutil.copytree(micro_zoo / name, root / name)
-        for entry, (part, _, _) in LOCKS.items():
+        for entry in LOCKS:
             shutil.copytree(micro_zoo / "baseline", root / entry / ("fbt" if entry == "unlistable" else ""))
         home = base / "home"
         home.mkdir()

@@ -12,13 +12,13 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
+from faultkit import assert_usage_error, cli, tally
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from faultkit import assert_usage_error, cli, tally
 from workbench import build_model
-from workbench.store import cache_activations, load_store
-from workbench.tasks import synthetic_examples
+from workbench.data.tasks import synthetic_examples
+from workbench.probing.store import cache_activations, load_store
 
 COUNTS = tally("corrupt stores")
 HOOKS = ["hook_embed", "blocks.0.hook_resid_post"]
@@ -71,7 +71,7 @@ def swap_in_other(other):
 def rewrite_with_nan(store):
     """A NaN written into a shard whose listing is then made consistent again (a tool that wrote
     NaN and a fresh checksum): only the finiteness check can catch it."""
-    from workbench.store import _write_shard
+    from workbench.probing.store import _write_shard
 
     path = store / shard(0)
     with pa.ipc.open_stream(pa.OSFile(str(path))) as reader:

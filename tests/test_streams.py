@@ -2,11 +2,11 @@
 
 import pytest
 import torch
-
 from conftest import tokens
+
 from models import expand_streams
 from workbench import build_model
-from workbench.streams import attention_mass, stream_logit_lens, stream_similarity
+from workbench.studies.streams import attention_mass, stream_logit_lens, stream_similarity
 
 
 def test_replicated_streams_are_identical_until_a_cross_stream_layer():
@@ -40,7 +40,7 @@ def test_logit_lens_last_stream_is_the_model_prediction():
 
 
 def test_stream_norms_start_equal_for_replicated_streams_and_windows_are_held_out():
-    from workbench.streams import stream_norms, task_windows
+    from workbench.studies.streams import stream_norms, task_windows
 
     base = build_model("baseline", "debug", n_layers=2)
     hd = expand_streams(base, 3, cross_layers=(1,))

@@ -5,16 +5,10 @@ import re
 
 import pytest
 
-from workbench.data import TokenStream, batch_windows
-from workbench.tasks import (
-    TaskConfig,
-    load_jsonl,
-    load_task,
-    load_text,
-    parse_final_answer,
-    synthetic_examples,
-)
-from workbench.tokenizer import CharTokenizer
+from workbench.data.answers import parse_final_answer
+from workbench.data.tasks import TaskConfig, load_jsonl, load_task, load_text, synthetic_examples
+from workbench.data.windows import TokenStream, batch_windows
+from workbench.runtime.tokenizer import CharTokenizer
 
 
 @pytest.mark.parametrize("task", ["chain", "modsum", "flipflop", "mix"])

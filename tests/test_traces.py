@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from workbench import build_model, save_model
-from workbench.tokenizer import CharTokenizer
-from workbench.traces import paired_bootstrap, problems, summarise, trace_length
+from workbench.runtime.tokenizer import CharTokenizer
+from workbench.studies.traces import paired_bootstrap, problems, summarise, trace_length
 
 
 def test_trace_length_counts_tokenizer_tokens_before_the_marker():

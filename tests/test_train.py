@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from workbench.runconfig import make_run_config
-from workbench.train import Strategy, TrainingDiverged, train
+from workbench.training.runconfig import make_run_config
+from workbench.training.train import Strategy, TrainingDiverged, train
 
 FAST = ["train.batch_size=4", "train.seq_len=32", "train.warmup=3", "train.log_every=2", "data.n_train=300"]
 

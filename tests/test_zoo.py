@@ -4,13 +4,13 @@ import json
 import shutil
 
 from workbench.cli import main
-from workbench.zoo import ensure_zoo, member_names, train_zoo
+from workbench.training.zoo import ensure_zoo, member_names, train_zoo
 
 
 def test_micro_zoo_trains_every_member_and_writes_eval(micro_zoo):
     summary = json.loads((micro_zoo / "zoo.json").read_text())
     assert list(summary["models"]) == member_names("micro") == ["baseline", "fbt", "fbt-no3pass", "hd2", "hd4"]
-    for name, row in summary["models"].items():
+    for name, _row in summary["models"].items():
         evaluation = json.loads((micro_zoo / name / "results" / "eval.json").read_text())
         assert set(evaluation["tasks"]) == {"chain", "modsum", "flipflop"}
         regimes = {"standard", "soft", "fused"} if name.startswith("fbt") else {"standard"}

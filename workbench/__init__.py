@@ -1,10 +1,10 @@
 """Everything done with the models: building, decoding, activation recording, checkpoints, export."""
 
-from workbench.activations import ActivationRecorder, Record, resolve_hook_names, run_with_pass_cache
-from workbench.checkpoint import load_model, resolve_model, save_model
-from workbench.config import ARCHS, build_model, make_config, parse_override
-from workbench.decoding import REGIMES, Generation, generate
-from workbench.tokenizer import CharTokenizer
+from workbench.runtime.activations import ActivationRecorder, Record, resolve_hook_names, run_with_pass_cache
+from workbench.runtime.checkpoint import load_model, resolve_model, save_model
+from workbench.runtime.config import ARCHS, build_model, make_config, parse_override
+from workbench.runtime.decoding import REGIMES, Generation, generate
+from workbench.runtime.tokenizer import CharTokenizer
 
 __all__ = [
     "ARCHS",

@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 
 from models import PRESETS, without_hooks
-from workbench.config import build_model
-from workbench.decoding import generate
-from workbench.runconfig import make_run_config
-from workbench.train import make_strategy
+from workbench.runtime.config import build_model
+from workbench.runtime.decoding import generate
+from workbench.training.runconfig import make_run_config
+from workbench.training.train import make_strategy
 
 TARGETS = {  # key: (comparison, target); None = reported only
     "fbt_soft_decode_overhead": ("<=", 1.10),
@@ -243,7 +243,7 @@ def run_bench(preset: str = "small", *, reps: int = 5, only: list[str] | None = 
 def _vs_hf(preset: str, sizes: dict, reps: int) -> dict:
     from transformers import LlamaForCausalLM
 
-    from workbench.export import export_hf
+    from workbench.runtime.export import export_hf
 
     ours = build_model("baseline", preset)
     with tempfile.TemporaryDirectory() as tmp:
@@ -255,7 +255,7 @@ def _vs_hf(preset: str, sizes: dict, reps: int) -> dict:
 def _vs_bridge(preset: str, sizes: dict, reps: int) -> dict:
     from transformer_lens.model_bridge import TransformerBridge
 
-    from workbench.export import export_hf
+    from workbench.runtime.export import export_hf
 
     ours = build_model("baseline", preset).eval()
     x = torch.randint(4, 100, (sizes["batch"], sizes["seq"]), generator=torch.Generator().manual_seed(2))
@@ -282,8 +282,8 @@ def _store_rss(preset: str, positions: int) -> dict:
 def _store_verify(preset: str, positions: int, reps: int) -> dict:
     """``load_store`` with every check (CRC32s, finiteness) over the default cheap checks only, on
     a store of about ``positions`` positions of one ``d_model`` hook written here."""
-    from workbench.store import cache_activations, load_store
-    from workbench.tasks import synthetic_examples
+    from workbench.data.tasks import synthetic_examples
+    from workbench.probing.store import cache_activations, load_store
 
     with tempfile.TemporaryDirectory() as tmp:
         store = cache_activations(build_model("fbt", preset), synthetic_examples("modsum", max(1, positions // 14), 0),

@@ -16,7 +16,7 @@ WRITTEN_BY = "written_by"  # the key that marks a --json file as a verb's, so a 
 
 def _check_json_target(out: str | None) -> None:
     """A --json file is new, or one an earlier verb wrote there (checked before any work)."""
-    from workbench.checkpoint import read_json
+    from workbench.storage.files import read_json
 
     if out and Path(out).exists():
         try:
@@ -29,7 +29,7 @@ def _check_json_target(out: str | None) -> None:
 
 def _emit(result: dict, out: str | None, verb: str) -> None:
     if out:
-        from workbench.checkpoint import write_json
+        from workbench.storage.files import write_json
 
         _check_json_target(out)
         path = Path(out)
@@ -40,7 +40,7 @@ def _emit(result: dict, out: str | None, verb: str) -> None:
 
 def _tokenizer_for(spec: str):
     """The tokenizer saved with a run directory, or the default one for an ARCH:PRESET model."""
-    from workbench.tokenizer import CharTokenizer
+    from workbench.runtime.tokenizer import CharTokenizer
 
     path = Path(spec)
     return CharTokenizer.load(path) if (path / "tokenizer.json").is_file() else CharTokenizer()
@@ -90,8 +90,8 @@ def cmd_bench(args) -> dict:
 
 
 def cmd_presets(args) -> dict:
-    from workbench.config import ARCHS, build_model
     from models import PRESETS
+    from workbench.runtime.config import ARCHS, build_model
 
     rows = {}
     for name, values in PRESETS.items():
@@ -107,8 +107,8 @@ def cmd_presets(args) -> dict:
 
 def cmd_generate(args) -> dict:
     from models import NonFiniteActivation
-    from workbench.checkpoint import resolve_model
-    from workbench.decoding import generate
+    from workbench.runtime.checkpoint import resolve_model
+    from workbench.runtime.decoding import generate
 
     model = resolve_model(args.model)
     tok = _tokenizer_for(args.model)
@@ -135,8 +135,8 @@ def cmd_generate(args) -> dict:
 
 
 def cmd_export(args) -> dict:
-    from workbench.checkpoint import resolve_model
-    from workbench.export import export_hf
+    from workbench.runtime.checkpoint import resolve_model
+    from workbench.runtime.export import export_hf
 
     model = resolve_model(args.model)
     tok = _tokenizer_for(args.model)
@@ -176,8 +176,8 @@ def _passes(text: str) -> int | str:
 
 
 def cmd_train(args) -> dict:
-    from workbench.runconfig import load_run_config, make_run_config
-    from workbench.train import train
+    from workbench.training.runconfig import load_run_config, make_run_config
+    from workbench.training.train import train
 
     if args.resume:
         cfg = load_run_config(Path(args.out) / "config.json")
@@ -192,7 +192,7 @@ def cmd_train(args) -> dict:
 
 
 def cmd_eval(args) -> dict:
-    from workbench.evaluate import evaluate_run
+    from workbench.training.evaluate import evaluate_run
 
     result = evaluate_run(args.run, n_examples=args.n, fused_passes=args.passes, task=args.task)
     for task, row in result["tasks"].items():
@@ -204,7 +204,7 @@ def cmd_eval(args) -> dict:
 
 
 def cmd_zoo(args) -> dict:
-    from workbench.zoo import train_zoo
+    from workbench.training.zoo import train_zoo
 
     summary = train_zoo(args.preset, args.out, progress=not args.no_progress, only=args.only)
     for name, row in summary["models"].items():
@@ -230,9 +230,9 @@ def peak_rss_mib() -> float:
 def cmd_cache(args) -> dict:
     import time
 
-    from workbench.checkpoint import resolve_model
-    from workbench.store import cache_activations
-    from workbench.tasks import load_task
+    from workbench.data.tasks import load_task
+    from workbench.probing.store import cache_activations
+    from workbench.runtime.checkpoint import resolve_model
 
     model = resolve_model(args.run)
     examples = load_task(args.task, args.n_sequences, args.seed)[: args.n_sequences]
@@ -249,7 +249,7 @@ def cmd_cache(args) -> dict:
 
 
 def cmd_probe(args) -> dict:
-    from workbench.probe_study import probe_study
+    from workbench.probing.study import probe_study
 
     report = probe_study(args.run, args.target, hooks=args.hooks, passes=args.passes, exact=not args.no_exact,
                          n_sequences=args.n_sequences, seed=args.seed, out=args.out, overwrite=args.overwrite)
@@ -261,7 +261,7 @@ def cmd_probe(args) -> dict:
 
 
 def cmd_dynamics(args) -> dict:
-    from workbench.dynamics_study import dynamics_study
+    from workbench.dynamics.study import dynamics_study
 
     report = dynamics_study(args.runs, args.out, overwrite=args.overwrite, horizon=args.horizon, perturb_at=args.perturb_at,
                             n_spectra=args.spectra, n_fixed=args.fixed_points, n_starts=args.starts, max_passes=args.max_passes, fp_steps=args.fp_steps)
@@ -278,7 +278,7 @@ def cmd_dynamics(args) -> dict:
 
 
 def cmd_traces(args) -> dict:
-    from workbench.traces import trace_study
+    from workbench.studies.traces import trace_study
 
     summary = trace_study(args.runs, args.out, task=args.task, regimes=args.regimes.split(","), passes=args.passes,
                           n_problems=args.n_problems, difficulties=args.difficulty, seed=args.seed,
@@ -295,7 +295,7 @@ def cmd_traces(args) -> dict:
 
 
 def _difficulty_range(text: str) -> list[int]:
-    from workbench.tasks import LIMITS
+    from workbench.data.tasks import LIMITS
 
     top = LIMITS["chain_max_steps"]
     try:

@@ -9,13 +9,14 @@ from pathlib import Path
 import torch
 
 from models import FullBandwidthLM
-from workbench.activations import run_with_pass_cache
-from workbench.checkpoint import save_model, write_json
-from workbench.config import build_model, make_config
-from workbench.decoding import REGIMES, generate
-from workbench.export import export_hf
-from workbench.outputs import claim
-from workbench.tokenizer import CharTokenizer
+from workbench.runtime.activations import run_with_pass_cache
+from workbench.runtime.checkpoint import save_model
+from workbench.runtime.config import build_model, make_config
+from workbench.runtime.decoding import REGIMES, generate
+from workbench.runtime.export import export_hf
+from workbench.runtime.tokenizer import CharTokenizer
+from workbench.storage.files import write_json
+from workbench.storage.outputs import claim
 
 
 def max_abs(a: torch.Tensor, b: torch.Tensor) -> float:

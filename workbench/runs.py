@@ -8,8 +8,10 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workbench.checkpoint import load_model, read_json
-from workbench.runconfig import run_config_from_dict
+from workbench.runtime.checkpoint import load_model
+from workbench.storage.files import read_json
+from workbench.training.metrics import read_metrics
+from workbench.training.runconfig import run_config_from_dict
 
 SKIP = {"train_state", "results", "probes"}
 PLOTTED = ("loss", "lr", "tokens_per_s")  # what the Runs page draws of every metrics record
@@ -58,26 +60,6 @@ def find_run_dirs(root: str | Path, max_depth: int = 3) -> list[Path]:
     ``model.safetensors`` (or only a config: an unfinished or broken run), and those that cannot be
     read (``list_runs`` reports them), sorted by path. Never raises for what lies under ``root``."""
     return [path for path, _ in _walk(Path(root), max_depth)]
-
-
-def read_metrics(path: Path) -> list[dict]:
-    """The records of ``metrics.jsonl`` (none if it is missing). A torn last line (a process killed
-    while appending it) is dropped; a corrupt line before it is an error naming the line."""
-    if not path.is_file():
-        return []
-    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
-    records = []
-    for number, line in enumerate(lines, 1):
-        try:
-            record = json.loads(line)
-            if not isinstance(record, dict) or not isinstance(record.get("step"), int):
-                raise ValueError
-        except ValueError:
-            if number == len(lines):
-                break
-            raise ValueError(f"corrupt line {number} of {path}: {line[:60]!r}") from None
-        records.append(record)
-    return records
 
 
 def _number(value) -> bool:

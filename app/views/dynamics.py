@@ -10,7 +10,7 @@ import streamlit as st
 import torch
 
 from app.state import find, pick_run, runs, shown_errors, stamp
-from workbench.dynamics_study import DEFAULT_PROMPT, analyse_run, state_pca
+from workbench.dynamics.study import DEFAULT_PROMPT, analyse_run, state_pca
 
 st.title("Feedback dynamics")
 st.caption("The soft regime feeds each step's carried state back: is that map contracting, over how long a horizon, "

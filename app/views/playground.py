@@ -4,9 +4,9 @@ import pandas as pd
 import streamlit as st
 
 from app.state import find, model, pick_run, runs, shown_errors, token_strip
-from workbench.checkpoint import load_tokenizer
-from workbench.dynamics_study import DEFAULT_PROMPT
-from workbench.playground import Intervention, inspect_generation
+from workbench.dynamics.study import DEFAULT_PROMPT
+from workbench.runtime.checkpoint import load_tokenizer
+from workbench.studies.playground import Intervention, inspect_generation
 
 st.title("Playground")
 run = pick_run("Run", key="pg_run", default=find(runs(), "fbt"))

@@ -5,9 +5,9 @@ import pandas as pd
 import streamlit as st
 
 from app.state import find, pick_run, runs, shown_errors, writable
-from workbench.checkpoint import read_json
-from workbench.probe_study import default_hooks, probe_study
-from workbench.tasks import LABELS
+from workbench.data.tasks import LABELS
+from workbench.probing.study import default_hooks, probe_study
+from workbench.storage.files import read_json
 
 st.title("Probes")
 st.caption("Does recurrent (K-pass) prefill expose a global state at the bottom of the stack, where standard prefill does not?")

@@ -4,7 +4,7 @@ import pandas as pd
 import streamlit as st
 
 from app.state import runs, runs_root, shown_errors, writable
-from workbench.zoo import SCALES, member_names, train_zoo
+from workbench.training.zoo import SCALES, member_names, train_zoo
 
 st.title("Runs")
 root = runs_root()

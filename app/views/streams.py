@@ -5,7 +5,7 @@ import pandas as pd
 import streamlit as st
 
 from app.state import find, model_at, pick_run, runs, shown_errors, stamp
-from workbench.streams import attention_mass, stream_logit_lens, stream_norms, stream_similarity, task_windows
+from workbench.studies.streams import attention_mass, stream_logit_lens, stream_norms, stream_similarity, task_windows
 
 st.title("Streams (Hidden Decoding)")
 st.caption("Each token enters as n streams; only the last is read out. Do the streams specialise, or stay copies?")

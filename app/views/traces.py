@@ -6,8 +6,8 @@ import pandas as pd
 import streamlit as st
 
 from app.state import find, model, pick_run, runs, shown_errors, token_strip
-from workbench.checkpoint import load_tokenizer
-from workbench.traces import problems, run_traces, summarise
+from workbench.runtime.checkpoint import load_tokenizer
+from workbench.studies.traces import problems, run_traces, summarise
 
 st.title("Trace lengths")
 st.caption("How long does each model and regime reason before it answers (tokens before ####), and how often is it right?")

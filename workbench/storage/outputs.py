@@ -17,7 +17,6 @@ create.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import json
 import logging
@@ -28,10 +27,12 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+
+from workbench.storage.files import fsync
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ LOCK = ".workbench.lock"
 STAGING = ".staging-"  # + the writer's PID
 STAGING_MARK = ".workbench-staging"  # inside every staging directory: what makes a leftover one removable
 _STAGING = re.compile(r"^\.staging-\d+$")
-_TMP = re.compile(r"^\..+\.tmp$")  # what checkpoint.atomic_write leaves when a writer is killed
+_TMP = re.compile(r"^\..+\.tmp$")  # what files.atomic_write leaves when a writer is killed
 
 
 class OutputBusy(RuntimeError):
@@ -198,18 +199,6 @@ class Claim:
                 os.replace(target, trash / name)  # a directory is not replaced by rename in one step
             os.replace(self.staging / name, target)
         fsync(self.directory)
-
-
-def fsync(path) -> None:
-    """Make a file's data, or the renames into a directory, durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    except OSError as err:
-        if err.errno != errno.EINVAL:  # EINVAL: a file system that cannot sync this (some cannot sync directories)
-            raise
-    finally:
-        os.close(fd)
 
 
 def listing(names: list[str], most: int = 4) -> str:

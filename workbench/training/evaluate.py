@@ -19,14 +19,15 @@ import torch
 import torch.nn.functional as F
 
 from models import DecoderLM, NonFiniteActivation, guard_numerics
-from workbench.checkpoint import load_model, write_json
-from workbench.decoding import check_passes, generate, score_completions
-from workbench.outputs import hold
-from workbench.runconfig import load_run_config
-from workbench.tasks import MAX_EXAMPLES, SYNTHETIC, Example, TaskConfig, load_task, parse_final_answer
-from workbench.tokenizer import CharTokenizer
-
-EVAL_SEED_OFFSET = 10_000  # validation problems never share the training seed
+from workbench.data.answers import is_correct
+from workbench.data.splits import EVAL_SEED_OFFSET
+from workbench.data.tasks import MAX_EXAMPLES, SYNTHETIC, Example, TaskConfig, load_task
+from workbench.runtime.checkpoint import load_model
+from workbench.runtime.decoding import check_passes, generate, score_completions
+from workbench.runtime.tokenizer import CharTokenizer
+from workbench.storage.files import write_json
+from workbench.storage.outputs import hold
+from workbench.training.runconfig import load_run_config
 
 
 def eval_tasks(task: str) -> list[str]:
@@ -36,14 +37,6 @@ def eval_tasks(task: str) -> list[str]:
 def _batches(items: list, size: int):
     for i in range(0, len(items), size):
         yield items[i : i + size]
-
-
-def is_correct(example: Example, generated: str) -> bool:
-    """Chain/GSM8K: the number after ``####``. Other tasks: the generation starts with the answer
-    (whether the model then stops is not scored)."""
-    if example.task in ("chain", "gsm8k"):
-        return parse_final_answer(generated) == example.answer
-    return bool(example.answer) and generated.startswith(example.answer)
 
 
 def plain_loss(model: DecoderLM, sequences: list[list[int]], batch_size: int) -> float:

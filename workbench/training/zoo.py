@@ -12,11 +12,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from workbench.checkpoint import read_json, write_json
-from workbench.evaluate import evaluate_run
-from workbench.outputs import hold
-from workbench.runconfig import load_run_config, make_run_config
-from workbench.train import check_new_run_dir, train
+from workbench.storage.files import read_json, write_json
+from workbench.storage.outputs import hold
+from workbench.training.evaluate import evaluate_run
+from workbench.training.runconfig import load_run_config, make_run_config
+from workbench.training.train import check_new_run_dir, train
 
 SCALES = {
     "micro": {

@@ -15,8 +15,8 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import itertools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -85,7 +85,7 @@ class ActivationRecorder:
         step = self.model.forward_calls - self._first_call - 1
         self.records[hook.name].append(Record(step, self.model.current_pass, value))
 
-    def __enter__(self) -> "ActivationRecorder":
+    def __enter__(self) -> ActivationRecorder:
         self._first_call = self.model.forward_calls
         self._last_call = None
         for name in self.names:

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import torch
 
-from workbench.checkpoint import load_model, write_json
-from workbench.dynamics import RolloutDiverged, feedback_map, kpass_convergence, prefill_context, rollout
-from workbench.maps import find_fixed_points, jacobian_summary, lyapunov_from_growth
-from workbench.outputs import claim
-from workbench.tokenizer import CharTokenizer
+from workbench.dynamics.feedback import RolloutDiverged, feedback_map, kpass_convergence, prefill_context, rollout
+from workbench.dynamics.maps import find_fixed_points, jacobian_summary, lyapunov_from_growth
+from workbench.runtime.checkpoint import load_model
+from workbench.runtime.tokenizer import CharTokenizer
+from workbench.storage.files import write_json
+from workbench.storage.outputs import claim
 
 MAX_HORIZON = 100_000  # states are kept for every step: 100k steps of d_model 1024 in float32 is 400 MB
 DEFAULT_PROMPT = "Q: Start with 12. Add 7. Multiply by 3. What is the result?\nA:"
@@ -37,7 +38,7 @@ def analyse_run(run_dir: str | Path, *, prompt: str = DEFAULT_PROMPT, horizon: i
                 seed: int = 0) -> dict:
     check_params(horizon=horizon, perturb_at=perturb_at, n_spectra=n_spectra, n_fixed=n_fixed, n_starts=n_starts,
                  max_passes=max_passes, fp_steps=fp_steps)
-    from workbench.decoding import check_passes
+    from workbench.runtime.decoding import check_passes
 
     model = load_model(run_dir)
     check_passes(model, max_passes, "max_passes")  # before any work: K passes cost K forwards

@@ -2,14 +2,14 @@
 Jacobian spectra (power iteration on JVP/VJP, exact eigenvalues for small D, Hutchinson Frobenius
 norm), fixed points (minimise 0.5 ||F(h) - h||^2 from many starts, deduplicate, classify), and
 finite-time Lyapunov estimates. Nothing here knows about transformers: the FBT feedback map is one
-such F (``workbench.dynamics``), and the tests use maps with known answers.
+such F (``workbench.dynamics.feedback``), and the tests use maps with known answers.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from torch import Tensor
@@ -112,7 +112,7 @@ def lyapunov_from_growth(ratios: Tensor) -> Tensor:
 
 def perturbation_growth(F: Map, h0: Tensor, steps: int, eps: float = 1e-4, seed: int = 0) -> Tensor:
     """||F^t(h0 + d) - F^t(h0)|| / ||d|| for t = 1..steps, for an autonomous map (a fixed token
-    and context). Model rollouts, whose tokens change, use ``workbench.dynamics``."""
+    and context). Model rollouts, whose tokens change, use ``workbench.dynamics.feedback``."""
     d = torch.randn(h0.shape, generator=torch.Generator().manual_seed(seed), dtype=h0.dtype).to(h0.device)
     d = eps * d / d.norm()
     a, b = h0[None], (h0 + d)[None]

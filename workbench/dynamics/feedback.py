@@ -2,7 +2,7 @@
 
 - ``feedback_map``: F(h) = h_t given h_{t-1} = h, with the token x_t and the context (the KV cache
   of everything before t) frozen. A plain batched function, so every analysis in
-  ``workbench.maps`` applies to it.
+  ``workbench.dynamics.maps`` applies to it.
 - ``rollout``: ``soft`` decoding (free, or teacher-forced on a fixed token stream) for a long
   horizon, tracking per step ||h_t||, ||u_t||, the gate's mean and entropy, the logit entropy and
   the distance to the ``standard`` rollout on the same tokens; optionally with a perturbation of
@@ -24,8 +24,8 @@ from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from models import FullBandwidthLM, NonFiniteActivation, guard_numerics
-from workbench.activations import ActivationRecorder
-from workbench.decoding import check_passes
+from workbench.runtime.activations import ActivationRecorder
+from workbench.runtime.decoding import check_passes
 
 CONTEXT_RULES = ("slide", "stop")
 

@@ -9,11 +9,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from models import HiddenDecodingLM, unstack_streams
-from workbench.activations import ActivationRecorder
-from workbench.data import TokenStream, batch_windows
-from workbench.evaluate import EVAL_SEED_OFFSET
-from workbench.tasks import synthetic_examples
-from workbench.tokenizer import CharTokenizer
+from workbench.data.splits import EVAL_SEED_OFFSET
+from workbench.data.tasks import synthetic_examples
+from workbench.data.windows import TokenStream, batch_windows
+from workbench.runtime.activations import ActivationRecorder
+from workbench.runtime.tokenizer import CharTokenizer
 
 
 def task_windows(task: str, n_sequences: int, seq_len: int, seed: int = 0) -> Tensor:
@@ -66,7 +66,7 @@ def attention_mass(model: HiddenDecodingLM, tokens: Tensor) -> dict[int, dict[st
             continue
         same_stream = (stream[:, None] == stream[None, :]).float()
         same_token = (token[:, None] == token[None, :]).float()
-        mean = lambda mask: float((p * mask).sum(-1).mean())
+        mean = lambda mask, p=p: float((p * mask).sum(-1).mean())
         out[i] = {"own_stream": mean(same_stream), "other_stream_same_token": mean((1 - same_stream) * same_token),
                   "other_stream_earlier_tokens": mean((1 - same_stream) * (1 - same_token))}
     return out

@@ -32,12 +32,12 @@ import torch
 from torch import Tensor
 
 from models import DecoderLM, NonFiniteActivation, guard_numerics, unstack_streams
-from workbench.activations import ActivationRecorder, resolve_hook_names
-from workbench.checkpoint import read_json, write_json
-from workbench.decoding import check_passes
-from workbench.outputs import claim, fsync
-from workbench.tasks import Example
-from workbench.tokenizer import CharTokenizer
+from workbench.data.tasks import Example
+from workbench.runtime.activations import ActivationRecorder, resolve_hook_names
+from workbench.runtime.decoding import check_passes
+from workbench.runtime.tokenizer import CharTokenizer
+from workbench.storage.files import fsync, read_json, write_json
+from workbench.storage.outputs import claim
 
 PREFILLS = ("standard", "recurrent")
 META = "store.json"

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
+from workbench.storage.files import atomic_write, write_json
+
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
 CHARS = "\n" + "".join(chr(c) for c in range(32, 127))
 
@@ -64,7 +66,6 @@ class CharTokenizer:
     def save(self, directory: str | Path, model_max_length: int | None = None) -> None:
         """Write ``tokenizer.json`` and a ``tokenizer_config.json`` that ``AutoTokenizer`` reads,
         each atomically (a run directory's files are rewritten at every checkpoint)."""
-        from workbench.checkpoint import atomic_write, write_json  # checkpoint imports this module
 
         directory = Path(directory)
         atomic_write(directory / "tokenizer.json", lambda tmp: self.tokenizer.save(str(tmp)))
@@ -81,7 +82,7 @@ class CharTokenizer:
         write_json(directory / "tokenizer_config.json", config)
 
     @classmethod
-    def load(cls, directory: str | Path) -> "CharTokenizer":
+    def load(cls, directory: str | Path) -> CharTokenizer:
         """The tokenizer saved in ``directory``; when a model's ``config.json`` is there too, its
         ids must fit the model's d_vocab."""
         path = Path(directory) / "tokenizer.json"

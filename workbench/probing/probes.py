@@ -8,10 +8,9 @@ accuracy - control accuracy.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import warnings
 
 import numpy as np
 from safetensors.numpy import save_file

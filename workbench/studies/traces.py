@@ -22,12 +22,14 @@ from pathlib import Path
 import numpy as np
 
 from models import NonFiniteActivation
-from workbench.checkpoint import load_model, write_json
-from workbench.decoding import generate
-from workbench.evaluate import EVAL_SEED_OFFSET, is_correct
-from workbench.outputs import claim
-from workbench.tasks import Example, TaskConfig, load_jsonl, make_chain, parse_final_answer
-from workbench.tokenizer import CharTokenizer
+from workbench.data.answers import is_correct, parse_final_answer
+from workbench.data.splits import EVAL_SEED_OFFSET
+from workbench.data.tasks import Example, TaskConfig, load_jsonl, make_chain
+from workbench.runtime.checkpoint import load_model
+from workbench.runtime.decoding import generate
+from workbench.runtime.tokenizer import CharTokenizer
+from workbench.storage.files import write_json
+from workbench.storage.outputs import claim
 
 MARKER = "####"
 MAX_PROBLEMS = 100_000
@@ -198,7 +200,7 @@ def plot_traces(rows: list[dict], summary: dict, out_dir: Path) -> list[str]:
         axes[0].hist([r["trace_tokens"] for r in sel], bins=30, range=(0, top), histtype="step", label=f"{model}/{regime}")
         by_d = summary["groups"][f"{model}/{regime}"]["by_difficulty"]
         axes[1].plot([v["mean_trace"] for v in by_d.values()], [v["accuracy"] for v in by_d.values()], marker="o", label=f"{model}/{regime}")
-    for name, comp in summary["paired"].items():
+    for name, _comp in summary["paired"].items():
         model, regime = name.split(" - ")[0].split("/")
         ref_model, ref_regime = summary["reference"].split("/")
         diffs = []

@@ -21,9 +21,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from workbench.data.answers import parse_final_answer
 
 SYNTHETIC = ("chain", "modsum", "flipflop")
 TASK_KINDS = SYNTHETIC + ("mix",)
@@ -207,20 +208,6 @@ def synthetic_examples(task: str, n: int, seed: int, cfg: TaskConfig | None = No
 
 
 # ---- GSM8K format and other sources --------------------------------------------------------
-
-_FINAL = re.compile(r"####\s*(.*)")
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
-
-
-def parse_final_answer(text: str) -> str | None:
-    """The number after the first ``####`` (commas removed), or None when there is none or it
-    is not numeric. Text after the number on the same line is ignored."""
-    match = _FINAL.search(text)
-    if not match:
-        return None
-    number = _NUMBER.match(match.group(1).strip())
-    return number.group(0).replace(",", "") if number else None
-
 
 def gsm8k_example(question: str, answer: str) -> Example:
     final = parse_final_answer(answer)

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import numpy as np
 
-from workbench.checkpoint import atomic_write, load_model, read_json, write_json
-from workbench.evaluate import EVAL_SEED_OFFSET
-from workbench.outputs import fsync, hold, staging_in
-from workbench.probes import save_probe, train_probe
-from workbench.store import cache_activations, load_store
-from workbench.tasks import LABELS, TaskConfig, synthetic_examples
+from workbench.data.splits import EVAL_SEED_OFFSET
+from workbench.data.tasks import LABELS, TaskConfig, synthetic_examples
+from workbench.probing.probes import save_probe, train_probe
+from workbench.probing.store import cache_activations, load_store
+from workbench.runtime.checkpoint import load_model
+from workbench.storage.files import atomic_write, fsync, read_json, write_json
+from workbench.storage.outputs import hold, staging_in
 
 MAX_SEQUENCES = 100_000
 TARGET_TASK = {label: task for task, labels in LABELS.items() for label in labels}

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from models import ModelConfig
-from workbench.checkpoint import read_json
-from workbench.config import ARCHS, check_json_fields, coerce, config_from_dict, make_config
-from workbench.tasks import TASK_KINDS, TaskConfig
+from workbench.data.tasks import TASK_KINDS, TaskConfig
+from workbench.runtime.config import ARCHS, check_json_fields, coerce, config_from_dict, make_config
+from workbench.storage.files import read_json
 
 
 @dataclass

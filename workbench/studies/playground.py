@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import torch
 
 from models import DecoderLM
-from workbench.activations import ActivationRecorder
-from workbench.decoding import generate
-from workbench.tokenizer import CharTokenizer
+from workbench.runtime.activations import ActivationRecorder
+from workbench.runtime.decoding import generate
+from workbench.runtime.tokenizer import CharTokenizer
 
 
 @dataclass

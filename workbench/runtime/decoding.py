@@ -14,9 +14,8 @@ positions count real tokens only, so a row decodes exactly as it would alone.
 from __future__ import annotations
 
 import math
-
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Collection, Sequence
 
 import torch
 from torch import Tensor

@@ -13,9 +13,9 @@ from pathlib import Path
 import torch
 
 from models import DecoderLM
-from workbench.checkpoint import read_json, write_json
-from workbench.outputs import claim
-from workbench.tokenizer import CharTokenizer
+from workbench.runtime.tokenizer import CharTokenizer
+from workbench.storage.files import read_json, write_json
+from workbench.storage.outputs import claim
 
 
 def hf_llama_config(model: DecoderLM, tokenizer: CharTokenizer):

@@ -25,15 +25,15 @@ from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
 from models import DecoderLM, expand_streams
-from workbench.checkpoint import (atomic_write, link_or_copy, load_model, load_weights, model_from_weights, read_json,
-                                  remove_stale_temps, save_weights, write_json)
-from workbench.config import model_from_config
-from workbench.data import TokenStream, batch_windows, step_generator
-from workbench.outputs import OutputBusy, contents, hold, listing
-from workbench.runconfig import RunConfig, load_run_config
-from workbench.runs import read_metrics
-from workbench.tasks import load_task
-from workbench.tokenizer import CharTokenizer
+from workbench.data.tasks import load_task
+from workbench.data.windows import TokenStream, batch_windows, step_generator
+from workbench.runtime.checkpoint import load_model, load_weights, model_from_weights, save_weights
+from workbench.runtime.config import model_from_config
+from workbench.runtime.tokenizer import CharTokenizer
+from workbench.storage.files import atomic_write, link_or_copy, read_json, remove_stale_temps, write_json
+from workbench.storage.outputs import OutputBusy, contents, hold, listing
+from workbench.training.metrics import read_metrics
+from workbench.training.runconfig import RunConfig, load_run_config
 
 logger = logging.getLogger(__name__)
 
@@ -364,7 +364,7 @@ def check_new_run_dir(run_dir: Path) -> None:
 
 
 @contextmanager
-def held_by_main_process(run_dir: Path, rank_info: "Dist", device):
+def held_by_main_process(run_dir: Path, rank_info: Dist, device):
     """The run directory's lock, taken by the process that writes (rank 0); the other processes
     stop too when it cannot be taken."""
     if rank_info.world == 1:
@@ -394,7 +394,7 @@ def train(cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, progress
     the process after that many steps as if interrupted (the schedule still spans train.steps).
     ``progress``: True for a tqdm bar, or a callable ``progress(step, total, record)`` called after
     every step (``record`` is the metrics line when one was logged at that step, else None).
-    The run directory is held exclusively while training writes it (``workbench.outputs.hold``)."""
+    The run directory is held exclusively while training writes it (``workbench.storage.outputs.hold``)."""
     run_dir = Path(out_dir)
     rank_info, device = setup_distributed(cfg.train.device)
     t = cfg.train
@@ -422,7 +422,7 @@ def train(cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, progress
         return _train_loop(cfg, run_dir, rank_info, device, model, opt, start, stream, resume, progress, stop_after)
 
 
-def _train_loop(cfg: RunConfig, run_dir: Path, rank_info: "Dist", device, model: DecoderLM, opt, start: int,
+def _train_loop(cfg: RunConfig, run_dir: Path, rank_info: Dist, device, model: DecoderLM, opt, start: int,
                 stream: TokenStream, resume: bool, progress, stop_after) -> dict:
     tokenizer = CharTokenizer()
     t = cfg.train

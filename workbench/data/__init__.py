@@ -1,0 +1,1 @@
+"""Data: synthetic tasks and files of examples, answer rules, held-out splits, token windows."""

@@ -1,0 +1,1 @@
+"""Probing: the activation store, linear probes, and the probe study over layers, passes and regimes."""

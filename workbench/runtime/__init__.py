@@ -1,0 +1,2 @@
+"""Runtime: building models from configs, checkpoints, tokenizers, decoding, activation recording,
+export. Imports ``storage`` only."""

@@ -1,0 +1,2 @@
+"""Storage: atomic file writes and JSON (``files``), ownership of output directories (``outputs``).
+The bottom wing: it imports nothing else of the workbench."""

@@ -1,0 +1,102 @@
+"""File writes that never leave a torn file: atomic replace through a synced temporary, JSON
+objects read with errors that name the file. The bottom of the workbench: it imports nothing of it."""
+
+from __future__ import annotations
+
+import errno
+import glob
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+TMP_SUFFIX = ".tmp"
+
+
+def atomic_write(path: Path, write) -> None:
+    """Write through ``write(tmp_path)`` then rename, so a crash never leaves a half-written file
+    (only a hidden ``.NAME.*.tmp`` beside it). The temporary file is fsynced before the rename and
+    the directory after it, so once this returns the new file survives a power loss too (a rename
+    alone can reach the disk before the data it publishes). OS errors name ``path``, not the
+    temporary file."""
+    path = Path(path)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
+    except OSError as err:
+        raise _naming(err, path) from err
+    os.close(fd)
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the file the usual permissions
+        fsync(tmp)
+        os.replace(tmp, path)
+        fsync(path.parent)
+    except BaseException as err:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        if isinstance(err, OSError):
+            raise _naming(err, path) from err
+        raise
+
+
+def _naming(err: OSError, path: Path) -> OSError:
+    if err.errno is None:
+        return OSError(f"cannot write {path}: {err}")
+    return OSError(err.errno, f"cannot write {path}: {err.strerror}")  # OSError(errno, ...) keeps the subclass
+
+
+def remove_stale_temps(directory: Path, names) -> None:
+    """Delete what ``atomic_write`` left of ``names`` in ``directory`` when a process was killed
+    mid-write. Only for a directory with one writer (the training process that owns it)."""
+    for name in names:
+        for tmp in Path(directory).glob(f".{glob.escape(name)}.*{TMP_SUFFIX}"):
+            tmp.unlink(missing_ok=True)
+
+
+def link_or_copy(src: Path, dst: Path) -> None:
+    """Atomically make ``dst`` a hard link to ``src`` (a copy where links are not supported)."""
+
+    def place(tmp: str) -> None:
+        os.unlink(tmp)
+        try:
+            os.link(src, tmp)
+        except OSError:
+            shutil.copyfile(src, tmp)
+
+    atomic_write(dst, place)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_json(path: Path, data: dict) -> None:
+    atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(data, indent=2) + "\n"))
+
+
+def read_json(path: Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"missing {path}")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
+        raise ValueError(f"corrupt JSON in {path}: {err}") from err
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a JSON object, got {type(data).__name__}")
+    return data
+
+
+def fsync(path) -> None:
+    """Make a file's data, or the renames into a directory, durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as err:
+        if err.errno != errno.EINVAL:  # EINVAL: a file system that cannot sync this (some cannot sync directories)
+            raise
+    finally:
+        os.close(fd)
