@@ -1,20 +1,16 @@
 import pickle
+from pathlib import Path
 
 import pytest
 import torch
+from helpers import FAULT_ARCHS
 
-from workbench import build_model
-
-VOCAB = 100  # ids the character tokenizer uses; every preset has d_vocab 128
+from workbench import build_model, save_model
 
 
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
-
-
-def tokens(batch=2, length=12, seed=0):
-    return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
 @pytest.fixture(params=["baseline", "fbt", "hd"])
@@ -23,23 +19,11 @@ def any_model(request):
     return build_model(request.param, "debug", **overrides)
 
 
-def sequential_fbt_states(model, toks, fuse_start=0):
-    """The FBT ground truth computed without a cache: at each step re-run the whole prefix on the
-    explicit fused inputs u_0..u_t. u_t = e_t for t < max(fuse_start, 1)."""
-    embed = model.embed(toks)
-    inputs, states = [], []
-    B, L = toks.shape
-    for t in range(L):
-        e = embed[:, t : t + 1]
-        if t < max(fuse_start, 1):
-            u = e
-        else:
-            u = model.fusion(states[-1][:, None], e, torch.ones(B, 1, dtype=torch.bool))
-        inputs.append(u)
-        prefix = toks[:, : t + 1]
-        h = model.run_stack(torch.cat(inputs, dim=1), model.context(prefix, None, None))
-        states.append(h[:, -1])
-    return torch.stack(states, dim=1)
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    """A saved ``debug`` checkpoint per architecture, for tests that damage a copy."""
+    base = tmp_path_factory.mktemp("pristine")
+    return {arch: save_model(build_model(arch, "debug", **kw), base / arch) for arch, kw in FAULT_ARCHS.items()}
 
 
 @pytest.fixture(scope="session")
@@ -78,13 +62,24 @@ def no_unpickling(monkeypatch):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """The fault suites' tally (``tests/faultkit.py``), one line per fault class they exercised."""
+    """The fault suites' tally (``tests/helpers.py``), one line per fault class they exercised."""
     import sys
 
-    faultkit = sys.modules.get("faultkit")
-    if faultkit is None or not faultkit.TALLY:
+    helpers = sys.modules.get("helpers")
+    if helpers is None or not helpers.TALLY:
         return
     terminalreporter.section("fault tally")
-    for name, c in faultkit.TALLY.items():
+    for name, c in helpers.TALLY.items():
         terminalreporter.write_line(f"{name}: inputs tried {c['inputs_tried']}, faults injected {c['faults_injected']}, "
                                     f"data lost {c['data_lost']}")
+
+
+INTEGRATION = Path(__file__).parent / "integration"
+
+
+def pytest_collection_modifyitems(items):
+    """Everything under ``tests/integration/`` is an integration test, and slow."""
+    for item in items:
+        if INTEGRATION in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.integration)
+            item.add_marker(pytest.mark.slow)

@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tokens
-from faultkit import assert_usage_error, tally
+from helpers import assert_usage_error, tally, tokens
 from safetensors.torch import load_file
 
 from workbench import CharTokenizer, build_model, generate, load_model, save_model
@@ -31,7 +30,7 @@ from workbench.training.train import train
 
 COUNTS = tally("checkpoints, configs, tokenizers (#12)")
 W, C, T = "model.safetensors", "config.json", "tokenizer.json"
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -58,6 +57,7 @@ def file_size_limit(limit: int):
     return preexec
 
 
+@pytest.mark.slow
 def test_a_full_disk_during_a_checkpoint_is_one_line_and_the_last_checkpoint_resumes(tmp_path):
     """The second checkpoint (step 4) is written by a process whose files may not grow past half
     the weights' size: safetensors' own writer fails with EFBIG, as on a full disk."""

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import sequential_fbt_states, tokens
+from helpers import sequential_fbt_states, tokens
 
 from models import expand_streams
 from workbench import build_model

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import tokens
+from helpers import tokens
 
 from workbench import build_model
 from workbench.dynamics.feedback import RolloutDiverged, feedback_map, kpass_convergence, prefill_context, rollout
@@ -27,6 +27,7 @@ def test_feedback_map_is_the_next_soft_step(fbt64):
     assert (out[1] - out[0]).abs().max() > 1e-3
 
 
+@pytest.mark.slow
 def test_spectral_routines_match_the_autograd_jacobian(fbt64):
     cache, h_prev = prefill_context(fbt64, tokens(1, 6)[0].tolist())
     F = feedback_map(fbt64, cache, token=5)
@@ -114,6 +115,7 @@ def test_a_diverging_rollout_names_the_step():
             rollout(model, tokens(1, 4)[0].tolist(), 20)
 
 
+@pytest.mark.slow
 def test_dynamics_cli_compares_runs_and_writes_figures(tmp_path, capsys):
     import json
 

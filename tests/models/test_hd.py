@@ -3,7 +3,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import tokens
+from helpers import tokens
 
 from models import expand_streams, unstack_streams
 from workbench import build_model

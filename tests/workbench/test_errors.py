@@ -5,7 +5,7 @@ import os
 
 import pytest
 import torch
-from conftest import tokens
+from helpers import tokens
 
 from workbench import build_model, generate, load_model, make_config, parse_override, save_model
 

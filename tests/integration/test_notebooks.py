@@ -11,7 +11,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 NOTEBOOKS = ["01_layer0_probes.ipynb", "02_feedback_dynamics.ipynb", "03_trace_lengths.ipynb",
              "04_hidden_decoding_streams.ipynb"]
 

@@ -66,6 +66,7 @@ def test_scalar_map_with_two_stable_and_one_unstable_fixed_point():
     assert report["n_converged"] == sum(p.n_starts for p in points)
 
 
+@pytest.mark.slow
 def test_contraction_fixed_point_found_and_outliers_dropped():
     D = 8
     F_lin, A = linear_map([0.6, 0.5, 0.4, 0.3, 0.3, 0.2, 0.1, 0.05])

@@ -24,6 +24,7 @@ def config(arch, *extra, steps=12):
     return make_run_config(arch, "debug", "mix", FAST + [f"train.steps={steps}", "train.checkpoint_every=4", *extra])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch,extra", [
     ("baseline", []),
     ("fbt", ["fbt.feedback_start=0.25", "fbt.three_pass_fraction=0.5"]),
@@ -42,6 +43,7 @@ def test_resume_reaches_the_uninterrupted_weights(tmp_path, arch, extra):
     assert strip(tmp_path / "straight" / "metrics.jsonl") == strip(tmp_path / "split" / "metrics.jsonl")
 
 
+@pytest.mark.slow
 def test_fbt_schedule_logs_per_pass_losses(tmp_path):
     cfg = config("fbt", "fbt.feedback_start=0.5", "fbt.three_pass_fraction=1.0", steps=8)
     train(cfg, tmp_path / "run", progress=False)
@@ -51,6 +53,7 @@ def test_fbt_schedule_logs_per_pass_losses(tmp_path):
     assert all(set(r) >= {"step", "loss", "lr", "grad_norm", "tokens_per_s"} for r in rows)
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_with_the_same_global_batch(tmp_path):
     """torchrun with 2 processes (gloo) == 1 process accumulating the same two half-batches, bit for
     bit; == 1 process with the whole batch up to summation order. FBT, so the single-pass phase
@@ -72,6 +75,7 @@ def test_two_processes_match_one_with_the_same_global_batch(tmp_path):
         torch.testing.assert_close(ddp[k], one[k], atol=1e-6, rtol=0)
 
 
+@pytest.mark.slow
 def test_divergence_names_the_step_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
     real = Strategy.loss
 
@@ -91,6 +95,7 @@ def test_divergence_names_the_step_and_keeps_the_last_checkpoint(tmp_path, monke
     assert json.loads((tmp_path / "run" / "train_state" / "state.json").read_text())["step"] == 4
 
 
+@pytest.mark.slow
 def test_hd_continues_from_a_baseline_and_expands_cyclically(tmp_path):
     train(config("baseline", steps=4), tmp_path / "base", progress=False)
     cfg = make_run_config("hd", "debug", "mix", FAST + ["train.steps=4", "hd.streams=2,4", "hd.expand_at=0,2"],
@@ -101,6 +106,7 @@ def test_hd_continues_from_a_baseline_and_expands_cyclically(tmp_path):
     assert saved["model"]["n_streams"] == 4 and saved["init_from"] == str(tmp_path / "base")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch,init,extra,match", [
     ("hd", "fbt", [], "a 'fbt' run cannot initialise arch 'hd'"),
     ("hd", "baseline", ["model.d_model=64"], "model.d_model=32 there but 64 here"),
@@ -128,6 +134,7 @@ def test_bad_configs_fail_before_training(overrides, match):
         make_run_config("hd", "debug", None, overrides)
 
 
+@pytest.mark.slow
 def test_an_existing_run_is_never_overwritten(tmp_path):
     train(config("baseline", steps=2), tmp_path / "run", progress=False)
     before = (tmp_path / "run" / "model.safetensors").read_bytes()

@@ -41,6 +41,7 @@ def test_state_intervention_cannot_touch_the_standard_regime(fbt):
     assert scaled["state_norm"] == plain["state_norm"] and plain["gate_mean"] == [None] * 6
 
 
+@pytest.mark.slow
 def test_stream_ablation_changes_hd_and_is_validated():
     hd = build_model("hd", "debug", n_streams=2).eval()
     plain = inspect_generation(hd, PROMPT, max_new_tokens=4, stop_at_eos=False)

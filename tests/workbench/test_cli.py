@@ -10,6 +10,7 @@ import pytest
 from workbench.cli import main
 
 
+@pytest.mark.slow
 def test_help_lists_the_verbs():
     out = subprocess.run([sys.executable, "-m", "workbench.cli", "--help"], capture_output=True, text=True, check=True)
     for verb in ("demo", "generate", "export", "presets"):

@@ -123,6 +123,7 @@ def test_store_rejects_bad_hooks_and_regimes(tmp_path):
     assert not (tmp_path / "s").exists()
 
 
+@pytest.mark.slow
 def test_probe_study_sweeps_hooks_and_regimes(tmp_path):
     from workbench import save_model
     from workbench.cli import main
@@ -159,6 +160,7 @@ def test_probe_and_cache_errors_list_valid_names(tmp_path, capsys):
     assert set(np.asarray(ds.with_format("numpy")[:]["stream"])) == {0, 1}
 
 
+@pytest.mark.slow
 def test_probe_study_reports_progress_up_to_done(tmp_path):
     from workbench import save_model
     from workbench.probing.study import probe_study

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import tokens
+from helpers import tokens
 
 from models import expand_streams
 from workbench import build_model

@@ -8,6 +8,7 @@ from workbench.bench import TARGETS, entry, paired
 from workbench.cli import main
 
 
+@pytest.mark.slow
 def test_bench_report_has_both_measurements_ratio_reps_and_spread(tmp_path, capsys):
     out = tmp_path / "bench.json"
     main(["bench", "--preset", "debug", "--only", "hook_overhead", "--only", "fbt_k2_train_step", "--only", "numerics_guard_decode",
@@ -29,6 +30,7 @@ def test_targets_are_judged_in_their_direction():
     assert entry("hd4_dense_train_step", 7.0)["met"] is None
 
 
+@pytest.mark.slow
 def test_paired_calls_each_side_once_per_repetition_plus_warmup():
     calls = []
     e = paired("hook_overhead", lambda: calls.append("a"), lambda: calls.append("b"), what_a="a", what_b="b", reps=5,

@@ -51,6 +51,7 @@ def test_summary_groups_and_pairs():
     assert set(s["groups"]["a/standard"]["by_difficulty"]) == {"1", "2"}
 
 
+@pytest.mark.slow
 def test_trace_cli_is_deterministic_and_writes_every_output(tmp_path, capsys):
     from workbench.cli import main
 

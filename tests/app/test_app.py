@@ -6,12 +6,14 @@ import shutil
 from pathlib import Path
 
 import pytest
-from faultkit import assert_nothing_lost, snapshot, tally
+from helpers import assert_nothing_lost, snapshot, tally
 
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-MAIN = str(Path(__file__).resolve().parents[1] / "app" / "main.py")
+pytestmark = pytest.mark.slow  # every test here drives the app over a trained zoo
+
+MAIN = str(Path(__file__).resolve().parents[2] / "app" / "main.py")
 
 
 @pytest.fixture(autouse=True)

@@ -1,7 +1,7 @@
 """Cached (incremental) decoding equals the full forward pass."""
 
 import torch
-from conftest import sequential_fbt_states, tokens
+from helpers import sequential_fbt_states, tokens
 
 from workbench import build_model
 

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
-from faultkit import assert_usage_error, cli, tally
+from helpers import assert_usage_error, cli, tally
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import tokens
+from helpers import tokens
 
 from models import without_hooks
 from workbench import ActivationRecorder, build_model, generate, run_with_pass_cache

@@ -10,8 +10,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import tokens
-from faultkit import assert_usage_error, cli, tally
+from helpers import assert_usage_error, cli, tally, tokens
 
 from models import NonFiniteActivation, guard_numerics
 from workbench import CharTokenizer, build_model, generate, load_model, save_model

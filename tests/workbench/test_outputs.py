@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from faultkit import assert_nothing_lost, assert_usage_error, cli, snapshot, tally
+from helpers import assert_nothing_lost, assert_usage_error, cli, snapshot, tally
 
 from workbench import build_model, load_model, save_model
 from workbench.probing.store import load_store
@@ -66,6 +66,7 @@ def finish(proc: subprocess.Popen, *, kill: bool = False) -> int:
     return proc.wait(timeout=600)
 
 
+@pytest.mark.slow
 def test_a_held_directory_names_its_holder_to_a_second_process(tmp_path):
     script = "import sys; from workbench.storage.outputs import hold\nwith hold(sys.argv[1]):\n    print('held', flush=True); sys.stdin.readline()"
     proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "out"), "--some-flag"], stdin=subprocess.PIPE,
@@ -83,6 +84,7 @@ def test_a_held_directory_names_its_holder_to_a_second_process(tmp_path):
         assert holder_record(tmp_path / "out")["pid"] == os.getpid()
 
 
+@pytest.mark.slow
 def test_a_lock_left_by_a_killed_process_is_taken_over_and_reported(tmp_path, caplog):
     script = "import sys; from workbench.storage.outputs import hold\nwith hold(sys.argv[1]):\n    print('held', flush=True); sys.stdin.readline()"
     proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "out")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -171,6 +173,7 @@ def train_argv(arch: str, out: Path, steps: int = 400, every: int = 10) -> list[
             "--set", f"train.checkpoint_every={every}"]
 
 
+@pytest.mark.slow
 def test_two_trainings_into_one_directory_one_resume_and_a_stale_lock(tmp_path, caplog):
     """The reported bug: two `train` of different archs into one new directory both exited 0 and
     interleaved their metrics. Now the second names the first; so does a concurrent --resume; a
@@ -200,6 +203,7 @@ def test_two_trainings_into_one_directory_one_resume_and_a_stale_lock(tmp_path, 
     assert load_model(run).arch == "fbt"
 
 
+@pytest.mark.slow
 def test_two_caches_into_one_store_do_not_mix(tmp_path):
     """The reported bug: two `cache` into one --out published a store mixing two models' shards."""
     store = tmp_path / "store"
@@ -216,6 +220,7 @@ def test_two_caches_into_one_store_do_not_mix(tmp_path):
     assert sorted(set(ds["seq"])) == list(range(400))
 
 
+@pytest.mark.slow
 def test_two_zoos_into_one_directory(tmp_path):
     zoo = tmp_path / "zoo"
     first = start_holding(["zoo", "--preset", "micro", "--out", str(zoo), "--no-progress"], zoo)
@@ -276,6 +281,7 @@ def wrong_targets(base: Path) -> list[tuple[list[str], str, str]]:
     ]
 
 
+@pytest.mark.slow
 def test_every_verb_refuses_a_target_it_did_not_write_and_changes_nothing(trained, tmp_path):
     for argv, named, compared in wrong_targets(trained):
         where = trained / compared
@@ -315,6 +321,7 @@ def test_a_json_output_replaces_only_an_earlier_json_output(tmp_path):
     assert json.loads(out.read_text()) == {"my": "results"}
 
 
+@pytest.mark.slow
 def test_a_probe_sweep_replaces_its_previous_sweep_only_with_overwrite(tmp_path):
     run = save_model(build_model("fbt", "debug"), tmp_path / "run")
     argv = ["probe", str(run), "--target", "running_sum", "--passes", "2", "--no-exact", "--n-sequences", "30",
@@ -330,6 +337,7 @@ def test_a_probe_sweep_replaces_its_previous_sweep_only_with_overwrite(tmp_path)
     assert not [p for p in (run / "results").iterdir() if p.name.startswith(".staging-") or p.name.startswith("tmp")]
 
 
+@pytest.mark.slow
 def test_a_killed_cache_leaves_only_staging_that_the_next_writer_removes(tmp_path):
     store = tmp_path / "store"
     argv = ["cache", "fbt:debug", "--hooks", "blocks.0.hook_resid_pre", "--task", "modsum", "--n-sequences", "400", "--out", str(store)]
@@ -360,6 +368,7 @@ def test_save_model_replaces_a_model_only_when_asked(tmp_path):
     assert load_model(run).arch == "baseline" and (run / "notes.md").read_text() == "mine"
 
 
+@pytest.mark.slow
 def test_a_failed_probe_sweep_leaves_no_temporary_directories(tmp_path):
     """The reported leftovers: a failed probe left ``tmp*`` stores in the run directory. Here the
     sweep fails in its second caching (an overflowing weight makes the recurrent prefill stop)."""

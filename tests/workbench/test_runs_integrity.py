@@ -13,13 +13,15 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from faultkit import assert_nothing_lost, stamps, tally
+from helpers import assert_nothing_lost, stamps, tally
 
 from workbench.runs import find_run_dirs, inspect_run, list_runs
 
+pytestmark = pytest.mark.slow  # every test here drives the app over a trained zoo
+
 pytest.importorskip("streamlit")
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PAGES = ["runs", "probes", "dynamics", "traces", "streams", "playground"]
 GOOD = ["baseline", "fbt", "fbt-no3pass", "hd2", "hd4"]
 NOBODY = 65534

@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from conftest import tokens
+from helpers import tokens
 
 from models import expand_streams
 from workbench import CharTokenizer, build_model
