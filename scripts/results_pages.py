@@ -1,0 +1,517 @@
+#!/usr/bin/env python3
+"""Render the measured-results pages in docs/results/ from the JSON files next to them.
+
+    python scripts/results_pages.py            # (re)write docs/results/*.md
+    python scripts/results_pages.py --check    # exit 1, naming the page, if any page is stale
+
+Every number on a generated page is read from a JSON file in docs/results/; the only text typed
+in here is prose, column names, and the command behind a JSON file that does not record its own
+(copied from the docs that quoted it). The topic pages (docs/*.md) keep the interpretation and
+link to these pages. Standard library only: no workbench (and no torch) import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "results"
+SCRIPT = "python scripts/results_pages.py"
+
+# The command behind each JSON file that does not record one itself, as the docs gave it.
+DOCS_COMMANDS = {
+    "zoo_cpu.json": ["workbench zoo --preset cpu --out runs/cpu",
+                     "workbench eval runs/cpu/NAME",
+                     "workbench eval runs/cpu/NAME --passes exact"],
+    "probe_baseline_memory.json": ["workbench probe runs/cpu/baseline --target memory --passes 2,3"],
+    "probe_baseline_running_sum.json": ["workbench probe runs/cpu/baseline --target running_sum --passes 2,3"],
+    "probe_fbt_memory.json": ["workbench probe runs/cpu/fbt --target memory --passes 2,3"],
+    "probe_fbt_running_sum.json": ["workbench probe runs/cpu/fbt --target running_sum --passes 2,3"],
+    "probe_hd4_memory.json": ["workbench probe runs/cpu/hd4 --target memory"],
+    "traces_cpu_summary.json": ["workbench traces runs/cpu/fbt runs/cpu/baseline runs/cpu/hd2 runs/cpu/hd4 --task chain "
+                                "--regimes standard,soft,fused --passes 2 --n-problems 1000 --difficulty 1..4 --out runs/cpu/traces"],
+    "bench_small.json": ["workbench bench --preset small --out docs/results/bench_small.json"],
+}
+
+# Figures the docs show next to a JSON file that does not list them itself.
+DOCS_FIGURES = {
+    "dynamics_cpu_summary.json": ["dynamics_rollout.png"],
+    "probe_fbt_memory.json": ["probe_fbt_memory.png"],
+}
+
+
+# ---------------------------------------------------------------- formatting
+
+
+def table(header: list[str], rows: Iterable[list[str]]) -> str:
+    """A markdown table; every cell is already a string."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def fixed(x: float | None, digits: int, sign: bool = False) -> str:
+    if x is None:
+        return ""
+    return f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
+
+
+def sci(x: float) -> str:
+    """1 significant decimal in scientific notation: 1.7e-4, 1.0e3."""
+    mantissa, exponent = f"{x:.1e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def small(x: float, sign: bool = True) -> str:
+    """Two decimals, or three below 0.1 in magnitude (-1.31, -0.45, -0.074, +0.002)."""
+    return fixed(x, 2 if abs(x) >= 0.1 else 3, sign)
+
+
+def interval(stat: dict, digits: int) -> str:
+    return f"{fixed(stat['mean'], digits, True)} [{fixed(stat['ci_low'], digits, True)}, {fixed(stat['ci_high'], digits, True)}]"
+
+
+def code(text: str) -> str:
+    return f"`{text}`"
+
+
+def span(values: list[float], digits: int) -> str:
+    lo, hi = fixed(min(values), digits), fixed(max(values), digits)
+    return lo if lo == hi else f"{lo} to {hi}"
+
+
+def same_or_span(values: list, digits: int) -> str:
+    return span([float(v) for v in values], digits)
+
+
+# ---------------------------------------------------------------- page frame
+
+
+def provenance(name: str, data: dict) -> list[str]:
+    """Bullets: the command behind one JSON file, and what it records about commit and settings."""
+    lines = [f"- [`{name}`]({name})"]
+    if data.get("command"):
+        lines.append(f"  - command (recorded in the JSON): `{data['command']}`")
+    elif data.get("argv"):
+        argv = data["argv"]
+        lines.append(f"  - command (recorded in the JSON): `{' '.join(argv) if isinstance(argv, list) else argv}`")
+    else:
+        if data.get("written_by"):
+            lines.append(f"  - written by (recorded in the JSON): `{data['written_by']}`")
+        for command in DOCS_COMMANDS.get(name, []):
+            lines.append(f"  - command (as the docs give it; the JSON does not record it): `{command}`")
+    commit = data.get("commit") or data.get("git_commit")
+    lines.append(f"  - commit: `{commit}`" if commit else "  - commit: not recorded")
+    settings = [f"{key} `{value}`" for key, value in data.items()
+                if key not in ("command", "argv", "written_by", "commit", "git_commit", "note")
+                and isinstance(value, str | int | float)]
+    settings += [f"{key} `{json.dumps(value)}`" for key, value in data.items()
+                 if isinstance(value, list) and len(value) <= 8 and all(isinstance(v, str | int | float) for v in value)]
+    if settings:
+        lines.append("  - recorded settings: " + ", ".join(settings))
+    if isinstance(data.get("machine"), dict):
+        machine = ", ".join(f"{key} `{value}`" for key, value in data["machine"].items())
+        lines.append(f"  - machine (recorded): {machine}")
+    if data.get("note"):
+        lines.append(f"  - note (recorded): {data['note']}")
+    return lines
+
+
+def frame(title: str, sources: list[tuple[str, dict]], body: str, figures: list[str], results: Path) -> str:
+    names = ", ".join(f"[`{name}`]({name})" for name, _ in sources)
+    out = [f"# {title}", "",
+           f"Generated by `{SCRIPT}` from {names}; do not edit by hand.", "",
+           "To change it, rerun the command below that writes the JSON (or change the script), then regenerate;",
+           f"`{SCRIPT} --check`, which the tests run, fails while this page differs from what the JSON gives.", "",
+           "## Where the numbers come from", ""]
+    for name, data in sources:
+        out += provenance(name, data)
+    out += ["", body.rstrip("\n")]
+    if figures:
+        out += ["", "## Figures", ""]
+        for figure in figures:
+            if not (results / figure).is_file():
+                raise FileNotFoundError(f"{results / figure}: a figure the {title!r} page shows is missing")
+            out += [f"![{figure}]({figure})", ""]
+        out.pop()
+    return "\n".join(out) + "\n"
+
+
+def figures_of(name: str, data: dict) -> list[str]:
+    recorded = [Path(path).name for path in data.get("figures", []) if isinstance(path, str)]
+    return list(dict.fromkeys(recorded + DOCS_FIGURES.get(name, [])))
+
+
+# ---------------------------------------------------------------- zoo
+
+REGIME_ORDER = ["standard", "recurrent", "soft", "fused", "fused_exact"]
+
+
+def _regimes(models: dict, field: str) -> Callable[[dict], list[str]]:
+    def of(model: dict) -> list[str]:
+        seen = {regime for task in model["tasks"].values() for regime in task[field]}
+        return [r for r in REGIME_ORDER if r in seen] + sorted(seen - set(REGIME_ORDER))
+    return of
+
+
+def zoo_table(zoo: dict) -> str:
+    """Accuracy per model and decoding regime, with train time and the first task's validation loss."""
+    models = zoo["models"]
+    tasks = list(next(iter(models.values()))["tasks"])
+    header = ["model, regime", "train time", f"{tasks[0]} val loss"] + [f"{task} acc" for task in tasks]
+    rows = []
+    for name, model in models.items():
+        for i, regime in enumerate(_regimes(models, "accuracy")(model)):
+            first = i == 0
+            rows.append([f"`{name}` {regime}",
+                         f"{model['train_seconds']:.0f} s" if first else "",
+                         fixed(model["tasks"][tasks[0]]["loss"].get(regime), 3) if first else ""]
+                        + [fixed(model["tasks"][task]["accuracy"].get(regime), 2) for task in tasks])
+    return table(header, rows)
+
+
+def zoo_loss_table(zoo: dict, field: str) -> str:
+    models = zoo["models"]
+    tasks = list(next(iter(models.values()))["tasks"])
+    rows = [[f"`{name}` {regime}"] + [fixed(model["tasks"][task][field].get(regime), 3) for task in tasks]
+            for name, model in models.items() for regime in _regimes(models, field)(model)]
+    return table(["model, regime"] + tasks, rows)
+
+
+def zoo_page(results: Path) -> str:
+    name = "zoo_cpu.json"
+    zoo = read(results, name)
+    models = zoo["models"]
+    sizes = sorted({task["n"] for model in models.values() for task in model["tasks"].values()})
+    total = sum(model["train_seconds"] + model["eval_seconds"] for model in models.values())
+    half = 1.96 * math.sqrt(0.25 / min(sizes))
+    body = [
+        "## Accuracy, train time, validation loss", "",
+        f"Held-out problems per task: {', '.join(map(str, sizes))} (binomial 95% half-width of an accuracy at 0.5:",
+        f"+-{half:.2f}). Train plus eval time, all models: {total:.0f} s ({total / 60:.1f} min). Regimes as the",
+        "JSON names them: `fused` at `workbench eval`'s default `--passes`, `fused_exact` from `--passes exact`.", "",
+        zoo_table(zoo),
+        "## Whole-example validation loss", "",
+        "Mean NTP over whole held-out examples: `standard` is the plain pass, `recurrent` (FBT) feedback at",
+        "every position, the exact recurrence.", "",
+        zoo_loss_table(zoo, "loss"),
+        "## Answer loss", "",
+        zoo_loss_table(zoo, "answer_loss"),
+        "## Time", "",
+        table(["model", "train seconds", "eval seconds", "resumed from a checkpoint"],
+              [[f"`{n}`", f"{m['train_seconds']:.1f}", f"{m['eval_seconds']:.2f}", str(m["resumed_from"] or "no")]
+               for n, m in models.items()]),
+    ]
+    return frame(f"Reference zoo, `{zoo.get('scale', '?')}` scale (measured)", [(name, zoo)], "\n".join(body),
+                 figures_of(name, zoo), results)
+
+
+# ---------------------------------------------------------------- probes
+
+
+def prefill_label(row: dict) -> str:
+    if row["prefill"] != "recurrent":
+        return row["prefill"]
+    return "recurrent, exact" if row["passes"] == "exact" else f"recurrent K={row['passes']}"
+
+
+def depth(layer: float) -> str:
+    return f"{layer:g}"
+
+
+def _groups(sweeps: list[tuple[str, dict]]) -> dict[tuple[str, str], list[dict]]:
+    """(model label, prefill label) -> rows by depth, in the order the sweeps list them."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for _, sweep in sweeps:
+        model = Path(sweep["run"]).name
+        streams = {row["stream"] for row in sweep["rows"]}
+        for row in sweep["rows"]:
+            label = f"`{model}` stream {row['stream']}" if len(streams) > 1 else f"`{model}`"
+            groups.setdefault((label, prefill_label(row)), []).append(row)
+    return groups
+
+
+def probe_table(sweeps: list[tuple[str, dict]]) -> str:
+    """Probe accuracy by depth (columns), one row per model, stream and prefill regime."""
+    groups = _groups(sweeps)
+    depths = sorted({row["layer"] for rows in groups.values() for row in rows})
+    rows = []
+    for (model, prefill), found in groups.items():
+        by_depth = {row["layer"]: row["accuracy"] for row in found}
+        rows.append([model, prefill] + [fixed(by_depth.get(d), 3) for d in depths])
+    return table(["model", "prefill"] + [depth(d) for d in depths], rows)
+
+
+def probe_protocol_table(sweeps: list[tuple[str, dict]]) -> str:
+    rows = []
+    for (model, prefill), found in _groups(sweeps).items():
+        rows.append([model, prefill, span([r["control_accuracy"] for r in found], 2), span([r["selectivity"] for r in found], 2),
+                     f"{sum(bool(r['converged']) for r in found)} of {len(found)}",
+                     same_or_span([r["n_train"] for r in found], 0), same_or_span([r["n_test"] for r in found], 0)])
+    return table(["model", "prefill", "control accuracy", "selectivity", "probes converged", "n_train", "n_test"], rows)
+
+
+def probes_page(results: Path) -> str:
+    sweeps = [(path.name, read(results, path.name)) for path in sorted(results.glob("probe_*.json"))]
+    targets: dict[str, list[tuple[str, dict]]] = {}
+    for name, sweep in sweeps:
+        targets.setdefault(sweep["target"], []).append((name, sweep))
+    body = ["Depth 0 is `blocks.0.hook_resid_pre` (under recurrent prefill: the fused input); depth d is the",
+            "output of block d-1. Each regime's last pass is probed."]
+    for target, group in targets.items():
+        rows = [row for _, sweep in group for row in sweep["rows"]]
+        n_test = sorted({row["n_test"] for row in rows})
+        tasks = sorted({sweep["task"] for _, sweep in group})
+        sequences = sorted({sweep["n_sequences"] for _, sweep in group})
+        body += ["", f"## `{target}` (task {', '.join(f'`{t}`' for t in tasks)})", "",
+                 f"Held-out sequences: {', '.join(map(str, sequences))}; chance (majority class): "
+                 f"{span([row['chance'] for row in rows], 3)}; test positions: {', '.join(map(str, n_test))} "
+                 f"(standard error of an accuracy at 0.5: {math.sqrt(0.25 / min(n_test)):.3f}).", "",
+                 "Accuracy by depth:", "",
+                 probe_table(group).rstrip("\n"), "",
+                 "Control task (a fixed random label per token type), selectivity (accuracy - control accuracy),",
+                 "each as the range over depths, and how many of the chosen probes converged:", "",
+                 probe_protocol_table(group).rstrip("\n")]
+    figures = [figure for name, sweep in sweeps for figure in figures_of(name, sweep)]
+    return frame("Layer-0 probe study on the CPU zoo (measured)", sweeps, "\n".join(body), figures, results)
+
+
+# ---------------------------------------------------------------- dynamics
+
+
+def fixed_points_cell(entries: list[dict]) -> str:
+    cells = []
+    for entry in entries:
+        if not entry["points"]:
+            cells.append(f"step {entry['step']}: none converged ({entry['n_converged']} of {entry['n_starts']} starts)")
+            continue
+        points = "; ".join(f"{'stable' if p['stable'] else 'unstable'} (rho {p['spectral_radius']:.2f}, reached from "
+                           f"{p['n_starts']} of {entry['n_starts']} starts, distance to the rollout state "
+                           f"{p['distance_to_rollout_state']:.1f})" for p in entry["points"])
+        count = len(entry["points"])
+        cells.append(f"step {entry['step']}: {count} point{'s' if count > 1 else ''}, {points}")
+    return " / ".join(cells)
+
+
+def dynamics_table(summary: dict) -> str:
+    runs = summary["runs"]
+    first = next(iter(runs.values()))
+    horizons = sorted(first["lyapunov"], key=float)
+    steps = [str(s["step"]) for s in first["spectra"]]
+    ks = range(2, len(first["kpass_relative_residual"]) + 1)
+    quantities: list[tuple[str, Callable[[dict], str]]] = [
+        ("finite-time Lyapunov lambda(T), T = " + " / ".join(horizons),
+         lambda r: " / ".join(small(r["lyapunov"][t]) for t in horizons)),
+        ("smallest perturbation ratio (step)", lambda r: f"{sci(r['min_ratio'])} ({r['argmin_ratio_step']})"),
+        ("first step the ratio is back above 1", lambda r: str(r["first_step_ratio_above_1"])),
+        ("ratio at the last step (horizon)", lambda r: f"{sci(r['final_ratio'])} ({r['horizon']})"),
+        ("largest ratio", lambda r: sci(r["max_ratio"])),
+        ("window slid at steps", lambda r: ", ".join(map(str, r["slid_at"]))),
+        ("spectral radius of dF/dh at steps " + ", ".join(steps),
+         lambda r: ", ".join(fixed(s["spectral_radius"], 2) for s in r["spectra"])),
+        ("spectral norm of dF/dh at the same steps", lambda r: ", ".join(fixed(s["spectral_norm"], 2) for s in r["spectra"])),
+        ("mean state norm", lambda r: fixed(r["state_norm_mean"], 1)),
+        ("fixed points", lambda r: fixed_points_cell(r["fixed_points"])),
+        ("K-pass relative residual, K = " + ", ".join(map(str, ks)),
+         lambda r: ", ".join(fixed(v, 3) for v in r["kpass_relative_residual"][1:])),
+        ("K-pass KL between successive passes, K = " + ", ".join(map(str, ks)),
+         lambda r: ", ".join(sci(v) for v in r["kpass_kl"][1:])),
+    ]
+    return table([""] + [f"`{name}`" for name in runs], [[label] + [cell(run) for run in runs.values()] for label, cell in quantities])
+
+
+def dynamics_page(results: Path) -> str:
+    name = "dynamics_cpu_summary.json"
+    summary = read(results, name)
+    body = ["## Stability of the feedback map", "",
+            "Perturbation ratio = ||dh_t|| / ||dh_t0|| between the rollout and its perturbed copy.", "",
+            dynamics_table(summary)]
+    return frame("Feedback-map stability on the CPU zoo (measured)", [(name, summary)], "\n".join(body),
+                 figures_of(name, summary), results)
+
+
+# ---------------------------------------------------------------- traces
+
+
+def _label(group: str) -> str:
+    model, _, regime = group.partition("/")
+    return f"`{model}` {regime}"
+
+
+def _group_order(summary: dict) -> list[str]:
+    order = [summary["reference"]] + list(summary.get("timing", {})) + list(summary["groups"])
+    return [g for g in dict.fromkeys(order) if g in summary["groups"]]
+
+
+def traces_table(summary: dict) -> str:
+    reference = summary["reference"]
+    rows = []
+    for group in _group_order(summary):
+        g = summary["groups"][group]
+        paired = summary["paired"].get(f"{group} - {reference}")
+        timing = summary.get("timing", {}).get(group)
+        rows.append([_label(group), fixed(g["mean_trace"], 1), fixed(g["median_trace"], 1), fixed(g["accuracy"], 3),
+                     f"{g['unfinished']:.3g}",
+                     interval(paired["trace_tokens"], 1) if paired else "",
+                     interval(paired["accuracy"], 3) if paired else "",
+                     f"{timing['problems_per_s']:.0f}" if timing else ""])
+    ref = reference.replace("/", " ")
+    return table(["model/regime", "mean trace tokens", "median", "accuracy", "unfinished", f"length vs {ref}",
+                  f"accuracy vs {ref}", "problems/s"], rows)
+
+
+def traces_difficulty_table(summary: dict) -> str:
+    rows = [[_label(group), str(d), str(s["n"]), fixed(s["mean_trace"], 1), fixed(s["median_trace"], 1),
+             fixed(s["accuracy"], 3), f"{s['unfinished']:.3g}"]
+            for group in _group_order(summary) for d, s in summary["groups"][group]["by_difficulty"].items()]
+    return table(["model/regime", "difficulty", "problems", "mean trace tokens", "median", "accuracy", "unfinished"], rows)
+
+
+def traces_matched_table(summary: dict) -> str:
+    groups = _group_order(summary)
+    bins = list(summary["groups"][groups[0]]["accuracy_at_matched_length"])
+    rows = [[_label(group)] + [f"{cell['accuracy']:.3f} ({cell['n']})" if cell else ""
+                               for cell in (summary["groups"][group]["accuracy_at_matched_length"].get(b) for b in bins)]
+            for group in groups]
+    return table(["model/regime"] + [f"trace tokens {b}" for b in bins], rows)
+
+
+def traces_page(results: Path) -> str:
+    name = "traces_cpu_summary.json"
+    summary = read(results, name)
+    levels = sorted({stat["level"] for pair in summary["paired"].values() for stat in pair.values()})
+    seconds = sum(t["seconds"] for t in summary.get("timing", {}).values())
+    body = ["## Trace length and accuracy", "",
+            f"{summary['n_problems']} `{summary['task']}` problems, difficulties "
+            f"{', '.join(map(str, summary['difficulties']))}; `fused` with a {summary['passes']}-pass prefill. Paired",
+            f"differences against `{summary['reference']}` on the same problems, with "
+            f"{', '.join(f'{level:.0%}' for level in levels)} percentile-bootstrap intervals.",
+            f"Generation time, all model/regimes: {seconds:.0f} s.", "",
+            traces_table(summary),
+            "## By difficulty", "",
+            traces_difficulty_table(summary),
+            "## Accuracy at matched length", "",
+            "Accuracy (problems) within shared trace-length bins.", "",
+            traces_matched_table(summary)]
+    return frame("Trace lengths on the CPU zoo (measured)", [(name, summary)], "\n".join(body), figures_of(name, summary), results)
+
+
+# ---------------------------------------------------------------- bench
+
+
+def bench_ratio(entry: dict) -> str:
+    ratio = entry["ratio"]
+    if entry.get("unit"):
+        return f"{ratio:.0f} {entry['unit']}"
+    return f"{ratio:.3f}" if abs(ratio - 1) < 0.1 else f"{ratio:.3g}"
+
+
+def bench_target(entry: dict) -> str:
+    target = entry.get("target")
+    if target is None:
+        return "reported"
+    if entry.get("unit"):
+        op, _, value = target.partition(" ")
+        return f"{op} {float(value):g} {entry['unit']}"
+    return target
+
+
+def bench_what(entry: dict, reps: int) -> str:
+    if "a" in entry and "b" in entry:
+        a, b = entry["a"], entry["b"]
+        if "achieved_gflops" in entry:
+            what = f"{entry['achieved_gflops']:.0f} GFLOP/s {b['what']} vs {entry['matmul_gflops']:.0f} GFLOP/s {a['what']}"
+        else:
+            what = f"{b['what']} / {a['what']} ({b['median_s']:#.3g} s vs {a['median_s']:#.3g} s)"
+    else:
+        what = ", ".join(text.format(entry[key]) for key, text in (("positions", "{:,} positions"), ("seconds", "{:g} s"))
+                         if key in entry)
+    extras = [entry["note"]] if entry.get("note") else []
+    if entry.get("reps") not in (None, reps):
+        extras.append(f"{entry['reps']} pairs")
+    return "; ".join([what] + extras)
+
+
+def bench_table(bench: dict) -> str:
+    rows = []
+    for entry in bench["entries"]:
+        spread = entry.get("spread")
+        met = {True: "yes", False: "**no**", None: ""}[entry.get("met")]
+        rows.append([f"`{entry['key']}`", bench_ratio(entry), f"{spread[0]:.2f}-{spread[1]:.2f}" if spread else "",
+                     bench_target(entry), met, bench_what(entry, bench.get("reps"))])
+    return table(["key", "ratio (median)", "spread", "target", "met", "what was timed (numerator / denominator)"], rows)
+
+
+def bench_page(results: Path) -> str:
+    name = "bench_small.json"
+    bench = read(results, name)
+    body = ["## Ratios", "",
+            "Each pair timed interleaved in one process; ratio = median of the per-pair ratios, spread = their",
+            f"min and max; {bench.get('reps')} pairs unless the row says otherwise.", "",
+            bench_table(bench)]
+    return frame(f"Benchmarks, `{bench.get('preset', '?')}` preset (measured)", [(name, bench)], "\n".join(body),
+                 figures_of(name, bench), results)
+
+
+# ---------------------------------------------------------------- index and driver
+
+PAGES: dict[str, tuple[str, Callable[[Path], str]]] = {
+    "zoo.md": ("the reference zoo: accuracy, losses, train time", zoo_page),
+    "probes.md": ("the layer-0 probe study", probes_page),
+    "dynamics.md": ("feedback-map stability", dynamics_page),
+    "traces.md": ("trace lengths", traces_page),
+    "bench.md": ("speed ratios", bench_page),
+}
+
+
+def index_page(results: Path) -> str:
+    lines = ["# Measured results", "",
+             f"Generated by `{SCRIPT}`; do not edit by hand. One page per study, each rendered from the JSON",
+             "files in this folder, which the command named on the page wrote. The topic pages in `docs/` say",
+             "what the numbers mean.", ""]
+    lines += [f"- [{page}]({page}): {what}" for page, (what, _) in PAGES.items()]
+    return "\n".join(lines) + "\n"
+
+
+def read(results: Path, name: str) -> dict:
+    return json.loads((results / name).read_text())
+
+
+def render_all(results: Path = RESULTS) -> dict[str, str]:
+    pages = {page: render(results) for page, (_, render) in PAGES.items()}
+    pages["README.md"] = index_page(results)
+    return pages
+
+
+def shown(path: Path) -> str:
+    path = path.resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if any generated page differs from what it would render now")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="the folder of JSON files and pages (default: docs/results)")
+    args = parser.parse_args(argv)
+    pages = render_all(args.results)
+    if args.check:
+        stale = [page for page, text in pages.items()
+                 if not (args.results / page).is_file() or (args.results / page).read_text() != text]
+        for page in stale:
+            print(f"{shown(args.results / page)} is stale: run `{SCRIPT}` and commit the result", file=sys.stderr)
+        return 1 if stale else 0
+    for page, text in pages.items():
+        path = args.results / page
+        if not path.is_file() or path.read_text() != text:
+            path.write_text(text)
+            print(f"wrote {shown(path)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

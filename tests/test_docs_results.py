@@ -1,0 +1,92 @@
+"""The results pages in docs/results/ are what scripts/results_pages.py renders from the JSON next
+to them: a hand edit, or a JSON re-measured without regenerating, fails here."""
+
+import importlib.util
+import shutil
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("results_pages", ROOT / "scripts" / "results_pages.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+pages = _script()
+
+
+def test_committed_pages_match_their_json(capsys):
+    assert pages.main(["--check"]) == 0, capsys.readouterr().err
+
+
+def test_check_names_the_stale_page(tmp_path, capsys):
+    results = tmp_path / "results"
+    shutil.copytree(ROOT / "docs" / "results", results)
+    assert pages.main(["--check", "--results", str(results)]) == 0
+    page = results / "traces.md"
+    page.write_text(page.read_text().replace("| 0.489 |", "| 0.500 |"))  # a hand edit
+    (results / "zoo.md").unlink()  # a page never generated
+    capsys.readouterr()
+    assert pages.main(["--check", "--results", str(results)]) == 1
+    err = capsys.readouterr().err
+    assert "traces.md is stale" in err and "zoo.md is stale" in err and "probes.md" not in err
+    assert pages.main(["--results", str(results)]) == 0  # regenerating repairs both
+    assert pages.main(["--check", "--results", str(results)]) == 0
+
+
+TINY_ZOO = {
+    "scale": "test",
+    "models": {
+        "baseline": {"train_seconds": 12.34, "eval_seconds": 1.0, "resumed_from": None, "tasks": {
+            "chain": {"n": 8, "loss": {"standard": 0.12345}, "answer_loss": {"standard": 0.5},
+                      "accuracy": {"standard": 0.375}},
+            "flipflop": {"n": 8, "loss": {"standard": 0.9}, "answer_loss": {"standard": 0.25},
+                         "accuracy": {"standard": 1.0}}}},
+        "fbt": {"train_seconds": 20.5, "eval_seconds": 2.0, "resumed_from": None, "tasks": {
+            "chain": {"n": 8, "loss": {"standard": 0.1, "recurrent": 1.6},
+                      "answer_loss": {"standard": 0.4, "fused": 0.7},
+                      "accuracy": {"standard": 0.5, "fused": 0.125}},
+            "flipflop": {"n": 8, "loss": {"standard": 0.95, "recurrent": 1.0},
+                         "answer_loss": {"standard": 0.3, "fused": 0.6},
+                         "accuracy": {"standard": 0.875, "fused": 0.625}}}},
+    },
+}
+
+
+def test_zoo_table_known_answer():
+    assert pages.zoo_table(TINY_ZOO) == (
+        "| model, regime | train time | chain val loss | chain acc | flipflop acc |\n"
+        "|---|---|---|---|---|\n"
+        "| `baseline` standard | 12 s | 0.123 | 0.38 | 1.00 |\n"
+        "| `fbt` standard | 20 s | 0.100 | 0.50 | 0.88 |\n"
+        "| `fbt` fused |  |  | 0.12 | 0.62 |\n"
+    )
+    assert pages.zoo_loss_table(TINY_ZOO, "loss") == (
+        "| model, regime | chain | flipflop |\n"
+        "|---|---|---|\n"
+        "| `baseline` standard | 0.123 | 0.900 |\n"
+        "| `fbt` standard | 0.100 | 0.950 |\n"
+        "| `fbt` recurrent | 1.600 | 1.000 |\n"
+    )
+
+
+def test_traces_table_known_answer():
+    group = {"mean_trace": 10.04, "median_trace": 9.5, "accuracy": 0.5, "unfinished": 0.0}
+    summary = {
+        "reference": "a/standard",
+        "timing": {"a/standard": {"problems_per_s": 9.6}, "a/soft": {"problems_per_s": 20.4}},
+        "groups": {"a/soft": dict(group, accuracy=0.25, unfinished=0.125), "a/standard": group},
+        "paired": {"a/soft - a/standard": {
+            "trace_tokens": {"mean": 0.26, "ci_low": -0.04, "ci_high": 0.51},
+            "accuracy": {"mean": -0.25, "ci_low": -0.3004, "ci_high": -0.19}}},
+    }
+    assert pages.traces_table(summary) == (
+        "| model/regime | mean trace tokens | median | accuracy | unfinished | length vs a standard "
+        "| accuracy vs a standard | problems/s |\n"
+        "|---|---|---|---|---|---|---|---|\n"
+        "| `a` standard | 10.0 | 9.5 | 0.500 | 0 |  |  | 10 |\n"
+        "| `a` soft | 10.0 | 9.5 | 0.250 | 0.125 | +0.3 [-0.0, +0.5] | -0.250 [-0.300, -0.190] | 20 |\n"
+    )
