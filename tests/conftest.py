@@ -1,3 +1,13 @@
+"""Fixtures shared by the whole suite (helpers that are not fixtures live in ``helpers.py``).
+
+The suite runs one intra-op thread in this process and in every subprocess it starts: on a shared
+2-core machine, two OpenMP threads per process under load spin against each other and make
+debug-sized tests tens of times slower."""
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported; subprocesses inherit it
+
 import pickle
 from pathlib import Path
 
@@ -6,6 +16,8 @@ import torch
 from helpers import FAULT_ARCHS
 
 from workbench import build_model, save_model
+
+torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)
