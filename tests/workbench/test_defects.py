@@ -144,3 +144,46 @@ def test_k_passes_make_exactly_the_positions_below_p_plus_k_minus_one_exact(p):
             err = (model.run_passes(toks, K, fuse_mask=fuse)[-1] - truth).abs().amax(dim=(0, 2))
             exact = (err < 1e-12).tolist()
             assert exact == [t < p + K - 1 for t in range(9)], (p, K, err)
+
+
+# ---- 4. bench: the PaLM FLOP count and CUDA-synchronised timing ------------------------------------
+
+
+def test_train_flops_per_token_is_palm_6n_plus_12_l_d_t_on_a_hand_counted_model():
+    from workbench.bench import train_flops_per_token
+
+    model = build_model("baseline", "debug")  # d_model 32, 2 layers, d_mlp 96, d_vocab 128
+    # by hand: tied embedding 128*32 = 4096; per block Q, K, V, O 4*32*32 = 4096, SwiGLU 3*32*96 = 9216,
+    # two RMSNorm gains 2*32 = 64; final norm 32: N = 4096 + 2 * 13376 + 32 = 30880
+    assert sum(p.numel() for p in model.parameters()) == 30880
+    # 6 N + 12 * n_layers * d_model * seq (PaLM appendix B: 6N + 12 L H Q T, H Q = d_model) at seq 64
+    assert train_flops_per_token(model, 64) == 6 * 30880 + 12 * 2 * 32 * 64 == 234432
+
+
+def test_bench_time_runs_on_cpu_without_touching_cuda():
+    from workbench.bench import _time
+
+    ran = []
+    t = _time(lambda: ran.append(1), torch.device("cpu"))
+    assert ran == [1] and t >= 0
+    assert _time(lambda: None, "cpu") >= 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_bench_time_waits_for_queued_cuda_work():
+    from workbench.bench import _time
+
+    a = torch.randn(4096, 4096, device="cuda")
+    torch.cuda.synchronize()
+
+    def launch():  # returns as soon as the kernels are queued
+        for _ in range(20):
+            a @ a
+
+    t = _time(launch, torch.device("cuda"))
+    assert torch.cuda.current_stream().query(), "_time returned before the queued kernels finished"
+    torch.cuda.synchronize()
+    started = __import__("time").perf_counter()
+    launch()
+    torch.cuda.synchronize()
+    assert t >= 0.5 * (__import__("time").perf_counter() - started)  # the timed span covers the kernels
