@@ -260,3 +260,35 @@ def test_studies_read_the_heldout_stream():
     rng = heldout_rng("traces", 5)
     assert [ex.text for ex in chain] == [make_chain(rng, TaskConfig(chain_max_steps=3), d).text for d in [2, 3, 2, 3, 2, 3]]
     assert heldout_examples("mix", 4, 0)[0].task in ("chain", "modsum", "flipflop")
+
+
+# ---- 6. notebook 01 describes what the plot functions do to matplotlib ---------------------------
+
+
+def test_plot_functions_leave_the_matplotlib_backend_alone(tmp_path):
+    import subprocess
+    import sys
+
+    script = f"""
+import sys, matplotlib
+matplotlib.use("svg")
+from workbench.probing.study import plot_probe_rows
+rows = [dict(prefill="standard", passes=1, stream=0, layer=d, accuracy=0.5, control_accuracy=0.9, chance=0.3) for d in (0, 1)]
+plot_probe_rows(rows, __import__("pathlib").Path({str(tmp_path / "p.png")!r}), "t")
+assert matplotlib.get_backend() == "svg", matplotlib.get_backend()
+assert "matplotlib.pyplot" not in sys.modules
+"""
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=ROOT, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert (tmp_path / "p.png").stat().st_size > 0
+    for path in (ROOT / "workbench").rglob("*.py"):
+        text = path.read_text()
+        assert "matplotlib.use(" not in text and "pyplot" not in text.replace("no pyplot", ""), path
+
+
+def test_notebook_01_does_not_claim_the_plot_functions_switch_to_agg():
+    import nbformat
+
+    nb = nbformat.read(ROOT / "notebooks" / "01_layer0_probes.ipynb", as_version=4)
+    prose = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    assert "Agg" not in prose
+    assert "pyplot" in prose and "backend" in prose  # it says what they do instead
