@@ -120,7 +120,7 @@ def _restricting_window(model: DecoderLM) -> str | None:
     window = getattr(model.cfg, "cross_window", None)
     if model.arch != "hd" or window is None or window >= model.cfg.n_ctx * model.n_streams:
         return None
-    return (f"cross_window={window} of layers {list(model.cfg.cross_layers)}: the export attends over the whole "
+    return (f"cross_window={window} of layers {list(getattr(model.cfg, 'cross_layers', ()))}: the export attends over the whole "
             "causal context there")
 
 
