@@ -5,8 +5,9 @@ stack, fused with the token embedding.
     u_t = e_t                                   where there is no previous state
 
 Sequential semantics are the ground truth. ``run_passes`` computes K Jacobi iterations of that
-causal recurrence in parallel: after k passes, the first k positions of the fused region equal the
-sequential recurrence exactly.
+causal recurrence in parallel: with a plain prefix of p >= 1 positions (position 0 has no previous
+state), after k passes the positions below p + k - 1 (the prefix and the first k - 1 fused
+positions) equal the sequential recurrence exactly.
 """
 
 from __future__ import annotations

@@ -51,24 +51,32 @@ SIZES = {  # per preset: decode lengths, train batch, store positions
 }
 
 
-def _time(fn: Callable[[], object]) -> float:
+def _time(fn: Callable[[], object], device: str | torch.device = "cpu") -> float:
+    """Seconds ``fn`` takes on ``device``. CUDA kernels run asynchronously, so on a CUDA device the
+    queue is drained before the clock starts and again before it stops; elsewhere nothing waits."""
+    cuda = torch.device(device).type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
     started = time.perf_counter()
     fn()
+    if cuda:
+        torch.cuda.synchronize(device)
     return time.perf_counter() - started
 
 
 def paired(key: str, a: Callable, b: Callable, *, what_a: str, what_b: str, reps: int = 5,
-           ratio: Callable[[float, float], float] = lambda ta, tb: tb / ta, note: str = "") -> dict:
-    """Time ``a`` and ``b`` interleaved ``reps`` times (after a warm-up of each); the entry's
-    ratio is the median of ``ratio(t_a, t_b)`` over the pairs."""
+           ratio: Callable[[float, float], float] = lambda ta, tb: tb / ta, note: str = "",
+           device: str | torch.device = "cpu") -> dict:
+    """Time ``a`` and ``b`` interleaved ``reps`` times (after a warm-up of each) on ``device``;
+    the entry's ratio is the median of ``ratio(t_a, t_b)`` over the pairs."""
     if reps < 5:
         raise ValueError(f"reps={reps}: the benchmark wants at least 5 paired repetitions")
     a(), b()
     ta, tb = [], []
     for _ in range(reps):
         gc.collect()
-        ta.append(_time(a))
-        tb.append(_time(b))
+        ta.append(_time(a, device))
+        tb.append(_time(b, device))
     ratios = [ratio(x, y) for x, y in zip(ta, tb)]
     return entry(key, statistics.median(ratios), reps=reps, spread=[min(ratios), max(ratios)],
                  a={"what": what_a, "median_s": statistics.median(ta)}, b={"what": what_b, "median_s": statistics.median(tb)}, note=note)
@@ -136,9 +144,14 @@ def _hd_model(preset: str, n: int, dense: bool, seed: int = 0):
 
 
 def train_flops_per_token(model, seq: int) -> float:
-    """6 N + 6 n_layers pos d_model (the issue's convention; tied embedding counted once)."""
+    """Training FLOPs per token by the PaLM convention (Chowdhery et al. 2022, appendix B; the
+    same 6N as Kaplan et al. and Chinchilla): 6 N for the parameter matmuls (forward 2N, backward
+    4N) plus 12 L H Q T for attention (QK^T and attention-times-V, 2 * 2 * T * H * Q FLOPs per
+    token per layer forward, tripled for the backward), with H Q = d_model and T = ``seq``; the
+    causal mask's saving is not subtracted. N counts every parameter once: the tied embedding is
+    the readout matmul, the RMSNorm gains a rounding error."""
     n = sum(p.numel() for p in model.parameters())
-    return 6 * n + 6 * model.cfg.n_layers * seq * model.cfg.d_model
+    return 6 * n + 12 * model.cfg.n_layers * model.cfg.d_model * seq
 
 
 def matmul_flops(size: int = 1024) -> tuple[Callable, float]:
@@ -229,7 +242,7 @@ def run_bench(preset: str = "small", *, reps: int = 5, only: list[str] | None = 
             return (flops / t_step) / (mm_flops / t_mm)
 
         e = paired("cpu_mfu", mm, step, what_a="1024x1024 fp32 matmul", what_b="baseline train step", reps=reps, ratio=mfu,
-                   note=f"{flops / 1e9:.2f} GFLOP per step (6N + 6 n_layers pos d_model per token)")
+                   note=f"{flops / 1e9:.2f} GFLOP per step (PaLM: 6N + 12 n_layers d_model seq per token)")
         e["achieved_gflops"] = flops / e["b"]["median_s"] / 1e9
         e["matmul_gflops"] = mm_flops / e["a"]["median_s"] / 1e9
         results.append(e)

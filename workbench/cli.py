@@ -230,12 +230,12 @@ def peak_rss_mib() -> float:
 def cmd_cache(args) -> dict:
     import time
 
-    from workbench.data.tasks import load_task
+    from workbench.data.splits import heldout_task
     from workbench.probing.store import cache_activations
     from workbench.runtime.checkpoint import resolve_model
 
     model = resolve_model(args.run)
-    examples = load_task(args.task, args.n_sequences, args.seed)[: args.n_sequences]
+    examples = heldout_task(args.task, args.n_sequences, args.seed)[: args.n_sequences]
     started = time.perf_counter()
     out = cache_activations(model, examples, args.hooks, args.out, prefill=args.prefill, passes=args.passes,
                             overwrite=args.overwrite, on_estimate=lambda e: print(
@@ -385,7 +385,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-sequences", type=int, default=1000)
     p.add_argument("--prefill", choices=["standard", "recurrent"], default="standard")
     p.add_argument("--passes", type=_passes, default=1, help="K passes of a recurrent prefill (one row per pass), or 'exact'")
-    p.add_argument("--seed", type=int, default=10_000)
+    p.add_argument("--seed", type=int, default=0, help="seed of the task's held-out stream (never a run's training data)")
     p.add_argument("--out", required=True)
     p.add_argument("--json", dest="json_out", help="also write the store's metadata here")
     p.add_argument("--overwrite", action="store_true", help="replace a previous store there (never anything else)")

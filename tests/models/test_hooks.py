@@ -54,9 +54,9 @@ def test_per_pass_activations_differ_exactly_where_the_recurrence_says():
     toks = tokens(2, 8)
     with torch.no_grad():
         _, cache = run_with_pass_cache(model, toks, ["blocks.0.hook_resid_pre", "fusion.hook_fused"], passes=4)
-    x = cache["blocks.0.hook_resid_pre"]  # [n_passes, batch, pos, d_model]
+    x = torch.stack(list(cache["blocks.0.hook_resid_pre"].values()))  # [n_passes, batch, pos, d_model]
     assert x.shape == (4, 2, 8, 32)
-    assert cache["fusion.hook_fused"].shape[0] == 3  # fusion runs in passes 2..4
+    assert list(cache["fusion.hook_fused"]) == [1, 2, 3]  # fusion runs in passes 2..4 (keyed by 0-based pass index)
     for k in range(3):
         # inputs of pass k+1 and pass k+2 agree on positions <= k (their previous states are exact)
         same = (x[k + 1] - x[k]).abs().amax(dim=(0, 2))

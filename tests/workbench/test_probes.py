@@ -107,7 +107,7 @@ def test_stored_activations_equal_a_direct_run(tmp_path, arch, prefill, passes):
             assert (rows["label.running_sum"] == examples[3].labels["running_sum"]).all()
             assert (rows["token"] == ids[0].numpy()).all()
             for hook in hooks:
-                want = cache[hook][p, 0].view(ids.shape[1], model.n_streams, -1)[:, s]
+                want = cache[hook][p][0].view(ids.shape[1], model.n_streams, -1)[:, s]
                 np.testing.assert_allclose(rows[f"act.{hook}"], want.numpy(), atol=1e-5, rtol=1e-5)
 
 

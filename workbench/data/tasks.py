@@ -191,15 +191,29 @@ def make_flipflop(rng: random.Random, cfg: TaskConfig) -> Example:
 MAKERS = {"chain": make_chain, "modsum": make_modsum, "flipflop": make_flipflop}
 
 
-def synthetic_examples(task: str, n: int, seed: int, cfg: TaskConfig | None = None) -> list[Example]:
+SPLITS = ("train", "heldout")
+
+
+def split_rng(stream: str, seed: int, split: str = "train") -> random.Random:
+    """The random stream ``stream`` (a task, or a study's own name) for ``seed``. ``train`` is
+    seeded with ``"{stream}:{seed}"``, as every run so far was; ``heldout`` with
+    ``"{stream}:heldout:{seed}"``, a string no training stream of any seed has, so held-out
+    problems are independent of every training seed's (not a training seed shifted by an offset)."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}: expected one of {SPLITS}")
+    return random.Random(f"{stream}:{seed}" if split == "train" else f"{stream}:{split}:{seed}")
+
+
+def synthetic_examples(task: str, n: int, seed: int, cfg: TaskConfig | None = None, split: str = "train") -> list[Example]:
     """``n`` examples of ``task`` (``chain``, ``modsum``, ``flipflop`` or ``mix``), the same for the
-    same seed on every machine."""
+    same seed and split on every machine. ``split="heldout"`` draws from the held-out stream
+    (``workbench.data.splits.heldout_examples``)."""
     cfg = cfg or TaskConfig()
     if task not in TASK_KINDS:
         raise ValueError(f"unknown task {task!r}: expected one of {TASK_KINDS} or jsonl:PATH, text:PATH, hf:NAME")
     if not 0 <= n <= MAX_EXAMPLES:
         raise ValueError(f"{n} {task} examples requested: expected 0..{MAX_EXAMPLES:,} (they are generated in memory)")
-    rng = random.Random(f"{task}:{seed}")
+    rng = split_rng(task, seed, split)
     out = []
     for _ in range(n):
         kind = rng.choices(SYNTHETIC, cfg.mix_weights)[0] if task == "mix" else task

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from workbench.data.splits import EVAL_SEED_OFFSET
-from workbench.data.tasks import LABELS, TaskConfig, synthetic_examples
+from workbench.data.splits import heldout_examples
+from workbench.data.tasks import LABELS, TaskConfig
 from workbench.probing.probes import save_probe, train_probe
 from workbench.probing.store import cache_activations, load_store
 from workbench.runtime.checkpoint import load_model
@@ -66,7 +66,7 @@ def probe_study(run_dir: str | Path, target: str, *, hooks: list[str] | None = N
     out = Path(out) if out else results_dir / f"probe_{target}.json"
     probes_dir = results_dir / "probes" / target
     check_probe_outputs(out, probes_dir, overwrite)
-    examples = synthetic_examples(task, n_sequences, seed + EVAL_SEED_OFFSET, data)
+    examples = heldout_examples(task, n_sequences, seed, data)
     rows = []
     rng = np.random.default_rng(seed)
     sweep = regimes(model, list(passes), exact)

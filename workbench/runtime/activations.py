@@ -2,11 +2,18 @@
 
 TransformerLens's ``run_with_cache`` keeps one tensor per hook name, so a hook that fires once per
 pass, or once per decoding step, silently keeps only its last call. ``ActivationRecorder`` keeps
-all of them and stacks them along a ``pass`` or ``step`` axis.
+all of them, labelled by step and pass.
+
+Passes are keyed by their 0-based index (``k`` is pass ``k + 1``) for every hook. Not every hook
+fires in every pass: the FBT fusion hooks run in passes 2..K of a prompt with no carried state,
+``hook_embed`` once per call (labelled pass 0). ``per_pass`` maps pass index to value for the
+passes a hook ran in; ``by_pass`` stacks them along a pass axis only when the hook ran in every
+pass of the step, and refuses otherwise (a stack would shift its pass axis).
 
     with ActivationRecorder(model, ["fusion.hook_fused", "blocks.0.hook_resid_pre"]) as rec:
         generate(model, prompts, regime="fused", passes=3)
     rec.by_pass("blocks.0.hook_resid_pre", step=0)   # [n_passes, batch, pos, d_model]
+    rec.per_pass("fusion.hook_fused", step=0)        # {1: pass 2's value, 2: pass 3's value}
     rec.by_step("blocks.0.hook_resid_pre")           # [batch, all positions, d_model]
 """
 
@@ -110,12 +117,38 @@ class ActivationRecorder:
         end = self.model.forward_calls if self._last_call is None else self._last_call
         return end - self._first_call
 
-    def by_pass(self, name: str, step: int = 0) -> Tensor:
-        """[n_passes, batch, pos, ...]: every pass of one forward call."""
+    def per_pass(self, name: str, step: int = 0) -> dict[int, Tensor]:
+        """``{pass index: value}`` for the passes of one forward call in which the hook fired, in
+        pass order; index ``k`` is pass ``k + 1`` (e.g. ``{1: ..., 2: ...}`` for a fusion hook in a
+        3-pass prompt, which has no carried state to fuse in pass 1)."""
         records = [r for r in self.calls(name) if r.step == step]
         if not records:
             raise ValueError(f"hook {name!r} did not fire in step {step} (steps recorded: {self.n_steps})")
-        return torch.stack([r.value for r in records])
+        out: dict[int, Tensor] = {}
+        for r in records:
+            if r.pass_index in out:
+                raise ValueError(f"hook {name!r} fired twice in pass {r.pass_index + 1} of step {step}")
+            out[r.pass_index] = r.value
+        return out
+
+    def n_passes(self, step: int = 0) -> int:
+        """Passes of one forward call, as seen by the recorded hooks (the last pass fires every
+        hook that fires at all)."""
+        indices = [r.pass_index for records in self.records.values() for r in records if r.step == step]
+        if not indices:
+            raise ValueError(f"no recorded hook fired in step {step} (steps recorded: {self.n_steps})")
+        return max(indices) + 1
+
+    def by_pass(self, name: str, step: int = 0) -> Tensor:
+        """[n_passes, batch, pos, ...]: every pass of one forward call, index ``k`` = pass ``k + 1``.
+        Raises for a hook that did not fire in every pass (use ``per_pass``)."""
+        values = self.per_pass(name, step)
+        n = self.n_passes(step)
+        if list(values) != list(range(n)):
+            fired = [k + 1 for k in values]
+            raise ValueError(f"hook {name!r} fired in passes {fired} of {n} of step {step}, not in every pass: "
+                             "a stack would misalign the pass axis; use per_pass(name, step), keyed by pass index")
+        return torch.stack(list(values.values()))
 
     def by_step(self, name: str) -> Tensor:
         """[batch, pos, ...] over all steps, concatenated along pos, taking the last pass of each
@@ -128,11 +161,15 @@ class ActivationRecorder:
         return torch.cat([last[s] for s in sorted(last)], dim=1)
 
 
-def run_with_pass_cache(model: DecoderLM, tokens: Tensor, names=None, **forward_kwargs) -> tuple[Tensor, dict[str, Tensor]]:
-    """One forward call; returns logits and ``{hook name: [n_passes, batch, pos, ...]}``.
+def run_with_pass_cache(model: DecoderLM, tokens: Tensor, names=None,
+                        **forward_kwargs) -> tuple[Tensor, dict[str, dict[int, Tensor]]]:
+    """One forward call; returns logits and ``{hook name: {pass index: value}}``, the passes each
+    hook fired in, keyed by 0-based pass index for every hook (``cache[name][k]`` is pass ``k + 1``;
+    a fusion hook of a 3-pass prompt has keys 1 and 2 only). ``torch.stack(list(cache[name].values()))``
+    is ``[n_passes, batch, pos, ...]`` for a hook that fired in every pass.
 
     The multi-pass counterpart of ``run_with_cache`` (``passes=K`` goes in ``forward_kwargs``).
     """
     with ActivationRecorder(model, names) as rec:
         logits = model(tokens, **forward_kwargs)
-    return logits, {name: rec.by_pass(name) for name in rec.names if rec.calls(name)}
+    return logits, {name: rec.per_pass(name) for name in rec.names if rec.calls(name)}

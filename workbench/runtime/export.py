@@ -2,8 +2,10 @@
 
 The baseline exports exactly. A Full-Bandwidth model exports its backbone: the exported model is
 the FBT in the ``standard`` regime (the fusion weights are dropped). A Hidden Decoding model exports
-its first embedding table and its blocks: exact only for ``n_streams == 1``. What was dropped is
-written to ``workbench_export.json`` beside the weights.
+its first embedding table and its blocks: exact only for ``n_streams == 1`` without a
+``cross_window`` shorter than the context (Llama attends over the whole causal context, so the
+window is dropped). What was dropped, and whether the export is exact, is written to
+``workbench_export.json`` beside the weights.
 """
 
 from __future__ import annotations
@@ -87,12 +89,15 @@ def export_hf(model: DecoderLM, out_dir: str | Path, tokenizer: CharTokenizer | 
             raise RuntimeError(f"export mapping is out of date: missing {missing}, unexpected {unexpected}")
         hf.save_pretrained(out.staging)
         tokenizer.save(out.staging, model.cfg.n_ctx)
-        exact = model.arch == "baseline" or (model.arch == "hd" and model.n_streams == 1)
         dropped = {
             "baseline": [],
             "fbt": [name for name, _ in model.named_parameters() if name.startswith("fusion.")],
             "hd": [f"embed.W_E[1:{model.n_streams}]"] if model.n_streams > 1 else [],
         }[model.arch]
+        window = _restricting_window(model)
+        if window is not None:
+            dropped.append(window)
+        exact = model.arch == "baseline" or (model.arch == "hd" and not dropped)
         note = {
             "source_arch": model.arch,
             "exact": exact,
@@ -107,6 +112,16 @@ def export_hf(model: DecoderLM, out_dir: str | Path, tokenizer: CharTokenizer | 
         write_json(out.staging / "workbench_export.json", note)
         out.publish(replaces=previous)
     return out_dir
+
+
+def _restricting_window(model: DecoderLM) -> str | None:
+    """What an HD ``cross_window`` changes that the export cannot keep, or None. A window of at
+    least ``n_ctx * n_streams`` (interleaved) positions never masks a key inside the context, so it changes nothing."""
+    window = getattr(model.cfg, "cross_window", None)
+    if model.arch != "hd" or window is None or window >= model.cfg.n_ctx * model.n_streams:
+        return None
+    return (f"cross_window={window} of layers {list(getattr(model.cfg, 'cross_layers', ()))}: the export attends over the whole "
+            "causal context there")
 
 
 def _previous_files(out_dir: Path) -> tuple[str, ...]:

@@ -9,19 +9,18 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from models import HiddenDecodingLM, unstack_streams
-from workbench.data.splits import EVAL_SEED_OFFSET
-from workbench.data.tasks import synthetic_examples
+from workbench.data.splits import heldout_examples
 from workbench.data.windows import TokenStream, batch_windows
 from workbench.runtime.activations import ActivationRecorder
 from workbench.runtime.tokenizer import CharTokenizer
 
 
 def task_windows(task: str, n_sequences: int, seq_len: int, seed: int = 0) -> Tensor:
-    """[n_sequences, seq_len] windows of held-out ``task`` text (the eval seed range, so never
-    the training data) for the analyses below."""
+    """[n_sequences, seq_len] windows of held-out ``task`` text (the held-out stream, independent
+    of every training seed's) for the analyses below."""
     if n_sequences < 1 or seq_len < 2:
         raise ValueError(f"n_sequences={n_sequences}, seq_len={seq_len}: expected n_sequences >= 1 and seq_len >= 2")
-    examples = synthetic_examples(task, max(8, n_sequences), seed + EVAL_SEED_OFFSET)
+    examples = heldout_examples(task, max(8, n_sequences), seed)
     stream = TokenStream.from_examples(examples, CharTokenizer())
     return batch_windows(stream, seed, 0, n_sequences, seq_len)[0]
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import csv
 import json
-import random
 import statistics
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ import numpy as np
 
 from models import NonFiniteActivation
 from workbench.data.answers import is_correct, parse_final_answer
-from workbench.data.splits import EVAL_SEED_OFFSET
+from workbench.data.splits import heldout_rng
 from workbench.data.tasks import Example, TaskConfig, load_jsonl, make_chain
 from workbench.runtime.checkpoint import load_model
 from workbench.runtime.decoding import generate
@@ -47,7 +46,7 @@ def problems(task: str, n: int, difficulties: list[int], seed: int = 0) -> list[
         raise ValueError(f"unknown trace task {task!r}: expected 'chain' or 'gsm8k-jsonl:PATH'")
     if not difficulties or min(difficulties) < 1:
         raise ValueError(f"difficulties={difficulties!r}: expected step counts >= 1")
-    rng = random.Random(f"traces:{seed + EVAL_SEED_OFFSET}")
+    rng = heldout_rng("traces", seed)
     cfg = TaskConfig(chain_max_steps=max(difficulties))
     return [make_chain(rng, cfg, difficulties[i % len(difficulties)]) for i in range(n)]
 

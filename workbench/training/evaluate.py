@@ -1,6 +1,6 @@
 """Validation loss and exact-match accuracy per task, for FBT per decoding regime.
 
-Per task (held-out examples, a seed distinct from training):
+Per task (held-out examples: the held-out stream of the run's seed, independent of every training stream):
 - ``loss``: mean next-token loss over whole examples; ``standard`` (plain) for every model, and
   ``recurrent`` for FBT (feedback at every position: the exact sequential recurrence).
 - ``answer_loss[regime]``: mean loss of the completion tokens after the prompt, decoded under the
@@ -20,8 +20,8 @@ import torch.nn.functional as F
 
 from models import DecoderLM, NonFiniteActivation, guard_numerics
 from workbench.data.answers import is_correct
-from workbench.data.splits import EVAL_SEED_OFFSET
-from workbench.data.tasks import MAX_EXAMPLES, SYNTHETIC, Example, TaskConfig, load_task
+from workbench.data.splits import heldout_task
+from workbench.data.tasks import MAX_EXAMPLES, SYNTHETIC, Example, TaskConfig
 from workbench.runtime.checkpoint import load_model
 from workbench.runtime.decoding import check_passes, generate, score_completions
 from workbench.runtime.tokenizer import CharTokenizer
@@ -132,7 +132,7 @@ def _evaluate_run(run_dir: Path, cfg, model: DecoderLM, tokenizer: CharTokenizer
     started = time.perf_counter()
     result = {"run": str(run_dir), "arch": cfg.arch, "fused_passes": fused_passes, "tasks": {}}
     for name in eval_tasks(task or cfg.data.task):
-        examples = load_task(name, n, cfg.train.seed + EVAL_SEED_OFFSET, data)[:n]
+        examples = heldout_task(name, n, cfg.train.seed, data)[:n]
         fits = [ex for ex in examples if len(ex.text) + 1 + 8 <= model.cfg.n_ctx]
         if not fits:
             raise ValueError(f"no {name!r} example fits the context n_ctx={model.cfg.n_ctx}")
