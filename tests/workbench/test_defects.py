@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from conftest import tokens
+from helpers import tokens
 
 from models import expand_streams
 from workbench import build_model
@@ -133,7 +133,7 @@ def test_no_doc_says_k_passes_make_the_first_k_fused_positions_exact():
 
 @pytest.mark.parametrize("p", [1, 3])
 def test_k_passes_make_exactly_the_positions_below_p_plus_k_minus_one_exact(p):
-    from conftest import sequential_fbt_states
+    from helpers import sequential_fbt_states
 
     model = build_model("fbt", "debug", dtype=torch.float64)
     toks = tokens(1, 9)

@@ -22,7 +22,7 @@ import torch
 from models import expand_streams
 from workbench import ActivationRecorder, CharTokenizer, build_model, run_with_pass_cache, save_model
 from workbench.data.answers import is_correct
-from workbench.data.splits import EVAL_SEED_OFFSET
+from workbench.data.splits import heldout_examples
 from workbench.data.tasks import Example, TaskConfig, synthetic_examples
 from workbench.data.windows import step_generator
 from workbench.dynamics.feedback import rollout
@@ -234,8 +234,10 @@ def test_probe_study_probes_the_last_of_the_K_passes(tmp_path, monkeypatch):
     Jacobi pass of each held-out sequence, run by hand (``jacobi_by_hand``), at the layer-0 input
     (u^3 = e_0, fuse(h^2_{t-1}, e_t)) and the carried state (h^3); for ``standard``, pass 1
     (e, h^1). Rows are every position of every sequence in order, with the sequence as group.
-    Stored activations are float32 and come from a right-padded batch, so rtol = atol = 1e-5 on
-    O(1) values; pass 2 differs from pass 3 by far more (asserted)."""
+    Stored activations are float32 and come from a right-padded batch, after three passes and the
+    final norm (which divides by the rms and so amplifies rounding): reduction order alone (thread
+    count, batch shape) moves them by up to ~5e-5 on O(1) values, so atol = 2e-4, rtol = 1e-4;
+    pass 2 differs from pass 3 by more than 0.05 (asserted), 250 times the tolerance."""
     model = randomize_fusion(build_model("fbt", "debug", init_std=0.3))
     run = save_model(model, tmp_path / "run")
     seen = []
@@ -253,7 +255,7 @@ def test_probe_study_probes_the_last_of_the_K_passes(tmp_path, monkeypatch):
         ("standard", 1, hooks[0]), ("standard", 1, hooks[1]), ("recurrent", 3, hooks[0]), ("recurrent", 3, hooks[1])]
     assert len(seen) == 4
     tok = CharTokenizer()
-    examples = synthetic_examples("modsum", 9, EVAL_SEED_OFFSET, data)
+    examples = heldout_examples("modsum", 9, 0, data)  # the study probes held-out problems
     per_pass = [jacobi_by_hand(model, tok.encode(ex.text), 3) for ex in examples]
     expected = {  # (prefill, hook) -> rows: pass 1 for standard, pass 3 for recurrent
         ("standard", hooks[0]): torch.cat([inputs[0] for inputs, _ in per_pass]),
@@ -270,7 +272,7 @@ def test_probe_study_probes_the_last_of_the_K_passes(tmp_path, monkeypatch):
         np.testing.assert_array_equal(t, ids)
         np.testing.assert_array_equal(g, groups)
         np.testing.assert_array_equal(y, labels)
-        torch.testing.assert_close(torch.from_numpy(X), expected[key].float(), rtol=1e-5, atol=1e-5,
+        torch.testing.assert_close(torch.from_numpy(X), expected[key].float(), rtol=1e-4, atol=2e-4,
                                    msg=lambda m, key=key: f"{key}: {m}")
 
 
@@ -299,9 +301,10 @@ def test_fbt_training_fuses_after_the_plain_prefix():
     for rows in (slice(0, 2), slice(2, 4)):
         with ActivationRecorder(model, ["hook_embed", "fusion.hook_fused"]) as rec:
             strategy.loss(model, x[rows], x[rows], step, rows)
-        e = rec.by_pass("hook_embed")[0]
-        fused_inputs = rec.by_pass("fusion.hook_fused")  # passes 2 and 3
-        assert fused_inputs.shape[0] == 2
+        e = rec.per_pass("hook_embed")[0]  # the embedding, computed once (pass index 0)
+        by_index = rec.per_pass("fusion.hook_fused")
+        assert sorted(by_index) == [1, 2]  # passes 2 and 3
+        fused_inputs = [by_index[1], by_index[2]]
         for u in fused_inputs:
             for b, p in zip(range(e.shape[0]), drawn[rows]):
                 fused = [t for t in range(T) if not torch.equal(u[b, t], e[b, t])]
@@ -511,9 +514,9 @@ def test_fusion_hook_is_the_glu_of_state_and_token():
     h1 = backbone(model, e, toks)
     with torch.no_grad():
         _, cache = run_with_pass_cache(model, toks, ["fusion.hook_fused"], passes=2)
-    u = cache["fusion.hook_fused"]
-    assert u.shape == (1, B, T, model.cfg.d_model)  # fires in pass 2 only
-    u = u[0]
+    assert set(cache["fusion.hook_fused"]) == {1}  # fires in pass 2 (index 1) only
+    u = cache["fusion.hook_fused"][1]
+    assert u.shape == (B, T, model.cfg.d_model)
     hand = fuse_by_hand(model, h1[:, :-1], e[:, 1:])
     err = rel(u[:, 1:], hand)
     assert err < 1e-12, f"hook_fused vs (W_U h_(t-1)) * sigmoid(W_G e_t): relative error {err:.3g}"
