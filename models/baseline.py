@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
-from models.layers import AttnContext, Block, KVCache, ModelConfig, RMSNorm, Rotary, init_weights
+from models.layers import Attention, AttnContext, Block, KVCache, ModelConfig, RMSNorm, Rotary, init_weights
 from models.numerics import UNGUARDED
 
 
@@ -62,8 +62,9 @@ class DecoderLM(HookedRootModule):
         """Always compute attention patterns explicitly (so ``hook_pattern`` fires for tools that
         do not attach TransformerLens hooks, e.g. nnsight). Off by default: SDPA's fused kernel
         is used whenever nothing is attached to ``hook_pattern``."""
-        for block in self.blocks:
-            block.attn.force_pattern = enabled
+        for module in self.modules():
+            if isinstance(module, Attention):
+                module.force_pattern = enabled
 
     def _finish_init(self) -> None:
         init_weights(self, self.cfg)

@@ -58,6 +58,7 @@ class Fusion(nn.Module):
 
 class FullBandwidthLM(DecoderLM):
     arch = "fbt"
+    cfg: FBTConfig
     # standard: plain everywhere; soft: plain prompt, then every step fused with the carried state;
     # fused: K-pass prompt (passes='exact': the sequential recurrence), then soft steps
     regimes = ("standard", "soft", "fused")
@@ -178,8 +179,10 @@ class FullBandwidthLM(DecoderLM):
         real = attention_mask if attention_mask is not None else torch.ones_like(tokens, dtype=torch.bool)
         after_real = torch.cat((torch.zeros_like(real[:, :1]), real[:, :-1]), dim=1)
         fuse = real & after_real
-        if passes != "exact":
+        if isinstance(passes, int):
             return self.final_states(tokens, passes=passes, fuse_mask=fuse, cache=cache, attention_mask=attention_mask)
+        if passes != "exact":
+            raise ValueError(f"passes={passes!r}: expected a positive number of passes or 'exact'")
         cache = cache if cache is not None else self.make_cache(tokens.shape[1])
         states = []
         for t in range(tokens.shape[1]):

@@ -72,10 +72,11 @@ def unstack_streams(act: Tensor, n_streams: int) -> Tensor:
 
 class HiddenDecodingLM(DecoderLM):
     arch = "hd"
+    cfg: HDConfig
 
     def __init__(self, cfg: HDConfig):
         blocks = [
-            Block(cfg, "cross", cfg.cross_window) if i in cfg.cross_layers else Block(cfg, "intra")
+            Block(cfg, "cross", cfg.cross_window) if i in (cfg.cross_layers or ()) else Block(cfg, "intra")
             for i in range(cfg.n_layers)
         ]
         super().__init__(cfg, blocks)

@@ -147,24 +147,25 @@ class LayerKV:
         if not write:
             if self.length == 0:
                 return k, v
+            assert self.k is not None and self.v is not None  # length > 0: the buffers exist
             past_k, past_v = self.k[:, :, : self.length], self.v[:, :, : self.length]
             if past_k.shape[0] != k.shape[0] and past_k.shape[0] == 1:
                 past_k = past_k.expand(k.shape[0], -1, -1, -1)
                 past_v = past_v.expand(k.shape[0], -1, -1, -1)
             return torch.cat((past_k, k), dim=2), torch.cat((past_v, v), dim=2)
-        if self.k is None:
+        if self.k is None or self.v is None:
             shape = (k.shape[0], k.shape[1], capacity, k.shape[3])
-            self.k = k.new_empty(shape)
-            self.v = v.new_empty(shape)
+            self.k, self.v = k.new_empty(shape), v.new_empty(shape)
+        keys, values = self.k, self.v
         end = self.length + n
-        self.k[:, :, self.length : end] = k
-        self.v[:, :, self.length : end] = v
+        keys[:, :, self.length : end] = k
+        values[:, :, self.length : end] = v
         self.length = end
-        return self.k[:, :, :end], self.v[:, :, :end]
+        return keys[:, :, :end], values[:, :, :end]
 
     def drop_oldest(self, n: int) -> None:
         """Forget the oldest ``n`` positions (a sliding window)."""
-        if self.k is None or n <= 0:
+        if self.k is None or self.v is None or n <= 0:
             return
         keep = self.length - n
         self.k[:, :, :keep] = self.k[:, :, n : self.length].clone()
@@ -291,7 +292,7 @@ class Attention(nn.Module):
         elif n > 1 and key_valid is not None:
             key_valid = key_valid.repeat_interleave(n, dim=1)
         scale = n if (self.mode == "cross" and n > 1) else 1
-        if kv is not None:
+        if kv is not None and ctx.cache is not None:
             kv.per_token = scale
             k, v = kv.extend(k, v, ctx.cache.capacity * scale, ctx.write)
         mask = attention_mask(q.shape[2], k.shape[2], key_valid, self.window, x.device)
@@ -314,6 +315,7 @@ class Attention(nn.Module):
         scores = (q @ k.transpose(-1, -2)) / math.sqrt(self.cfg.d_head)
         if mask is None:
             mask = attention_mask(q.shape[2], k.shape[2], None, None, q.device, explicit=True)
+        assert mask is not None  # explicit=True always builds one
         scores = scores.masked_fill(~mask, float("-inf"))
         pattern = scores.softmax(dim=-1)
         if n > 1:

@@ -30,8 +30,8 @@ class _Unguarded:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, *exc) -> bool:
-        return False
+    def __exit__(self, *exc) -> None:  # never swallows an exception
+        return None
 
 
 UNGUARDED = _Unguarded()  # what an unguarded model's calls enter
@@ -64,14 +64,13 @@ class NumericsGuard:
         self.depth += 1
         return self
 
-    def __exit__(self, kind, *_) -> bool:
+    def __exit__(self, kind, *_) -> None:  # never swallows an exception
         self.depth -= 1
         if kind is not None:  # the call failed anyway: its records go with it
             if not self.depth:
                 self.pending.clear()
-            return False
+            return
         self.settle()
-        return False
 
     def settle(self) -> None:
         """Check the records if no model call is still running."""
@@ -91,7 +90,7 @@ class NumericsGuard:
             if not bool(torch.isfinite(value).all()):
                 raise self._error(site, step, pass_index, value)
 
-    def _error(self, site: str, step: int, pass_index: int, value: Tensor) -> NonFiniteActivation:
+    def _error(self, site: str, step: int, pass_index: int | None, value: Tensor) -> NonFiniteActivation:
         kind = "is NaN" if bool(value.isnan().any()) else "overflowed"
         if site == "readout":
             what, pass_index = f"readout logits {'are NaN' if kind == 'is NaN' else kind}", None
@@ -122,10 +121,9 @@ class guard_numerics:
         self._install(guard)
         return guard
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, *exc) -> None:  # never swallows an exception
         if self.enabled:
             self._install(self.outer)
-        return False
 
     def _install(self, guard) -> None:
         self.model.numerics_guard = guard
