@@ -71,7 +71,8 @@ def paired(key: str, a: Callable, b: Callable, *, what_a: str, what_b: str, reps
     the entry's ratio is the median of ``ratio(t_a, t_b)`` over the pairs."""
     if reps < 5:
         raise ValueError(f"reps={reps}: the benchmark wants at least 5 paired repetitions")
-    a(), b()
+    a()
+    b()
     ta, tb = [], []
     for _ in range(reps):
         gc.collect()

@@ -91,7 +91,8 @@ def check_eval(data: dict, path: Path) -> dict:
         if key in data:
             expect(ok(data[key]), key, data[key], expected)
     tasks = data.get("tasks")
-    expect(isinstance(tasks, dict), "tasks", tasks, "an object of task name -> result")
+    if not isinstance(tasks, dict):
+        raise ValueError(f"{path}: tasks is {json.dumps(tasks)[:60]}, expected an object of task name -> result")
     for task, res in tasks.items():
         expect(isinstance(res, dict), f"tasks.{task}", res, "an object with n, loss, answer_loss, accuracy")
         for key in ("n", "skipped_too_long"):

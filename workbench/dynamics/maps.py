@@ -60,10 +60,10 @@ def spectral_norm(F: Map, h: Tensor, iters: int = 50, seed: int = 0) -> float:
     f = _single(F)
     v = torch.randn(h.shape, generator=torch.Generator().manual_seed(seed), dtype=h.dtype).to(h.device)
     v = v / v.norm()
-    _, pullback = vjp(f, h)
+    pullback = vjp(f, h)[1]
     sigma = 0.0
     for _ in range(iters):
-        _, Jv = jvp(f, (h,), (v,))
+        Jv = jvp(f, (h,), (v,))[1]
         (JtJv,) = pullback(Jv)
         sigma = float(Jv.detach().norm())
         norm = JtJv.detach().norm()
@@ -81,7 +81,7 @@ def spectral_radius(F: Map, h: Tensor, iters: int = 200, seed: int = 0) -> float
     v = v / v.norm()
     log_growth, tail = [], max(1, iters // 2)
     for _ in range(iters):
-        _, v = jvp(f, (h,), (v,))
+        v = jvp(f, (h,), (v,))[1]
         norm = float(v.detach().norm())
         if norm == 0 or not math.isfinite(norm):
             return 0.0 if norm == 0 else float("inf")
@@ -98,7 +98,7 @@ def frobenius_hutchinson(F: Map, h: Tensor, samples: int = 32, seed: int = 0) ->
     total = 0.0
     for _ in range(samples):
         v = (torch.randint(0, 2, h.shape, generator=gen) * 2 - 1).to(h.dtype).to(h.device)
-        _, Jv = jvp(f, (h,), (v,))
+        Jv = jvp(f, (h,), (v,))[1]
         total += float(Jv.detach().pow(2).sum())
     return math.sqrt(total / samples)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -46,7 +46,7 @@ def regimes(model, passes: list[int], exact: bool) -> list[tuple[str, int | str]
     return out
 
 
-def probe_study(run_dir: str | Path, target: str, *, hooks: list[str] | None = None, passes: list[int] = (2, 3),
+def probe_study(run_dir: str | Path, target: str, *, hooks: list[str] | None = None, passes: Sequence[int] = (2, 3),
                 exact: bool = True, n_sequences: int = 400, seed: int = 0, out: str | Path | None = None,
                 data: TaskConfig | None = None, max_rows: int = 20000, overwrite: bool = False,
                 progress: Callable[[float, str], None] | None = None) -> dict:

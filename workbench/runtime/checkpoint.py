@@ -33,7 +33,7 @@ def tensor_checksum(tensors: dict[str, Tensor], metadata: dict[str, str]) -> str
     for name in sorted(tensors):
         t = tensors[name].detach().contiguous().cpu()
         crc = zlib.crc32(f"{name}:{t.dtype}:{tuple(t.shape)}".encode(), crc)
-        crc = zlib.crc32(t.reshape(-1).view(torch.uint8).numpy(), crc)
+        crc = zlib.crc32(memoryview(t.reshape(-1).view(torch.uint8).numpy()), crc)
     return f"{crc:08x}"
 
 

@@ -24,7 +24,6 @@ class CharTokenizer:
             tokenizer.decoder = decoders.Fuse()
             tokenizer.add_special_tokens(list(SPECIALS))
         self.tokenizer = tokenizer
-        self.pad_id, self.bos_id, self.eos_id, self.unk_id = (tokenizer.token_to_id(t) for t in SPECIALS)
         missing = [t for t in SPECIALS if tokenizer.token_to_id(t) is None]
         if missing:
             raise ValueError(f"the tokenizer has no special token {missing[0]!r} (it needs {list(SPECIALS)})")
@@ -33,6 +32,7 @@ class CharTokenizer:
         if misplaced:
             raise ValueError(f"special tokens must be at ids {', '.join(f'{i} {t}' for i, t in enumerate(SPECIALS))}: "
                              + ", ".join(misplaced))
+        self.pad_id, self.bos_id, self.eos_id, self.unk_id = range(len(SPECIALS))  # the ids checked above
         tokens_of: dict[int, list[str]] = {}
         for token, i in sorted(tokenizer.get_vocab().items(), key=lambda item: (item[1], item[0])):
             tokens_of.setdefault(i, []).append(token)

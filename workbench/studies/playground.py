@@ -9,6 +9,7 @@ Interventions, applied through hook points at every forward call of the generati
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -24,7 +25,7 @@ class Intervention:
     state_scale: float = 1.0
     ablate_stream: int | None = None
 
-    def hooks(self, model: DecoderLM) -> list[tuple[str, object]]:
+    def hooks(self, model: DecoderLM) -> list[tuple[str, Callable]]:
         hooks = []
         if self.state_scale != 1.0:
             if "fusion.hook_state" not in model.hook_dict:
@@ -68,7 +69,8 @@ def inspect_generation(model: DecoderLM, prompt: str, *, regime: str = "standard
                        eos_token_id=tokenizer.eos_id if stop_at_eos else None, pad_token_id=tokenizer.pad_id)
     n = int(out.lengths[0])
     new = out.new_tokens[0, :n].tolist()
-    gate, value = [None] * n, [None] * n
+    gate: list[float | None] = [None] * n
+    value: list[float | None] = [None] * n
     if names and regime != "standard":
         # the token generated at step j re-enters the stack at forward call j + 1 (call 0 is the prefill)
         last = {name: {r.step: r.value for r in rec.calls(name)} for name in names}

@@ -16,9 +16,11 @@ import csv
 import json
 import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from models import NonFiniteActivation
 from workbench.data.answers import is_correct, parse_final_answer
@@ -89,7 +91,7 @@ def run_traces(model, examples: list[Example], regime: str, passes, tokenizer: C
     return [rows[i] for i in range(len(examples))]
 
 
-def paired_bootstrap(a: np.ndarray, b: np.ndarray, n_resamples: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
+def paired_bootstrap(a: ArrayLike, b: ArrayLike, n_resamples: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
     """Mean of b - a over paired problems with a percentile bootstrap confidence interval."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if a.shape != b.shape or a.ndim != 1 or len(a) == 0:
@@ -151,8 +153,8 @@ def summarise(rows: list[dict], reference: tuple[str, str]) -> dict:
     return {"reference": "/".join(reference), "groups": groups, "paired": paired}
 
 
-def trace_study(runs: list[str], out_dir: str | Path, *, task: str = "chain", regimes: list[str] = ("standard", "soft", "fused"),
-                passes: int | str = 2, n_problems: int = 200, difficulties: list[int] = (1, 2, 3, 4), seed: int = 0,
+def trace_study(runs: list[str], out_dir: str | Path, *, task: str = "chain", regimes: Sequence[str] = ("standard", "soft", "fused"),
+                passes: int | str = 2, n_problems: int = 200, difficulties: Sequence[int] = (1, 2, 3, 4), seed: int = 0,
                 max_new_tokens: int = 160, batch_size: int = 64, overwrite: bool = False) -> dict:
     """Every run under every regime on the same problems, into ``out_dir`` (``summary.json``,
     ``traces.csv``, ``traces.png``): a new or empty directory, or a previous trace study there,
