@@ -185,10 +185,9 @@ def cmd_train(args) -> dict:
             raise ValueError("--resume continues the saved config; --set and --init-from are not allowed with it")
     else:
         cfg = make_run_config(args.arch, args.preset, args.task, args.set, init_from=args.init_from)
-    result = train(cfg, args.out, resume=args.resume, progress=not args.no_progress, stop_after=args.stop_after)
-    result.pop("model")
-    print(f"trained {cfg.arch} to step {result['steps']} in {result['seconds']:.1f}s -> {args.out}")
-    return result
+    summary = train(cfg, args.out, resume=args.resume, progress=not args.no_progress, stop_after=args.stop_after).summary
+    print(f"trained {cfg.arch} to step {summary['steps']} in {summary['seconds']:.1f}s -> {args.out}")
+    return summary
 
 
 def cmd_eval(args) -> dict:

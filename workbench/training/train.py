@@ -295,6 +295,17 @@ def init_from(path: str | Path, cfg: RunConfig, device) -> DecoderLM:
 
 
 @dataclass
+class TrainResult:
+    """What ``train`` returns. ``model`` is the trained model (as the last step left it: train
+    mode, on the run's device; HD grown to its last stage); ``summary`` is JSON-serialisable:
+    ``run``, ``steps`` (the last step reached), ``resumed_from`` (the checkpoint step a resume
+    started at, else None), ``seconds`` and ``last`` (the last metrics record)."""
+
+    model: DecoderLM
+    summary: dict
+
+
+@dataclass
 class Dist:
     rank: int = 0
     world: int = 1
@@ -388,8 +399,8 @@ def held_by_main_process(run_dir: Path, rank_info: Dist, device):
 
 
 def train(cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, progress: bool | Callable = True,
-          stop_after: int | None = None) -> dict:
-    """Train ``cfg`` into ``out_dir``; returns a summary. ``resume`` continues from the last
+          stop_after: int | None = None) -> TrainResult:
+    """Train ``cfg`` into ``out_dir``; returns the model and a summary (``TrainResult``). ``resume`` continues from the last
     checkpoint there and reaches the same weights as an uninterrupted run. ``stop_after`` ends
     the process after that many steps as if interrupted (the schedule still spans train.steps).
     ``progress``: True for a tqdm bar, or a callable ``progress(step, total, record)`` called after
@@ -423,7 +434,7 @@ def train(cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, progress
 
 
 def _train_loop(cfg: RunConfig, run_dir: Path, rank_info: Dist, device, model: DecoderLM, opt, start: int,
-                stream: TokenStream, resume: bool, progress, stop_after) -> dict:
+                stream: TokenStream, resume: bool, progress, stop_after) -> TrainResult:
     tokenizer = CharTokenizer()
     t = cfg.train
     per_rank = t.batch_size // rank_info.world
@@ -506,8 +517,9 @@ def _train_loop(cfg: RunConfig, run_dir: Path, rank_info: Dist, device, model: D
         bar.close()
     if rank_info.world > 1:
         dist.barrier()
-    return {"run": str(run_dir), "steps": end, "resumed_from": start if resume else None,
-            "seconds": time.perf_counter() - started, "last": record, "model": model}
+    summary = {"run": str(run_dir), "steps": end, "resumed_from": start if resume else None,
+               "seconds": time.perf_counter() - started, "last": record}
+    return TrainResult(model, summary)
 
 
 def _last_checkpoint_step(run_dir: Path) -> int | None:

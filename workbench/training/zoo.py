@@ -87,7 +87,7 @@ def train_zoo(scale: str = "micro", out: str | Path = "runs", *, progress: bool 
             seconds = time.perf_counter() - started
             evaluation = evaluate_run(run)
             summary["models"][name] = {"train_seconds": round(seconds, 1), "eval_seconds": evaluation["seconds"],
-                                       "resumed_from": result["resumed_from"], "tasks": evaluation["tasks"]}
+                                       "resumed_from": result.summary["resumed_from"], "tasks": evaluation["tasks"]}
             write_json(out / "zoo.json", summary)  # after every member: a stopped zoo keeps what it finished
     return summary
 
