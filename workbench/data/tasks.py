@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from workbench.data.answers import parse_final_answer
+from workbench.runtime.config import check_section
 
 SYNTHETIC = ("chain", "modsum", "flipflop")
 TASK_KINDS = SYNTHETIC + ("mix",)
@@ -66,6 +67,7 @@ class TaskConfig:
     mix_weights: tuple[float, ...] = (1.0, 1.0, 1.0)  # chain, modsum, flipflop
 
     def __post_init__(self) -> None:
+        check_section(self)
         for f in dataclasses.fields(TaskConfig):
             value = getattr(self, f.name)
             if f.name == "mix_weights":

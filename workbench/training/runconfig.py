@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from models import ModelConfig
 from workbench.data.tasks import TASK_KINDS, TaskConfig
-from workbench.runtime.config import ARCHS, check_json_fields, coerce, config_from_dict, make_config
+from workbench.runtime.config import ARCHS, check_json_fields, check_section, config_from_dict, make_config, parse_override
 from workbench.storage.files import read_json
 
 
@@ -37,6 +36,7 @@ class TrainConfig:
     device: str = "auto"
 
     def __post_init__(self) -> None:
+        check_section(self)
         for name in ("steps", "batch_size", "seq_len", "grad_accum", "log_every", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"train field {name}={getattr(self, name)!r}: expected an integer >= 1")
@@ -77,6 +77,7 @@ class FBTTrainConfig:
     detach: bool = False  # stop gradients into earlier passes (ablation)
 
     def __post_init__(self) -> None:
+        check_section(self)
         self.pass_weights = tuple(self.pass_weights)
         for name in ("feedback_start", "three_pass_fraction", "prefix_max"):
             if not 0 <= getattr(self, name) <= 1:
@@ -94,6 +95,7 @@ class HDTrainConfig:
     supervise: str = "last"  # "last" stream, or the ablation "all" streams
 
     def __post_init__(self) -> None:
+        check_section(self)
         self.streams, self.expand_at = tuple(self.streams), tuple(self.expand_at)
         if not self.streams or len(self.streams) != len(self.expand_at):
             raise ValueError(f"hd fields streams={self.streams} and expand_at={self.expand_at}: expected equal, non-zero lengths")
@@ -130,17 +132,6 @@ class RunConfig:
         return [n for n, at in zip(self.hd.streams, self.hd.expand_at) if at <= step][-1]
 
 
-def _split(text: str) -> tuple[str, str, str]:
-    if "=" not in text:
-        raise ValueError(f"malformed override {text!r}: expected SECTION.FIELD=VALUE")
-    key, raw = (part.strip() for part in text.split("=", 1))
-    section, _, name = key.partition(".")
-    valid = ["model", *SECTIONS]
-    if not name or section not in valid:
-        raise ValueError(f"malformed override {text!r}: expected SECTION.FIELD=VALUE with SECTION in {valid}")
-    return section, name, raw
-
-
 def make_run_config(arch: str, preset: str, task: str | None = None, overrides: list[str] = (), init_from: str | None = None) -> RunConfig:
     """Build and validate a run config; every error names the offending field."""
     if arch not in ARCHS:
@@ -148,17 +139,10 @@ def make_run_config(arch: str, preset: str, task: str | None = None, overrides: 
     values: dict[str, dict] = {"model": {}, **{s: {} for s in SECTIONS}}
     if task is not None:
         values["data"]["task"] = task
-    model_cls = ARCHS[arch][0]
     for text in overrides:
-        section, name, raw = _split(text)
-        cls = model_cls if section == "model" else SECTIONS[section]
-        hints = typing.get_type_hints(cls)
-        if name not in hints:
-            raise ValueError(f"unknown config field {section}.{name} in override {text!r}: expected one of {sorted(hints)}")
-        try:
-            values[section][name] = coerce(hints[name], raw)
-        except ValueError as err:
-            raise ValueError(f"malformed override {text!r}: field {section}.{name} expects {hints[name]}") from err
+        key, value = parse_override(arch, text, SECTIONS)
+        section, _, name = key.partition(".")
+        values[section][name] = value
     if arch == "hd" and "n_streams" not in values["model"]:
         hd = HDTrainConfig(**values["hd"])
         values["model"]["n_streams"] = hd.streams[0]
