@@ -8,6 +8,8 @@ import logging
 import sys
 from pathlib import Path
 
+from workbench.storage.errors import BadInput, MissingFile, OutputExists, WorkbenchError
+
 logger = logging.getLogger("workbench")
 
 
@@ -21,10 +23,10 @@ def _check_json_target(out: str | None) -> None:
     if out and Path(out).exists():
         try:
             previous = read_json(Path(out))
-        except (OSError, ValueError):
+        except (OSError, WorkbenchError):
             previous = {}
         if not str(previous.get(WRITTEN_BY, "")).startswith("workbench "):
-            raise FileExistsError(f"{out} exists and is not a workbench --json output: choose another path")
+            raise OutputExists(f"{out} exists and is not a workbench --json output: choose another path")
 
 
 def _emit(result: dict, out: str | None, verb: str) -> None:
@@ -52,7 +54,7 @@ def app_script() -> Path:
 
     spec = importlib.util.find_spec("app")
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("the Streamlit app package 'app' is not installed (pip install -e . from the repository)")
+        raise MissingFile("the Streamlit app package 'app' is not installed (pip install -e . from the repository)")
     return Path(list(spec.submodule_search_locations)[0]) / "main.py"
 
 
@@ -64,7 +66,7 @@ def cmd_app(args) -> dict:
 
     runs = Path(args.runs)
     if runs.exists() and not runs.is_dir():
-        raise ValueError(f"--runs {runs}: expected a directory of run directories, got a file")
+        raise BadInput(f"--runs {runs}: expected a directory of run directories, got a file")
     if warning := exposure_warning(args.address, runs):
         print(f"workbench app: warning: {warning}", file=sys.stderr, flush=True)
     command = [sys.executable, "-m", "streamlit", "run", str(app_script()), "--server.address", args.address,
@@ -106,9 +108,8 @@ def cmd_presets(args) -> dict:
 
 
 def cmd_generate(args) -> dict:
-    from models import NonFiniteActivation
     from workbench.runtime.checkpoint import resolve_model
-    from workbench.runtime.decoding import generate
+    from workbench.runtime.decoding import NonFinite, generate
 
     model = resolve_model(args.model)
     tok = _tokenizer_for(args.model)
@@ -121,8 +122,8 @@ def cmd_generate(args) -> dict:
                 model, prompts, regime=regime, max_new_tokens=args.max_new_tokens, passes=args.passes,
                 temperature=args.temperature, top_k=args.top_k, seed=args.seed, eos_token_id=tok.eos_id,
             )
-        except NonFiniteActivation as err:
-            raise NonFiniteActivation(f"regime {regime}: {err}", err.what, err.step, err.pass_index) from err
+        except NonFinite as err:
+            raise NonFinite.wrap(err, f"regime {regime}") from err
         texts = [tok.decode(ids) for ids in out.completions()]
         result["generations"][regime] = texts
         result["silent_tokens"][regime] = counts = out.silent_counts(silent)  # per prompt
@@ -182,7 +183,7 @@ def cmd_train(args) -> dict:
     if args.resume:
         cfg = load_run_config(Path(args.out) / "config.json")
         if args.set or args.init_from:
-            raise ValueError("--resume continues the saved config; --set and --init-from are not allowed with it")
+            raise BadInput("--resume continues the saved config; --set and --init-from are not allowed with it")
     else:
         cfg = make_run_config(args.arch, args.preset, args.task, args.set, init_from=args.init_from)
     summary = train(cfg, args.out, resume=args.resume, progress=not args.no_progress, stop_after=args.stop_after).summary

@@ -12,7 +12,9 @@ import torch
 from workbench.dynamics.feedback import RolloutDiverged, feedback_map, kpass_convergence, prefill_context, rollout
 from workbench.dynamics.maps import find_fixed_points, jacobian_summary, lyapunov_from_growth
 from workbench.runtime.checkpoint import load_model
+from workbench.runtime.decoding import NonFinite
 from workbench.runtime.tokenizer import CharTokenizer
+from workbench.storage.errors import BadInput
 from workbench.storage.files import write_json
 from workbench.storage.outputs import claim
 
@@ -31,7 +33,7 @@ def check_params(*, horizon: int = 2000, perturb_at: int = 20, n_spectra: int = 
              ("max_passes", max_passes, 2 <= max_passes <= 256, "2..256"), ("fp_steps", fp_steps, 2 <= fp_steps <= 100_000, "2..100,000")]
     for name, value, ok, expected in rules:
         if not ok:
-            raise ValueError(f"{name}={value}: expected {expected}")
+            raise BadInput(f"{name}={value}: expected {expected}")
 
 
 @dataclass
@@ -121,6 +123,8 @@ def dynamics_study(runs: list[str], out_dir: str | Path, *, overwrite: bool = Fa
                 found[Path(r).name] = analyse_run(r, **kwargs)
             except RolloutDiverged as err:  # several runs side by side: say which one diverged
                 raise RolloutDiverged(f"{r}: {err}") from err
+            except NonFinite as err:
+                raise NonFinite.wrap(err, str(r)) from err
         results = {name: f.report for name, f in found.items()}
         states = {name: f.states for name, f in found.items()}
         figures = [str(out_dir / Path(f).name) for f in plot_dynamics(results, states, out.staging)]

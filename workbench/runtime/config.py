@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 import typing
+from contextlib import contextmanager
 
 import torch
 
 from models import (
     BaselineLM,
+    ConfigError,
     DecoderLM,
     FBTConfig,
     FullBandwidthLM,
@@ -20,6 +22,7 @@ from models import (
     preset,
 )
 from models.fields import field_types, type_name
+from workbench.storage.errors import BadInput
 
 ARCHS: dict[str, tuple[type[ModelConfig], type[DecoderLM]]] = {
     "baseline": (ModelConfig, BaselineLM),
@@ -28,17 +31,28 @@ ARCHS: dict[str, tuple[type[ModelConfig], type[DecoderLM]]] = {
 }
 
 
+@contextmanager
+def config_errors():
+    """Inside the block, the one validator's ``models.ConfigError`` (a config field or preset the
+    model configs reject) becomes the workbench's ``BadInput`` with the same message."""
+    try:
+        yield
+    except ConfigError as err:
+        raise BadInput(str(err)) from err
+
+
 def _arch(arch: str) -> tuple[type[ModelConfig], type[DecoderLM]]:
     if not isinstance(arch, str) or arch not in ARCHS:
-        raise ValueError(f"unknown architecture {arch!r}: expected one of {sorted(ARCHS)}")
+        raise BadInput(f"unknown architecture {arch!r}: expected one of {sorted(ARCHS)}")
     return ARCHS[arch]
 
 
 def make_config(arch: str, preset_name: str = "debug", **overrides) -> ModelConfig:
     """The config of ``arch`` at ``preset_name`` with ``overrides`` applied and validated."""
     cfg_cls, _ = _arch(arch)
-    check_fields(cfg_cls, overrides, where=f"for arch {arch!r}")
-    return cfg_cls(**{**preset(preset_name), **overrides})
+    with config_errors():
+        check_fields(cfg_cls, overrides, where=f"for arch {arch!r}")
+        return cfg_cls(**{**preset(preset_name), **overrides})
 
 
 def config_from_dict(arch: str, values: dict) -> ModelConfig:
@@ -46,21 +60,24 @@ def config_from_dict(arch: str, values: dict) -> ModelConfig:
     wrongly typed fields are errors naming the field."""
     cfg_cls, _ = _arch(arch)
     if not isinstance(values, dict):
-        raise ValueError(f"the model config must be a JSON object, got {type(values).__name__}")
-    check_fields(cfg_cls, values, where=f"for arch {arch!r}")
-    return cfg_cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+        raise BadInput(f"the model config must be a JSON object, got {type(values).__name__}")
+    with config_errors():
+        check_fields(cfg_cls, values, where=f"for arch {arch!r}")
+        return cfg_cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
 
 
 def check_json_fields(cls, values: dict, where: str = "", prefix: str = "") -> None:
     """``models.check_fields`` (the one validator) on values read from JSON for the dataclass
-    ``cls``; ``prefix`` qualifies field names (``train.``)."""
-    check_fields(cls, values, prefix=prefix, where=where)
+    ``cls``, raising ``BadInput``; ``prefix`` qualifies field names (``train.``)."""
+    with config_errors():
+        check_fields(cls, values, prefix=prefix, where=where)
 
 
 def check_section(cfg) -> None:
     """The one validator on a built workbench config section (the ``train``, ``data``, ``fbt`` and
-    ``hd`` dataclasses call it first in ``__post_init__``)."""
-    check_config(cfg)
+    ``hd`` dataclasses call it first in ``__post_init__``): a wrongly typed field is a ``BadInput``."""
+    with config_errors():
+        check_config(cfg)
 
 
 def model_from_config(arch: str, cfg: ModelConfig, *, seed: int = 0, device=None, dtype=None) -> DecoderLM:
@@ -90,26 +107,26 @@ def parse_override(arch: str, text: str, sections: dict[str, type] | None = None
     field of ``arch``'s model config that it names. With ``sections`` (a run config's, e.g.
     ``{"train": TrainConfig, ...}``) the text is ``SECTION.FIELD=VALUE``, ``model`` naming the model
     config, and the name returned is ``'SECTION.FIELD'`` (``workbench train --set``). Errors
-    name the text, the field and the type it expects; whether the value is in range
+    (``BadInput``) name the text, the field and the type it expects; whether the value is in range
     is the config's to say when it is built."""
     cfg_cls, _ = _arch(arch)
     if "=" not in text:
-        raise ValueError(f"malformed override {text!r}: expected {'SECTION.FIELD' if sections else 'FIELD'}=VALUE")
+        raise BadInput(f"malformed override {text!r}: expected {'SECTION.FIELD' if sections else 'FIELD'}=VALUE")
     key, raw = (part.strip() for part in text.split("=", 1))
     cls, name = cfg_cls, key
     if sections:
         section, _, name = key.partition(".")
         valid = {"model": cfg_cls, **sections}
         if not name or section not in valid:
-            raise ValueError(f"malformed override {text!r}: expected SECTION.FIELD=VALUE with SECTION in {list(valid)}")
+            raise BadInput(f"malformed override {text!r}: expected SECTION.FIELD=VALUE with SECTION in {list(valid)}")
         cls = valid[section]
     kinds = field_types(cls)
     if name not in kinds:
-        raise ValueError(f"unknown config field {key!r} in override {text!r}: expected one of {sorted(kinds)}")
+        raise BadInput(f"unknown config field {key!r} in override {text!r}: expected one of {sorted(kinds)}")
     try:
         return key, _coerce(kinds[name], raw)
     except ValueError as err:
-        raise ValueError(f"malformed override {text!r}: field {key} expects {type_name(kinds[name])}") from err
+        raise BadInput(f"malformed override {text!r}: field {key} expects {type_name(kinds[name])}") from err
 
 
 def _coerce(kind, raw: str):
