@@ -1,6 +1,7 @@
 """The architectures: nn.Modules, configs and hook points. Knows nothing of training or analysis."""
 
 from models.baseline import BaselineLM, DecoderLM, without_hooks
+from models.fields import ConfigError, FieldTypeError, check_config, check_fields
 from models.full_bandwidth import FBTConfig, FullBandwidthLM
 from models.hidden_decoding import HDConfig, HiddenDecodingLM, expand_streams, unstack_streams
 from models.layers import KVCache, ModelConfig
@@ -9,8 +10,10 @@ from models.presets import PRESETS, preset
 
 __all__ = [
     "BaselineLM",
+    "ConfigError",
     "DecoderLM",
     "FBTConfig",
+    "FieldTypeError",
     "FullBandwidthLM",
     "HDConfig",
     "HiddenDecodingLM",
@@ -18,6 +21,8 @@ __all__ = [
     "ModelConfig",
     "NonFiniteActivation",
     "PRESETS",
+    "check_config",
+    "check_fields",
     "expand_streams",
     "guard_numerics",
     "preset",

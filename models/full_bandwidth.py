@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
 from models.baseline import DecoderLM
+from models.fields import ConfigError
 from models.layers import KVCache, ModelConfig
 
 FUSIONS = ("glu", "add")
@@ -32,7 +33,7 @@ class FBTConfig(ModelConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.fusion not in FUSIONS:
-            raise ValueError(f"config field fusion={self.fusion!r}: expected one of {FUSIONS}")
+            raise ConfigError(f"config field fusion={self.fusion!r}: expected one of {FUSIONS}")
 
 
 class Fusion(nn.Module):

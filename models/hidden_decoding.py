@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
 from models.baseline import DecoderLM
+from models.fields import ConfigError
 from models.layers import Block, KVCache, ModelConfig
 
 POSITION_MODES = ("token", "interleaved")
@@ -36,21 +37,21 @@ class HDConfig(ModelConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if not isinstance(self.n_streams, int) or self.n_streams < 1:
-            raise ValueError(f"config field n_streams={self.n_streams!r}: expected an integer >= 1")
+            raise ConfigError(f"config field n_streams={self.n_streams!r}: expected an integer >= 1")
         if self.cross_layers is None:
             self.cross_layers = (self.n_layers // 2,)
         self.cross_layers = tuple(self.cross_layers)
         for layer in self.cross_layers:
             if not isinstance(layer, int) or not 0 <= layer < self.n_layers:
-                raise ValueError(
+                raise ConfigError(
                     f"config field cross_layers={self.cross_layers!r}: layer {layer!r} is not in [0, {self.n_layers})"
                 )
         if self.cross_window is not None and (not isinstance(self.cross_window, int) or self.cross_window < 1):
-            raise ValueError(f"config field cross_window={self.cross_window!r}: expected None or an integer >= 1")
+            raise ConfigError(f"config field cross_window={self.cross_window!r}: expected None or an integer >= 1")
         if self.positions not in POSITION_MODES:
-            raise ValueError(f"config field positions={self.positions!r}: expected one of {POSITION_MODES}")
+            raise ConfigError(f"config field positions={self.positions!r}: expected one of {POSITION_MODES}")
         if self.readout not in READOUTS:
-            raise ValueError(f"config field readout={self.readout!r}: expected one of {READOUTS}")
+            raise ConfigError(f"config field readout={self.readout!r}: expected one of {READOUTS}")
 
 
 class StreamEmbed(nn.Module):

@@ -18,6 +18,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
+from models.fields import ConfigError, check_config
+
 
 @dataclass
 class ModelConfig:
@@ -34,22 +36,22 @@ class ModelConfig:
     init_std: float = 0.02
 
     def __post_init__(self) -> None:
-        check_fields(self)
+        check_config(self)  # types first: the checks below compare numbers
         for name in ("d_vocab", "d_model", "n_layers", "n_heads", "d_mlp", "n_ctx"):
             if getattr(self, name) < 1:
-                raise ValueError(f"config field {name}={getattr(self, name)!r}: expected an integer >= 1")
+                raise ConfigError(f"config field {name}={getattr(self, name)!r}: expected an integer >= 1")
         if self.d_model % self.n_heads:
-            raise ValueError(
+            raise ConfigError(
                 f"config field d_model={self.d_model} is not divisible by n_heads={self.n_heads}"
             )
         if self.d_head % 2:
-            raise ValueError(f"d_head = d_model / n_heads = {self.d_head}: rotary embeddings need it even")
+            raise ConfigError(f"d_head = d_model / n_heads = {self.d_head}: rotary embeddings need it even")
         # JSON and --set both accept Infinity; rotary angles, the norm and the init need finite values
         for name, ok, expected in (("rope_base", 1 < self.rope_base < math.inf, "a finite number > 1"),
                                    ("norm_eps", 0 < self.norm_eps < 1, "a number in (0, 1)"),
                                    ("init_std", 0 < self.init_std < math.inf, "a finite number > 0")):
             if not ok:
-                raise ValueError(f"config field {name}={getattr(self, name)!r}: expected {expected}")
+                raise ConfigError(f"config field {name}={getattr(self, name)!r}: expected {expected}")
 
     @property
     def d_head(self) -> int:
@@ -57,22 +59,6 @@ class ModelConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-
-def check_fields(cfg) -> None:
-    """Reject wrongly typed config fields with a message naming the field (ints pass as floats)."""
-    hints = {f.name: f.type for f in dataclasses.fields(cfg)}
-    for name, kind in hints.items():
-        value = getattr(cfg, name)
-        kind = kind if isinstance(kind, str) else getattr(kind, "__name__", str(kind))
-        ok = {
-            "int": isinstance(value, int) and not isinstance(value, bool),
-            "float": isinstance(value, (int, float)) and not isinstance(value, bool),
-            "bool": isinstance(value, bool),
-            "str": isinstance(value, str),
-        }.get(kind, True)
-        if not ok:
-            raise TypeError(f"config field {name}={value!r}: expected {kind}")
 
 
 class RMSNorm(nn.Module):

@@ -4,6 +4,8 @@ workbench's character-level tokenizer."""
 
 from __future__ import annotations
 
+from models.fields import ConfigError
+
 PRESETS: dict[str, dict] = {
     "debug": dict(d_model=32, n_layers=2, n_heads=4, d_mlp=96, n_ctx=128),
     "tiny": dict(d_model=128, n_layers=4, n_heads=4, d_mlp=352, n_ctx=512),
@@ -14,5 +16,5 @@ PRESETS: dict[str, dict] = {
 
 def preset(name: str) -> dict:
     if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}: expected one of {sorted(PRESETS)}")
+        raise ConfigError(f"unknown preset {name!r}: expected one of {sorted(PRESETS)}")
     return dict(PRESETS[name])

@@ -24,6 +24,7 @@ import torch
 from models import PRESETS, without_hooks
 from workbench.runtime.config import build_model
 from workbench.runtime.decoding import generate
+from workbench.storage.errors import BadInput
 from workbench.training.runconfig import make_run_config
 from workbench.training.train import make_strategy
 
@@ -166,14 +167,14 @@ def matmul_flops(size: int = 1024) -> tuple[Callable, float]:
 def run_bench(preset: str = "small", *, reps: int = 5, only: list[str] | None = None, progress: Callable[[str], None] | None = None,
               store_positions: int | None = None) -> dict:
     if preset not in SIZES:
-        raise ValueError(f"unknown bench preset {preset!r}: expected one of {sorted(SIZES)}")
+        raise BadInput(f"unknown bench preset {preset!r}: expected one of {sorted(SIZES)}")
     if not 5 <= reps <= 1000:
-        raise ValueError(f"reps={reps}: the benchmark wants 5..1000 paired repetitions")
+        raise BadInput(f"reps={reps}: the benchmark wants 5..1000 paired repetitions")
     if store_positions is not None and not 1000 <= store_positions <= 10_000_000:
-        raise ValueError(f"store_positions={store_positions}: expected 1,000..10,000,000")
+        raise BadInput(f"store_positions={store_positions}: expected 1,000..10,000,000")
     unknown = set(only or []) - set(TARGETS)
     if unknown:
-        raise ValueError(f"unknown bench keys {sorted(unknown)}: expected some of {sorted(TARGETS)}")
+        raise BadInput(f"unknown bench keys {sorted(unknown)}: expected some of {sorted(TARGETS)}")
     sizes = SIZES[preset]
     say = progress or (lambda key: None)
     torch.manual_seed(0)

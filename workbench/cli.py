@@ -1,12 +1,20 @@
-"""``workbench VERB ...``: each verb prints a human summary and writes machine-readable JSON."""
+"""``workbench VERB ...``: each verb prints a human summary and writes machine-readable JSON.
+
+A user error (``WorkbenchError``: a bad value, path or file, a busy output, a model that overflowed)
+or an error of the environment (``OSError``: a full disk, a permission denied) is one line on
+stderr and exit status 2; anything else is a bug and keeps its traceback (exit status 1).
+``WORKBENCH_DEBUG=1`` shows the traceback of user errors too."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
+
+from workbench.storage.errors import BadInput, MissingFile, OutputExists, WorkbenchError
 
 logger = logging.getLogger("workbench")
 
@@ -21,10 +29,10 @@ def _check_json_target(out: str | None) -> None:
     if out and Path(out).exists():
         try:
             previous = read_json(Path(out))
-        except (OSError, ValueError):
+        except (OSError, WorkbenchError):
             previous = {}
         if not str(previous.get(WRITTEN_BY, "")).startswith("workbench "):
-            raise FileExistsError(f"{out} exists and is not a workbench --json output: choose another path")
+            raise OutputExists(f"{out} exists and is not a workbench --json output: choose another path")
 
 
 def _emit(result: dict, out: str | None, verb: str) -> None:
@@ -52,19 +60,18 @@ def app_script() -> Path:
 
     spec = importlib.util.find_spec("app")
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("the Streamlit app package 'app' is not installed (pip install -e . from the repository)")
+        raise MissingFile("the Streamlit app package 'app' is not installed (pip install -e . from the repository)")
     return Path(list(spec.submodule_search_locations)[0]) / "main.py"
 
 
 def cmd_app(args) -> dict:
-    import os
     import subprocess
 
     from workbench.runs import exposure_warning
 
     runs = Path(args.runs)
     if runs.exists() and not runs.is_dir():
-        raise ValueError(f"--runs {runs}: expected a directory of run directories, got a file")
+        raise BadInput(f"--runs {runs}: expected a directory of run directories, got a file")
     if warning := exposure_warning(args.address, runs):
         print(f"workbench app: warning: {warning}", file=sys.stderr, flush=True)
     command = [sys.executable, "-m", "streamlit", "run", str(app_script()), "--server.address", args.address,
@@ -106,9 +113,8 @@ def cmd_presets(args) -> dict:
 
 
 def cmd_generate(args) -> dict:
-    from models import NonFiniteActivation
     from workbench.runtime.checkpoint import resolve_model
-    from workbench.runtime.decoding import generate
+    from workbench.runtime.decoding import NonFinite, generate
 
     model = resolve_model(args.model)
     tok = _tokenizer_for(args.model)
@@ -121,8 +127,8 @@ def cmd_generate(args) -> dict:
                 model, prompts, regime=regime, max_new_tokens=args.max_new_tokens, passes=args.passes,
                 temperature=args.temperature, top_k=args.top_k, seed=args.seed, eos_token_id=tok.eos_id,
             )
-        except NonFiniteActivation as err:
-            raise NonFiniteActivation(f"regime {regime}: {err}", err.what, err.step, err.pass_index) from err
+        except NonFinite as err:
+            raise NonFinite.wrap(err, f"regime {regime}") from err
         texts = [tok.decode(ids) for ids in out.completions()]
         result["generations"][regime] = texts
         result["silent_tokens"][regime] = counts = out.silent_counts(silent)  # per prompt
@@ -182,13 +188,12 @@ def cmd_train(args) -> dict:
     if args.resume:
         cfg = load_run_config(Path(args.out) / "config.json")
         if args.set or args.init_from:
-            raise ValueError("--resume continues the saved config; --set and --init-from are not allowed with it")
+            raise BadInput("--resume continues the saved config; --set and --init-from are not allowed with it")
     else:
         cfg = make_run_config(args.arch, args.preset, args.task, args.set, init_from=args.init_from)
-    result = train(cfg, args.out, resume=args.resume, progress=not args.no_progress, stop_after=args.stop_after)
-    result.pop("model")
-    print(f"trained {cfg.arch} to step {result['steps']} in {result['seconds']:.1f}s -> {args.out}")
-    return result
+    summary = train(cfg, args.out, resume=args.resume, progress=not args.no_progress, stop_after=args.stop_after).summary
+    print(f"trained {cfg.arch} to step {summary['steps']} in {summary['seconds']:.1f}s -> {args.out}")
+    return summary
 
 
 def cmd_eval(args) -> dict:
@@ -308,6 +313,19 @@ def _difficulty_range(text: str) -> list[int]:
     return list(range(lo, hi + 1))
 
 
+SEED_MAX = 2**32 - 1  # what every consumer of a seed takes (torch, numpy, scikit-learn's random_state)
+
+
+def _seed(text: str) -> int:
+    try:
+        seed = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid seed {text!r}: expected an integer 0..{SEED_MAX}") from None
+    if not 0 <= seed <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"invalid seed {seed}: expected 0..{SEED_MAX}")
+    return seed
+
+
 def _pass_list(text: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
@@ -326,7 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
     p.add_argument("--overwrite", action="store_true", help="replace a previous demo output there (never anything else)")
     p.add_argument("--preset", default="tiny")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_seed, default=0)
     p.set_defaults(func=cmd_demo, json_out=None)
 
     p = sub.add_parser("generate", help="generate from a run directory or ARCH:PRESET under each regime")
@@ -337,7 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_seed, default=0)
     p.add_argument("--json", dest="json_out", help="write the result as JSON here")
     p.set_defaults(func=cmd_generate)
 
@@ -385,7 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-sequences", type=int, default=1000)
     p.add_argument("--prefill", choices=["standard", "recurrent"], default="standard")
     p.add_argument("--passes", type=_passes, default=1, help="K passes of a recurrent prefill (one row per pass), or 'exact'")
-    p.add_argument("--seed", type=int, default=0, help="seed of the task's held-out stream (never a run's training data)")
+    p.add_argument("--seed", type=_seed, default=0, help="seed of the task's held-out stream (never a run's training data)")
     p.add_argument("--out", required=True)
     p.add_argument("--json", dest="json_out", help="also write the store's metadata here")
     p.add_argument("--overwrite", action="store_true", help="replace a previous store there (never anything else)")
@@ -398,7 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--passes", type=_pass_list, default=[2, 3], help="recurrent prefill pass counts, e.g. 2,3,4")
     p.add_argument("--no-exact", action="store_true", help="skip the exact-recurrence prefill")
     p.add_argument("--n-sequences", type=int, default=400)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_seed, default=0)
     p.add_argument("--out", default=None, help="default RUN/results/probe_<target>.json")
     p.add_argument("--overwrite", action="store_true", help="replace a previous probe sweep (report, figure and probe weights) there (never anything else)")
     p.add_argument("--json", dest="json_out", help="also write the report here")
@@ -426,7 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-problems", type=int, default=200)
     p.add_argument("--difficulty", type=_difficulty_range, default=[1, 2, 3, 4], help="steps, e.g. 1..4")
     p.add_argument("--max-new-tokens", type=int, default=160)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_seed, default=0)
     p.add_argument("--out", required=True)
     p.add_argument("--overwrite", action="store_true", help="replace a previous trace study there (never anything else)")
     p.add_argument("--json", dest="json_out", help="also write the summary here")
@@ -470,9 +488,22 @@ def main(argv: list[str] | None = None) -> int:
         _check_json_target(args.json_out)
         result = args.func(args)
         _emit(result, args.json_out, args.verb)
-    except (ValueError, OSError, KeyError, TypeError, RuntimeError) as err:  # OSError: unwritable --out/--json paths
+    except (WorkbenchError, OSError) as err:
+        # Only these are the user's to fix. A WorkbenchError names the value, path or file and what
+        # was expected. An OSError is the environment refusing (a full disk, a permission denied, a
+        # directory where a file must go, an --out path through a file): its message names the path
+        # and the reason, and a traceback would point at code that did nothing wrong. Anything else
+        # (a KeyError, a TypeError, a RuntimeError from torch) is a bug and propagates with its
+        # traceback (exit status 1).
+        if debugging():
+            raise
         parser.exit(2, f"workbench {args.verb}: error: {' '.join(str(err).split())}\n")  # one line
     return 0
+
+
+def debugging() -> bool:
+    """``WORKBENCH_DEBUG`` set (to anything but 0): user errors keep their traceback too."""
+    return os.environ.get("WORKBENCH_DEBUG", "").strip() not in ("", "0")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from workbench.runtime.checkpoint import load_model
+from workbench.storage.errors import BadInput, MissingFile, WorkbenchError
 from workbench.storage.files import read_json
 from workbench.training.metrics import read_metrics
 from workbench.training.runconfig import run_config_from_dict
@@ -41,7 +42,7 @@ def _walk(root: Path, max_depth: int = 3) -> list[tuple[Path, OSError | None]]:
     """(run directory, None) for each directory holding a config.json, and (directory, error) for
     each one that cannot be looked into: it may hold runs, so it is reported rather than skipped."""
     if not root.is_dir():
-        raise FileNotFoundError(f"runs directory {root} does not exist (train the zoo with `workbench zoo --out {root}`)")
+        raise MissingFile(f"runs directory {root} does not exist (train the zoo with `workbench zoo --out {root}`)")
     found, frontier = [], [(root, 0)]
     while frontier:
         directory, depth = frontier.pop()
@@ -72,7 +73,7 @@ def check_metrics(records: list[dict], path: Path) -> list[dict]:
     for number, record in enumerate(records, 1):
         for key in [*PLOTTED, *(k for k in record if k.startswith("loss_pass") or k == "n_streams")]:
             if not _number(record.get(key)):
-                raise ValueError(f"{path}: record {number} (step {record['step']}) has {key}={json.dumps(record.get(key))[:60]}, "
+                raise BadInput(f"{path}: record {number} (step {record['step']}) has {key}={json.dumps(record.get(key))[:60]}, "
                                  f"expected a number")
     return records
 
@@ -83,7 +84,7 @@ def check_eval(data: dict, path: Path) -> dict:
 
     def expect(ok: bool, where: str, value, expected: str) -> None:
         if not ok:
-            raise ValueError(f"{path}: {where} is {json.dumps(value)[:60]}, expected {expected}")
+            raise BadInput(f"{path}: {where} is {json.dumps(value)[:60]}, expected {expected}")
 
     for key, ok, expected in [("run", lambda v: isinstance(v, str), "a string"), ("arch", lambda v: isinstance(v, str), "a string"),
                               ("fused_passes", lambda v: isinstance(v, str) or _number(v), "a number of passes"),
@@ -139,10 +140,12 @@ def _name(path: Path, root: str | Path | None) -> str:
 
 
 def _describe(err: Exception) -> str:
-    """One line: the error's type and its message's first line."""
+    """One line: the message's first line, after the error's type unless it is a ``WorkbenchError``
+    (whose message says everything)."""
     if isinstance(err, OSError) and err.filename and err.strerror:  # "[Errno 13] Permission denied: 'x'" says less
         return f"{type(err).__name__}: cannot read {err.filename}: {err.strerror}"
-    return f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"
+    line = (str(err).strip().splitlines() or [""])[0]
+    return line if isinstance(err, WorkbenchError) else f"{type(err).__name__}: {line}"
 
 
 def list_runs(root: str | Path, *, check_weights: bool = True) -> list[RunInfo]:
@@ -156,15 +159,15 @@ def list_runs(root: str | Path, *, check_weights: bool = True) -> list[RunInfo]:
 
 def within_root(path: str | Path, root: str | Path) -> Path:
     """``path`` with symlinks and ``..`` resolved (a relative one taken under ``root``) if that is
-    ``root`` or a directory under it; else a ValueError naming both. The app writes only there."""
+    ``root`` or a directory under it; else a ``BadInput`` (a ValueError) naming both. The app writes only there."""
     root = Path(root).resolve()
     try:
         resolved = (root / Path(path).expanduser()).resolve()
     except (OSError, RuntimeError, ValueError) as err:  # a symlink loop, a NUL byte
-        raise ValueError(f"{path}: not a usable path ({err}); expected the runs root {root} or a directory under it") from None
+        raise BadInput(f"{path}: not a usable path ({err}); expected the runs root {root} or a directory under it") from None
     if resolved != root and root not in resolved.parents:
         shown = "" if str(resolved) == str(path) else f" (resolves to {resolved})"
-        raise ValueError(f"{path}{shown} is outside the runs root {root}: expected the root or a directory under it")
+        raise BadInput(f"{path}{shown} is outside the runs root {root}: expected the root or a directory under it")
     return resolved
 
 

@@ -40,7 +40,7 @@ if perturb_at >= horizon:
 @st.cache_data(show_spinner=False, max_entries=16)
 def analyse(path: str, version: tuple, **params) -> tuple[dict, np.ndarray]:
     result = analyse_run(path, **params)
-    return result, result.pop("_states").numpy()
+    return result.report, result.states.numpy()
 
 
 results = {}

@@ -210,7 +210,7 @@ def test_nan_in_a_step_stops_naming_the_step_and_the_last_checkpoint_resumes_exa
     assert json.loads((tmp_path / "run" / S).read_text())["step"] == 4
     assert load_model(tmp_path / "run").n_streams == (2 if arch == "hd" else 1)
     out = train(cfg, tmp_path / "run", resume=True, progress=False)
-    assert out["resumed_from"] == 4
+    assert out.summary["resumed_from"] == 4
     a, b = (load_file(str(tmp_path / r / W)) for r in ("straight", "run"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert strip_timing(tmp_path / "run" / "metrics.jsonl") == strip_timing(tmp_path / "straight" / "metrics.jsonl")

@@ -36,7 +36,7 @@ def test_resume_reaches_the_uninterrupted_weights(tmp_path, arch, extra):
     train(cfg, tmp_path / "split", progress=False, stop_after=6)  # checkpoint at 4; steps 5-6 are lost
     assert json.loads((tmp_path / "split" / "train_state" / "state.json").read_text())["step"] == 4
     out = train(cfg, tmp_path / "split", resume=True, progress=False)
-    assert out["resumed_from"] == 4
+    assert out.summary["resumed_from"] == 4
     a, b = weights(tmp_path / "straight"), weights(tmp_path / "split")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     strip = lambda p: [{k: v for k, v in json.loads(l).items() if k != "tokens_per_s"} for l in p.read_text().splitlines()]
@@ -101,7 +101,7 @@ def test_hd_continues_from_a_baseline_and_expands_cyclically(tmp_path):
     cfg = make_run_config("hd", "debug", "mix", FAST + ["train.steps=4", "hd.streams=2,4", "hd.expand_at=0,2"],
                           init_from=str(tmp_path / "base"))
     out = train(cfg, tmp_path / "hd4", progress=False)
-    assert out["model"].n_streams == 4
+    assert out.model.n_streams == 4
     saved = json.loads((tmp_path / "hd4" / "config.json").read_text())
     assert saved["model"]["n_streams"] == 4 and saved["init_from"] == str(tmp_path / "base")
 

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from workbench.data.answers import parse_final_answer
+from workbench.runtime.config import check_section
+from workbench.storage.errors import BadInput, MissingFile
 
 SYNTHETIC = ("chain", "modsum", "flipflop")
 TASK_KINDS = SYNTHETIC + ("mix",)
@@ -66,25 +68,26 @@ class TaskConfig:
     mix_weights: tuple[float, ...] = (1.0, 1.0, 1.0)  # chain, modsum, flipflop
 
     def __post_init__(self) -> None:
+        check_section(self)
         for f in dataclasses.fields(TaskConfig):
             value = getattr(self, f.name)
             if f.name == "mix_weights":
                 value = tuple(value)
                 self.mix_weights = value
                 if len(value) != 3 or any(w < 0 for w in value) or sum(value) <= 0:
-                    raise ValueError(f"data field mix_weights={value!r}: expected 3 non-negative weights with a positive sum")
+                    raise BadInput(f"data field mix_weights={value!r}: expected 3 non-negative weights with a positive sum")
             elif not isinstance(value, int) or value < 1:
-                raise ValueError(f"data field {f.name}={value!r}: expected an integer >= 1")
+                raise BadInput(f"data field {f.name}={value!r}: expected an integer >= 1")
         if not 2 <= self.modsum_p <= 10:
-            raise ValueError(f"data field modsum_p={self.modsum_p}: expected 2..10 (a one-digit answer)")
+            raise BadInput(f"data field modsum_p={self.modsum_p}: expected 2..10 (a one-digit answer)")
         if self.flipflop_bits > 8:
-            raise ValueError(f"data field flipflop_bits={self.flipflop_bits}: expected at most 8 channels")
+            raise BadInput(f"data field flipflop_bits={self.flipflop_bits}: expected at most 8 channels")
         for name, top in LIMITS.items():  # an example must stay a sequence a model can read
             if getattr(self, name) > top:
-                raise ValueError(f"data field {name}={getattr(self, name)}: expected at most {top}")
+                raise BadInput(f"data field {name}={getattr(self, name)}: expected at most {top}")
         for lo, hi in (("modsum_min_len", "modsum_max_len"), ("flipflop_min_len", "flipflop_max_len")):
             if getattr(self, lo) > getattr(self, hi):
-                raise ValueError(f"data fields {lo}={getattr(self, lo)} > {hi}={getattr(self, hi)}")
+                raise BadInput(f"data fields {lo}={getattr(self, lo)} > {hi}={getattr(self, hi)}")
 
 
 # ---- chain ---------------------------------------------------------------------------------
@@ -210,9 +213,9 @@ def synthetic_examples(task: str, n: int, seed: int, cfg: TaskConfig | None = No
     (``workbench.data.splits.heldout_examples``)."""
     cfg = cfg or TaskConfig()
     if task not in TASK_KINDS:
-        raise ValueError(f"unknown task {task!r}: expected one of {TASK_KINDS} or jsonl:PATH, text:PATH, hf:NAME")
+        raise BadInput(f"unknown task {task!r}: expected one of {TASK_KINDS} or jsonl:PATH, text:PATH, hf:NAME")
     if not 0 <= n <= MAX_EXAMPLES:
-        raise ValueError(f"{n} {task} examples requested: expected 0..{MAX_EXAMPLES:,} (they are generated in memory)")
+        raise BadInput(f"{n} {task} examples requested: expected 0..{MAX_EXAMPLES:,} (they are generated in memory)")
     rng = split_rng(task, seed, split)
     out = []
     for _ in range(n):
@@ -233,17 +236,17 @@ def load_jsonl(path: str | Path) -> list[Example]:
     """GSM8K-format JSONL (``question``, ``answer`` per line)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"no JSONL file at {path}")
+        raise MissingFile(f"no JSONL file at {path}")
     out = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
+    for i, line in enumerate(_read_text(path).splitlines(), 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
         except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{i}: not JSON ({err})") from err
+            raise BadInput(f"{path}:{i}: not JSON ({err})") from err
         if not isinstance(row, dict) or not {"question", "answer"} <= set(row):
-            raise ValueError(f"{path}:{i}: expected an object with 'question' and 'answer'")
+            raise BadInput(f"{path}:{i}: expected an object with 'question' and 'answer'")
         out.append(gsm8k_example(str(row["question"]), str(row["answer"])))
     return out
 
@@ -252,9 +255,16 @@ def load_text(path: str | Path, chunk: int = 512) -> list[Example]:
     """Plain text, cut into chunks of ``chunk`` characters (no prompt, no labels)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"no text file at {path}")
-    text = path.read_text()
+        raise MissingFile(f"no text file at {path}")
+    text = _read_text(path)
     return [Example("text", "", text[i : i + chunk], "", 1) for i in range(0, len(text), chunk)]
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except UnicodeDecodeError as err:
+        raise BadInput(f"{path} is not UTF-8 text: {err}") from err
 
 
 def load_hf(name: str, config: str | None = None, split: str = "train") -> list[Example]:
@@ -265,12 +275,12 @@ def load_hf(name: str, config: str | None = None, split: str = "train") -> list[
     try:
         rows = datasets.load_dataset(name, config, split=split)
     except Exception as err:  # datasets raises many kinds when offline
-        raise ValueError(f"could not load Hugging Face dataset {name!r} ({config}, {split}): {err}") from err
+        raise BadInput(f"could not load Hugging Face dataset {name!r} ({config}, {split}): {err}") from err
     if {"question", "answer"} <= set(rows.column_names):
         return [gsm8k_example(r["question"], r["answer"]) for r in rows]
     if "text" in rows.column_names:
         return [Example("text", "", r["text"], "", 1) for r in rows]
-    raise ValueError(f"dataset {name!r} has neither question/answer nor text columns: {rows.column_names}")
+    raise BadInput(f"dataset {name!r} has neither question/answer nor text columns: {rows.column_names}")
 
 
 def load_task(spec: str, n: int, seed: int, cfg: TaskConfig | None = None) -> list[Example]:

@@ -25,31 +25,33 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from models import FullBandwidthLM, NonFiniteActivation, guard_numerics
 from workbench.runtime.activations import ActivationRecorder
-from workbench.runtime.decoding import check_passes
+from workbench.runtime.decoding import check_passes, guarded, model_check
+from workbench.storage.errors import BadInput, WorkbenchError
 
 CONTEXT_RULES = ("slide", "stop")
 
 
-class RolloutDiverged(RuntimeError):
+class RolloutDiverged(WorkbenchError, RuntimeError):
     """A rollout met a non-finite activation; the message names the rollout step and the site."""
 
 
 def _check(model) -> None:
     if not model.carries_state:
-        raise ValueError(f"feedback dynamics need a Full-Bandwidth model, got arch {model.arch!r}")
+        raise BadInput(f"feedback dynamics need a Full-Bandwidth model, got arch {model.arch!r}")
 
 
 @torch.no_grad()
 def prefill_context(model: FullBandwidthLM, prefix: list[int], capacity: int | None = None, plain: int = 0):
     """``prefix`` in a fresh cache, its first ``plain`` tokens plain (a prompt, as in ``soft``
     decoding) and the rest by the exact recurrence; returns (cache, carried state [D]). Non-finite
-    activations raise ``NonFiniteActivation`` (steps are its forward calls: the plain part, then
-    one per position)."""
+    activations raise ``NonFinite`` (steps are its forward calls: the plain part, then one per
+    position)."""
     _check(model)
     cache = model.make_cache(capacity)
     ids = torch.tensor([prefix], device=model.embed.W_E.device)
+    model_check(model.check_tokens, ids, cache)
     first = max(plain, 1)  # the first token has no state to fuse with: plain either way
-    with guard_numerics(model):
+    with guarded(model):
         h = model.prefill(ids[:, :first], regime="soft", cache=cache)
         for t in range(first, ids.shape[1]):
             h = model.step(ids[:, t : t + 1], regime="soft", cache=cache)
@@ -112,18 +114,21 @@ def rollout(
     and the site."""
     _check(model)
     if context_rule not in CONTEXT_RULES:
-        raise ValueError(f"context_rule={context_rule!r}: expected one of {CONTEXT_RULES}")
+        raise BadInput(f"context_rule={context_rule!r}: expected one of {CONTEXT_RULES}")
     if not prompt:
-        raise ValueError("a rollout needs a prompt of at least one token")
+        raise BadInput("a rollout needs a prompt of at least one token")
     if horizon < 1:
-        raise ValueError(f"horizon={horizon}: expected an integer >= 1")
+        raise BadInput(f"horizon={horizon}: expected an integer >= 1")
     if tokens is not None and len(tokens) < horizon:
-        raise ValueError(f"teacher-forced rollout needs {horizon} tokens, got {len(tokens)}")
+        raise BadInput(f"teacher-forced rollout needs {horizon} tokens, got {len(tokens)}")
     if perturb_at is not None and not 0 <= perturb_at < horizon:
-        raise ValueError(f"perturb_at={perturb_at}: expected a step in [0, {horizon})")
+        raise BadInput(f"perturb_at={perturb_at}: expected a step in [0, {horizon})")
     device = model.embed.W_E.device
     n = 3 if perturb_at is not None else 2  # rows: soft, standard, perturbed soft
     ids = torch.tensor([prompt] * n, device=device)
+    model_check(model.check_tokens, ids)
+    if tokens is not None and (bad := [t for t in tokens[:horizon] if not 0 <= t < model.cfg.d_vocab]):
+        raise BadInput(f"token id {bad[0]} is outside the vocabulary [0, {model.cfg.d_vocab})")
     cache = model.make_cache()
     fuse = torch.tensor([[True], [False], [True]][:n], device=device)
     out = {k: [] for k in ("state", "input", "gate_mean", "gate_entropy", "logit_entropy", "standard", "ratio")}
@@ -184,7 +189,8 @@ def kpass_convergence(model: FullBandwidthLM, tokens: list[int], max_passes: int
     _check(model)
     check_passes(model, max_passes, "max_passes")
     ids = torch.tensor([tokens], device=model.embed.W_E.device)
-    with guard_numerics(model):  # step 0: the K passes; step t + 1: position t of the exact recurrence
+    model_check(model.check_tokens, ids)
+    with guarded(model):  # step 0: the K passes; step t + 1: position t of the exact recurrence
         states = model.run_passes(ids, max_passes)
         exact = model.prefill(ids, regime="fused", passes="exact")
         rows = []

@@ -4,6 +4,7 @@ JSON and figures under the output directory."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -11,7 +12,9 @@ import torch
 from workbench.dynamics.feedback import RolloutDiverged, feedback_map, kpass_convergence, prefill_context, rollout
 from workbench.dynamics.maps import find_fixed_points, jacobian_summary, lyapunov_from_growth
 from workbench.runtime.checkpoint import load_model
+from workbench.runtime.decoding import NonFinite
 from workbench.runtime.tokenizer import CharTokenizer
+from workbench.storage.errors import BadInput
 from workbench.storage.files import write_json
 from workbench.storage.outputs import claim
 
@@ -30,12 +33,24 @@ def check_params(*, horizon: int = 2000, perturb_at: int = 20, n_spectra: int = 
              ("max_passes", max_passes, 2 <= max_passes <= 256, "2..256"), ("fp_steps", fp_steps, 2 <= fp_steps <= 100_000, "2..100,000")]
     for name, value, ok, expected in rules:
         if not ok:
-            raise ValueError(f"{name}={value}: expected {expected}")
+            raise BadInput(f"{name}={value}: expected {expected}")
+
+
+@dataclass
+class DynamicsResult:
+    """What ``analyse_run`` finds on one run. ``report`` is JSON-serialisable (one run's entry in
+    ``dynamics.json``: per-step norms, Lyapunov estimates, spectra, fixed points, K-pass
+    convergence); ``states`` [steps, d_model] holds the rollout's carried states (float32, CPU),
+    which the figures project and the JSON leaves out."""
+
+    report: dict
+    states: torch.Tensor
 
 
 def analyse_run(run_dir: str | Path, *, prompt: str = DEFAULT_PROMPT, horizon: int = 2000, perturb_at: int = 20,
                 n_spectra: int = 6, n_fixed: int = 2, n_starts: int = 16, max_passes: int = 8, fp_steps: int = 200,
-                seed: int = 0) -> dict:
+                seed: int = 0) -> DynamicsResult:
+    """Every feedback-map analysis of the FBT run in ``run_dir`` (see ``dynamics_study``)."""
     check_params(horizon=horizon, perturb_at=perturb_at, n_spectra=n_spectra, n_fixed=n_fixed, n_starts=n_starts,
                  max_passes=max_passes, fp_steps=fp_steps)
     from workbench.runtime.decoding import check_passes
@@ -79,7 +94,7 @@ def analyse_run(run_dir: str | Path, *, prompt: str = DEFAULT_PROMPT, horizon: i
                  "state": p.state.tolist()} for p in points],
                 "path_independent": len(points) == 1 and points[0].n_starts == n_starts})
     conv = kpass_convergence(model, (ids + roll.tokens)[: min(len(ids) + 32, model.cfg.n_ctx)], max_passes)
-    return {
+    report = {
         "run": str(run_dir), "prompt": prompt, "horizon": len(roll.tokens), "stopped": roll.stopped, "slid_at": roll.slid_at,
         "generated": tok.decode(roll.tokens[:200]),
         "per_step": {"state_norm": roll.state_norm.tolist(), "input_norm": roll.input_norm.tolist(),
@@ -89,8 +104,8 @@ def analyse_run(run_dir: str | Path, *, prompt: str = DEFAULT_PROMPT, horizon: i
         "perturb_at": perturb_at,
         "lyapunov": {str(T): float(lyap[T - 1]) for T in horizons},
         "spectra": spectra, "fixed_points": fixed, "kpass": conv,
-        "_states": roll.states,
     }
+    return DynamicsResult(report, roll.states)
 
 
 FIGURES = ("rollout.png", "spectra.png", "fixed_points.png", "kpass.png")
@@ -102,13 +117,16 @@ def dynamics_study(runs: list[str], out_dir: str | Path, *, overwrite: bool = Fa
     check_params(**kwargs)
     out_dir = Path(out_dir)
     with claim(out_dir, "dynamics", overwrite=overwrite) as out:
-        results = {}
+        found = {}
         for r in runs:
             try:
-                results[Path(r).name] = analyse_run(r, **kwargs)
+                found[Path(r).name] = analyse_run(r, **kwargs)
             except RolloutDiverged as err:  # several runs side by side: say which one diverged
                 raise RolloutDiverged(f"{r}: {err}") from err
-        states = {name: r.pop("_states") for name, r in results.items()}
+            except NonFinite as err:
+                raise NonFinite.wrap(err, str(r)) from err
+        results = {name: f.report for name, f in found.items()}
+        states = {name: f.states for name, f in found.items()}
         figures = [str(out_dir / Path(f).name) for f in plot_dynamics(results, states, out.staging)]
         report = {"runs": results, "figures": figures}
         write_json(out.staging / "dynamics.json", report)
@@ -118,7 +136,7 @@ def dynamics_study(runs: list[str], out_dir: str | Path, *, overwrite: bool = Fa
 
 def state_pca(states: torch.Tensor, fixed_points: list[dict]) -> tuple[torch.Tensor, list[dict]]:
     """The rollout's states [steps, d_model] projected on their first two principal components,
-    and every fixed point found (``analyse_run``'s ``fixed_points``) in the same coordinates."""
+    and every fixed point found (``analyse_run``'s ``report['fixed_points']``) in the same coordinates."""
     X = states.double()
     mean = X.mean(0)
     _, _, V = torch.pca_lowrank(X - mean, q=2, center=False)

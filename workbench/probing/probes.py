@@ -16,6 +16,8 @@ import numpy as np
 from safetensors.numpy import save_file
 from sklearn.exceptions import ConvergenceWarning
 
+from workbench.storage.errors import BadInput
+
 C_GRID = (0.01, 0.1, 1.0, 10.0)
 MAX_ITER = 300
 ALPHA_GRID = (0.1, 1.0, 10.0, 100.0)
@@ -39,7 +41,7 @@ def split_by_sequence(groups: np.ndarray, seed: int, test: float = 0.2, val: flo
     """Boolean masks (train, val, test) over rows; all positions of one sequence fall on one side."""
     unique = np.unique(groups)
     if len(unique) < 3:
-        raise ValueError(f"need at least 3 sequences to split train/val/test by sequence, got {len(unique)}")
+        raise BadInput(f"need at least 3 sequences to split train/val/test by sequence, got {len(unique)}")
     rng = np.random.default_rng(seed)
     order = rng.permutation(unique)
     n_test = max(1, int(round(test * len(unique))))
@@ -93,10 +95,10 @@ def train_probe(X: np.ndarray, y: np.ndarray, groups: np.ndarray, tokens: np.nda
         raise ValueError(f"X, y, groups, tokens must have one row each: {len(X)}, {len(y)}, {len(groups)}, {len(tokens)}")
     bad = ~np.isfinite(X).all(axis=1)
     if bad.any():
-        raise ValueError(f"the activations hold NaN or inf in {int(bad.sum())} of {len(X)} rows (first: row {int(np.argmax(bad))})")
+        raise BadInput(f"the activations hold NaN or inf in {int(bad.sum())} of {len(X)} rows (first: row {int(np.argmax(bad))})")
     masks = split_by_sequence(groups, seed)
     if kind == "classification" and len(np.unique(y[masks[0]])) < 2:
-        raise ValueError("the training split holds a single class: nothing to probe")
+        raise BadInput("the training split holds a single class: nothing to probe")
     score, reg, model, scaler = _fit(X, y, masks, kind, seed)
     y_control = control_labels(tokens, y, seed)
     control, _, _, _ = _fit(X, y_control, masks, kind, seed)

@@ -31,11 +31,12 @@ import pyarrow as pa
 import torch
 from torch import Tensor
 
-from models import DecoderLM, NonFiniteActivation, guard_numerics, unstack_streams
+from models import DecoderLM, NonFiniteActivation, unstack_streams
 from workbench.data.tasks import Example
 from workbench.runtime.activations import ActivationRecorder, resolve_hook_names
-from workbench.runtime.decoding import check_passes
+from workbench.runtime.decoding import NonFinite, check_passes, guarded
 from workbench.runtime.tokenizer import CharTokenizer
+from workbench.storage.errors import BadInput, MissingFile
 from workbench.storage.files import fsync, read_json, write_json
 from workbench.storage.outputs import claim
 
@@ -45,15 +46,24 @@ FORMAT = 2  # 1: shards listed by name only
 SHARD = re.compile(r"^shard-\d{5}\.arrow$")
 
 
+def hook_names(model: DecoderLM, hooks: list[str]) -> list[str]:
+    """``resolve_hook_names``, whose ValueError (a name or pattern that matches no hook point of the
+    model, with the closest valid ones) is the caller's ``BadInput``."""
+    try:
+        return resolve_hook_names(model, hooks)
+    except ValueError as err:
+        raise BadInput(str(err)) from err
+
+
 def _check(model: DecoderLM, hooks: list[str], prefill: str, passes) -> None:
     if prefill not in PREFILLS:
-        raise ValueError(f"unknown prefill {prefill!r}: expected one of {PREFILLS}")
+        raise BadInput(f"unknown prefill {prefill!r}: expected one of {PREFILLS}")
     if prefill == "recurrent" and "fused" not in model.regimes:
-        raise ValueError(f"prefill 'recurrent' needs a Full-Bandwidth model; arch {model.arch!r} has only 'standard'")
+        raise BadInput(f"prefill 'recurrent' needs a Full-Bandwidth model; arch {model.arch!r} has only 'standard'")
     check_passes(model, passes)
     for hook in hooks:
         if hook.startswith("fusion."):
-            raise ValueError(
+            raise BadInput(
                 f"hook {hook!r} fires in passes 2..K only; store blocks.0.hook_resid_pre (the fused input) "
                 "or ln_final.hook_normalized (the carried state) instead"
             )
@@ -66,7 +76,7 @@ def _per_position(act: torch.Tensor, hook: str, n_streams: int, n_tokens: int) -
     elif act.shape[1] == n_tokens * n_streams:
         act = unstack_streams(act, n_streams)
     else:
-        raise ValueError(f"hook {hook!r} has shape {tuple(act.shape)}: not a per-position activation")
+        raise BadInput(f"hook {hook!r} has shape {tuple(act.shape)}: not a per-position activation")
     return act.reshape(act.shape[0], n_tokens, n_streams, -1).float()
 
 
@@ -77,7 +87,7 @@ def _batches(examples: list[Example], tokenizer: CharTokenizer, batch_size: int,
         seqs = [tokenizer.encode(ex.text) for ex in chunk]
         width = max(map(len, seqs))
         if width > n_ctx:
-            raise ValueError(f"an example of {width} tokens is longer than the context n_ctx={n_ctx}")
+            raise BadInput(f"an example of {width} tokens is longer than the context n_ctx={n_ctx}")
         tokens = torch.zeros(len(chunk), width, dtype=torch.long)
         real = torch.zeros(len(chunk), width, dtype=torch.bool)
         for i, seq in enumerate(seqs):
@@ -90,13 +100,13 @@ def _record(model: DecoderLM, hooks: list[str], tokens: Tensor, prefill: str, pa
     """Per hook: [n_passes, batch, tokens, streams, features] of one batch (``what``: its sequences,
     named when the numerics guard stops it)."""
     width = tokens.shape[1]
-    with ActivationRecorder(model, hooks, device="cpu") as rec, guard_numerics(model):
+    with ActivationRecorder(model, hooks, device="cpu") as rec, guarded(model):
         try:
             # states only (the readout's logits are never stored); right padding comes after every
             # real token, so it changes no real position, in K passes or in the exact recurrence
             model.prefill(tokens, regime="standard" if prefill == "standard" else "fused", passes=passes)
         except NonFiniteActivation as err:
-            raise NonFiniteActivation(f"{what}: {err}; nothing was stored", err.what, err.step, err.pass_index) from err
+            raise NonFinite(f"{what}: {err}; nothing was stored", err.what, err.step, err.pass_index) from err
     out = []
     for hook in hooks:
         stacked = rec.by_step(hook)[None] if (prefill == "recurrent" and passes == "exact") else rec.by_pass(hook)
@@ -108,15 +118,15 @@ def store_estimate(model: DecoderLM, examples: list[Example], hooks: list[str], 
                    passes: int | str = 1, tokenizer: CharTokenizer | None = None) -> dict:
     """Rows and bytes the store will take, from the token counts and one example's activations
     (what ``cache_activations`` checks against the free disk space before writing)."""
-    hooks = resolve_hook_names(model, hooks)
+    hooks = hook_names(model, hooks)
     _check(model, hooks, prefill, passes)
     tokenizer = tokenizer or CharTokenizer()
     if not examples:
-        raise ValueError("no examples to cache (n_sequences must be >= 1)")
+        raise BadInput("no examples to cache (n_sequences must be >= 1)")
     lengths = [len(tokenizer.encode(ex.text)) for ex in examples]
     if max(lengths) > model.cfg.n_ctx:
         i = lengths.index(max(lengths))
-        raise ValueError(f"example {i} of {lengths[i]} tokens is longer than the context n_ctx={model.cfg.n_ctx}")
+        raise BadInput(f"example {i} of {lengths[i]} tokens is longer than the context n_ctx={model.cfg.n_ctx}")
     positions = sum(lengths)
     _, _, tokens, _ = next(_batches(examples[:1], tokenizer, 1, model.cfg.n_ctx))
     acts = _record(model, hooks, tokens.to(model.embed.W_E.device), prefill, passes, "sequence 0")
@@ -144,11 +154,11 @@ def cache_activations(
     """Write the store to ``out_dir``: a new or empty directory, or a previous store there, which is
     replaced (once the new one is complete) only with ``overwrite``. ``on_estimate`` receives
     ``store_estimate``'s answer before anything is written."""
-    hooks = resolve_hook_names(model, hooks)
+    hooks = hook_names(model, hooks)
     if not examples:
-        raise ValueError("no examples to cache (n_sequences must be >= 1)")
+        raise BadInput("no examples to cache (n_sequences must be >= 1)")
     if any(h.endswith("hook_pattern") for h in hooks):
-        raise ValueError("attention patterns are not per-position vectors; store hook_z or hook_resid_* instead")
+        raise BadInput("attention patterns are not per-position vectors; store hook_z or hook_resid_* instead")
     _check(model, hooks, prefill, passes)
     tokenizer = tokenizer or CharTokenizer()
     out_dir = Path(out_dir)
@@ -157,7 +167,7 @@ def cache_activations(
         on_estimate(estimate)
     free = shutil.disk_usage(_existing_ancestor(out_dir)).free
     if estimate["bytes"] > 0.9 * free:
-        raise ValueError(f"the store would take about {estimate['bytes'] / 2**30:.1f} GiB ({estimate['rows']:,} rows) but "
+        raise BadInput(f"the store would take about {estimate['bytes'] / 2**30:.1f} GiB ({estimate['rows']:,} rows) but "
                          f"{free / 2**30:.1f} GiB are free under {_existing_ancestor(out_dir)}: store fewer hooks or sequences")
     label_names = sorted({name for ex in examples for name in ex.labels})
     n = model.n_streams
@@ -185,7 +195,7 @@ def cache_activations(
                 # act: [n_passes, batch, pos, streams, d] -> rows in (seq, pos, pass, stream) order
                 rows = act[:, b_idx, t_idx].permute(1, 0, 2, 3).reshape(-1, act.shape[-1]).numpy()
                 if not np.isfinite(rows).all():
-                    raise ValueError(f"hook {hook} holds NaN or inf in sequences {start}..{start + len(chunk) - 1}: "
+                    raise BadInput(f"hook {hook} holds NaN or inf in sequences {start}..{start + len(chunk) - 1}: "
                                      f"nothing was stored in {out_dir}")
                 columns[f"act.{hook}"] = pa.FixedSizeListArray.from_arrays(pa.array(rows.reshape(-1), pa.float32()), rows.shape[1])
             table = pa.table({k: v if isinstance(v, pa.Array) else pa.array(v) for k, v in columns.items()})
@@ -226,45 +236,45 @@ def load_store(directory: str | Path, *, verify: bool = True):
     directory = Path(directory)
     meta_path = directory / META
     if not meta_path.is_file():
-        raise FileNotFoundError(f"no activation store at {directory} (missing {META})")
+        raise MissingFile(f"no activation store at {directory} (missing {META})")
     meta = read_json(meta_path)
     where = f"corrupt activation store {directory}"
     for key, kind in (("hooks", list), ("labels", list), ("shards", list), ("n_rows", int), ("n_streams", int)):
         if not isinstance(meta.get(key), kind) or isinstance(meta.get(key), bool):
-            raise ValueError(f"{where}: {META} field {key!r} is {meta.get(key)!r}, expected {kind.__name__}")
+            raise BadInput(f"{where}: {META} field {key!r} is {meta.get(key)!r}, expected {kind.__name__}")
     entries = [e if isinstance(e, dict) else {"name": e} for e in meta["shards"]]  # format 1 listed bare names
     parts, total = [], 0
     for entry in entries:
         name = entry.get("name")
         if not isinstance(name, str) or not SHARD.match(name):
-            raise ValueError(f"{where}: shard name {name!r} in {META} is not shard-NNNNN.arrow (shards live in the store itself)")
+            raise BadInput(f"{where}: shard name {name!r} in {META} is not shard-NNNNN.arrow (shards live in the store itself)")
         path = directory / name
         if not path.is_file() or path.is_symlink():
-            raise ValueError(f"{where}: shard {name} listed in {META} is missing (or not a plain file)")
+            raise BadInput(f"{where}: shard {name} listed in {META} is missing (or not a plain file)")
         if "bytes" in entry and path.stat().st_size != entry["bytes"]:
-            raise ValueError(f"{where}: shard {name} has {path.stat().st_size} bytes, {META} says {entry['bytes']} (torn or altered)")
+            raise BadInput(f"{where}: shard {name} has {path.stat().st_size} bytes, {META} says {entry['bytes']} (torn or altered)")
         if verify and "crc32" in entry and _file_crc32(path) != entry["crc32"]:
-            raise ValueError(f"{where}: shard {name} does not match its CRC32 in {META} (altered bytes)")
+            raise BadInput(f"{where}: shard {name} does not match its CRC32 in {META} (altered bytes)")
         try:
             part = Dataset.from_file(str(path), in_memory=False)
         except Exception as err:  # pyarrow raises several types for a damaged file
-            raise ValueError(f"{where}: shard {name} is not a readable Arrow file: {' '.join(str(err).split())[:200]}") from err
+            raise BadInput(f"{where}: shard {name} is not a readable Arrow file: {' '.join(str(err).split())[:200]}") from err
         if "rows" in entry and len(part) != entry["rows"]:
-            raise ValueError(f"{where}: shard {name} holds {len(part)} rows, {META} says {entry['rows']}")
+            raise BadInput(f"{where}: shard {name} holds {len(part)} rows, {META} says {entry['rows']}")
         expected = {"seq", "pos", "pass", "stream", "token", *(f"label.{x}" for x in meta["labels"]), *(f"act.{h}" for h in meta["hooks"])}
         if set(part.column_names) != expected:
-            raise ValueError(f"{where}: shard {name} has columns {sorted(part.column_names)}, {META} needs {sorted(expected)}")
+            raise BadInput(f"{where}: shard {name} has columns {sorted(part.column_names)}, {META} needs {sorted(expected)}")
         if verify:
             for hook in meta["hooks"]:
                 values = part.data.column(f"act.{hook}").combine_chunks().flatten().to_numpy(zero_copy_only=False)
                 if not np.isfinite(values).all():
-                    raise ValueError(f"{where}: hook {hook} holds NaN or inf in shard {name}")
+                    raise BadInput(f"{where}: hook {hook} holds NaN or inf in shard {name}")
         total += len(part)
         parts.append(part)
     if total != meta["n_rows"]:
-        raise ValueError(f"{where}: the shards hold {total} rows, {META} says n_rows={meta['n_rows']}")
+        raise BadInput(f"{where}: the shards hold {total} rows, {META} says n_rows={meta['n_rows']}")
     if not parts:
-        raise ValueError(f"{where}: {META} lists no shards")
+        raise BadInput(f"{where}: {META} lists no shards")
     return concatenate_datasets(parts), meta
 
 

@@ -16,8 +16,9 @@ import numpy as np
 from workbench.data.splits import heldout_examples
 from workbench.data.tasks import LABELS, TaskConfig
 from workbench.probing.probes import save_probe, train_probe
-from workbench.probing.store import cache_activations, load_store
+from workbench.probing.store import cache_activations, hook_names, load_store
 from workbench.runtime.checkpoint import load_model
+from workbench.storage.errors import BadInput, OutputExists
 from workbench.storage.files import atomic_write, fsync, read_json, write_json
 from workbench.storage.outputs import hold, staging_in
 
@@ -55,12 +56,12 @@ def probe_study(run_dir: str | Path, target: str, *, hooks: list[str] | None = N
     works. A previous sweep's outputs are replaced only with ``overwrite``. ``progress(fraction,
     what)`` is called before each activation caching and after each probe."""
     if target not in TARGET_TASK:
-        raise ValueError(f"unknown probe target {target!r}: expected one of {sorted(TARGET_TASK)}")
+        raise BadInput(f"unknown probe target {target!r}: expected one of {sorted(TARGET_TASK)}")
     if not 3 <= n_sequences <= MAX_SEQUENCES:
-        raise ValueError(f"n_sequences={n_sequences}: expected 3..{MAX_SEQUENCES:,} (train, validation and test split by sequence)")
+        raise BadInput(f"n_sequences={n_sequences}: expected 3..{MAX_SEQUENCES:,} (train, validation and test split by sequence)")
     run_dir = Path(run_dir)
     model = load_model(run_dir)
-    hooks = hooks or default_hooks(model.cfg.n_layers)
+    hooks = hook_names(model, hooks or default_hooks(model.cfg.n_layers))  # patterns become the names the store has
     task = TARGET_TASK[target]
     results_dir = run_dir / "results"
     out = Path(out) if out else results_dir / f"probe_{target}.json"
@@ -120,12 +121,12 @@ def check_probe_outputs(out: Path, probes_dir: Path, overwrite: bool) -> None:
     did not write."""
     figure = out.with_suffix(".png")
     if out.exists() and not _is_probe_report(out):
-        raise FileExistsError(f"{out} exists and is not a probe report: choose another --out")
+        raise OutputExists(f"{out} exists and is not a probe report: choose another --out")
     if figure.exists() and not out.exists():
-        raise FileExistsError(f"{figure} exists and belongs to no probe report: choose another --out")
+        raise OutputExists(f"{figure} exists and belongs to no probe report: choose another --out")
     previous = [p for p in (out, probes_dir) if p.exists()]
     if previous and not overwrite:
-        raise FileExistsError(f"{previous[0]} holds a previous probe sweep: pass --overwrite to replace it")
+        raise OutputExists(f"{previous[0]} holds a previous probe sweep: pass --overwrite to replace it")
 
 
 def _is_probe_report(path: Path) -> bool:

@@ -18,6 +18,7 @@ from torch import Tensor
 from models import DecoderLM
 from workbench.runtime.config import ARCHS, build_model, config_from_dict, model_from_config
 from workbench.runtime.tokenizer import CharTokenizer
+from workbench.storage.errors import BadInput, MissingFile, OutputExists
 from workbench.storage.files import atomic_write, read_json, write_json
 from workbench.storage.outputs import hold
 
@@ -54,24 +55,24 @@ def save_weights(path: Path, tensors: dict[str, Tensor], metadata: dict[str, str
 
 
 def load_weights(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
-    """The tensors and metadata of a safetensors file, never unpickling anything. Raises ValueError
-    naming the file when it is not safetensors, its checksum (if it has one) does not match, or a
+    """The tensors and metadata of a safetensors file, never unpickling anything. Raises ``BadInput``
+    (a ValueError) naming the file when it is not safetensors, its checksum (if it has one) does not match, or a
     floating-point tensor holds NaN or inf."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"missing {path}")
+        raise MissingFile(f"missing {path}")
     try:
         with safe_open(str(path), "pt") as f:
             metadata = dict(f.metadata() or {})
             tensors = {k: f.get_tensor(k) for k in f.keys()}
     except (SafetensorError, OSError, ValueError, RuntimeError) as err:
-        raise ValueError(f"corrupt checkpoint {path}: {err}") from err
+        raise BadInput(f"corrupt checkpoint {path}: {err}") from err
     expected = metadata.pop(CHECKSUM, None)
     if expected is not None and tensor_checksum(tensors, metadata) != expected:
-        raise ValueError(f"corrupt checkpoint {path}: the tensors do not match the file's {CHECKSUM} checksum (torn or altered bytes)")
+        raise BadInput(f"corrupt checkpoint {path}: the tensors do not match the file's {CHECKSUM} checksum (torn or altered bytes)")
     for name, t in tensors.items():
         if t.is_floating_point() and not torch.isfinite(t).all():
-            raise ValueError(f"corrupt checkpoint {path}: tensor {name!r} holds NaN or inf")
+            raise BadInput(f"corrupt checkpoint {path}: tensor {name!r} holds NaN or inf")
     return tensors, metadata
 
 
@@ -82,7 +83,7 @@ def save_model(model: DecoderLM, directory: str | Path, tokenizer: CharTokenizer
     directory = Path(directory)
     existing = [name for name in (WEIGHTS, CONFIG, "tokenizer.json") if (directory / name).exists()]
     if existing and not overwrite:
-        raise FileExistsError(f"{directory} already holds a model ({', '.join(existing)}): pass overwrite=True to replace it")
+        raise OutputExists(f"{directory} already holds a model ({', '.join(existing)}): pass overwrite=True to replace it")
     with hold(directory):
         save_weights(directory / WEIGHTS, model.state_dict(), {"arch": model.arch})
         config = {"arch": model.arch, "model": model.cfg.to_dict(), **(extra or {})}
@@ -95,11 +96,11 @@ def load_model(directory: str | Path, device=None, dtype=None) -> DecoderLM:
     """The model saved in ``directory`` (eval mode)."""
     directory = Path(directory)
     if not directory.is_dir():
-        raise FileNotFoundError(f"no run directory at {directory}")
+        raise MissingFile(f"no run directory at {directory}")
     config = read_json(directory / CONFIG)
     for key in ("arch", "model"):
         if key not in config:
-            raise ValueError(f"{directory / CONFIG} has no {key!r} field")
+            raise BadInput(f"{directory / CONFIG} has no {key!r} field")
     return model_from_weights(config["arch"], config["model"], directory / WEIGHTS, directory / CONFIG, device, dtype)
 
 
@@ -109,18 +110,18 @@ def model_from_weights(arch: str, values: dict, weights: Path, config_path: Path
     against the config's before the model is allocated, so a wrong config fails fast."""
     try:
         cfg = config_from_dict(arch, values)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"bad model config in {config_path}: {err}") from err
+    except BadInput as err:
+        raise BadInput(f"bad model config in {config_path}: {err}") from err
     tensors, _ = load_weights(weights)
     for name, t in tensors.items():  # load_state_dict would silently cast integers and bools to floats
         if not t.is_floating_point():
-            raise ValueError(f"{weights}: tensor {name!r} has dtype {str(t.dtype).removeprefix('torch.')}; model weights "
+            raise BadInput(f"{weights}: tensor {name!r} has dtype {str(t.dtype).removeprefix('torch.')}; model weights "
                              "must be floating point")
     try:
         with torch.device("meta"):
             expected = {k: tuple(v.shape) for k, v in ARCHS[arch][1](cfg).state_dict().items()}
     except (RuntimeError, OverflowError, TypeError) as err:  # sizes past what torch can even describe
-        raise ValueError(f"bad model config in {config_path}: a size torch cannot allocate "
+        raise BadInput(f"bad model config in {config_path}: a size torch cannot allocate "
                          f"({str(err).splitlines()[0][:160]})") from err
     problems = [f"{k} missing" for k in expected if k not in tensors]
     problems += [f"unexpected {k}" for k in tensors if k not in expected]
@@ -128,7 +129,7 @@ def model_from_weights(arch: str, values: dict, weights: Path, config_path: Path
                  for k, shape in expected.items() if k in tensors and tuple(tensors[k].shape) != shape]
     if problems:
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
-        raise ValueError(f"{weights} does not match the config in {config_path}: {'; '.join(problems[:3])}{more}")
+        raise BadInput(f"{weights} does not match the config in {config_path}: {'; '.join(problems[:3])}{more}")
     model = model_from_config(arch, cfg)
     model.load_state_dict(tensors, strict=True)
     return model.to(device=device, dtype=dtype).eval()
@@ -147,8 +148,8 @@ def resolve_model(spec: str, device=None, dtype=None) -> DecoderLM:
         try:
             seed = int(parts[2]) if len(parts) == 3 else 0
         except ValueError:
-            raise ValueError(f"{spec!r}: seed {parts[2]!r} is not an integer") from None
+            raise BadInput(f"{spec!r}: seed {parts[2]!r} is not an integer") from None
         if not -(2**63) <= seed < 2**64:  # the range torch.manual_seed takes
-            raise ValueError(f"{spec!r}: seed {seed} is out of range [-2**63, 2**64)")
+            raise BadInput(f"{spec!r}: seed {seed} is out of range [-2**63, 2**64)")
         return build_model(parts[0], parts[1], seed=seed, device=device, dtype=dtype)
-    raise ValueError(f"{spec!r} is neither a run directory nor ARCH:PRESET[:SEED] (e.g. fbt:debug)")
+    raise BadInput(f"{spec!r} is neither a run directory nor ARCH:PRESET[:SEED] (e.g. fbt:debug)")

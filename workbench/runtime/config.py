@@ -2,24 +2,27 @@
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
-import types
 import typing
+from contextlib import contextmanager
 
 import torch
 
 from models import (
     BaselineLM,
+    ConfigError,
     DecoderLM,
     FBTConfig,
     FullBandwidthLM,
     HDConfig,
     HiddenDecodingLM,
     ModelConfig,
+    check_config,
+    check_fields,
     preset,
 )
+from models.fields import field_types, type_name
+from workbench.storage.errors import BadInput
 
 ARCHS: dict[str, tuple[type[ModelConfig], type[DecoderLM]]] = {
     "baseline": (ModelConfig, BaselineLM),
@@ -28,20 +31,28 @@ ARCHS: dict[str, tuple[type[ModelConfig], type[DecoderLM]]] = {
 }
 
 
+@contextmanager
+def config_errors():
+    """Inside the block, the one validator's ``models.ConfigError`` (a config field or preset the
+    model configs reject) becomes the workbench's ``BadInput`` with the same message."""
+    try:
+        yield
+    except ConfigError as err:
+        raise BadInput(str(err)) from err
+
+
 def _arch(arch: str) -> tuple[type[ModelConfig], type[DecoderLM]]:
     if not isinstance(arch, str) or arch not in ARCHS:
-        raise ValueError(f"unknown architecture {arch!r}: expected one of {sorted(ARCHS)}")
+        raise BadInput(f"unknown architecture {arch!r}: expected one of {sorted(ARCHS)}")
     return ARCHS[arch]
 
 
 def make_config(arch: str, preset_name: str = "debug", **overrides) -> ModelConfig:
     """The config of ``arch`` at ``preset_name`` with ``overrides`` applied and validated."""
     cfg_cls, _ = _arch(arch)
-    fields = {f.name for f in dataclasses.fields(cfg_cls)}
-    unknown = sorted(set(overrides) - fields)
-    if unknown:
-        raise ValueError(f"unknown config field {unknown[0]!r} for arch {arch!r}: expected one of {sorted(fields)}")
-    return cfg_cls(**{**preset(preset_name), **overrides})
+    with config_errors():
+        check_fields(cfg_cls, overrides, where=f"for arch {arch!r}")
+        return cfg_cls(**{**preset(preset_name), **overrides})
 
 
 def config_from_dict(arch: str, values: dict) -> ModelConfig:
@@ -49,42 +60,24 @@ def config_from_dict(arch: str, values: dict) -> ModelConfig:
     wrongly typed fields are errors naming the field."""
     cfg_cls, _ = _arch(arch)
     if not isinstance(values, dict):
-        raise ValueError(f"the model config must be a JSON object, got {type(values).__name__}")
-    check_json_fields(cfg_cls, values, f"for arch {arch!r}")
-    values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
-    return cfg_cls(**values)
+        raise BadInput(f"the model config must be a JSON object, got {type(values).__name__}")
+    with config_errors():
+        check_fields(cfg_cls, values, where=f"for arch {arch!r}")
+        return cfg_cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
 
 
 def check_json_fields(cls, values: dict, where: str = "", prefix: str = "") -> None:
-    """Raise ValueError for a key of ``values`` that is not a field of the dataclass ``cls`` or whose
-    JSON value does not have the field's type; ``prefix`` qualifies field names (``train.``)."""
-    hints = typing.get_type_hints(cls)
-    for name, value in values.items():
-        if name not in hints:
-            where = f" {where}" if where else ""
-            raise ValueError(f"unknown config field {prefix + str(name)!r}{where}: expected one of {sorted(hints)}")
-        if not fits(hints[name], value):
-            raise ValueError(f"config field {prefix}{name}={value!r}: expected {_type_name(hints[name])}")
+    """``models.check_fields`` (the one validator) on values read from JSON for the dataclass
+    ``cls``, raising ``BadInput``; ``prefix`` qualifies field names (``train.``)."""
+    with config_errors():
+        check_fields(cls, values, prefix=prefix, where=where)
 
 
-def fits(kind, value) -> bool:
-    """Whether a JSON value has the annotated type: ints pass as floats, lists as tuples, NaN never."""
-    args = typing.get_args(kind)
-    if typing.get_origin(kind) in (typing.Union, types.UnionType):
-        return any(fits(a, value) for a in args)
-    if typing.get_origin(kind) is tuple:
-        return isinstance(value, (list, tuple)) and all(fits(args[0], v) for v in value)
-    if kind is type(None):
-        return value is None
-    if kind is bool:
-        return isinstance(value, bool)
-    if kind is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if kind is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
-    if kind is str:
-        return isinstance(value, str)
-    return True
+def check_section(cfg) -> None:
+    """The one validator on a built workbench config section (the ``train``, ``data``, ``fbt`` and
+    ``hd`` dataclasses call it first in ``__post_init__``): a wrongly typed field is a ``BadInput``."""
+    with config_errors():
+        check_config(cfg)
 
 
 def model_from_config(arch: str, cfg: ModelConfig, *, seed: int = 0, device=None, dtype=None) -> DecoderLM:
@@ -109,32 +102,44 @@ def build_model(
     return model_from_config(arch, make_config(arch, preset, **overrides), seed=seed, device=device, dtype=dtype)
 
 
-def parse_override(arch: str, text: str) -> tuple[str, object]:
-    """``'n_streams=4'`` -> ``('n_streams', 4)``, typed by the config field it names."""
+def parse_override(arch: str, text: str, sections: dict[str, type] | None = None) -> tuple[str, object]:
+    """The one parser of typed overrides. ``'n_streams=4'`` -> ``('n_streams', 4)``, typed by the
+    field of ``arch``'s model config that it names. With ``sections`` (a run config's, e.g.
+    ``{"train": TrainConfig, ...}``) the text is ``SECTION.FIELD=VALUE``, ``model`` naming the model
+    config, and the name returned is ``'SECTION.FIELD'`` (``workbench train --set``). Errors
+    (``BadInput``) name the text, the field and the type it expects; whether the value is in range
+    is the config's to say when it is built."""
     cfg_cls, _ = _arch(arch)
     if "=" not in text:
-        raise ValueError(f"malformed override {text!r}: expected FIELD=VALUE")
-    name, raw = (part.strip() for part in text.split("=", 1))
-    hints = typing.get_type_hints(cfg_cls)
-    if name not in hints:
-        raise ValueError(f"unknown config field {name!r} in override {text!r}: expected one of {sorted(hints)}")
+        raise BadInput(f"malformed override {text!r}: expected {'SECTION.FIELD' if sections else 'FIELD'}=VALUE")
+    key, raw = (part.strip() for part in text.split("=", 1))
+    cls, name = cfg_cls, key
+    if sections:
+        section, _, name = key.partition(".")
+        valid = {"model": cfg_cls, **sections}
+        if not name or section not in valid:
+            raise BadInput(f"malformed override {text!r}: expected SECTION.FIELD=VALUE with SECTION in {list(valid)}")
+        cls = valid[section]
+    kinds = field_types(cls)
+    if name not in kinds:
+        raise BadInput(f"unknown config field {key!r} in override {text!r}: expected one of {sorted(kinds)}")
     try:
-        return name, coerce(hints[name], raw)
-    except (ValueError, json.JSONDecodeError) as err:
-        raise ValueError(f"malformed override {text!r}: field {name} expects {_type_name(hints[name])}") from err
+        return key, _coerce(kinds[name], raw)
+    except ValueError as err:
+        raise BadInput(f"malformed override {text!r}: field {key} expects {type_name(kinds[name])}") from err
 
 
-def coerce(kind, raw: str):
+def _coerce(kind, raw: str):
     """Parse ``raw`` as the annotated type ``kind`` (int, float, bool, str, tuples, optionals)."""
     args = typing.get_args(kind)
-    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+    if typing.get_origin(kind) in (typing.Union, type(int | None)):
         if raw.lower() in ("none", "null"):
             if type(None) in args:
                 return None
-        return coerce(next(a for a in args if a is not type(None)), raw)
+        return _coerce(next(a for a in args if a is not type(None)), raw)
     if typing.get_origin(kind) is tuple:
         items = [item for item in raw.strip("()[] ").split(",") if item.strip()]
-        return tuple(coerce(args[0], item.strip()) for item in items)
+        return tuple(_coerce(args[0], item.strip()) for item in items)
     if kind is bool:
         if raw.lower() in ("true", "1", "yes"):
             return True
@@ -149,9 +154,3 @@ def coerce(kind, raw: str):
             raise ValueError(raw)
         return value
     return raw
-
-
-def _type_name(kind) -> str:
-    if typing.get_args(kind):  # tuple[int, ...], int | None: the whole annotation, not "tuple"
-        return str(kind).replace("typing.", "")
-    return getattr(kind, "__name__", None) or str(kind).replace("typing.", "")

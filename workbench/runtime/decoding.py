@@ -14,15 +14,49 @@ positions count real tokens only, so a row decodes exactly as it would alone.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from models import DecoderLM, guard_numerics
+from models import DecoderLM, NonFiniteActivation, guard_numerics
+from workbench.storage.errors import BadInput, WorkbenchError
 
 REGIMES = ("standard", "soft", "fused")
+
+
+class NonFinite(WorkbenchError, NonFiniteActivation):
+    """``models.NonFiniteActivation`` as the workbench raises it: the model's numbers overflowed (or
+    went NaN) on this input with these weights, which is no bug of the code; the message names the
+    site, the step and the FBT pass (and, where the workbench knows it, what was running)."""
+
+    @classmethod
+    def wrap(cls, err: NonFiniteActivation, context: str = "") -> NonFinite:
+        """``err`` as a ``NonFinite``, its message prefixed by ``context`` (``regime soft``)."""
+        return cls(f"{context}: {err}" if context else str(err), err.what, err.step, err.pass_index)
+
+
+@contextmanager
+def guarded(model: DecoderLM, enabled: bool = True) -> Iterator[None]:
+    """``models.guard_numerics`` whose ``NonFiniteActivation`` comes out as ``NonFinite``."""
+    try:
+        with guard_numerics(model, enabled):
+            yield
+    except NonFiniteActivation as err:
+        if isinstance(err, NonFinite):
+            raise
+        raise NonFinite.wrap(err) from err
+
+
+def model_check(check, *args) -> None:
+    """Run a model's own argument check (``check_regime``, ``check_tokens``): its ValueError names a
+    value the caller passed in, so it is the caller's ``BadInput``."""
+    try:
+        check(*args)
+    except ValueError as err:
+        raise BadInput(str(err)) from err
 
 
 @dataclass
@@ -55,13 +89,13 @@ def pad_prompts(prompts, pad_token_id: int = 0, device=None) -> tuple[Tensor, Te
         if prompts.dim() == 1:
             prompts = prompts[None]
         if prompts.dim() != 2:
-            raise ValueError(f"prompt_ids tensor must be [batch, pos], got shape {tuple(prompts.shape)}")
+            raise BadInput(f"prompt_ids tensor must be [batch, pos], got shape {tuple(prompts.shape)}")
         return prompts.to(device=device, dtype=torch.long), None
     rows = [list(p) for p in prompts]
     if rows and not isinstance(rows[0], list) and all(isinstance(t, int) for t in rows):
         rows = [rows]
     if not rows or any(len(r) == 0 for r in rows):
-        raise ValueError("prompt_ids must hold at least one non-empty prompt")
+        raise BadInput("prompt_ids must hold at least one non-empty prompt")
     width = max(len(r) for r in rows)
     tokens = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
     mask = torch.zeros(len(rows), width, dtype=torch.bool)
@@ -84,15 +118,15 @@ def sample(logits: Tensor, temperature: float, top_k: int | None, generator: tor
 
 def _check_args(model, regime, passes, max_new_tokens, temperature, top_k):
     if regime not in REGIMES:
-        raise ValueError(f"unknown regime {regime!r}: expected one of {REGIMES}")
-    model.check_regime(regime)
+        raise BadInput(f"unknown regime {regime!r}: expected one of {REGIMES}")
+    model_check(model.check_regime, regime)
     check_passes(model, passes)
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens={max_new_tokens!r}: expected an integer >= 1")
+        raise BadInput(f"max_new_tokens={max_new_tokens!r}: expected an integer >= 1")
     if not math.isfinite(temperature) or temperature < 0:
-        raise ValueError(f"temperature={temperature!r}: expected a finite number >= 0")
+        raise BadInput(f"temperature={temperature!r}: expected a finite number >= 0")
     if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k={top_k!r}: expected None or an integer >= 1")
+        raise BadInput(f"top_k={top_k!r}: expected None or an integer >= 1")
 
 
 def check_passes(model: DecoderLM, passes, name: str = "passes") -> None:
@@ -101,9 +135,9 @@ def check_passes(model: DecoderLM, passes, name: str = "passes") -> None:
     if passes == "exact":
         return
     if not isinstance(passes, int) or isinstance(passes, bool) or passes < 1:
-        raise ValueError(f"{name}={passes!r}: expected an integer >= 1 or 'exact'")
+        raise BadInput(f"{name}={passes!r}: expected an integer >= 1 or 'exact'")
     if passes > model.cfg.n_ctx:
-        raise ValueError(f"{name}={passes} is more than the context n_ctx={model.cfg.n_ctx}: K = the prompt length is "
+        raise BadInput(f"{name}={passes} is more than the context n_ctx={model.cfg.n_ctx}: K = the prompt length is "
                          "already the exact recurrence (use 'exact')")
 
 
@@ -120,19 +154,19 @@ def score_completions(
 ) -> Tensor:
     """Teacher-forced negative log-likelihood [batch, completion_pos] of each completion after its
     prompt, decoded exactly as ``generate`` would (NaN past a row's completion). Non-finite
-    activations raise ``NonFiniteActivation`` (see ``generate``)."""
+    activations raise ``NonFinite`` (see ``generate``)."""
     _check_args(model, regime, passes, 1, 0.0, None)
     device = model.embed.W_E.device
     tokens, mask = pad_prompts(prompts, pad_token_id, device)
     B, P = tokens.shape
     C = max(len(c) for c in completions)
     if P + C > model.cfg.n_ctx:
-        raise ValueError(f"prompt of {P} + completion of {C} tokens is longer than the context n_ctx={model.cfg.n_ctx}")
+        raise BadInput(f"prompt of {P} + completion of {C} tokens is longer than the context n_ctx={model.cfg.n_ctx}")
     target = torch.full((B, C), -1, dtype=torch.long, device=device)
     for i, c in enumerate(completions):
         target[i, : len(c)] = torch.tensor(list(c), dtype=torch.long)
-    model.check_tokens(target.clamp(min=0))
-    with guard_numerics(model, check_numerics):
+    model_check(model.check_tokens, target.clamp(min=0))
+    with guarded(model, check_numerics):
         cache = model.make_cache(P + C)
         n = model.n_streams
         h = model.prefill(tokens, regime=regime, passes=passes, cache=cache, attention_mask=mask)
@@ -166,7 +200,8 @@ def generate(
     ``passes`` is the K of the ``fused`` regime's K-pass prefill (``'exact'``: the sequential
     recurrence). Hooks attached to ``model`` fire at every step; the workbench's
     ``ActivationRecorder`` tells the steps (and passes) apart. With ``check_numerics`` (the
-    default) a non-finite norm input or logit raises ``models.NonFiniteActivation`` naming the
+    default) a non-finite norm input or logit raises ``NonFinite`` (a ``models.NonFiniteActivation``
+    and a ``WorkbenchError``) naming the
     site and the step (forward calls: 0 is the prefill, except that ``passes='exact'`` prefills
     one prompt position per call); an overflow would otherwise decode as a run of pad ids.
     """
@@ -174,16 +209,16 @@ def generate(
     device = model.embed.W_E.device
     tokens, mask = pad_prompts(prompt_ids, pad_token_id, device)
     B, P = tokens.shape
-    model.check_tokens(tokens)
+    model_check(model.check_tokens, tokens)
     if P + max_new_tokens > model.cfg.n_ctx:
-        raise ValueError(
+        raise BadInput(
             f"prompt of {P} tokens + max_new_tokens={max_new_tokens} is longer than the context n_ctx={model.cfg.n_ctx}"
         )
     prompt_lengths = (mask.sum(1).tolist() if mask is not None else [P] * B)
     generator = None
     if temperature > 0 and seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)
-    with guard_numerics(model, check_numerics):
+    with guarded(model, check_numerics):
         cache = model.make_cache(P + max_new_tokens)
         h = model.prefill(tokens, regime=regime, passes=passes, cache=cache, attention_mask=mask)
         n = model.n_streams

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
+from workbench.storage.errors import BadInput, MissingFile
 from workbench.storage.files import atomic_write, write_json
 
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
@@ -26,11 +27,11 @@ class CharTokenizer:
         self.tokenizer = tokenizer
         missing = [t for t in SPECIALS if tokenizer.token_to_id(t) is None]
         if missing:
-            raise ValueError(f"the tokenizer has no special token {missing[0]!r} (it needs {list(SPECIALS)})")
+            raise BadInput(f"the tokenizer has no special token {missing[0]!r} (it needs {list(SPECIALS)})")
         # tools pad with id 0 and stop at id 2, and an id must decode to one token only
         misplaced = [f"{t} is id {tokenizer.token_to_id(t)}" for i, t in enumerate(SPECIALS) if tokenizer.token_to_id(t) != i]
         if misplaced:
-            raise ValueError(f"special tokens must be at ids {', '.join(f'{i} {t}' for i, t in enumerate(SPECIALS))}: "
+            raise BadInput(f"special tokens must be at ids {', '.join(f'{i} {t}' for i, t in enumerate(SPECIALS))}: "
                              + ", ".join(misplaced))
         self.pad_id, self.bos_id, self.eos_id, self.unk_id = range(len(SPECIALS))  # the ids checked above
         tokens_of: dict[int, list[str]] = {}
@@ -39,7 +40,7 @@ class CharTokenizer:
         shared = [f"id {i} <- {tokens!r}" for i, tokens in tokens_of.items() if len(tokens) > 1]
         if shared:
             more = f" (and {len(shared) - 3} more)" if len(shared) > 3 else ""
-            raise ValueError(f"the vocabulary maps several tokens to one id: {'; '.join(shared[:3])}{more}")
+            raise BadInput(f"the vocabulary maps several tokens to one id: {'; '.join(shared[:3])}{more}")
 
     @property
     def vocab_size(self) -> int:
@@ -87,15 +88,15 @@ class CharTokenizer:
         ids must fit the model's d_vocab."""
         path = Path(directory) / "tokenizer.json"
         if not path.is_file():
-            raise FileNotFoundError(f"no tokenizer at {path}")
+            raise MissingFile(f"no tokenizer at {path}")
         try:
             tokenizer = cls(Tokenizer.from_file(str(path)))
         except Exception as err:  # tokenizers raises a bare Exception on malformed JSON
-            raise ValueError(f"corrupt tokenizer file {path}: {err}") from err
+            raise BadInput(f"corrupt tokenizer file {path}: {err}") from err
         config = Path(directory) / "config.json"
         d_vocab = _model_d_vocab(config)
         if d_vocab is not None and tokenizer.id_limit > d_vocab:
-            raise ValueError(f"tokenizer {path} does not match the model in {config}: it has ids up to "
+            raise BadInput(f"tokenizer {path} does not match the model in {config}: it has ids up to "
                              f"{tokenizer.id_limit - 1}, the model's d_vocab is {d_vocab}")
         return tokenizer
 

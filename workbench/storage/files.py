@@ -1,5 +1,5 @@
 """File writes that never leave a torn file: atomic replace through a synced temporary, JSON
-objects read with errors that name the file. The bottom of the workbench: it imports nothing of it."""
+objects read with errors that name the file. The bottom of the workbench: it imports only ``errors``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+
+from workbench.storage.errors import BadInput, MissingFile
 
 TMP_SUFFIX = ".tmp"
 
@@ -25,6 +27,8 @@ def atomic_write(path: Path, write) -> None:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
     except OSError as err:
         raise _naming(err, path) from err
+    except ValueError as err:  # a NUL byte: a path no file system takes
+        raise BadInput(f"cannot write {str(path)!r}: {err}") from err
     os.close(fd)
     try:
         write(tmp)
@@ -80,13 +84,13 @@ def write_json(path: Path, data: dict) -> None:
 def read_json(path: Path) -> dict:
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"missing {path}")
+        raise MissingFile(f"missing {path}")
     try:
         data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
-        raise ValueError(f"corrupt JSON in {path}: {err}") from err
+        raise BadInput(f"corrupt JSON in {path}: {err}") from err
     if not isinstance(data, dict):
-        raise ValueError(f"{path} must hold a JSON object, got {type(data).__name__}")
+        raise BadInput(f"{path} must hold a JSON object, got {type(data).__name__}")
     return data
 
 

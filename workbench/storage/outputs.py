@@ -32,6 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from workbench.storage.errors import BadInput, NotADirectory, OutputBusy, OutputExists
 from workbench.storage.files import fsync
 
 logger = logging.getLogger(__name__)
@@ -41,10 +42,6 @@ STAGING = ".staging-"  # + the writer's PID
 STAGING_MARK = ".workbench-staging"  # inside every staging directory: what makes a leftover one removable
 _STAGING = re.compile(r"^\.staging-\d+$")
 _TMP = re.compile(r"^\..+\.tmp$")  # what files.atomic_write leaves when a writer is killed
-
-
-class OutputBusy(RuntimeError):
-    """Another process (or thread) holds the output directory."""
 
 
 @dataclass(frozen=True)
@@ -78,7 +75,7 @@ def contents(directory: Path) -> list[str]:
     if not directory.exists():
         return []
     if not directory.is_dir():
-        raise NotADirectoryError(f"{directory} exists and is not a directory")
+        raise NotADirectory(f"{directory} exists and is not a directory")
     return sorted(p.name for p in directory.iterdir() if not is_bookkeeping(p.name))
 
 
@@ -121,9 +118,11 @@ def hold(directory: str | Path) -> Iterator[Path]:
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
-        raise NotADirectoryError(f"{directory} exists and is not a directory") from None
+        raise NotADirectory(f"{directory} exists and is not a directory") from None
     except OSError as err:
         raise OSError(err.errno, f"cannot create {directory}: {err.strerror}") from None
+    except ValueError as err:  # a NUL byte: a path no file system takes
+        raise BadInput(f"cannot create {str(directory)!r}: {err}") from None
     key = directory.resolve()
     with _held_guard:
         entry = _held.get(key)
@@ -242,10 +241,10 @@ def _check_target(directory: Path, spec: Kind, found: list[str], overwrite: bool
     if not found:
         return
     if spec.marker not in found or not _is_json_object(directory / spec.marker):
-        raise FileExistsError(f"{directory} holds files that are not {spec.article} {spec.noun} ({listing(found)}): "
+        raise OutputExists(f"{directory} holds files that are not {spec.article} {spec.noun} ({listing(found)}): "
                               "choose a new or empty directory")
     if not overwrite:
-        raise FileExistsError(f"{directory} holds a previous {spec.noun}: pass --overwrite to replace it, "
+        raise OutputExists(f"{directory} holds a previous {spec.noun}: pass --overwrite to replace it, "
                               "or choose a new directory")
 
 

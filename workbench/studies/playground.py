@@ -18,6 +18,7 @@ from models import DecoderLM
 from workbench.runtime.activations import ActivationRecorder
 from workbench.runtime.decoding import generate
 from workbench.runtime.tokenizer import CharTokenizer
+from workbench.storage.errors import BadInput
 
 
 @dataclass
@@ -29,14 +30,14 @@ class Intervention:
         hooks = []
         if self.state_scale != 1.0:
             if "fusion.hook_state" not in model.hook_dict:
-                raise ValueError(f"state_scale={self.state_scale} needs an FBT model (it scales the carried state), got arch {model.arch!r}")
+                raise BadInput(f"state_scale={self.state_scale} needs an FBT model (it scales the carried state), got arch {model.arch!r}")
             scale = self.state_scale
             hooks.append(("fusion.hook_state", lambda x, hook: x * scale))
         if self.ablate_stream is not None:
             if "hook_stream_embed" not in model.hook_dict:
-                raise ValueError(f"ablate_stream={self.ablate_stream} needs a Hidden Decoding model, got arch {model.arch!r}")
+                raise BadInput(f"ablate_stream={self.ablate_stream} needs a Hidden Decoding model, got arch {model.arch!r}")
             if not 0 <= self.ablate_stream < model.n_streams:
-                raise ValueError(f"ablate_stream={self.ablate_stream}: expected a stream index 0..{model.n_streams - 1}")
+                raise BadInput(f"ablate_stream={self.ablate_stream}: expected a stream index 0..{model.n_streams - 1}")
             s = self.ablate_stream
 
             def ablate(x, hook):  # [batch, pos, n_streams, d_model]
@@ -57,11 +58,11 @@ def inspect_generation(model: DecoderLM, prompt: str, *, regime: str = "standard
     norm ``||W_U h||`` with which the token re-entered the stack (None where it did not)."""
     tokenizer = tokenizer or CharTokenizer()
     if not prompt:
-        raise ValueError("the prompt is empty: type some text to continue")
+        raise BadInput("the prompt is empty: type some text to continue")
     ids = tokenizer.encode(prompt)
     budget = min(max_new_tokens, model.cfg.n_ctx - len(ids))
     if budget < 1:
-        raise ValueError(f"the prompt has {len(ids)} tokens, which leaves no room in the context n_ctx={model.cfg.n_ctx}")
+        raise BadInput(f"the prompt has {len(ids)} tokens, which leaves no room in the context n_ctx={model.cfg.n_ctx}")
     intervention = intervention or Intervention()
     names = ["fusion.hook_gate", "fusion.hook_value"] if "fusion.hook_gate" in model.hook_dict else []
     with model.hooks(fwd_hooks=intervention.hooks(model)), ActivationRecorder(model, names) as rec:

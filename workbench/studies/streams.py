@@ -13,13 +13,14 @@ from workbench.data.splits import heldout_examples
 from workbench.data.windows import TokenStream, batch_windows
 from workbench.runtime.activations import ActivationRecorder
 from workbench.runtime.tokenizer import CharTokenizer
+from workbench.storage.errors import BadInput
 
 
 def task_windows(task: str, n_sequences: int, seq_len: int, seed: int = 0) -> Tensor:
     """[n_sequences, seq_len] windows of held-out ``task`` text (the held-out stream, independent
     of every training seed's) for the analyses below."""
     if n_sequences < 1 or seq_len < 2:
-        raise ValueError(f"n_sequences={n_sequences}, seq_len={seq_len}: expected n_sequences >= 1 and seq_len >= 2")
+        raise BadInput(f"n_sequences={n_sequences}, seq_len={seq_len}: expected n_sequences >= 1 and seq_len >= 2")
     examples = heldout_examples(task, max(8, n_sequences), seed)
     stream = TokenStream.from_examples(examples, CharTokenizer())
     return batch_windows(stream, seed, 0, n_sequences, seq_len)[0]
@@ -27,7 +28,7 @@ def task_windows(task: str, n_sequences: int, seq_len: int, seed: int = 0) -> Te
 
 def _check(model) -> None:
     if "hook_stream_embed" not in model.hook_dict:  # the analyses read per-stream embeddings
-        raise ValueError(f"stream analyses need a Hidden Decoding model, got arch {model.arch!r}")
+        raise BadInput(f"stream analyses need a Hidden Decoding model, got arch {model.arch!r}")
 
 
 @torch.no_grad()

@@ -6,7 +6,7 @@ tokens before the ``####`` marker; all of them when there is none), ``total_toke
 including <eos>), ``answer``, ``correct``, ``finished`` (false when the budget ran out before
 <eos>), ``silent_tokens`` (generated ids before <eos> that decode to nothing: pad, other specials,
 ids past the vocabulary; ``text`` cannot show them), the generated ``text`` and, for FBT, the
-per-step carried-state norms. Generation stops with ``models.NonFiniteActivation`` naming the step
+per-step carried-state norms. Generation stops with ``NonFinite`` (a ``models.NonFiniteActivation``) naming the step
 and the site when an activation overflows.
 """
 
@@ -27,8 +27,9 @@ from workbench.data.answers import is_correct, parse_final_answer
 from workbench.data.splits import heldout_rng
 from workbench.data.tasks import Example, TaskConfig, load_jsonl, make_chain
 from workbench.runtime.checkpoint import load_model
-from workbench.runtime.decoding import generate
+from workbench.runtime.decoding import NonFinite, generate
 from workbench.runtime.tokenizer import CharTokenizer
+from workbench.storage.errors import BadInput
 from workbench.storage.files import write_json
 from workbench.storage.outputs import claim
 
@@ -40,14 +41,14 @@ def problems(task: str, n: int, difficulties: list[int], seed: int = 0) -> list[
     """``chain`` problems spread evenly over ``difficulties`` (steps), or the first ``n`` problems
     of a GSM8K-format JSONL file (``gsm8k-jsonl:PATH``; difficulty = its number of ``<<`` steps)."""
     if not 1 <= n <= MAX_PROBLEMS:
-        raise ValueError(f"n_problems={n}: expected 1..{MAX_PROBLEMS:,} (every model and regime generates for each)")
+        raise BadInput(f"n_problems={n}: expected 1..{MAX_PROBLEMS:,} (every model and regime generates for each)")
     if task.startswith("gsm8k-jsonl:"):
         examples = load_jsonl(task.split(":", 1)[1])[:n]
         return [ex for ex in examples if ex.difficulty in difficulties] if difficulties else examples
     if task != "chain":
-        raise ValueError(f"unknown trace task {task!r}: expected 'chain' or 'gsm8k-jsonl:PATH'")
+        raise BadInput(f"unknown trace task {task!r}: expected 'chain' or 'gsm8k-jsonl:PATH'")
     if not difficulties or min(difficulties) < 1:
-        raise ValueError(f"difficulties={difficulties!r}: expected step counts >= 1")
+        raise BadInput(f"difficulties={difficulties!r}: expected step counts >= 1")
     rng = heldout_rng("traces", seed)
     cfg = TaskConfig(chain_max_steps=max(difficulties))
     return [make_chain(rng, cfg, difficulties[i % len(difficulties)]) for i in range(n)]
@@ -74,7 +75,7 @@ def run_traces(model, examples: list[Example], regime: str, passes, tokenizer: C
             out = generate(model, [prompts[i] for i in idx], regime=regime, passes=passes, max_new_tokens=budget,
                            eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id)
         except NonFiniteActivation as err:
-            raise NonFiniteActivation(f"regime {regime}: {err}", err.what, err.step, err.pass_index) from err
+            raise NonFinite.wrap(err, f"regime {regime}") from err
         norms = out.states.float().norm(dim=-1)
         quiet = out.silent_counts(silent)
         for j, i in enumerate(idx):
@@ -163,7 +164,7 @@ def trace_study(runs: list[str], out_dir: str | Path, *, task: str = "chain", re
     tokenizer = CharTokenizer()
     examples = problems(task, n_problems, list(difficulties), seed)
     if not examples:
-        raise ValueError(f"no problems of difficulty {list(difficulties)} in {task!r}")
+        raise BadInput(f"no problems of difficulty {list(difficulties)} in {task!r}")
     with claim(out_dir, "traces", overwrite=overwrite) as out:
         rows, timing = [], {}
         for run in runs:

@@ -18,13 +18,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from models import DecoderLM, NonFiniteActivation, guard_numerics
+from models import DecoderLM, NonFiniteActivation
 from workbench.data.answers import is_correct
 from workbench.data.splits import heldout_task
 from workbench.data.tasks import MAX_EXAMPLES, SYNTHETIC, Example, TaskConfig
 from workbench.runtime.checkpoint import load_model
-from workbench.runtime.decoding import check_passes, generate, score_completions
+from workbench.runtime.decoding import NonFinite, check_passes, generate, guarded, score_completions
 from workbench.runtime.tokenizer import CharTokenizer
+from workbench.storage.errors import BadInput
 from workbench.storage.files import write_json
 from workbench.storage.outputs import hold
 from workbench.training.runconfig import load_run_config
@@ -41,10 +42,10 @@ def _batches(items: list, size: int):
 
 def plain_loss(model: DecoderLM, sequences: list[list[int]], batch_size: int) -> float:
     """Mean next-token loss of whole sequences, one full forward per batch (right padding is
-    invisible to earlier positions). A non-finite activation raises ``NonFiniteActivation``
+    invisible to earlier positions). A non-finite activation raises ``NonFinite``
     (step = batch): an overflow would otherwise score constant logits as a loss of ln(d_vocab)."""
     total, count = 0.0, 0
-    with guard_numerics(model):
+    with guarded(model):
         for chunk in _batches(sequences, batch_size):
             width = max(len(s) for s in chunk)
             tokens = torch.zeros(len(chunk), width, dtype=torch.long)
@@ -77,7 +78,7 @@ def evaluate_examples(model: DecoderLM, examples: list[Example], tokenizer: Char
         try:
             return fn(*args, **kwargs)
         except NonFiniteActivation as err:  # say which of eval's computations met it
-            raise NonFiniteActivation(f"{what}: {err}", err.what, err.step, err.pass_index) from err
+            raise NonFinite.wrap(err, what) from err
 
     def mean_nll(what: str, regime: str, pairs) -> float:
         total, count = 0.0, 0
@@ -120,7 +121,7 @@ def evaluate_run(run_dir: str | Path, *, n_examples: int | None = None, fused_pa
     tokenizer = CharTokenizer.load(run_dir)
     n = n_examples if n_examples is not None else cfg.train.eval_examples
     if not 1 <= n <= MAX_EXAMPLES:
-        raise ValueError(f"n={n}: expected 1..{MAX_EXAMPLES:,} examples per task")
+        raise BadInput(f"n={n}: expected 1..{MAX_EXAMPLES:,} examples per task")
     check_passes(model, fused_passes)
     with hold(run_dir / "results") if write else nullcontext():
         return _evaluate_run(run_dir, cfg, model, tokenizer, n, fused_passes, task, write)
@@ -135,7 +136,7 @@ def _evaluate_run(run_dir: Path, cfg, model: DecoderLM, tokenizer: CharTokenizer
         examples = heldout_task(name, n, cfg.train.seed, data)[:n]
         fits = [ex for ex in examples if len(ex.text) + 1 + 8 <= model.cfg.n_ctx]
         if not fits:
-            raise ValueError(f"no {name!r} example fits the context n_ctx={model.cfg.n_ctx}")
+            raise BadInput(f"no {name!r} example fits the context n_ctx={model.cfg.n_ctx}")
         result["tasks"][name] = evaluate_examples(model, fits, tokenizer, fused_passes=fused_passes)
         result["tasks"][name]["skipped_too_long"] = len(examples) - len(fits)
     result["seconds"] = round(time.perf_counter() - started, 2)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from workbench.storage.errors import BadInput
+
 
 def read_metrics(path: Path) -> list[dict]:
     """The records of ``metrics.jsonl`` (none if it is missing). A torn last line (a process killed
@@ -21,6 +23,6 @@ def read_metrics(path: Path) -> list[dict]:
         except ValueError:
             if number == len(lines):
                 break
-            raise ValueError(f"corrupt line {number} of {path}: {line[:60]!r}") from None
+            raise BadInput(f"corrupt line {number} of {path}: {line[:60]!r}") from None
         records.append(record)
     return records

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from models import ModelConfig
 from workbench.data.tasks import TASK_KINDS, TaskConfig
-from workbench.runtime.config import ARCHS, check_json_fields, coerce, config_from_dict, make_config
+from workbench.runtime.config import ARCHS, check_json_fields, check_section, config_from_dict, make_config, parse_override
+from workbench.storage.errors import BadInput
 from workbench.storage.files import read_json
 
 
@@ -37,21 +37,22 @@ class TrainConfig:
     device: str = "auto"
 
     def __post_init__(self) -> None:
+        check_section(self)
         for name in ("steps", "batch_size", "seq_len", "grad_accum", "log_every", "checkpoint_every"):
             if getattr(self, name) < 1:
-                raise ValueError(f"train field {name}={getattr(self, name)!r}: expected an integer >= 1")
+                raise BadInput(f"train field {name}={getattr(self, name)!r}: expected an integer >= 1")
         for name in ("warmup", "eval_examples", "seed"):
             if getattr(self, name) < 0:
-                raise ValueError(f"train field {name}={getattr(self, name)!r}: expected >= 0")
+                raise BadInput(f"train field {name}={getattr(self, name)!r}: expected >= 0")
         if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"train field lr={self.lr!r}: expected a finite number > 0")
+            raise BadInput(f"train field lr={self.lr!r}: expected a finite number > 0")
         for name in ("min_lr_ratio", "beta1", "beta2"):
             if not 0 <= getattr(self, name) <= 1:
-                raise ValueError(f"train field {name}={getattr(self, name)!r}: expected a number in [0, 1]")
+                raise BadInput(f"train field {name}={getattr(self, name)!r}: expected a number in [0, 1]")
         if self.weight_decay < 0 or self.grad_clip <= 0:
-            raise ValueError(f"train fields weight_decay={self.weight_decay}, grad_clip={self.grad_clip}: expected >= 0 and > 0")
+            raise BadInput(f"train fields weight_decay={self.weight_decay}, grad_clip={self.grad_clip}: expected >= 0 and > 0")
         if self.batch_size % self.grad_accum:
-            raise ValueError(f"train field batch_size={self.batch_size} is not divisible by grad_accum={self.grad_accum}")
+            raise BadInput(f"train field batch_size={self.batch_size} is not divisible by grad_accum={self.grad_accum}")
 
 
 @dataclass
@@ -64,7 +65,7 @@ class DataConfig(TaskConfig):
         super().__post_init__()
         kind = self.task.partition(":")[0]
         if self.task not in TASK_KINDS and not (kind in ("jsonl", "text", "hf") and ":" in self.task):
-            raise ValueError(f"data field task={self.task!r}: expected one of {TASK_KINDS} or jsonl:PATH, text:PATH, hf:NAME")
+            raise BadInput(f"data field task={self.task!r}: expected one of {TASK_KINDS} or jsonl:PATH, text:PATH, hf:NAME")
 
 
 @dataclass
@@ -77,14 +78,15 @@ class FBTTrainConfig:
     detach: bool = False  # stop gradients into earlier passes (ablation)
 
     def __post_init__(self) -> None:
+        check_section(self)
         self.pass_weights = tuple(self.pass_weights)
         for name in ("feedback_start", "three_pass_fraction", "prefix_max"):
             if not 0 <= getattr(self, name) <= 1:
-                raise ValueError(f"fbt field {name}={getattr(self, name)!r}: expected a number in [0, 1]")
+                raise BadInput(f"fbt field {name}={getattr(self, name)!r}: expected a number in [0, 1]")
         if len(self.pass_weights) != 3 or any(w < 0 for w in self.pass_weights):
-            raise ValueError(f"fbt field pass_weights={self.pass_weights!r}: expected 3 non-negative weights")
+            raise BadInput(f"fbt field pass_weights={self.pass_weights!r}: expected 3 non-negative weights")
         if self.state_noise < 0:
-            raise ValueError(f"fbt field state_noise={self.state_noise!r}: expected >= 0")
+            raise BadInput(f"fbt field state_noise={self.state_noise!r}: expected >= 0")
 
 
 @dataclass
@@ -94,18 +96,19 @@ class HDTrainConfig:
     supervise: str = "last"  # "last" stream, or the ablation "all" streams
 
     def __post_init__(self) -> None:
+        check_section(self)
         self.streams, self.expand_at = tuple(self.streams), tuple(self.expand_at)
         if not self.streams or len(self.streams) != len(self.expand_at):
-            raise ValueError(f"hd fields streams={self.streams} and expand_at={self.expand_at}: expected equal, non-zero lengths")
+            raise BadInput(f"hd fields streams={self.streams} and expand_at={self.expand_at}: expected equal, non-zero lengths")
         if self.expand_at[0] != 0:
-            raise ValueError(f"hd field expand_at={self.expand_at}: the first stage starts at step 0")
+            raise BadInput(f"hd field expand_at={self.expand_at}: the first stage starts at step 0")
         pairs = zip(self.streams, self.streams[1:])
         if self.streams[0] < 1 or any(b <= a for a, b in pairs):
-            raise ValueError(f"hd field streams={self.streams}: expansion schedule must be increasing and >= 1")
+            raise BadInput(f"hd field streams={self.streams}: expansion schedule must be increasing and >= 1")
         if any(b <= a for a, b in zip(self.expand_at, self.expand_at[1:])):
-            raise ValueError(f"hd field expand_at={self.expand_at}: expansion steps must be increasing")
+            raise BadInput(f"hd field expand_at={self.expand_at}: expansion steps must be increasing")
         if self.supervise not in ("last", "all"):
-            raise ValueError(f"hd field supervise={self.supervise!r}: expected 'last' or 'all'")
+            raise BadInput(f"hd field supervise={self.supervise!r}: expected 'last' or 'all'")
 
 
 SECTIONS = {"train": TrainConfig, "data": DataConfig, "fbt": FBTTrainConfig, "hd": HDTrainConfig}
@@ -130,35 +133,17 @@ class RunConfig:
         return [n for n, at in zip(self.hd.streams, self.hd.expand_at) if at <= step][-1]
 
 
-def _split(text: str) -> tuple[str, str, str]:
-    if "=" not in text:
-        raise ValueError(f"malformed override {text!r}: expected SECTION.FIELD=VALUE")
-    key, raw = (part.strip() for part in text.split("=", 1))
-    section, _, name = key.partition(".")
-    valid = ["model", *SECTIONS]
-    if not name or section not in valid:
-        raise ValueError(f"malformed override {text!r}: expected SECTION.FIELD=VALUE with SECTION in {valid}")
-    return section, name, raw
-
-
 def make_run_config(arch: str, preset: str, task: str | None = None, overrides: list[str] = (), init_from: str | None = None) -> RunConfig:
     """Build and validate a run config; every error names the offending field."""
     if arch not in ARCHS:
-        raise ValueError(f"unknown architecture {arch!r}: expected one of {sorted(ARCHS)}")
+        raise BadInput(f"unknown architecture {arch!r}: expected one of {sorted(ARCHS)}")
     values: dict[str, dict] = {"model": {}, **{s: {} for s in SECTIONS}}
     if task is not None:
         values["data"]["task"] = task
-    model_cls = ARCHS[arch][0]
     for text in overrides:
-        section, name, raw = _split(text)
-        cls = model_cls if section == "model" else SECTIONS[section]
-        hints = typing.get_type_hints(cls)
-        if name not in hints:
-            raise ValueError(f"unknown config field {section}.{name} in override {text!r}: expected one of {sorted(hints)}")
-        try:
-            values[section][name] = coerce(hints[name], raw)
-        except ValueError as err:
-            raise ValueError(f"malformed override {text!r}: field {section}.{name} expects {hints[name]}") from err
+        key, value = parse_override(arch, text, SECTIONS)
+        section, _, name = key.partition(".")
+        values[section][name] = value
     if arch == "hd" and "n_streams" not in values["model"]:
         hd = HDTrainConfig(**values["hd"])
         values["model"]["n_streams"] = hd.streams[0]
@@ -166,11 +151,11 @@ def make_run_config(arch: str, preset: str, task: str | None = None, overrides: 
     sections = {s: cls(**values[s]) for s, cls in SECTIONS.items()}
     cfg = RunConfig(arch, preset, model, init_from=init_from, **sections)
     if arch == "hd" and model.n_streams != cfg.hd.streams[0]:
-        raise ValueError(f"model.n_streams={model.n_streams} != hd.streams[0]={cfg.hd.streams[0]}: the first stage sets n_streams")
+        raise BadInput(f"model.n_streams={model.n_streams} != hd.streams[0]={cfg.hd.streams[0]}: the first stage sets n_streams")
     if cfg.hd.expand_at[-1] >= cfg.train.steps and arch == "hd" and len(cfg.hd.expand_at) > 1:
-        raise ValueError(f"hd field expand_at={cfg.hd.expand_at}: every stage must start before train.steps={cfg.train.steps}")
+        raise BadInput(f"hd field expand_at={cfg.hd.expand_at}: every stage must start before train.steps={cfg.train.steps}")
     if cfg.train.seq_len > model.n_ctx:
-        raise ValueError(f"train field seq_len={cfg.train.seq_len} is longer than the context model.n_ctx={model.n_ctx}")
+        raise BadInput(f"train field seq_len={cfg.train.seq_len} is longer than the context model.n_ctx={model.n_ctx}")
     return cfg
 
 
@@ -181,25 +166,25 @@ def run_config_from_dict(data: dict, source: str | Path | None = None) -> RunCon
     where = f"run config {source}" if source is not None else "run config"
     for key in ("arch", "model"):
         if key not in data:
-            raise ValueError(f"{where} has no {key!r} field")
+            raise BadInput(f"{where} has no {key!r} field")
     present = [s for s in SECTIONS if s in data]
     if present and len(present) < len(SECTIONS):
         missing = [s for s in SECTIONS if s not in data]
-        raise ValueError(f"{where} has sections {present} but not {missing}: a training run writes them all")
+        raise BadInput(f"{where} has sections {present} but not {missing}: a training run writes them all")
     if not isinstance(data.get("preset", ""), str) or not isinstance(data.get("init_from", ""), (str, type(None))):
-        raise ValueError(f"{where}: preset must be a string and init_from a string or null")
+        raise BadInput(f"{where}: preset must be a string and init_from a string or null")
     try:
         model = config_from_dict(data["arch"], data["model"])
         sections = {}
         for s, cls in SECTIONS.items():
             values = data.get(s, {})
             if not isinstance(values, dict):
-                raise ValueError(f"section {s!r} must be a JSON object, got {type(values).__name__}")
+                raise BadInput(f"section {s!r} must be a JSON object, got {type(values).__name__}")
             check_json_fields(cls, values, prefix=f"{s}.")
             sections[s] = cls(**values)
         return RunConfig(data["arch"], data.get("preset", "custom"), model, init_from=data.get("init_from"), **sections)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"bad {where}: {err}") from err
+    except BadInput as err:
+        raise BadInput(f"bad {where}: {err}") from err
 
 
 def load_run_config(path: str | Path) -> RunConfig:

@@ -30,8 +30,9 @@ from workbench.data.windows import TokenStream, batch_windows, step_generator
 from workbench.runtime.checkpoint import load_model, load_weights, model_from_weights, save_weights
 from workbench.runtime.config import model_from_config
 from workbench.runtime.tokenizer import CharTokenizer
+from workbench.storage.errors import BadInput, MissingFile, OutputBusy, OutputExists, WorkbenchError
 from workbench.storage.files import atomic_write, link_or_copy, read_json, remove_stale_temps, write_json
-from workbench.storage.outputs import OutputBusy, contents, hold, listing
+from workbench.storage.outputs import contents, hold, listing
 from workbench.training.metrics import read_metrics
 from workbench.training.runconfig import RunConfig, load_run_config
 
@@ -40,8 +41,9 @@ logger = logging.getLogger(__name__)
 STATE_DIR = "train_state"
 
 
-class TrainingDiverged(RuntimeError):
-    pass
+class TrainingDiverged(WorkbenchError, RuntimeError):
+    """The loss or the gradient norm of a step went non-finite; the message names the step and the
+    last intact checkpoint. A fact about the run's settings and data, not a bug."""
 
 
 # ---- strategies ---------------------------------------------------------------------------
@@ -213,30 +215,30 @@ def load_checkpoint(run_dir: Path, cfg: RunConfig, device) -> tuple[DecoderLM, t
     state = read_json(state_path)
     step = state.get("step")
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-        raise ValueError(f"{state_path}: step={step!r}, expected an integer >= 0")
+        raise BadInput(f"{state_path}: step={step!r}, expected an integer >= 0")
     if "weights" in state:
         files = {k: state.get(k) for k in ("weights", "optimizer")}
         if not all(isinstance(f, str) and f and f == Path(f).name for f in files.values()):
-            raise ValueError(f"{state_path}: 'weights' and 'optimizer' must name files in {state_dir}, got {files}")
+            raise BadInput(f"{state_path}: 'weights' and 'optimizer' must name files in {state_dir}, got {files}")
         model = model_from_weights(cfg.arch, state.get("model"), state_dir / files["weights"], state_path, device)
         opt_path = state_dir / files["optimizer"]
     else:  # written before state.json committed checkpoints: the files must agree on the step
         model = load_model(run_dir, device=device)
         opt_path = state_dir / "optimizer.safetensors"
         if _metadata_step(run_dir / "model.safetensors") != step:
-            raise ValueError(f"inconsistent checkpoint in {run_dir}: {state_path} says step {step}, "
+            raise BadInput(f"inconsistent checkpoint in {run_dir}: {state_path} says step {step}, "
                              f"model.safetensors holds step {_metadata_step(run_dir / 'model.safetensors')}")
     tensors, meta = load_weights(opt_path)
     if meta.get("step") != str(step):
-        raise ValueError(f"inconsistent checkpoint in {run_dir}: {state_path} says step {step}, {opt_path} holds step {meta.get('step')}")
+        raise BadInput(f"inconsistent checkpoint in {run_dir}: {state_path} says step {step}, {opt_path} holds step {meta.get('step')}")
     groups, scalars = state.get("param_groups"), state.get("scalars")
     if not isinstance(groups, list) or not isinstance(scalars, dict):
-        raise ValueError(f"{state_path}: 'param_groups' must be a list and 'scalars' an object")
+        raise BadInput(f"{state_path}: 'param_groups' must be a list and 'scalars' an object")
     sd = {"state": {}, "param_groups": groups}
     for key, value in [*tensors.items(), *scalars.items()]:
         idx, _, name = key.partition(".")
         if not idx.isdigit() or not name:
-            raise ValueError(f"unexpected optimizer entry {key!r} in {opt_path} or {state_path}")
+            raise BadInput(f"unexpected optimizer entry {key!r} in {opt_path} or {state_path}")
         sd["state"].setdefault(int(idx), {})[name] = value.to(device) if torch.is_tensor(value) and name != "step" else value
     opt = make_optimizer(model, cfg)
     try:
@@ -244,9 +246,9 @@ def load_checkpoint(run_dir: Path, cfg: RunConfig, device) -> tuple[DecoderLM, t
         for p in (p for group in opt.param_groups for p in group["params"]):
             for name, value in opt.state.get(p, {}).items():
                 if torch.is_tensor(value) and value.dim() and value.shape != p.shape:
-                    raise ValueError(f"{name} has shape {list(value.shape)} for a parameter of shape {list(p.shape)}")
+                    raise BadInput(f"{name} has shape {list(value.shape)} for a parameter of shape {list(p.shape)}")
     except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as err:
-        raise ValueError(f"the optimizer state in {opt_path} and {state_path} does not fit the model: {err}") from err
+        raise BadInput(f"the optimizer state in {opt_path} and {state_path} does not fit the model: {err}") from err
     if "weights" in state and (not dist.is_initialized() or dist.get_rank() == 0):
         _publish(run_dir, cfg, model.cfg, files, CharTokenizer())
     return model, opt, step
@@ -254,13 +256,13 @@ def load_checkpoint(run_dir: Path, cfg: RunConfig, device) -> tuple[DecoderLM, t
 
 def _metadata_step(path: Path) -> int | None:
     if not path.is_file():
-        raise FileNotFoundError(f"missing {path}")
+        raise MissingFile(f"missing {path}")
     try:
         with safe_open(str(path), "pt") as f:
             step = (f.metadata() or {}).get("step")
         return int(step) if step is not None else None
     except (SafetensorError, ValueError) as err:
-        raise ValueError(f"corrupt checkpoint {path}: {err}") from err
+        raise BadInput(f"corrupt checkpoint {path}: {err}") from err
 
 
 # ---- initialisation -----------------------------------------------------------------------
@@ -273,25 +275,39 @@ def init_from(path: str | Path, cfg: RunConfig, device) -> DecoderLM:
     """A model for ``cfg`` whose shared weights come from the run at ``path``."""
     source = load_model(path, device=device)
     if source.arch not in INIT_SOURCES[cfg.arch]:
-        raise ValueError(
+        raise BadInput(
             f"--init-from {path}: a {source.arch!r} run cannot initialise arch {cfg.arch!r} "
             f"(expected one of {INIT_SOURCES[cfg.arch]})"
         )
     for name in SHAPE_FIELDS:
         theirs, ours = getattr(source.cfg, name), getattr(cfg.model, name)
         if theirs != ours:
-            raise ValueError(f"--init-from {path}: model.{name}={theirs} there but {ours} here")
+            raise BadInput(f"--init-from {path}: model.{name}={theirs} there but {ours} here")
     if cfg.arch == "hd":
         hd_fields = {k: getattr(cfg.model, k) for k in ("cross_layers", "cross_window", "positions", "readout", "n_ctx")}
-        return expand_streams(source, cfg.model.n_streams, **hd_fields)
+        try:
+            return expand_streams(source, cfg.model.n_streams, **hd_fields)
+        except ValueError as err:  # its argument checks: the source run does not fit this config
+            raise BadInput(f"--init-from {path}: {err}") from err
     model = model_from_config(cfg.arch, cfg.model, seed=cfg.train.seed, device=device)
     missing, unexpected = model.load_state_dict(source.state_dict(), strict=False)
     if unexpected or any(not k.startswith("fusion.") for k in missing):
-        raise ValueError(f"--init-from {path}: weights do not fit (missing {missing}, unexpected {unexpected})")
+        raise BadInput(f"--init-from {path}: weights do not fit (missing {missing}, unexpected {unexpected})")
     return model
 
 
 # ---- the loop -----------------------------------------------------------------------------
+
+
+@dataclass
+class TrainResult:
+    """What ``train`` returns. ``model`` is the trained model (as the last step left it: train
+    mode, on the run's device; HD grown to its last stage); ``summary`` is JSON-serialisable:
+    ``run``, ``steps`` (the last step reached), ``resumed_from`` (the checkpoint step a resume
+    started at, else None), ``seconds`` and ``last`` (the last metrics record)."""
+
+    model: DecoderLM
+    summary: dict
 
 
 @dataclass
@@ -357,10 +373,10 @@ def check_new_run_dir(run_dir: Path) -> None:
     diverged) before its first checkpoint left; never over a run or anything else."""
     found = contents(run_dir)
     if (run_dir / "model.safetensors").exists() or (run_dir / STATE_DIR / "state.json").exists():
-        raise FileExistsError(f"{run_dir} already holds a run; pass --resume to continue it or choose a new --out")
+        raise OutputExists(f"{run_dir} already holds a run; pass --resume to continue it or choose a new --out")
     foreign = [n for n in found if n not in RUN_FILES]
     if foreign:
-        raise FileExistsError(f"{run_dir} holds files that are not a workbench run ({listing(foreign)}): choose a new or empty --out")
+        raise OutputExists(f"{run_dir} holds files that are not a workbench run ({listing(foreign)}): choose a new or empty --out")
 
 
 @contextmanager
@@ -388,8 +404,8 @@ def held_by_main_process(run_dir: Path, rank_info: Dist, device):
 
 
 def train(cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, progress: bool | Callable = True,
-          stop_after: int | None = None) -> dict:
-    """Train ``cfg`` into ``out_dir``; returns a summary. ``resume`` continues from the last
+          stop_after: int | None = None) -> TrainResult:
+    """Train ``cfg`` into ``out_dir``; returns the model and a summary (``TrainResult``). ``resume`` continues from the last
     checkpoint there and reaches the same weights as an uninterrupted run. ``stop_after`` ends
     the process after that many steps as if interrupted (the schedule still spans train.steps).
     ``progress``: True for a tqdm bar, or a callable ``progress(step, total, record)`` called after
@@ -399,22 +415,22 @@ def train(cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, progress
     rank_info, device = setup_distributed(cfg.train.device)
     t = cfg.train
     if t.batch_size % (rank_info.world * t.grad_accum):
-        raise ValueError(f"train.batch_size={t.batch_size} is not divisible by processes x grad_accum = {rank_info.world} x {t.grad_accum}")
+        raise BadInput(f"train.batch_size={t.batch_size} is not divisible by processes x grad_accum = {rank_info.world} x {t.grad_accum}")
     # everything that can be checked is checked before the run directory is created or held
     if resume and not (run_dir / STATE_DIR / "state.json").is_file():
-        raise FileNotFoundError(f"--resume: no checkpoint in {run_dir} (missing {STATE_DIR}/state.json)")
+        raise MissingFile(f"--resume: no checkpoint in {run_dir} (missing {STATE_DIR}/state.json)")
     if not resume:
         check_new_run_dir(run_dir)
     stream = TokenStream.from_examples(load_task(cfg.data.task, cfg.data.n_train, t.seed, cfg.data), CharTokenizer())
     if len(stream) <= t.seq_len + 1:
-        raise ValueError(f"task {cfg.data.task!r} gives {len(stream)} tokens, fewer than train.seq_len={t.seq_len}")
+        raise BadInput(f"task {cfg.data.task!r} gives {len(stream)} tokens, fewer than train.seq_len={t.seq_len}")
     if not resume:
         fresh = init_from(cfg.init_from, cfg, device) if cfg.init_from else model_from_config(cfg.arch, cfg.model, seed=t.seed, device=device)
     with held_by_main_process(run_dir, rank_info, device):
         if resume:
             saved = load_run_config(run_dir / "config.json")
             if saved.arch != cfg.arch:
-                raise ValueError(f"--resume: {run_dir} holds an {saved.arch!r} run, not {cfg.arch!r}")
+                raise BadInput(f"--resume: {run_dir} holds an {saved.arch!r} run, not {cfg.arch!r}")
             model, opt, start = load_checkpoint(run_dir, cfg, device)
         else:
             check_new_run_dir(run_dir)  # again, now that it is held
@@ -423,7 +439,7 @@ def train(cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, progress
 
 
 def _train_loop(cfg: RunConfig, run_dir: Path, rank_info: Dist, device, model: DecoderLM, opt, start: int,
-                stream: TokenStream, resume: bool, progress, stop_after) -> dict:
+                stream: TokenStream, resume: bool, progress, stop_after) -> TrainResult:
     tokenizer = CharTokenizer()
     t = cfg.train
     per_rank = t.batch_size // rank_info.world
@@ -506,8 +522,9 @@ def _train_loop(cfg: RunConfig, run_dir: Path, rank_info: Dist, device, model: D
         bar.close()
     if rank_info.world > 1:
         dist.barrier()
-    return {"run": str(run_dir), "steps": end, "resumed_from": start if resume else None,
-            "seconds": time.perf_counter() - started, "last": record, "model": model}
+    summary = {"run": str(run_dir), "steps": end, "resumed_from": start if resume else None,
+               "seconds": time.perf_counter() - started, "last": record}
+    return TrainResult(model, summary)
 
 
 def _last_checkpoint_step(run_dir: Path) -> int | None:

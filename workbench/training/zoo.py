@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from workbench.storage.errors import BadInput, OutputExists
 from workbench.storage.files import read_json, write_json
 from workbench.storage.outputs import hold
 from workbench.training.evaluate import evaluate_run
@@ -38,7 +39,7 @@ SCALES = {
 
 def members(scale: str, out: Path) -> list[tuple[str, str, list[str], str | None]]:
     if scale not in SCALES:
-        raise ValueError(f"unknown zoo preset {scale!r}: expected one of {sorted(SCALES)}")
+        raise BadInput(f"unknown zoo preset {scale!r}: expected one of {sorted(SCALES)}")
     s = SCALES[scale]
     steps, hd_steps = [f"train.steps={s['steps']}"], [f"train.steps={s['hd_steps']}"]
     base = str(out / "baseline")
@@ -63,7 +64,7 @@ def train_zoo(scale: str = "micro", out: str | Path = "runs", *, progress: bool 
     member's own run (same config) is left alone and stops the zoo before any training."""
     unknown = sorted(set(only or []) - set(member_names(scale)))
     if unknown:
-        raise ValueError(f"unknown zoo member(s) {unknown}: expected some of {member_names(scale)}")
+        raise BadInput(f"unknown zoo member(s) {unknown}: expected some of {member_names(scale)}")
     out = Path(out)
     plan = []
     for name, arch, overrides, init in members(scale, out):
@@ -87,7 +88,7 @@ def train_zoo(scale: str = "micro", out: str | Path = "runs", *, progress: bool 
             seconds = time.perf_counter() - started
             evaluation = evaluate_run(run)
             summary["models"][name] = {"train_seconds": round(seconds, 1), "eval_seconds": evaluation["seconds"],
-                                       "resumed_from": result["resumed_from"], "tasks": evaluation["tasks"]}
+                                       "resumed_from": result.summary["resumed_from"], "tasks": evaluation["tasks"]}
             write_json(out / "zoo.json", summary)  # after every member: a stopped zoo keeps what it finished
     return summary
 
@@ -102,7 +103,7 @@ def check_member(run: Path, cfg) -> None:
                         for key in wanted[section] if saved.get(section, {}).get(key) != wanted[section][key])
         differ += [key for key in ("arch", "preset") if saved.get(key) != wanted[key]]
         if differ:
-            raise FileExistsError(f"{run} holds a run that is not this zoo's {run.name} (it differs in {', '.join(differ[:4])}): "
+            raise OutputExists(f"{run} holds a run that is not this zoo's {run.name} (it differs in {', '.join(differ[:4])}): "
                                   "move it away or train the zoo into another --out")
     else:
         check_new_run_dir(run)
