@@ -259,6 +259,7 @@ def test_unbounded_passes_on_the_command_line_are_usage_errors(pristine, tmp_pat
 
 def test_eval_rejects_an_unbounded_pass_count_before_scoring_anything(monkeypatch):
     import workbench.training.evaluate as evaluate
+    from workbench.data.splits import heldout_task
 
     def scored(*args, **kwargs):
         raise AssertionError("plain_loss ran before the pass count was checked")
@@ -266,4 +267,4 @@ def test_eval_rejects_an_unbounded_pass_count_before_scoring_anything(monkeypatc
     monkeypatch.setattr(evaluate, "plain_loss", scored)
     model, tok = build_model("fbt", "debug"), CharTokenizer()
     with pytest.raises(ValueError, match="^" + EXACT):
-        evaluate.evaluate_examples(model, evaluate.load_task("modsum", 2, 0)[:2], tok, fused_passes=129)
+        evaluate.evaluate_examples(model, heldout_task("modsum", 2, 0)[:2], tok, fused_passes=129)
