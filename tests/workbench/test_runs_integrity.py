@@ -199,7 +199,7 @@ UNPRIVILEGED = [(f"uid {NOBODY}", _drop_to_nobody), ("root without CAP_DAC_OVERR
 
 def _python(preexec, argv: list[str], home: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "HOME": str(home), "MPLCONFIGDIR": str(home / "mpl"), "PYTHONDONTWRITEBYTECODE": "1",
-           "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
+           "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests"), str(REPO / "tests" / "workbench"), os.environ.get("PYTHONPATH", "")])}
     return subprocess.run([sys.executable, *argv], cwd=REPO, env=env, preexec_fn=preexec, capture_output=True, text=True, timeout=600)
 
 
