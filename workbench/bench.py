@@ -26,7 +26,7 @@ from workbench.runtime.config import build_model
 from workbench.runtime.decoding import generate
 from workbench.storage.errors import BadInput
 from workbench.training.runconfig import make_run_config
-from workbench.training.train import make_strategy
+from workbench.training.train import FBTStrategy
 
 TARGETS = {  # key: (comparison, target); None = reported only
     "fbt_soft_decode_overhead": ("<=", 1.10),
@@ -121,12 +121,22 @@ def _train_step(model, loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor
     return step
 
 
+class _FixedPasses(FBTStrategy):
+    """The training loop's FBT loss at one fixed pass count (the schedule would mix counts)."""
+
+    def __init__(self, cfg, passes: int):
+        super().__init__(cfg)
+        self.fixed = passes
+
+    def passes(self, step: int) -> int:
+        return self.fixed
+
+
 def _fbt_train_step(preset: str, sizes: dict, passes: int) -> Callable:
     """The training loop's FBT loss with ``passes`` passes."""
     cfg = make_run_config("fbt", preset, "chain", [f"train.batch_size={sizes['batch']}", f"train.seq_len={sizes['seq']}"])
     model = build_model("fbt", preset)
-    strategy = make_strategy(cfg)
-    strategy.passes = lambda step: passes
+    strategy = _FixedPasses(cfg, passes)
     return _train_step(model, lambda x, y: strategy.loss(model, x, y, 0, slice(0, sizes["batch"]))[0], sizes)
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from models import FullBandwidthLM
+from workbench.dynamics.feedback import feedback_model
 from workbench.runtime.activations import run_with_pass_cache
 from workbench.runtime.checkpoint import save_model
 from workbench.runtime.config import build_model, make_config
@@ -71,7 +72,7 @@ def _demo(out_dir: Path, preset: str, seed: int) -> dict:
     report["parameters"] = {name: sum(p.numel() for p in m.parameters()) for name, m in models.items()}
     report["cache_parity_max_abs"] = {name: cache_parity(m, tokens, 8) for name, m in models.items()}
 
-    fbt = models["fbt"]
+    fbt = feedback_model(models["fbt"])
     residuals = jacobi_residuals(fbt, tokens[:, :12], 6)
     report["jacobi_max_state_error_by_passes"] = {f"K={k + 1}": [f"{r:.1e}" for r in row] for k, row in enumerate(residuals)}
 

@@ -23,6 +23,7 @@ import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from workbench.data.answers import parse_final_answer
 from workbench.runtime.config import check_section
@@ -273,13 +274,13 @@ def load_hf(name: str, config: str | None = None, split: str = "train") -> list[
     import datasets
 
     try:
-        rows = datasets.load_dataset(name, config, split=split)
+        rows = cast(datasets.Dataset, datasets.load_dataset(name, config, split=split))  # one split
     except Exception as err:  # datasets raises many kinds when offline
         raise BadInput(f"could not load Hugging Face dataset {name!r} ({config}, {split}): {err}") from err
     if {"question", "answer"} <= set(rows.column_names):
-        return [gsm8k_example(r["question"], r["answer"]) for r in rows]
+        return [gsm8k_example(r["question"], r["answer"]) for r in rows.to_list()]
     if "text" in rows.column_names:
-        return [Example("text", "", r["text"], "", 1) for r in rows]
+        return [Example("text", "", r["text"], "", 1) for r in rows.to_list()]
     raise BadInput(f"dataset {name!r} has neither question/answer nor text columns: {rows.column_names}")
 
 

@@ -18,12 +18,13 @@ every relative distance the model sees stays below n_ctx), ``"stop"`` stops with
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from models import FullBandwidthLM, NonFiniteActivation, guard_numerics
+from models import DecoderLM, FullBandwidthLM, NonFiniteActivation, guard_numerics
 from workbench.runtime.activations import ActivationRecorder
 from workbench.runtime.decoding import check_passes, guarded, model_check
 from workbench.storage.errors import BadInput, WorkbenchError
@@ -35,9 +36,11 @@ class RolloutDiverged(WorkbenchError, RuntimeError):
     """A rollout met a non-finite activation; the message names the rollout step and the site."""
 
 
-def _check(model) -> None:
+def feedback_model(model: DecoderLM) -> FullBandwidthLM:
+    """``model``, which must carry a state (FBT): the feedback dynamics need one."""
     if not model.carries_state:
         raise BadInput(f"feedback dynamics need a Full-Bandwidth model, got arch {model.arch!r}")
+    return cast(FullBandwidthLM, model)  # the architecture that carries a state
 
 
 @torch.no_grad()
@@ -46,7 +49,7 @@ def prefill_context(model: FullBandwidthLM, prefix: list[int], capacity: int | N
     decoding) and the rest by the exact recurrence; returns (cache, carried state [D]). Non-finite
     activations raise ``NonFinite`` (steps are its forward calls: the plain part, then one per
     position)."""
-    _check(model)
+    feedback_model(model)
     cache = model.make_cache(capacity)
     ids = torch.tensor([prefix], device=model.embed.W_E.device)
     model_check(model.check_tokens, ids, cache)
@@ -62,7 +65,7 @@ def feedback_map(model: FullBandwidthLM, cache, token: int):
     """F(h): [M, D] -> [M, D], the carried state after feeding ``token`` with previous state h,
     reading (never writing) ``cache``. Differentiable in h (torch.func works on it). Not guarded:
     a fixed-point search evaluates F at wild states and handles what comes back itself."""
-    _check(model)
+    feedback_model(model)
     device = model.embed.W_E.device
 
     def F(h: Tensor) -> Tensor:
@@ -112,7 +115,7 @@ def rollout(
     perturbed copy of the carried state at that step. A non-finite activation (a norm input, a
     logit, the carried state that ``ln_final`` makes) raises ``RolloutDiverged`` naming the step
     and the site."""
-    _check(model)
+    feedback_model(model)
     if context_rule not in CONTEXT_RULES:
         raise BadInput(f"context_rule={context_rule!r}: expected one of {CONTEXT_RULES}")
     if not prompt:
@@ -186,7 +189,7 @@ def kpass_convergence(model: FullBandwidthLM, tokens: list[int], max_passes: int
     """For k = 2..max_passes: relative residual ||H^k - H^(k-1)|| / ||H^k|| and mean KL(p^k || p^(k-1))
     of next-token distributions (whole sequence), and per position ||H^k_t - H*_t|| against the
     exact recurrence H*. Positions < k are exact after k passes."""
-    _check(model)
+    feedback_model(model)
     check_passes(model, max_passes, "max_passes")
     ids = torch.tensor([tokens], device=model.embed.W_E.device)
     model_check(model.check_tokens, ids)

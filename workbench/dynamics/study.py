@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from workbench.dynamics.feedback import RolloutDiverged, feedback_map, kpass_convergence, prefill_context, rollout
+from workbench.dynamics.feedback import RolloutDiverged, feedback_map, feedback_model, kpass_convergence, prefill_context, rollout
 from workbench.dynamics.maps import find_fixed_points, jacobian_summary, lyapunov_from_growth
 from workbench.runtime.checkpoint import load_model
 from workbench.runtime.decoding import NonFinite
@@ -55,7 +55,7 @@ def analyse_run(run_dir: str | Path, *, prompt: str = DEFAULT_PROMPT, horizon: i
                  max_passes=max_passes, fp_steps=fp_steps)
     from workbench.runtime.decoding import check_passes
 
-    model = load_model(run_dir)
+    model = feedback_model(load_model(run_dir))
     check_passes(model, max_passes, "max_passes")  # before any work: K passes cost K forwards
     tok = CharTokenizer()
     ids = tok.encode(prompt)
@@ -69,6 +69,7 @@ def analyse_run(run_dir: str | Path, *, prompt: str = DEFAULT_PROMPT, horizon: i
     model = model.double()
     roll = rollout(model, ids, horizon, perturb_at=perturb_at, seed=seed)
     ratios = roll.perturbation_ratio
+    assert ratios is not None  # perturb_at is set, so the rollout measured the perturbation
     lyap = lyapunov_from_growth(ratios)
     horizons = [T for T in (1, 10, 100, 1000, 10_000) if T <= len(lyap)]
     # spectra (and fixed points) at steps whose context fits the window without sliding

@@ -11,6 +11,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from safetensors.numpy import save_file
@@ -61,14 +62,14 @@ def control_labels(tokens: np.ndarray, labels: np.ndarray, seed: int) -> np.ndar
     return np.array([assigned[t] for t in tokens.tolist()], dtype=labels.dtype)
 
 
-def _fit(X, y, masks, kind: str, seed: int):
+def _fit(X, y, masks, kind: str, seed: int) -> tuple[float, float, Any, Any]:
     from sklearn.linear_model import LogisticRegression, Ridge
     from sklearn.preprocessing import StandardScaler
 
     train, val, test = masks
     scaler = StandardScaler().fit(X[train])
     Xs = scaler.transform(X)
-    best = None
+    best: tuple[float, float, Any] | None = None  # (validation score, regularisation, fitted model)
     for reg in (C_GRID if kind == "classification" else ALPHA_GRID):
         if kind == "classification":
             model = LogisticRegression(C=reg, max_iter=MAX_ITER, random_state=seed)
@@ -81,6 +82,7 @@ def _fit(X, y, masks, kind: str, seed: int):
         score = model.score(Xs[val], y[val])
         if best is None or score > best[0]:
             best = (score, reg, model)
+    assert best is not None  # the grid is not empty
     _, reg, model = best
     return model.score(Xs[test], y[test]), reg, model, scaler
 

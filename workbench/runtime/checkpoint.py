@@ -34,7 +34,7 @@ def tensor_checksum(tensors: dict[str, Tensor], metadata: dict[str, str]) -> str
     for name in sorted(tensors):
         t = tensors[name].detach().contiguous().cpu()
         crc = zlib.crc32(f"{name}:{t.dtype}:{tuple(t.shape)}".encode(), crc)
-        crc = zlib.crc32(memoryview(t.reshape(-1).view(torch.uint8).numpy()), crc)
+        crc = zlib.crc32(t.reshape(-1).view(torch.uint8).numpy().data, crc)  # a view, no copy
     return f"{crc:08x}"
 
 
@@ -104,7 +104,7 @@ def load_model(directory: str | Path, device=None, dtype=None) -> DecoderLM:
     return model_from_weights(config["arch"], config["model"], directory / WEIGHTS, directory / CONFIG, device, dtype)
 
 
-def model_from_weights(arch: str, values: dict, weights: Path, config_path: Path, device=None, dtype=None) -> DecoderLM:
+def model_from_weights(arch: str, values: object, weights: Path, config_path: Path, device=None, dtype=None) -> DecoderLM:
     """The ``arch`` model configured by ``values`` (the model section read from ``config_path``)
     holding the tensors of ``weights`` (eval mode). The file's tensor names and shapes are checked
     against the config's before the model is allocated, so a wrong config fails fast."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import typing
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 
@@ -55,7 +56,7 @@ def make_config(arch: str, preset_name: str = "debug", **overrides) -> ModelConf
         return cfg_cls(**{**preset(preset_name), **overrides})
 
 
-def config_from_dict(arch: str, values: dict) -> ModelConfig:
+def config_from_dict(arch: str, values: object) -> ModelConfig:
     """Rebuild a config saved with ``dataclasses.asdict`` (lists back to tuples); unknown and
     wrongly typed fields are errors naming the field."""
     cfg_cls, _ = _arch(arch)
@@ -63,7 +64,8 @@ def config_from_dict(arch: str, values: dict) -> ModelConfig:
         raise BadInput(f"the model config must be a JSON object, got {type(values).__name__}")
     with config_errors():
         check_fields(cfg_cls, values, where=f"for arch {arch!r}")
-        return cfg_cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+        fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+        return cfg_cls(**fields)
 
 
 def check_json_fields(cls, values: dict, where: str = "", prefix: str = "") -> None:

@@ -61,8 +61,8 @@ def hf_state_dict(model: DecoderLM) -> dict[str, torch.Tensor]:
     for i, block in enumerate(model.blocks):
         for hf, ours in names.items():
             out[f"model.layers.{i}.{hf}.weight"] = block.get_submodule(ours).weight
-        out[f"model.layers.{i}.input_layernorm.weight"] = block.ln1.w
-        out[f"model.layers.{i}.post_attention_layernorm.weight"] = block.ln2.w
+        out[f"model.layers.{i}.input_layernorm.weight"] = block.get_parameter("ln1.w")
+        out[f"model.layers.{i}.post_attention_layernorm.weight"] = block.get_parameter("ln2.w")
     return {k: v.detach().float().cpu() for k, v in out.items()}
 
 

@@ -81,7 +81,7 @@ def write_json(path: Path, data: dict) -> None:
     atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(data, indent=2) + "\n"))
 
 
-def read_json(path: Path) -> dict:
+def read_json(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise MissingFile(f"missing {path}")

@@ -26,7 +26,7 @@ class Intervention:
     state_scale: float = 1.0
     ablate_stream: int | None = None
 
-    def hooks(self, model: DecoderLM) -> list[tuple[str, Callable]]:
+    def hooks(self, model: DecoderLM) -> list[tuple[str | Callable, Callable]]:
         hooks = []
         if self.state_scale != 1.0:
             if "fusion.hook_state" not in model.hook_dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -133,7 +134,7 @@ class RunConfig:
         return [n for n, at in zip(self.hd.streams, self.hd.expand_at) if at <= step][-1]
 
 
-def make_run_config(arch: str, preset: str, task: str | None = None, overrides: list[str] = (), init_from: str | None = None) -> RunConfig:
+def make_run_config(arch: str, preset: str, task: str | None = None, overrides: Sequence[str] = (), init_from: str | None = None) -> RunConfig:
     """Build and validate a run config; every error names the offending field."""
     if arch not in ARCHS:
         raise BadInput(f"unknown architecture {arch!r}: expected one of {sorted(ARCHS)}")
@@ -150,8 +151,9 @@ def make_run_config(arch: str, preset: str, task: str | None = None, overrides: 
     model = make_config(arch, preset, **values["model"])
     sections = {s: cls(**values[s]) for s, cls in SECTIONS.items()}
     cfg = RunConfig(arch, preset, model, init_from=init_from, **sections)
-    if arch == "hd" and model.n_streams != cfg.hd.streams[0]:
-        raise BadInput(f"model.n_streams={model.n_streams} != hd.streams[0]={cfg.hd.streams[0]}: the first stage sets n_streams")
+    n_streams = getattr(model, "n_streams", 1)  # an HD config's field
+    if arch == "hd" and n_streams != cfg.hd.streams[0]:
+        raise BadInput(f"model.n_streams={n_streams} != hd.streams[0]={cfg.hd.streams[0]}: the first stage sets n_streams")
     if cfg.hd.expand_at[-1] >= cfg.train.steps and arch == "hd" and len(cfg.hd.expand_at) > 1:
         raise BadInput(f"hd field expand_at={cfg.hd.expand_at}: every stage must start before train.steps={cfg.train.steps}")
     if cfg.train.seq_len > model.n_ctx:

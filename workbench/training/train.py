@@ -17,6 +17,7 @@ from collections.abc import Callable
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -24,7 +25,7 @@ import torch.nn.functional as F
 from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
-from models import DecoderLM, expand_streams
+from models import DecoderLM, HDConfig, expand_streams
 from workbench.data.tasks import load_task
 from workbench.data.windows import TokenStream, batch_windows, step_generator
 from workbench.runtime.checkpoint import load_model, load_weights, model_from_weights, save_weights
@@ -98,7 +99,7 @@ class FBTStrategy(Strategy):
 
         states = model.run_passes(x, K, fuse_mask=fuse.to(x.device), perturb=jitter, detach_states=fbt.detach)
         losses = [ntp_loss(model.readout(h), y) for h in states]
-        total = sum(w * l for w, l in zip(fbt.pass_weights, losses))
+        total = cast(Tensor, sum(w * l for w, l in zip(fbt.pass_weights, losses)))
         return total, {"loss": total.item(), "passes": K, **{f"loss_pass{k + 1}": l.item() for k, l in enumerate(losses)}}
 
 
@@ -220,8 +221,9 @@ def load_checkpoint(run_dir: Path, cfg: RunConfig, device) -> tuple[DecoderLM, t
         files = {k: state.get(k) for k in ("weights", "optimizer")}
         if not all(isinstance(f, str) and f and f == Path(f).name for f in files.values()):
             raise BadInput(f"{state_path}: 'weights' and 'optimizer' must name files in {state_dir}, got {files}")
-        model = model_from_weights(cfg.arch, state.get("model"), state_dir / files["weights"], state_path, device)
-        opt_path = state_dir / files["optimizer"]
+        weights_name, optimizer_name = str(files["weights"]), str(files["optimizer"])  # checked above
+        model = model_from_weights(cfg.arch, state.get("model"), state_dir / weights_name, state_path, device)
+        opt_path = state_dir / optimizer_name
     else:  # written before state.json committed checkpoints: the files must agree on the step
         model = load_model(run_dir, device=device)
         opt_path = state_dir / "optimizer.safetensors"
@@ -286,7 +288,7 @@ def init_from(path: str | Path, cfg: RunConfig, device) -> DecoderLM:
     if cfg.arch == "hd":
         hd_fields = {k: getattr(cfg.model, k) for k in ("cross_layers", "cross_window", "positions", "readout", "n_ctx")}
         try:
-            return expand_streams(source, cfg.model.n_streams, **hd_fields)
+            return expand_streams(source, cast(HDConfig, cfg.model).n_streams, **hd_fields)
         except ValueError as err:  # its argument checks: the source run does not fit this config
             raise BadInput(f"--init-from {path}: {err}") from err
     model = model_from_config(cfg.arch, cfg.model, seed=cfg.train.seed, device=device)
@@ -338,7 +340,7 @@ def all_reduce_grads(model: DecoderLM, world: int) -> None:
     single-pass step) keep none, as in a single process, so AdamW skips them everywhere; every
     process runs the same pass count, so they agree on which those are."""
     params = [p for p in model.parameters() if p.grad is not None]
-    flat = torch.cat([p.grad.flatten() for p in params])
+    flat = torch.cat([cast(Tensor, p.grad).flatten() for p in params])
     dist.all_reduce(flat)
     flat /= world
     offset = 0
