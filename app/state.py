@@ -42,8 +42,12 @@ def _choose_root() -> None:
 def runs_root_picker() -> None:
     st.session_state.setdefault(INPUT_KEY, str(runs_root()))
     with st.sidebar:
-        st.text_input("Runs directory", key=INPUT_KEY, on_change=_choose_root,
-                      help=f"{app_root()} (the runs root) or a directory under it; its subdirectories (up to 3 levels deep) are run directories.")
+        st.text_input(
+            "Runs directory",
+            key=INPUT_KEY,
+            on_change=_choose_root,
+            help=f"{app_root()} (the runs root) or a directory under it; its subdirectories (up to 3 levels deep) are run directories.",
+        )
         if refused := st.session_state.pop(REFUSED_KEY, None):
             st.error(refused)
         if not os.path.isdir(runs_root()):
@@ -108,19 +112,33 @@ def model(run: RunInfo):
     return model_at(run.path)
 
 
-def pick_run(label: str, *, archs: tuple[str, ...] | None = None, key: str, multiple: bool = False,
-             default: list[str] | None = None, max_selections: int | None = None):
+def pick_run(
+    label: str,
+    *,
+    archs: tuple[str, ...] | None = None,
+    key: str,
+    multiple: bool = False,
+    default: list[str] | None = None,
+    max_selections: int | None = None,
+):
     """A run chooser over the usable runs (of ``archs``); None (or []) with a message if there are none."""
     usable = [r for r in runs() if r.usable and (archs is None or r.arch in archs)]
     if not usable:
         kinds = " or ".join(archs) if archs else "any"
-        st.info(f"No usable {kinds} runs under {runs_root()}. Train the zoo from the Runs page, or point the sidebar at a runs directory.")
+        st.info(
+            f"No usable {kinds} runs under {runs_root()}. Train the zoo from the Runs page, or point the sidebar at a runs directory."
+        )
         return [] if multiple else None
     names = [r.name for r in usable]
     by_name = {r.name: r for r in usable}
     if multiple:
-        chosen = st.multiselect(label, names, default=[n for n in (default or names[:1]) if n in names][:max_selections],
-                                key=key, max_selections=max_selections)
+        chosen = st.multiselect(
+            label,
+            names,
+            default=[n for n in (default or names[:1]) if n in names][:max_selections],
+            key=key,
+            max_selections=max_selections,
+        )
         return [by_name[n] for n in chosen]
     preferred = next((n for n in names for d in default or [] if n.endswith(d)), names[0])
     return by_name[st.selectbox(label, names, index=names.index(preferred), key=key)]
@@ -156,9 +174,13 @@ def token_strip(tokens: list[str], rows: dict[str, list[float | None]], shade: s
         alpha = 0.08 + 0.6 * ((v - lo) / (hi - lo) if v is not None and hi > lo else 0.0)
         numbers = "".join(
             f"<div style='font-size:9px;color:#555'>{'' if vals[i] is None else f'{vals[i]:.2f}'}</div>"
-            for vals in rows.values() if i < len(vals))
-        cells.append(f"<div title='{html.escape(tok)}' style='display:inline-block;margin:1px;padding:1px 2px;"
-                     f"text-align:center;border-radius:3px;background:rgba(31,119,180,{alpha:.2f});min-width:16px'>"
-                     f"<div style='font-family:monospace'>{html.escape(shown)}</div>{numbers}</div>")
+            for vals in rows.values()
+            if i < len(vals)
+        )
+        cells.append(
+            f"<div title='{html.escape(tok)}' style='display:inline-block;margin:1px;padding:1px 2px;"
+            f"text-align:center;border-radius:3px;background:rgba(31,119,180,{alpha:.2f});min-width:16px'>"
+            f"<div style='font-family:monospace'>{html.escape(shown)}</div>{numbers}</div>"
+        )
     legend = " / ".join(rows) if rows else ""
     return f"<div style='line-height:1.1'>{''.join(cells)}</div><div style='font-size:10px;color:#777'>under each token: {legend}</div>"

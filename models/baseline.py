@@ -115,9 +115,7 @@ class DecoderLM(HookedRootModule):
         past_valid = cache.key_valid if cache is not None else None
         if attention_mask is not None:
             if attention_mask.shape != tokens.shape:
-                raise ValueError(
-                    f"attention_mask shape {tuple(attention_mask.shape)} != tokens shape {tuple(tokens.shape)}"
-                )
+                raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} != tokens shape {tuple(tokens.shape)}")
             attention_mask = attention_mask.to(device=tokens.device, dtype=torch.bool)
         offset = cache.offset if cache is not None else 0
         if attention_mask is None and past_valid is None:
@@ -129,7 +127,9 @@ class DecoderLM(HookedRootModule):
                 past_valid = tokens.new_ones(B, past, dtype=torch.bool)
             key_valid = torch.cat((past_valid, new_valid), dim=1)
             seen = cache.n_valid if (cache is not None and cache.n_valid is not None) else offset + past
-            positions = (torch.cumsum(new_valid.long(), dim=1) - 1 + torch.as_tensor(seen, device=tokens.device).view(-1, 1)).clamp(min=0)
+            positions = (
+                torch.cumsum(new_valid.long(), dim=1) - 1 + torch.as_tensor(seen, device=tokens.device).view(-1, 1)
+            ).clamp(min=0)
         stream_positions = self.stream_positions(positions)
         dtype = self.embed.W_E.dtype
         cos, sin = self.rotary(stream_positions, dtype)
@@ -184,8 +184,15 @@ class DecoderLM(HookedRootModule):
             kind = "needs a Full-Bandwidth model" if regime in ("soft", "fused") else "is unknown"
             raise ValueError(f"regime {regime!r} {kind}; arch {self.arch!r} decodes only {'/'.join(self.regimes)}")
 
-    def prefill(self, tokens: Tensor, *, regime: str = "standard", passes: int | str = 1, cache: KVCache | None = None,
-                attention_mask: Tensor | None = None) -> Tensor:
+    def prefill(
+        self,
+        tokens: Tensor,
+        *,
+        regime: str = "standard",
+        passes: int | str = 1,
+        cache: KVCache | None = None,
+        attention_mask: Tensor | None = None,
+    ) -> Tensor:
         """Final states [batch, pos, d_model] of a prompt under ``regime`` (into ``cache`` if given).
         Here every regime is ``standard``; ``passes`` matters only where a regime feeds back."""
         self.check_regime(regime)

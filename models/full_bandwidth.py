@@ -164,11 +164,19 @@ class FullBandwidthLM(DecoderLM):
         commit: bool = True,
     ) -> Tensor:
         """Carried states [batch, pos, d_model] of the last pass (arguments as in ``run_passes``)."""
-        return self.run_passes(tokens, passes, fuse_mask=fuse_mask, cache=cache, attention_mask=attention_mask,
-                               state=state, commit=commit)[-1]
+        return self.run_passes(
+            tokens, passes, fuse_mask=fuse_mask, cache=cache, attention_mask=attention_mask, state=state, commit=commit
+        )[-1]
 
-    def prefill(self, tokens: Tensor, *, regime: str = "standard", passes: int | str = 1, cache: KVCache | None = None,
-                attention_mask: Tensor | None = None) -> Tensor:
+    def prefill(
+        self,
+        tokens: Tensor,
+        *,
+        regime: str = "standard",
+        passes: int | str = 1,
+        cache: KVCache | None = None,
+        attention_mask: Tensor | None = None,
+    ) -> Tensor:
         """Final states [batch, pos, d_model] of a prompt under ``regime`` (into ``cache`` if given).
         ``standard`` and ``soft`` run it plain; ``fused`` fuses every position after a row's first
         real token, by ``passes`` Jacobi passes or, with ``passes='exact'``, by the sequential

@@ -41,15 +41,15 @@ class ModelConfig:
             if getattr(self, name) < 1:
                 raise ConfigError(f"config field {name}={getattr(self, name)!r}: expected an integer >= 1")
         if self.d_model % self.n_heads:
-            raise ConfigError(
-                f"config field d_model={self.d_model} is not divisible by n_heads={self.n_heads}"
-            )
+            raise ConfigError(f"config field d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         if self.d_head % 2:
             raise ConfigError(f"d_head = d_model / n_heads = {self.d_head}: rotary embeddings need it even")
         # JSON and --set both accept Infinity; rotary angles, the norm and the init need finite values
-        for name, ok, expected in (("rope_base", 1 < self.rope_base < math.inf, "a finite number > 1"),
-                                   ("norm_eps", 0 < self.norm_eps < 1, "a number in (0, 1)"),
-                                   ("init_std", 0 < self.init_std < math.inf, "a finite number > 0")):
+        for name, ok, expected in (
+            ("rope_base", 1 < self.rope_base < math.inf, "a finite number > 1"),
+            ("norm_eps", 0 < self.norm_eps < 1, "a number in (0, 1)"),
+            ("init_std", 0 < self.init_std < math.inf, "a finite number > 0"),
+        ):
             if not ok:
                 raise ConfigError(f"config field {name}={getattr(self, name)!r}: expected {expected}")
 

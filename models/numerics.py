@@ -99,8 +99,12 @@ class NumericsGuard:
         if self.model.arch != "fbt":
             pass_index = None
         where = f"at step {step}" + (f", FBT pass {pass_index + 1}" if pass_index is not None else "")
-        return NonFiniteActivation(f"non-finite activation: {what} {where} (steps count forward calls, 0 = the first, "
-                                   "e.g. a prompt's prefill)", what, step, pass_index)
+        return NonFiniteActivation(
+            f"non-finite activation: {what} {where} (steps count forward calls, 0 = the first, e.g. a prompt's prefill)",
+            what,
+            step,
+            pass_index,
+        )
 
 
 class guard_numerics:

@@ -62,6 +62,7 @@ def one_torch_thread():
 @pytest.fixture
 def no_unpickling(monkeypatch):
     """Loading anything under this fixture fails if it tries to unpickle."""
+
     def forbidden(*args, **kwargs):
         raise AssertionError("loading a checkpoint tried to unpickle")
 
@@ -82,8 +83,9 @@ def pytest_terminal_summary(terminalreporter):
         return
     terminalreporter.section("fault tally")
     for name, c in helpers.TALLY.items():
-        terminalreporter.write_line(f"{name}: inputs tried {c['inputs_tried']}, faults injected {c['faults_injected']}, "
-                                    f"data lost {c['data_lost']}")
+        terminalreporter.write_line(
+            f"{name}: inputs tried {c['inputs_tried']}, faults injected {c['faults_injected']}, data lost {c['data_lost']}"
+        )
 
 
 INTEGRATION = Path(__file__).parent / "integration"

@@ -44,6 +44,7 @@ def sequential_fbt_states(model, toks, fuse_start=0):
         states.append(h[:, -1])
     return torch.stack(states, dim=1)
 
+
 TALLY: dict[str, Counter] = {}
 
 
@@ -93,8 +94,11 @@ def assert_usage_error(argv: list[str], *named: str, match: str = "") -> str:
 
 # ---- faults applied to a file -----------------------------------------------------------
 
+
 def truncate(keep):
-    return lambda p: p.write_bytes(p.read_bytes()[:keep] if isinstance(keep, int) else p.read_bytes()[: int(len(p.read_bytes()) * keep)])
+    return lambda p: p.write_bytes(
+        p.read_bytes()[:keep] if isinstance(keep, int) else p.read_bytes()[: int(len(p.read_bytes()) * keep)]
+    )
 
 
 def flip(offset):
@@ -102,6 +106,7 @@ def flip(offset):
         data = bytearray(p.read_bytes())
         data[offset] ^= 0xFF
         p.write_bytes(bytes(data))
+
     return change
 
 
@@ -123,6 +128,7 @@ def edit_json(change):
         data = json.loads(p.read_text())
         change(data)
         p.write_text(json.dumps(data))
+
     return edit
 
 

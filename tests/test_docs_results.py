@@ -40,18 +40,39 @@ def test_check_names_the_stale_page(tmp_path, capsys):
 TINY_ZOO = {
     "scale": "test",
     "models": {
-        "baseline": {"train_seconds": 12.34, "eval_seconds": 1.0, "resumed_from": None, "tasks": {
-            "chain": {"n": 8, "loss": {"standard": 0.12345}, "answer_loss": {"standard": 0.5},
-                      "accuracy": {"standard": 0.375}},
-            "flipflop": {"n": 8, "loss": {"standard": 0.9}, "answer_loss": {"standard": 0.25},
-                         "accuracy": {"standard": 1.0}}}},
-        "fbt": {"train_seconds": 20.5, "eval_seconds": 2.0, "resumed_from": None, "tasks": {
-            "chain": {"n": 8, "loss": {"standard": 0.1, "recurrent": 1.6},
-                      "answer_loss": {"standard": 0.4, "fused": 0.7},
-                      "accuracy": {"standard": 0.5, "fused": 0.125}},
-            "flipflop": {"n": 8, "loss": {"standard": 0.95, "recurrent": 1.0},
-                         "answer_loss": {"standard": 0.3, "fused": 0.6},
-                         "accuracy": {"standard": 0.875, "fused": 0.625}}}},
+        "baseline": {
+            "train_seconds": 12.34,
+            "eval_seconds": 1.0,
+            "resumed_from": None,
+            "tasks": {
+                "chain": {
+                    "n": 8,
+                    "loss": {"standard": 0.12345},
+                    "answer_loss": {"standard": 0.5},
+                    "accuracy": {"standard": 0.375},
+                },
+                "flipflop": {"n": 8, "loss": {"standard": 0.9}, "answer_loss": {"standard": 0.25}, "accuracy": {"standard": 1.0}},
+            },
+        },
+        "fbt": {
+            "train_seconds": 20.5,
+            "eval_seconds": 2.0,
+            "resumed_from": None,
+            "tasks": {
+                "chain": {
+                    "n": 8,
+                    "loss": {"standard": 0.1, "recurrent": 1.6},
+                    "answer_loss": {"standard": 0.4, "fused": 0.7},
+                    "accuracy": {"standard": 0.5, "fused": 0.125},
+                },
+                "flipflop": {
+                    "n": 8,
+                    "loss": {"standard": 0.95, "recurrent": 1.0},
+                    "answer_loss": {"standard": 0.3, "fused": 0.6},
+                    "accuracy": {"standard": 0.875, "fused": 0.625},
+                },
+            },
+        },
     },
 }
 
@@ -79,9 +100,12 @@ def test_traces_table_known_answer():
         "reference": "a/standard",
         "timing": {"a/standard": {"problems_per_s": 9.6}, "a/soft": {"problems_per_s": 20.4}},
         "groups": {"a/soft": dict(group, accuracy=0.25, unfinished=0.125), "a/standard": group},
-        "paired": {"a/soft - a/standard": {
-            "trace_tokens": {"mean": 0.26, "ci_low": -0.04, "ci_high": 0.51},
-            "accuracy": {"mean": -0.25, "ci_low": -0.3004, "ci_high": -0.19}}},
+        "paired": {
+            "a/soft - a/standard": {
+                "trace_tokens": {"mean": 0.26, "ci_low": -0.04, "ci_high": 0.51},
+                "accuracy": {"mean": -0.25, "ci_low": -0.3004, "ci_high": -0.19},
+            }
+        },
     }
     assert pages.traces_table(summary) == (
         "| model/regime | mean trace tokens | median | accuracy | unfinished | length vs a standard "

@@ -28,7 +28,18 @@ def test_layering(package):
 
 
 def test_models_import_only_torch_and_hook_points():
-    allowed = {"torch", "transformer_lens", "einops", "models", "__future__", "dataclasses", "math", "typing", "collections", "copy"}
+    allowed = {
+        "torch",
+        "transformer_lens",
+        "einops",
+        "models",
+        "__future__",
+        "dataclasses",
+        "math",
+        "typing",
+        "collections",
+        "copy",
+    }
     for f in (ROOT / "models").rglob("*.py"):
         assert imported_roots(f) <= allowed, (f, imported_roots(f) - allowed)
 

@@ -65,9 +65,18 @@ def _time(fn: Callable[[], object], device: str | torch.device = "cpu") -> float
     return time.perf_counter() - started
 
 
-def paired(key: str, a: Callable, b: Callable, *, what_a: str, what_b: str, reps: int = 5,
-           ratio: Callable[[float, float], float] = lambda ta, tb: tb / ta, note: str = "",
-           device: str | torch.device = "cpu") -> dict:
+def paired(
+    key: str,
+    a: Callable,
+    b: Callable,
+    *,
+    what_a: str,
+    what_b: str,
+    reps: int = 5,
+    ratio: Callable[[float, float], float] = lambda ta, tb: tb / ta,
+    note: str = "",
+    device: str | torch.device = "cpu",
+) -> dict:
     """Time ``a`` and ``b`` interleaved ``reps`` times (after a warm-up of each) on ``device``;
     the entry's ratio is the median of ``ratio(t_a, t_b)`` over the pairs."""
     if reps < 5:
@@ -80,8 +89,15 @@ def paired(key: str, a: Callable, b: Callable, *, what_a: str, what_b: str, reps
         ta.append(_time(a, device))
         tb.append(_time(b, device))
     ratios = [ratio(x, y) for x, y in zip(ta, tb)]
-    return entry(key, statistics.median(ratios), reps=reps, spread=[min(ratios), max(ratios)],
-                 a={"what": what_a, "median_s": statistics.median(ta)}, b={"what": what_b, "median_s": statistics.median(tb)}, note=note)
+    return entry(
+        key,
+        statistics.median(ratios),
+        reps=reps,
+        spread=[min(ratios), max(ratios)],
+        a={"what": what_a, "median_s": statistics.median(ta)},
+        b={"what": what_b, "median_s": statistics.median(tb)},
+        note=note,
+    )
 
 
 def entry(key: str, value: float, **fields) -> dict:
@@ -174,8 +190,14 @@ def matmul_flops(size: int = 1024) -> tuple[Callable, float]:
 # ---- the suite -----------------------------------------------------------------------------
 
 
-def run_bench(preset: str = "small", *, reps: int = 5, only: list[str] | None = None, progress: Callable[[str], None] | None = None,
-              store_positions: int | None = None) -> dict:
+def run_bench(
+    preset: str = "small",
+    *,
+    reps: int = 5,
+    only: list[str] | None = None,
+    progress: Callable[[str], None] | None = None,
+    store_positions: int | None = None,
+) -> dict:
     if preset not in SIZES:
         raise BadInput(f"unknown bench preset {preset!r}: expected one of {sorted(SIZES)}")
     if not 5 <= reps <= 1000:
@@ -201,33 +223,71 @@ def run_bench(preset: str = "small", *, reps: int = 5, only: list[str] | None = 
         if want("fbt_soft_decode_overhead"):
             fbt = build_model("fbt", preset).eval()
             new = sizes["new_tokens"]
-            results.append(paired("fbt_soft_decode_overhead", _decode(fbt, prompt, "standard", new), _decode(fbt, prompt, "soft", new),
-                                  what_a=f"standard decode, batch 1, {new} tokens", what_b=f"soft decode, batch 1, {new} tokens", reps=reps))
+            results.append(
+                paired(
+                    "fbt_soft_decode_overhead",
+                    _decode(fbt, prompt, "standard", new),
+                    _decode(fbt, prompt, "soft", new),
+                    what_a=f"standard decode, batch 1, {new} tokens",
+                    what_b=f"soft decode, batch 1, {new} tokens",
+                    reps=reps,
+                )
+            )
         if want("kv_cache_speedup"):
             base = build_model("baseline", preset).eval()
             n = sizes["kv_tokens"] - prompt.shape[1]
-            results.append(paired("kv_cache_speedup", _decode(base, prompt, "standard", n), lambda: _full_recompute(base, prompt, n),
-                                  what_a=f"cached greedy decode to {sizes['kv_tokens']} tokens",
-                                  what_b=f"full recompute per token to {sizes['kv_tokens']} tokens", reps=reps))
+            results.append(
+                paired(
+                    "kv_cache_speedup",
+                    _decode(base, prompt, "standard", n),
+                    lambda: _full_recompute(base, prompt, n),
+                    what_a=f"cached greedy decode to {sizes['kv_tokens']} tokens",
+                    what_b=f"full recompute per token to {sizes['kv_tokens']} tokens",
+                    reps=reps,
+                )
+            )
         if want("hd4_decode_throughput"):
             base = build_model("baseline", preset).eval()
             hd = _hd_model(preset, 4, dense=False).eval()
             new = sizes["new_tokens"]
-            results.append(paired("hd4_decode_throughput", _decode(hd, prompt, "standard", new), _decode(base, prompt, "standard", new),
-                                  what_a=f"HD n=4 decode, batch 1, {new} tokens", what_b=f"baseline decode, batch 1, {new} tokens",
-                                  reps=reps, note="tokens/s of HD over tokens/s of the baseline = t_baseline / t_HD"))
+            results.append(
+                paired(
+                    "hd4_decode_throughput",
+                    _decode(hd, prompt, "standard", new),
+                    _decode(base, prompt, "standard", new),
+                    what_a=f"HD n=4 decode, batch 1, {new} tokens",
+                    what_b=f"baseline decode, batch 1, {new} tokens",
+                    reps=reps,
+                    note="tokens/s of HD over tokens/s of the baseline = t_baseline / t_HD",
+                )
+            )
         if want("numerics_guard_decode"):
             fbt = build_model("fbt", preset).eval()
             new = sizes["new_tokens"]
-            results.append(paired("numerics_guard_decode", _decode(fbt, prompt, "soft", new, check_numerics=False),
-                                  _decode(fbt, prompt, "soft", new), what_a=f"FBT soft decode, no numerics guard, batch 1, {new} tokens",
-                                  what_b=f"FBT soft decode, guarded (the default), batch 1, {new} tokens", reps=max(reps, 11)))
+            results.append(
+                paired(
+                    "numerics_guard_decode",
+                    _decode(fbt, prompt, "soft", new, check_numerics=False),
+                    _decode(fbt, prompt, "soft", new),
+                    what_a=f"FBT soft decode, no numerics guard, batch 1, {new} tokens",
+                    what_b=f"FBT soft decode, guarded (the default), batch 1, {new} tokens",
+                    reps=max(reps, 11),
+                )
+            )
         if want("hook_overhead"):
             base = build_model("baseline", preset).eval()
             bare = without_hooks(base)
             x = torch.randint(4, 100, (sizes["batch"], sizes["seq"]), generator=torch.Generator().manual_seed(1))
-            results.append(paired("hook_overhead", lambda: bare(x), lambda: base(x), what_a="forward, hook points removed",
-                                  what_b="forward, hook points present, none attached", reps=max(reps, 11)))
+            results.append(
+                paired(
+                    "hook_overhead",
+                    lambda: bare(x),
+                    lambda: base(x),
+                    what_a="forward, hook points removed",
+                    what_b="forward, hook points present, none attached",
+                    reps=max(reps, 11),
+                )
+            )
         if want("vs_bridge_cache"):
             results.append(_vs_bridge(preset, sizes, reps))
 
@@ -239,9 +299,16 @@ def run_bench(preset: str = "small", *, reps: int = 5, only: list[str] | None = 
         if want(key):
             base = _plain_train_step(build_model("baseline", preset), sizes)
             hd = _plain_train_step(_hd_model(preset, 4, dense=dense), sizes)
-            results.append(paired(key, base, hd, what_a="baseline train step",
-                                  what_b=f"HD n=4 train step ({'cross-stream attention in every block' if dense else 'one cross-stream block'})",
-                                  reps=reps))
+            results.append(
+                paired(
+                    key,
+                    base,
+                    hd,
+                    what_a="baseline train step",
+                    what_b=f"HD n=4 train step ({'cross-stream attention in every block' if dense else 'one cross-stream block'})",
+                    reps=reps,
+                )
+            )
     if want("vs_hf_llama_train"):
         results.append(_vs_hf(preset, sizes, reps))
     if want("cpu_mfu"):
@@ -253,8 +320,16 @@ def run_bench(preset: str = "small", *, reps: int = 5, only: list[str] | None = 
         def mfu(t_mm, t_step):
             return (flops / t_step) / (mm_flops / t_mm)
 
-        e = paired("cpu_mfu", mm, step, what_a="1024x1024 fp32 matmul", what_b="baseline train step", reps=reps, ratio=mfu,
-                   note=f"{flops / 1e9:.2f} GFLOP per step (PaLM: 6N + 12 n_layers d_model seq per token)")
+        e = paired(
+            "cpu_mfu",
+            mm,
+            step,
+            what_a="1024x1024 fp32 matmul",
+            what_b="baseline train step",
+            reps=reps,
+            ratio=mfu,
+            note=f"{flops / 1e9:.2f} GFLOP per step (PaLM: 6N + 12 n_layers d_model seq per token)",
+        )
         e["achieved_gflops"] = flops / e["b"]["median_s"] / 1e9
         e["matmul_gflops"] = mm_flops / e["a"]["median_s"] / 1e9
         results.append(e)
@@ -273,8 +348,14 @@ def _vs_hf(preset: str, sizes: dict, reps: int) -> dict:
     ours = build_model("baseline", preset)
     with tempfile.TemporaryDirectory() as tmp:
         hf = LlamaForCausalLM.from_pretrained(export_hf(ours, tmp), attn_implementation="sdpa")
-    return paired("vs_hf_llama_train", _plain_train_step(hf, sizes, hf=True), _plain_train_step(ours, sizes),
-                  what_a="transformers LlamaForCausalLM forward+backward+AdamW", what_b="our baseline forward+backward+AdamW", reps=reps)
+    return paired(
+        "vs_hf_llama_train",
+        _plain_train_step(hf, sizes, hf=True),
+        _plain_train_step(ours, sizes),
+        what_a="transformers LlamaForCausalLM forward+backward+AdamW",
+        what_b="our baseline forward+backward+AdamW",
+        reps=reps,
+    )
 
 
 def _vs_bridge(preset: str, sizes: dict, reps: int) -> dict:
@@ -286,8 +367,14 @@ def _vs_bridge(preset: str, sizes: dict, reps: int) -> dict:
     x = torch.randint(4, 100, (sizes["batch"], sizes["seq"]), generator=torch.Generator().manual_seed(2))
     with tempfile.TemporaryDirectory() as tmp:
         bridge = TransformerBridge.boot_transformers(str(export_hf(ours, tmp)), device="cpu")
-    return paired("vs_bridge_cache", lambda: bridge.run_with_cache(x), lambda: ours.run_with_cache(x),
-                  what_a="TransformerBridge.run_with_cache (all hooks)", what_b="our run_with_cache (all hooks)", reps=reps)
+    return paired(
+        "vs_bridge_cache",
+        lambda: bridge.run_with_cache(x),
+        lambda: ours.run_with_cache(x),
+        what_a="TransformerBridge.run_with_cache (all hooks)",
+        what_b="our run_with_cache (all hooks)",
+        reps=reps,
+    )
 
 
 def _store_rss(preset: str, positions: int) -> dict:
@@ -296,12 +383,33 @@ def _store_rss(preset: str, positions: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         # modsum examples are ~14 tokens long; ask for enough sequences, the store reports the exact count
         n_seq = max(1, positions // 14)
-        cmd = [sys.executable, "-m", "workbench.cli", "cache", f"baseline:{preset}", "--hooks", "blocks.0.hook_resid_pre",
-               "--task", "modsum", "--n-sequences", str(n_seq), "--out", str(Path(tmp) / "store"), "--json", str(Path(tmp) / "meta.json")]
+        cmd = [
+            sys.executable,
+            "-m",
+            "workbench.cli",
+            "cache",
+            f"baseline:{preset}",
+            "--hooks",
+            "blocks.0.hook_resid_pre",
+            "--task",
+            "modsum",
+            "--n-sequences",
+            str(n_seq),
+            "--out",
+            str(Path(tmp) / "store"),
+            "--json",
+            str(Path(tmp) / "meta.json"),
+        ]
         subprocess.run(cmd, check=True, capture_output=True, text=True)
         meta = json.loads((Path(tmp) / "meta.json").read_text())
-    return entry("activation_store_peak_rss", meta["peak_rss_mib"], unit="MiB", positions=meta["n_rows"], seconds=meta.get("seconds"),
-                 note="peak RSS of the whole caching process (model, datasets/Arrow writer and Python included)")
+    return entry(
+        "activation_store_peak_rss",
+        meta["peak_rss_mib"],
+        unit="MiB",
+        positions=meta["n_rows"],
+        seconds=meta.get("seconds"),
+        note="peak RSS of the whole caching process (model, datasets/Arrow writer and Python included)",
+    )
 
 
 def _store_verify(preset: str, positions: int, reps: int) -> dict:
@@ -311,12 +419,21 @@ def _store_verify(preset: str, positions: int, reps: int) -> dict:
     from workbench.probing.store import cache_activations, load_store
 
     with tempfile.TemporaryDirectory() as tmp:
-        store = cache_activations(build_model("fbt", preset), synthetic_examples("modsum", max(1, positions // 14), 0),
-                                  ["blocks.0.hook_resid_pre"], Path(tmp) / "store")
+        store = cache_activations(
+            build_model("fbt", preset),
+            synthetic_examples("modsum", max(1, positions // 14), 0),
+            ["blocks.0.hook_resid_pre"],
+            Path(tmp) / "store",
+        )
         size = sum(p.stat().st_size for p in store.iterdir())
-        e = paired("store_verify_load", lambda: load_store(store, verify=False), lambda: load_store(store, verify=True),
-                   what_a="load_store(verify=False): names, sizes, row counts, columns",
-                   what_b="load_store(verify=True): also CRC32s and finiteness", reps=reps)
+        e = paired(
+            "store_verify_load",
+            lambda: load_store(store, verify=False),
+            lambda: load_store(store, verify=True),
+            what_a="load_store(verify=False): names, sizes, row counts, columns",
+            what_b="load_store(verify=True): also CRC32s and finiteness",
+            reps=reps,
+        )
     e["store_mib"] = round(size / 2**20, 1)
     return e
 
@@ -324,8 +441,13 @@ def _store_verify(preset: str, positions: int, reps: int) -> dict:
 def machine() -> dict:
     import os
 
-    return {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
-            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "processor": platform.processor() or platform.machine(),
-            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-            "self_peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+    return {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "processor": platform.processor() or platform.machine(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "self_peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }

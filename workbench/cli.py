@@ -74,8 +74,23 @@ def cmd_app(args) -> dict:
         raise BadInput(f"--runs {runs}: expected a directory of run directories, got a file")
     if warning := exposure_warning(args.address, runs):
         print(f"workbench app: warning: {warning}", file=sys.stderr, flush=True)
-    command = [sys.executable, "-m", "streamlit", "run", str(app_script()), "--server.address", args.address,
-               "--server.port", str(args.port), "--server.headless", "true", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
+    command = [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(app_script()),
+        "--server.address",
+        args.address,
+        "--server.port",
+        str(args.port),
+        "--server.headless",
+        "true",
+        "--browser.gatherUsageStats",
+        "false",
+        "--server.fileWatcherType",
+        "none",
+    ]
     print(f"workbench app: runs from {runs.resolve()} at http://{args.address}:{args.port}", flush=True)
     try:
         code = subprocess.call(command, env={**os.environ, "WORKBENCH_RUNS": str(runs.resolve())})
@@ -87,8 +102,13 @@ def cmd_app(args) -> dict:
 def cmd_bench(args) -> dict:
     from workbench.bench import run_bench
 
-    report = run_bench(args.preset, reps=args.reps, only=args.only, store_positions=args.store_positions,
-                       progress=lambda key: print(f"measuring {key}...", flush=True))
+    report = run_bench(
+        args.preset,
+        reps=args.reps,
+        only=args.only,
+        store_positions=args.store_positions,
+        progress=lambda key: print(f"measuring {key}...", flush=True),
+    )
     print(f"{'key':28s} {'ratio':>8s}  {'spread':>17s}  {'target':>8s}  met")
     for e in report["entries"]:
         spread = "" if "spread" not in e else f"[{e['spread'][0]:.3g}, {e['spread'][1]:.3g}]"
@@ -107,8 +127,12 @@ def cmd_presets(args) -> dict:
             model = build_model(arch, name, device="meta")
             counts[arch] = sum(p.numel() for p in model.parameters())
         rows[name] = {**values, "parameters": counts}
-        print(f"{name:6s} " + " ".join(f"{k}={v}" for k, v in values.items()) + "  params: "
-              + ", ".join(f"{a} {c / 1e6:.2f}M" for a, c in counts.items()))
+        print(
+            f"{name:6s} "
+            + " ".join(f"{k}={v}" for k, v in values.items())
+            + "  params: "
+            + ", ".join(f"{a} {c / 1e6:.2f}M" for a, c in counts.items())
+        )
     return {"presets": rows}
 
 
@@ -124,8 +148,15 @@ def cmd_generate(args) -> dict:
     for regime in args.regime.split(","):
         try:
             out = generate(
-                model, prompts, regime=regime, max_new_tokens=args.max_new_tokens, passes=args.passes,
-                temperature=args.temperature, top_k=args.top_k, seed=args.seed, eos_token_id=tok.eos_id,
+                model,
+                prompts,
+                regime=regime,
+                max_new_tokens=args.max_new_tokens,
+                passes=args.passes,
+                temperature=args.temperature,
+                top_k=args.top_k,
+                seed=args.seed,
+                eos_token_id=tok.eos_id,
             )
         except NonFinite as err:
             raise NonFinite.wrap(err, f"regime {regime}") from err
@@ -135,8 +166,11 @@ def cmd_generate(args) -> dict:
         for prompt, text in zip(args.prompt, texts):
             print(f"[{regime}] {prompt!r} -> {text!r}")
         if sum(counts):  # the texts above cannot show them
-            print(f"warning: [{regime}] {sum(counts)} generated tokens decode to nothing (pad, other special tokens or "
-                  f"ids past the vocabulary) and are missing from the text; per prompt: {counts}", file=sys.stderr)
+            print(
+                f"warning: [{regime}] {sum(counts)} generated tokens decode to nothing (pad, other special tokens or "
+                f"ids past the vocabulary) and are missing from the text; per prompt: {counts}",
+                file=sys.stderr,
+            )
     return result
 
 
@@ -242,25 +276,45 @@ def cmd_cache(args) -> dict:
     model = resolve_model(args.run)
     examples = heldout_task(args.task, args.n_sequences, args.seed)[: args.n_sequences]
     started = time.perf_counter()
-    out = cache_activations(model, examples, args.hooks, args.out, prefill=args.prefill, passes=args.passes,
-                            overwrite=args.overwrite, on_estimate=lambda e: print(
-                                f"storing about {e['rows']:,} rows, {e['bytes'] / 2**30:.2f} GiB, in {args.out}", flush=True))
+    out = cache_activations(
+        model,
+        examples,
+        args.hooks,
+        args.out,
+        prefill=args.prefill,
+        passes=args.passes,
+        overwrite=args.overwrite,
+        on_estimate=lambda e: print(f"storing about {e['rows']:,} rows, {e['bytes'] / 2**30:.2f} GiB, in {args.out}", flush=True),
+    )
     meta = json.loads((out / "store.json").read_text())
     meta["peak_rss_mib"] = peak_rss_mib()
     meta["seconds"] = round(time.perf_counter() - started, 1)
-    print(f"stored {meta['n_rows']} rows ({len(meta['hooks'])} hooks, labels {meta['labels']}) in {out} "
-          f"in {meta['seconds']}s; peak resident memory {meta['peak_rss_mib']} MiB")
+    print(
+        f"stored {meta['n_rows']} rows ({len(meta['hooks'])} hooks, labels {meta['labels']}) in {out} "
+        f"in {meta['seconds']}s; peak resident memory {meta['peak_rss_mib']} MiB"
+    )
     return meta
 
 
 def cmd_probe(args) -> dict:
     from workbench.probing.study import probe_study
 
-    report = probe_study(args.run, args.target, hooks=args.hooks, passes=args.passes, exact=not args.no_exact,
-                         n_sequences=args.n_sequences, seed=args.seed, out=args.out, overwrite=args.overwrite)
+    report = probe_study(
+        args.run,
+        args.target,
+        hooks=args.hooks,
+        passes=args.passes,
+        exact=not args.no_exact,
+        n_sequences=args.n_sequences,
+        seed=args.seed,
+        out=args.out,
+        overwrite=args.overwrite,
+    )
     for row in report["rows"]:
-        print(f"{row['hook']:28s} {row['prefill']:9s} K={str(row['passes']):5s} stream {row['stream']}  "
-              f"acc {row['accuracy']:.3f}  control {row['control_accuracy']:.3f}  chance {row['chance']:.3f}")
+        print(
+            f"{row['hook']:28s} {row['prefill']:9s} K={str(row['passes']):5s} stream {row['stream']}  "
+            f"acc {row['accuracy']:.3f}  control {row['control_accuracy']:.3f}  chance {row['chance']:.3f}"
+        )
     print(f"figure: {report['figure']}")
     return report
 
@@ -268,15 +322,27 @@ def cmd_probe(args) -> dict:
 def cmd_dynamics(args) -> dict:
     from workbench.dynamics.study import dynamics_study
 
-    report = dynamics_study(args.runs, args.out, overwrite=args.overwrite, horizon=args.horizon, perturb_at=args.perturb_at,
-                            n_spectra=args.spectra, n_fixed=args.fixed_points, n_starts=args.starts, max_passes=args.max_passes, fp_steps=args.fp_steps)
+    report = dynamics_study(
+        args.runs,
+        args.out,
+        overwrite=args.overwrite,
+        horizon=args.horizon,
+        perturb_at=args.perturb_at,
+        n_spectra=args.spectra,
+        n_fixed=args.fixed_points,
+        n_starts=args.starts,
+        max_passes=args.max_passes,
+        fp_steps=args.fp_steps,
+    )
     for name, r in report["runs"].items():
         lyap = " ".join(f"T={t}: {v:+.3f}" for t, v in r["lyapunov"].items())
         rho = " ".join(f"{s['spectral_radius']:.2f}" for s in r["spectra"])
         fps = [(len(f["points"]), sum(p["stable"] for p in f["points"])) for f in r["fixed_points"]]
-        print(f"{name}: {r['horizon']} steps{' (' + r['stopped'] + ')' if r['stopped'] else ''}; "
-              f"final ||h|| {r['per_step']['state_norm'][-1]:.2f}; Lyapunov {lyap}; spectral radius along rollout {rho}; "
-              f"fixed points (found, stable) {fps}")
+        print(
+            f"{name}: {r['horizon']} steps{' (' + r['stopped'] + ')' if r['stopped'] else ''}; "
+            f"final ||h|| {r['per_step']['state_norm'][-1]:.2f}; Lyapunov {lyap}; spectral radius along rollout {rho}; "
+            f"fixed points (found, stable) {fps}"
+        )
     print(f"figures: {', '.join(report['figures'])}")
     print(f"wrote {Path(args.out) / 'dynamics.json'}")
     return {"out": args.out}
@@ -285,16 +351,29 @@ def cmd_dynamics(args) -> dict:
 def cmd_traces(args) -> dict:
     from workbench.studies.traces import trace_study
 
-    summary = trace_study(args.runs, args.out, task=args.task, regimes=args.regimes.split(","), passes=args.passes,
-                          n_problems=args.n_problems, difficulties=args.difficulty, seed=args.seed,
-                          max_new_tokens=args.max_new_tokens, overwrite=args.overwrite)
+    summary = trace_study(
+        args.runs,
+        args.out,
+        task=args.task,
+        regimes=args.regimes.split(","),
+        passes=args.passes,
+        n_problems=args.n_problems,
+        difficulties=args.difficulty,
+        seed=args.seed,
+        max_new_tokens=args.max_new_tokens,
+        overwrite=args.overwrite,
+    )
     for key, g in summary["groups"].items():
-        print(f"{key:24s} mean trace {g['mean_trace']:6.1f}  median {g['median_trace']:6.1f}  accuracy {g['accuracy']:.3f}  "
-              f"unfinished {g['unfinished']:.3f}  ({summary['timing'][key]['problems_per_s']} problems/s)")
+        print(
+            f"{key:24s} mean trace {g['mean_trace']:6.1f}  median {g['median_trace']:6.1f}  accuracy {g['accuracy']:.3f}  "
+            f"unfinished {g['unfinished']:.3f}  ({summary['timing'][key]['problems_per_s']} problems/s)"
+        )
     for key, p in summary["paired"].items():
         t, a = p["trace_tokens"], p["accuracy"]
-        print(f"{key}: length {t['mean']:+.1f} [{t['ci_low']:+.1f}, {t['ci_high']:+.1f}]  "
-              f"accuracy {a['mean']:+.3f} [{a['ci_low']:+.3f}, {a['ci_high']:+.3f}]")
+        print(
+            f"{key}: length {t['mean']:+.1f} [{t['ci_low']:+.1f}, {t['ci_high']:+.1f}]  "
+            f"accuracy {a['mean']:+.3f} [{a['ci_low']:+.3f}, {a['ci_high']:+.3f}]"
+        )
     print(f"wrote {Path(args.out) / 'summary.json'}, traces.csv, traces.png")
     return summary
 
@@ -371,8 +450,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", default="debug")
     p.add_argument("--task", default=None, help="chain | modsum | flipflop | mix | jsonl:PATH | text:PATH | hf:NAME")
     p.add_argument("--out", required=True, help="run directory, e.g. runs/NAME")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                   help="typed override, e.g. train.lr=3e-4, model.d_model=96, fbt.three_pass_fraction=0 (repeatable)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.FIELD=VALUE",
+        help="typed override, e.g. train.lr=3e-4, model.d_model=96, fbt.three_pass_fraction=0 (repeatable)",
+    )
     p.add_argument("--init-from", default=None, help="continue from this run's weights (e.g. HD from a baseline)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     p.add_argument("--stop-after", type=int, default=None, help="stop after N steps this session (resume later)")
@@ -418,7 +502,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-sequences", type=int, default=400)
     p.add_argument("--seed", type=_seed, default=0)
     p.add_argument("--out", default=None, help="default RUN/results/probe_<target>.json")
-    p.add_argument("--overwrite", action="store_true", help="replace a previous probe sweep (report, figure and probe weights) there (never anything else)")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a previous probe sweep (report, figure and probe weights) there (never anything else)",
+    )
     p.add_argument("--json", dest="json_out", help="also write the report here")
     p.set_defaults(func=cmd_probe)
 
@@ -454,7 +542,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", choices=["debug", "tiny", "small"], default="small")
     p.add_argument("--reps", type=int, default=5, help="paired repetitions per entry (5..1000)")
     p.add_argument("--only", action="append", default=None, help="measure only this key (repeatable)")
-    p.add_argument("--store-positions", type=int, default=None, help="positions for activation_store_peak_rss (default: by preset)")
+    p.add_argument(
+        "--store-positions", type=int, default=None, help="positions for activation_store_peak_rss (default: by preset)"
+    )
     p.add_argument("--out", dest="json_out", default=None, help="write the report as JSON here")
     p.set_defaults(func=cmd_bench)
 

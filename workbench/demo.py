@@ -78,8 +78,10 @@ def _demo(out_dir: Path, preset: str, seed: int) -> dict:
 
     _, per_pass = run_with_pass_cache(fbt, tokens, ["blocks.0.hook_resid_pre", "fusion.hook_gate"], passes=3)
     # the passes (1-based) each hook fired in, and one pass's shape: the fusion runs in passes 2..K only
-    report["per_pass_shapes"] = {name: {"passes": [k + 1 for k in by_pass], "shape": list(next(iter(by_pass.values())).shape)}
-                                 for name, by_pass in per_pass.items()}
+    report["per_pass_shapes"] = {
+        name: {"passes": [k + 1 for k in by_pass], "shape": list(next(iter(by_pass.values())).shape)}
+        for name, by_pass in per_pass.items()
+    }
 
     prompt = tok.encode("Q: Start with 12. Add 7. What is the result?\nA:")
     started = time.perf_counter()

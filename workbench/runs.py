@@ -50,7 +50,11 @@ def _walk(root: Path, max_depth: int = 3) -> list[tuple[Path, OSError | None]]:
             if (directory / "config.json").is_file():
                 found.append((directory, None))
             elif depth < max_depth:
-                frontier += [(d, depth + 1) for d in directory.iterdir() if d.name not in SKIP and not d.name.startswith(".") and d.is_dir()]
+                frontier += [
+                    (d, depth + 1)
+                    for d in directory.iterdir()
+                    if d.name not in SKIP and not d.name.startswith(".") and d.is_dir()
+                ]
         except OSError as err:  # pathlib raises EACCES from is_file/is_dir too
             found.append((directory, err))
     return sorted(found, key=lambda entry: entry[0])
@@ -73,8 +77,10 @@ def check_metrics(records: list[dict], path: Path) -> list[dict]:
     for number, record in enumerate(records, 1):
         for key in [*PLOTTED, *(k for k in record if k.startswith("loss_pass") or k == "n_streams")]:
             if not _number(record.get(key)):
-                raise BadInput(f"{path}: record {number} (step {record['step']}) has {key}={json.dumps(record.get(key))[:60]}, "
-                                 f"expected a number")
+                raise BadInput(
+                    f"{path}: record {number} (step {record['step']}) has {key}={json.dumps(record.get(key))[:60]}, "
+                    f"expected a number"
+                )
     return records
 
 
@@ -86,9 +92,12 @@ def check_eval(data: dict, path: Path) -> dict:
         if not ok:
             raise BadInput(f"{path}: {where} is {json.dumps(value)[:60]}, expected {expected}")
 
-    for key, ok, expected in [("run", lambda v: isinstance(v, str), "a string"), ("arch", lambda v: isinstance(v, str), "a string"),
-                              ("fused_passes", lambda v: isinstance(v, str) or _number(v), "a number of passes"),
-                              ("seconds", _number, "a number")]:
+    for key, ok, expected in [
+        ("run", lambda v: isinstance(v, str), "a string"),
+        ("arch", lambda v: isinstance(v, str), "a string"),
+        ("fused_passes", lambda v: isinstance(v, str) or _number(v), "a number of passes"),
+        ("seconds", _number, "a number"),
+    ]:
         if key in data:
             expect(ok(data[key]), key, data[key], expected)
     tasks = data.get("tasks")
@@ -98,8 +107,12 @@ def check_eval(data: dict, path: Path) -> dict:
         expect(isinstance(res, dict), f"tasks.{task}", res, "an object with n, loss, answer_loss, accuracy")
         for key in ("n", "skipped_too_long"):
             if key == "n" or key in res:
-                expect(isinstance(res.get(key), int) and not isinstance(res.get(key), bool) and res[key] >= 0,
-                       f"tasks.{task}.{key}", res.get(key), "an integer >= 0")
+                expect(
+                    isinstance(res.get(key), int) and not isinstance(res.get(key), bool) and res[key] >= 0,
+                    f"tasks.{task}.{key}",
+                    res.get(key),
+                    "an integer >= 0",
+                )
         for key in ("loss", "answer_loss", "accuracy"):
             values = res.get(key)
             expect(isinstance(values, dict), f"tasks.{task}.{key}", values, "an object of regime -> number")
@@ -152,9 +165,12 @@ def list_runs(root: str | Path, *, check_weights: bool = True) -> list[RunInfo]:
     """``inspect_run`` of every run directory under ``root``; a directory that cannot be read is a
     run whose ``error`` names it."""
     root = Path(root)
-    return [inspect_run(p, root, check_weights=check_weights) if err is None
-            else RunInfo(_name(p, root), p, arch=None, config={}, error=f"{_describe(err)} (runs under it, if any, are not listed)")
-            for p, err in _walk(root)]
+    return [
+        inspect_run(p, root, check_weights=check_weights)
+        if err is None
+        else RunInfo(_name(p, root), p, arch=None, config={}, error=f"{_describe(err)} (runs under it, if any, are not listed)")
+        for p, err in _walk(root)
+    ]
 
 
 def within_root(path: str | Path, root: str | Path) -> Path:
@@ -188,5 +204,7 @@ def exposure_warning(address: str | None, root: str | Path) -> str | None:
     """The one-line warning for an app bound to ``address`` (None: all interfaces) over ``root``."""
     if is_loopback(address):
         return None
-    return (f"--address {address or '(all interfaces)'} is not a loopback address: anyone who can reach it can start "
-            f"training and write files under {Path(root).resolve()}")
+    return (
+        f"--address {address or '(all interfaces)'} is not a loopback address: anyone who can reach it can start "
+        f"training and write files under {Path(root).resolve()}"
+    )

@@ -13,10 +13,18 @@ from app.state import find, pick_run, runs, shown_errors, stamp
 from workbench.dynamics.study import DEFAULT_PROMPT, analyse_run, state_pca
 
 st.title("Feedback dynamics")
-st.caption("The soft regime feeds each step's carried state back: is that map contracting, over how long a horizon, "
-           "and does the K-pass training iteration converge to the exact recurrence?")
-chosen = pick_run("FBT runs (two: side by side)", archs=("fbt",), key="dyn_runs", multiple=True,
-                  default=find(runs(), "fbt", "fbt-no3pass"), max_selections=2)
+st.caption(
+    "The soft regime feeds each step's carried state back: is that map contracting, over how long a horizon, "
+    "and does the K-pass training iteration converge to the exact recurrence?"
+)
+chosen = pick_run(
+    "FBT runs (two: side by side)",
+    archs=("fbt",),
+    key="dyn_runs",
+    multiple=True,
+    default=find(runs(), "fbt", "fbt-no3pass"),
+    max_selections=2,
+)
 if not chosen:
     st.stop()
 c1, c2, c3 = st.columns(3)
@@ -46,9 +54,18 @@ def analyse(path: str, version: tuple, **params) -> tuple[dict, np.ndarray]:
 results = {}
 for run in chosen:
     with shown_errors(f"Analysing {run.name}"), st.spinner(f"Rolling out {run.name} for {horizon} steps..."):
-        results[run.name] = analyse(str(run.path), stamp(run.path), prompt=prompt, horizon=int(horizon), perturb_at=int(perturb_at),
-                                    n_spectra=int(n_spectra), n_fixed=1, n_starts=int(n_starts), fp_steps=int(fp_steps),
-                                    max_passes=int(max_passes))
+        results[run.name] = analyse(
+            str(run.path),
+            stamp(run.path),
+            prompt=prompt,
+            horizon=int(horizon),
+            perturb_at=int(perturb_at),
+            n_spectra=int(n_spectra),
+            n_fixed=1,
+            n_starts=int(n_starts),
+            fp_steps=int(fp_steps),
+            max_passes=int(max_passes),
+        )
 if not results:
     st.stop()
 
@@ -62,53 +79,95 @@ for col, (name, (r, states)) in zip(columns, results.items()):
         for box, (T, value) in zip(st.columns(len(lyap)), lyap.items()):
             box.metric(f"λ({T})", f"{value:+.3f}", help="finite-time Lyapunov exponent: log growth of a perturbation per step")
         last = r["kpass"]["rows"][-1]
-        st.metric(f"K-pass relative residual at K={last['passes']}", f"{last['relative_residual']:.2e}",
-                  help="||H^K - H^(K-1)|| / ||H^K|| over the whole sequence: 0 when the iteration has converged")
+        st.metric(
+            f"K-pass relative residual at K={last['passes']}",
+            f"{last['relative_residual']:.2e}",
+            help="||H^K - H^(K-1)|| / ||H^K|| over the whole sequence: 0 when the iteration has converged",
+        )
 
-        steps = pd.DataFrame({"step": range(len(r["per_step"]["state_norm"])), "||h|| (carried state)": r["per_step"]["state_norm"],
-                              "||u|| (fused input)": r["per_step"]["input_norm"]})
+        steps = pd.DataFrame(
+            {
+                "step": range(len(r["per_step"]["state_norm"])),
+                "||h|| (carried state)": r["per_step"]["state_norm"],
+                "||u|| (fused input)": r["per_step"]["input_norm"],
+            }
+        )
         st.markdown("**Norms over the rollout**")
         st.line_chart(steps, x="step", height=220)
 
         ratio = r["per_step"]["perturbation_ratio"]
         growth = pd.DataFrame({"step": np.arange(len(ratio)) + r["perturb_at"], "ratio": np.clip(ratio, 1e-12, None)})
         st.markdown("**Perturbation growth** ||δh_t|| / ||δh_t0||")
-        chart = alt.Chart(growth).mark_line().encode(x="step:Q", y=alt.Y("ratio:Q", scale=alt.Scale(type="log"), title="ratio (log)"))
-        st.altair_chart(chart + alt.Chart(pd.DataFrame({"y": [1.0]})).mark_rule(color="grey", strokeDash=[4, 4]).encode(y="y:Q"),
-                        width="stretch")
+        chart = (
+            alt.Chart(growth).mark_line().encode(x="step:Q", y=alt.Y("ratio:Q", scale=alt.Scale(type="log"), title="ratio (log)"))
+        )
+        st.altair_chart(
+            chart + alt.Chart(pd.DataFrame({"y": [1.0]})).mark_rule(color="grey", strokeDash=[4, 4]).encode(y="y:Q"),
+            width="stretch",
+        )
 
         st.markdown("**Jacobian spectrum** dF/dh, unit circle in grey")
         eig = pd.DataFrame([{"Re": z[0], "Im": z[1], "step": s["step"]} for s in r["spectra"] for z in s["eigenvalues"]])
         theta = np.linspace(0, 2 * math.pi, 121)
         reach = max(1.05, float(np.hypot(eig["Re"], eig["Im"]).max()) * 1.05)
         x, y = (alt.X("Re:Q", scale=alt.Scale(domain=[-reach, reach])), alt.Y("Im:Q", scale=alt.Scale(domain=[-reach, reach])))
-        circle = alt.Chart(pd.DataFrame({"Re": np.cos(theta), "Im": np.sin(theta), "i": range(121)})).mark_line(color="grey").encode(
-            x=x, y=y, order="i:Q")
+        circle = (
+            alt.Chart(pd.DataFrame({"Re": np.cos(theta), "Im": np.sin(theta), "i": range(121)}))
+            .mark_line(color="grey")
+            .encode(x=x, y=y, order="i:Q")
+        )
         points = alt.Chart(eig).mark_circle(size=25).encode(x=x, y=y, color="step:O", tooltip=["step", "Re", "Im"])
         st.altair_chart((circle + points).properties(width=320, height=320), width="content")  # square: the circle stays round
-        st.dataframe(pd.DataFrame([{k: s[k] for k in ("step", "spectral_radius", "spectral_norm", "frobenius")} for s in r["spectra"]]),
-                     hide_index=True)
+        st.dataframe(
+            pd.DataFrame([{k: s[k] for k in ("step", "spectral_radius", "spectral_norm", "frobenius")} for s in r["spectra"]]),
+            hide_index=True,
+        )
 
         st.markdown("**Fixed points** over the rollout's states (first two principal components)")
         P, fps = state_pca(torch.from_numpy(states), r["fixed_points"])
-        traj = alt.Chart(pd.DataFrame({"pc1": P[:, 0].numpy(), "pc2": P[:, 1].numpy(), "step": range(len(P))})).mark_circle(size=8).encode(
-            x="pc1:Q", y="pc2:Q", color=alt.Color("step:Q", scale=alt.Scale(scheme="viridis")))
+        traj = (
+            alt.Chart(pd.DataFrame({"pc1": P[:, 0].numpy(), "pc2": P[:, 1].numpy(), "step": range(len(P))}))
+            .mark_circle(size=8)
+            .encode(x="pc1:Q", y="pc2:Q", color=alt.Color("step:Q", scale=alt.Scale(scheme="viridis")))
+        )
         layers = traj
         if fps:
             fp = pd.DataFrame(fps).assign(kind=lambda d: np.where(d["stable"], "stable", "unstable"))
             layers = traj + alt.Chart(fp).mark_point(shape="diamond", size=160, filled=True).encode(
-                x="pc1:Q", y="pc2:Q", color=alt.value("red"), shape="kind:N", tooltip=["step", "kind", "spectral_radius"])
+                x="pc1:Q", y="pc2:Q", color=alt.value("red"), shape="kind:N", tooltip=["step", "kind", "spectral_radius"]
+            )
         st.altair_chart(layers.properties(height=300), width="stretch")
         for f in r["fixed_points"]:
-            st.caption(f"step {f['step']}: {len(f['points'])} fixed point(s) from {f.get('n_starts', n_starts)} starts"
-                       + (" (path independent)" if f["path_independent"] else ""))
+            st.caption(
+                f"step {f['step']}: {len(f['points'])} fixed point(s) from {f.get('n_starts', n_starts)} starts"
+                + (" (path independent)" if f["path_independent"] else "")
+            )
 
         st.markdown("**K-pass convergence** to the exact recurrence")
-        conv = pd.DataFrame([{"passes": row["passes"], "relative residual": row["relative_residual"], "KL to previous": row["kl_to_previous"]}
-                             for row in r["kpass"]["rows"] if "relative_residual" in row])
-        st.altair_chart(alt.Chart(conv).mark_line(point=True).encode(
-            x="passes:O", y=alt.Y("relative residual:Q", scale=alt.Scale(type="log"))), width="stretch")
-        grid = pd.DataFrame([{"passes": row["passes"], "position": t, "log10 error": math.log10(max(e, 1e-16))}
-                             for row in r["kpass"]["rows"] for t, e in enumerate(row["error_to_exact"])])
-        st.altair_chart(alt.Chart(grid).mark_rect().encode(x="position:O", y="passes:O", color=alt.Color("log10 error:Q", scale=alt.Scale(scheme="viridis")))
-                        .properties(height=220), width="stretch")
+        conv = pd.DataFrame(
+            [
+                {"passes": row["passes"], "relative residual": row["relative_residual"], "KL to previous": row["kl_to_previous"]}
+                for row in r["kpass"]["rows"]
+                if "relative_residual" in row
+            ]
+        )
+        st.altair_chart(
+            alt.Chart(conv)
+            .mark_line(point=True)
+            .encode(x="passes:O", y=alt.Y("relative residual:Q", scale=alt.Scale(type="log"))),
+            width="stretch",
+        )
+        grid = pd.DataFrame(
+            [
+                {"passes": row["passes"], "position": t, "log10 error": math.log10(max(e, 1e-16))}
+                for row in r["kpass"]["rows"]
+                for t, e in enumerate(row["error_to_exact"])
+            ]
+        )
+        st.altair_chart(
+            alt.Chart(grid)
+            .mark_rect()
+            .encode(x="position:O", y="passes:O", color=alt.Color("log10 error:Q", scale=alt.Scale(scheme="viridis")))
+            .properties(height=220),
+            width="stretch",
+        )

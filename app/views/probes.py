@@ -17,8 +17,13 @@ if run is None:
 
 targets = sorted(label for labels in LABELS.values() for label in labels)
 c1, c2, c3 = st.columns(3)
-target = c1.selectbox("Target", targets, index=targets.index("memory"), key="probe_target",
-                      help="memory: the flip-flop's stored bit; running_sum: modsum's running sum; value: chain's current value")
+target = c1.selectbox(
+    "Target",
+    targets,
+    index=targets.index("memory"),
+    key="probe_target",
+    help="memory: the flip-flop's stored bit; running_sum: modsum's running sum; value: chain's current value",
+)
 n_sequences = c2.number_input("Sequences", min_value=10, max_value=20000, value=200, step=50, key="probe_n")
 n_layers = run.config["model"]["n_layers"]
 hooks = c3.multiselect("Hooks", default_hooks(n_layers), default=default_hooks(n_layers), key="probe_hooks")
@@ -37,8 +42,16 @@ if st.button(label, key="probe_train", type="primary") and writable(run.path, sa
     else:
         with st.status(f"Probing {target} on {run.name}", expanded=True) as status, shown_errors("Probing"):
             bar = st.progress(0.0)
-            probe_study(run.path, target, hooks=hooks, passes=passes, exact=exact, n_sequences=int(n_sequences), overwrite=previous,
-                        progress=lambda fraction, what: bar.progress(min(1.0, fraction), text=what))
+            probe_study(
+                run.path,
+                target,
+                hooks=hooks,
+                passes=passes,
+                exact=exact,
+                n_sequences=int(n_sequences),
+                overwrite=previous,
+                progress=lambda fraction, what: bar.progress(min(1.0, fraction), text=what),
+            )
             status.update(label=f"Probed {target} on {run.name}", state="complete")
 
 if not saved.is_file():
@@ -59,17 +72,34 @@ if len(layer0):
     cols = st.columns(len(layer0))
     for col, (_, r) in zip(cols, layer0.iterrows()):
         delta = None if r["prefill"] == "standard" or base.empty else f"{r['accuracy'] - base.iloc[0]:+.3f} vs standard"
-        col.metric(r["regime"], f"{r['accuracy']:.3f}", delta, help=f"chance {r['chance']:.3f}, control {r['control_accuracy']:.3f}")
+        col.metric(
+            r["regime"], f"{r['accuracy']:.3f}", delta, help=f"chance {r['chance']:.3f}, control {r['control_accuracy']:.3f}"
+        )
 
 st.subheader("Accuracy by depth")
-long = pd.concat([rows.assign(kind="probe", value=rows["accuracy"]), rows.assign(kind="control task", value=rows["control_accuracy"])])
-lines = alt.Chart(long).mark_line(point=True).encode(
-    x=alt.X("layer:Q", title="depth (0 = input to block 0)"), y=alt.Y("value:Q", title="accuracy", scale=alt.Scale(zero=False)),
-    color="regime:N", strokeDash=alt.StrokeDash("kind:N", title="", sort=["probe", "control task"]),
-    tooltip=["hook", "regime", "kind", alt.Tooltip("value:Q", format=".3f"), "n_test"])
-chance = alt.Chart(pd.DataFrame({"chance": [rows["chance"].iloc[0]]})).mark_rule(color="grey", strokeDash=[4, 4]).encode(y="chance:Q")
+long = pd.concat(
+    [rows.assign(kind="probe", value=rows["accuracy"]), rows.assign(kind="control task", value=rows["control_accuracy"])]
+)
+lines = (
+    alt.Chart(long)
+    .mark_line(point=True)
+    .encode(
+        x=alt.X("layer:Q", title="depth (0 = input to block 0)"),
+        y=alt.Y("value:Q", title="accuracy", scale=alt.Scale(zero=False)),
+        color="regime:N",
+        strokeDash=alt.StrokeDash("kind:N", title="", sort=["probe", "control task"]),
+        tooltip=["hook", "regime", "kind", alt.Tooltip("value:Q", format=".3f"), "n_test"],
+    )
+)
+chance = (
+    alt.Chart(pd.DataFrame({"chance": [rows["chance"].iloc[0]]})).mark_rule(color="grey", strokeDash=[4, 4]).encode(y="chance:Q")
+)
 st.altair_chart(lines + chance, width="stretch")
-st.caption("Grey dashed: chance (majority class). Dashed lines: the control task (token identity labels); "
-           "selectivity = probe minus control accuracy.")
-st.dataframe(rows[["hook", "layer", "regime", "accuracy", "control_accuracy", "selectivity", "chance", "n_train", "n_test", "converged"]],
-             hide_index=True)
+st.caption(
+    "Grey dashed: chance (majority class). Dashed lines: the control task (token identity labels); "
+    "selectivity = probe minus control accuracy."
+)
+st.dataframe(
+    rows[["hook", "layer", "regime", "accuracy", "control_accuracy", "selectivity", "chance", "n_train", "n_test", "converged"]],
+    hide_index=True,
+)

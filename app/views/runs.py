@@ -12,11 +12,18 @@ found = runs()
 
 
 def train_zoo_panel() -> None:
-    scale = st.radio("Zoo", list(SCALES), horizontal=True, key="zoo_scale",
-                     captions=["~15 s on 2 cores: enough to try every page", "~21 min: models good enough for the studies"])
+    scale = st.radio(
+        "Zoo",
+        list(SCALES),
+        horizontal=True,
+        key="zoo_scale",
+        captions=["~15 s on 2 cores: enough to try every page", "~21 min: models good enough for the studies"],
+    )
     out = root / scale
     names = member_names(scale)
-    if st.button(f"Train the {scale} zoo into {out}", key="train_zoo", type="primary") and writable(out, out / "zoo.json", *(out / n for n in names)):
+    if st.button(f"Train the {scale} zoo into {out}", key="train_zoo", type="primary") and writable(
+        out, out / "zoo.json", *(out / n for n in names)
+    ):
         with st.status(f"Training the {scale} zoo", expanded=True) as status, shown_errors("Training"):
             bar = st.progress(0.0, text="starting")
             log = st.empty()
@@ -53,11 +60,22 @@ def eval_cell(r, task="chain"):
     return acc.get("standard")
 
 
-table = pd.DataFrame([{
-    "run": r.name, "arch": r.arch, "preset": r.config.get("preset"), "task": r.config.get("data", {}).get("task"),
-    "steps": r.steps, "final train loss (pass 1)": final_loss(r), "chain acc (standard)": eval_cell(r),
-    "flipflop acc (standard)": eval_cell(r, "flipflop"), "status": "ok" if r.usable else "broken",
-} for r in found])
+table = pd.DataFrame(
+    [
+        {
+            "run": r.name,
+            "arch": r.arch,
+            "preset": r.config.get("preset"),
+            "task": r.config.get("data", {}).get("task"),
+            "steps": r.steps,
+            "final train loss (pass 1)": final_loss(r),
+            "chain acc (standard)": eval_cell(r),
+            "flipflop acc (standard)": eval_cell(r, "flipflop"),
+            "status": "ok" if r.usable else "broken",
+        }
+        for r in found
+    ]
+)
 st.dataframe(table, hide_index=True)
 
 names = [r.name for r in found]
@@ -91,8 +109,15 @@ with evaluation:
         rows = []
         for task, res in run.eval["tasks"].items():
             for regime, acc in res["accuracy"].items():
-                rows.append({"task": task, "regime": regime, "accuracy": acc,
-                             "answer loss": res["answer_loss"].get(regime), "n": res["n"]})
+                rows.append(
+                    {
+                        "task": task,
+                        "regime": regime,
+                        "accuracy": acc,
+                        "answer loss": res["answer_loss"].get(regime),
+                        "n": res["n"],
+                    }
+                )
         st.dataframe(pd.DataFrame(rows), hide_index=True)
         st.caption(f"Fused regime prefill K = {run.eval.get('fused_passes')}; answer loss is the completion's mean NLL.")
 

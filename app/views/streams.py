@@ -26,8 +26,14 @@ if seq_len > n_ctx:
 def analyse(path: str, version: tuple, task: str, n: int, length: int) -> dict:
     m = model_at(path)
     x = task_windows(task, n, length)
-    return {"similarity": stream_similarity(m, x).numpy(), "mass": attention_mass(m, x), "lens": stream_logit_lens(m, x),
-            "norms": stream_norms(m, x).numpy(), "n_streams": m.n_streams, "cross_layers": list(m.cfg.cross_layers or [])}
+    return {
+        "similarity": stream_similarity(m, x).numpy(),
+        "mass": attention_mass(m, x),
+        "lens": stream_logit_lens(m, x),
+        "norms": stream_norms(m, x).numpy(),
+        "n_streams": m.n_streams,
+        "cross_layers": list(m.cfg.cross_layers or []),
+    }
 
 
 a = None
@@ -42,17 +48,32 @@ left, right = st.columns(2)
 with left:
     st.markdown("**Stream-to-stream similarity** (mean cosine of resid_post at the same token)")
     layer = st.slider("Block", 0, len(a["similarity"]) - 1, len(a["similarity"]) - 1, key="st_layer")
-    sim = pd.DataFrame([{"stream": i, "other": j, "cosine": float(a["similarity"][layer][i, j])} for i in range(n) for j in range(n)])
-    st.altair_chart(alt.Chart(sim).mark_rect().encode(x="other:O", y="stream:O", color=alt.Color("cosine:Q", scale=alt.Scale(scheme="viridis")),  # data range: near-copies differ in the 3rd decimal
-                                                      tooltip=["stream", "other", alt.Tooltip("cosine:Q", format=".4f")]).properties(height=260),
-                    width="stretch")
-    off = [{"block": i, "mean off-diagonal cosine": float((s.sum() - s.trace()) / (n * n - n)) if n > 1 else 1.0}
-           for i, s in enumerate(a["similarity"])]
+    sim = pd.DataFrame(
+        [{"stream": i, "other": j, "cosine": float(a["similarity"][layer][i, j])} for i in range(n) for j in range(n)]
+    )
+    st.altair_chart(
+        alt.Chart(sim)
+        .mark_rect()
+        .encode(
+            x="other:O",
+            y="stream:O",
+            color=alt.Color("cosine:Q", scale=alt.Scale(scheme="viridis")),  # data range: near-copies differ in the 3rd decimal
+            tooltip=["stream", "other", alt.Tooltip("cosine:Q", format=".4f")],
+        )
+        .properties(height=260),
+        width="stretch",
+    )
+    off = [
+        {"block": i, "mean off-diagonal cosine": float((s.sum() - s.trace()) / (n * n - n)) if n > 1 else 1.0}
+        for i, s in enumerate(a["similarity"])
+    ]
     st.line_chart(pd.DataFrame(off), x="block", y_label="mean off-diagonal cosine", height=200)
 with right:
     st.markdown("**Attention mass** per block: own stream, other streams of the same token, other streams of earlier tokens")
     mass = pd.DataFrame([{"block": i, "where": k, "mass": v} for i, m in a["mass"].items() for k, v in m.items()])
-    st.altair_chart(alt.Chart(mass).mark_bar().encode(x="block:O", y=alt.Y("mass:Q", stack="zero"), color="where:N"), width="stretch")
+    st.altair_chart(
+        alt.Chart(mass).mark_bar().encode(x="block:O", y=alt.Y("mass:Q", stack="zero"), color="where:N"), width="stretch"
+    )
     st.markdown("**Per-stream logit lens** (each stream's final state through the readout)")
     lens = pd.DataFrame({"stream": range(n), "next-token loss": a["lens"]["loss"], "top-1 accuracy": a["lens"]["accuracy"]})
     st.dataframe(lens, hide_index=True)

@@ -209,9 +209,11 @@ def test_app_verb_rejects_bad_ports_and_finds_its_script(tmp_path, capsys):
     from workbench.cli import app_script, main
 
     assert app_script().name == "main.py" and app_script().is_file()
-    for argv, message in [(["app", "--port", "70000"], "invalid port 70000: expected 1..65535"),
-                          (["app", "--port", "http"], "invalid port 'http'"),
-                          (["app", "--runs", str(tmp_path / "f")], "expected a directory of run directories")]:
+    for argv, message in [
+        (["app", "--port", "70000"], "invalid port 70000: expected 1..65535"),
+        (["app", "--port", "http"], "invalid port 'http'"),
+        (["app", "--runs", str(tmp_path / "f")], "expected a directory of run directories"),
+    ]:
         (tmp_path / "f").write_text("not a directory")
         with pytest.raises(SystemExit) as exit_:
             main(argv)
@@ -239,7 +241,11 @@ def test_the_sidebar_refuses_directories_outside_the_runs_root_and_trains_nothin
     assert_clean(at)
     assert not errors(at)
     assert sorted(at.dataframe[0].value["run"]) == ["micro/baseline", "micro/fbt", "micro/fbt-no3pass", "micro/hd2", "micro/hd4"]
-    assert not elsewhere.exists() and not (tmp_path / "x").exists() and (root / "sub" / "micro" / "fbt" / "model.safetensors").is_file()
+    assert (
+        not elsewhere.exists()
+        and not (tmp_path / "x").exists()
+        and (root / "sub" / "micro" / "fbt" / "model.safetensors").is_file()
+    )
 
 
 def test_writes_through_a_symlink_out_of_the_root_are_refused(monkeypatch, micro_zoo, tmp_path):
@@ -273,7 +279,8 @@ def test_the_sidebar_warns_when_the_app_is_bound_beyond_loopback(monkeypatch, tm
     loopback.set_option("server.address", "0.0.0.0")
     at.run()
     assert [w.value for w in at.sidebar.warning if "loopback" in w.value] == [
-        f"--address 0.0.0.0 is not a loopback address: anyone who can reach it can start training and write files under {tmp_path.resolve()}"]
+        f"--address 0.0.0.0 is not a loopback address: anyone who can reach it can start training and write files under {tmp_path.resolve()}"
+    ]
 
 
 def test_app_verb_warns_on_stderr_before_starting_when_the_address_is_not_loopback(monkeypatch, tmp_path, capsys):
@@ -289,6 +296,8 @@ def test_app_verb_warns_on_stderr_before_starting_when_the_address_is_not_loopba
     for address, warned in [("0.0.0.0", True), ("127.0.0.1", False), ("localhost", False), ("192.168.1.7", True)]:
         main(["app", "--runs", str(tmp_path), "--address", address])
         lines = started.pop().splitlines()
-        expected = [f"workbench app: warning: --address {address} is not a loopback address: anyone who can reach it can start "
-                    f"training and write files under {tmp_path.resolve()}"]
+        expected = [
+            f"workbench app: warning: --address {address} is not a loopback address: anyone who can reach it can start "
+            f"training and write files under {tmp_path.resolve()}"
+        ]
         assert lines == (expected if warned else []), (address, lines)

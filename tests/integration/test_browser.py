@@ -18,8 +18,17 @@ from pathlib import Path
 import pytest
 
 CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+]
 
 
 def free_port() -> int:
@@ -34,8 +43,12 @@ def server(micro_zoo, tmp_path):
     runs = shutil.copytree(source, tmp_path / "runs")
     port = free_port()
     log = (tmp_path / "server.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "workbench.cli", "app", "--runs", str(runs), "--port", str(port)],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "workbench.cli", "app", "--runs", str(runs), "--port", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 60
     while True:
@@ -61,7 +74,9 @@ def test_every_page_in_chromium(server, tmp_path):
         pytest.skip(f"{CHROMIUM} is missing (apt-get install -y chromium)")
     from playwright.sync_api import expect, sync_playwright
 
-    shots = [tmp_path / "screenshots"] + ([Path(os.environ["WORKBENCH_SCREENSHOTS"])] if os.environ.get("WORKBENCH_SCREENSHOTS") else [])
+    shots = [tmp_path / "screenshots"] + (
+        [Path(os.environ["WORKBENCH_SCREENSHOTS"])] if os.environ.get("WORKBENCH_SCREENSHOTS") else []
+    )
     for d in shots:
         d.mkdir(parents=True, exist_ok=True)
 
@@ -74,7 +89,8 @@ def test_every_page_in_chromium(server, tmp_path):
             expect(page.get_by_text(text, exact=False).first).to_be_visible(timeout=timeout_s * 1000)
             page.wait_for_function(  # the script run has finished (the attribute Streamlit's own e2e tests read)
                 "() => document.querySelector('[data-testid=\"stApp\"]')?.getAttribute('data-test-script-state') === 'notRunning'",
-                timeout=timeout_s * 1000)
+                timeout=timeout_s * 1000,
+            )
             page.wait_for_timeout(500)
             exceptions = page.locator('[data-testid="stException"]')
             assert exceptions.count() == 0, exceptions.first.inner_text()
@@ -122,4 +138,5 @@ def test_every_page_in_chromium(server, tmp_path):
         browser.close()
 
     assert sorted(f.name for f in shots[0].iterdir()) == sorted(
-        f"{n}.png" for n in ["runs", "probes", "dynamics", "traces", "streams", "playground"])
+        f"{n}.png" for n in ["runs", "probes", "dynamics", "traces", "streams", "playground"]
+    )

@@ -40,16 +40,22 @@ def assert_nothing_lost(before: dict, after: dict) -> None:
     _assert_nothing_lost(before, after, COUNTS)
 
 
-
 # ---- 2. a training process killed during a checkpoint write, for real ---------------------
 
-KILL_ARGV = ["train", "--arch", "fbt", "--task", "mix", "--no-progress",
-             *[a for s in FAST + ["train.steps=6", "train.checkpoint_every=2", "fbt.feedback_start=0.25"] for a in ("--set", s)]]
+KILL_ARGV = [
+    "train",
+    "--arch",
+    "fbt",
+    "--task",
+    "mix",
+    "--no-progress",
+    *[a for s in FAST + ["train.steps=6", "train.checkpoint_every=2", "fbt.feedback_start=0.25"] for a in ("--set", s)],
+]
 
 # One interpreter, forked once per kill point so the imports are paid once. Child i runs the
 # training command and, at the i-th file write of its second checkpoint, leaves the temporary
 # file half written, says so in a marker file and sleeps until the test kills it with SIGKILL.
-HARNESS = textwrap.dedent('''
+HARNESS = textwrap.dedent("""
     import os, sys, time
     from pathlib import Path
     import torch
@@ -107,7 +113,7 @@ HARNESS = textwrap.dedent('''
         children.append(pid)
     for pid in children:
         os.waitpid(pid, 0)
-''')
+""")
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="the harness forks one process per kill point")
@@ -141,8 +147,11 @@ def test_a_process_killed_at_any_checkpoint_write_leaves_a_loadable_run_that_res
     points = list(range(1, len(second) + 1))
     script = tmp_path / "harness.py"
     script.write_text(HARNESS)
-    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path), ",".join(map(str, points)), *KILL_ARGV],
-                            env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path), ",".join(map(str, points)), *KILL_ARGV],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        start_new_session=True,
+    )
     try:
         started = time.monotonic()
         while not all((tmp_path / f"marker{i}").is_file() for i in points):
@@ -177,5 +186,3 @@ def test_a_process_killed_at_any_checkpoint_write_leaves_a_loadable_run_that_res
         assert all(torch.equal(final[k], straight[k]) for k in straight), f"killed while writing {second[i - 1]}"
         assert strip_timing(run / "metrics.jsonl") == strip_timing(tmp_path / "straight" / "metrics.jsonl")
         assert not list(run.rglob("*.tmp")), "temporary files outlived the resume"
-
-

@@ -12,8 +12,7 @@ import pytest
 from nbclient import NotebookClient
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
-NOTEBOOKS = ["01_layer0_probes.ipynb", "02_feedback_dynamics.ipynb", "03_trace_lengths.ipynb",
-             "04_hidden_decoding_streams.ipynb"]
+NOTEBOOKS = ["01_layer0_probes.ipynb", "02_feedback_dynamics.ipynb", "03_trace_lengths.ipynb", "04_hidden_decoding_streams.ipynb"]
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
@@ -24,8 +23,7 @@ def test_notebook_runs_in_smoke_mode_and_draws(name, micro_zoo, tmp_path, monkey
     nb = nbformat.read(NOTEBOOK_DIR / name, as_version=4)
     client = NotebookClient(nb, kernel_name="python3", timeout=300, resources={"metadata": {"path": str(tmp_path)}})
     client.execute()  # raises CellExecutionError naming the failing cell
-    images = [out for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs
-              if "image/png" in out.get("data", {})]
+    images = [out for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs if "image/png" in out.get("data", {})]
     assert images, f"{name} ran but displayed no figure"
     assert (runs / "notebook_results" / name[:2]).is_dir()
 

@@ -24,7 +24,9 @@ def _states_by_layer(model, toks, stream_noise=None):
         hooks.append(("hook_stream_embed", perturb))
     with torch.no_grad(), model.hooks(fwd_hooks=hooks):
         _, cache = model.run_with_cache(toks, names_filter=lambda n: n.endswith("hook_resid_post"))
-    return torch.stack([unstack_streams(cache[f"blocks.{i}.hook_resid_post"], model.n_streams) for i in range(model.cfg.n_layers)])
+    return torch.stack(
+        [unstack_streams(cache[f"blocks.{i}.hook_resid_post"], model.n_streams) for i in range(model.cfg.n_layers)]
+    )
 
 
 def test_intra_stream_layers_keep_streams_apart():

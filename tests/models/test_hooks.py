@@ -34,8 +34,11 @@ def test_patching_with_own_activations_changes_nothing(any_model):
 
     with torch.no_grad():
         hooks = [(name, replay) for name in rec.names if rec.calls(name)]
-        patched = any_model.run_with_hooks(toks, fwd_hooks=hooks) if any_model.arch != "fbt" else \
-            any_model.run_with_hooks(toks, passes=3, fwd_hooks=hooks)
+        patched = (
+            any_model.run_with_hooks(toks, fwd_hooks=hooks)
+            if any_model.arch != "fbt"
+            else any_model.run_with_hooks(toks, passes=3, fwd_hooks=hooks)
+        )
     assert torch.equal(patched, reference)
     assert all(next(it, None) is None for it in calls.values())  # every recorded call was replayed
 

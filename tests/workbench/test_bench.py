@@ -11,8 +11,23 @@ from workbench.cli import main
 @pytest.mark.slow
 def test_bench_report_has_both_measurements_ratio_reps_and_spread(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    main(["bench", "--preset", "debug", "--only", "hook_overhead", "--only", "fbt_k2_train_step", "--only", "numerics_guard_decode",
-          "--only", "store_verify_load", "--out", str(out)])
+    main(
+        [
+            "bench",
+            "--preset",
+            "debug",
+            "--only",
+            "hook_overhead",
+            "--only",
+            "fbt_k2_train_step",
+            "--only",
+            "numerics_guard_decode",
+            "--only",
+            "store_verify_load",
+            "--out",
+            str(out),
+        ]
+    )
     report = json.loads(out.read_text())
     assert report["preset"] == "debug" and report["machine"]["torch"]
     keys = [e["key"] for e in report["entries"]]
@@ -33,18 +48,34 @@ def test_targets_are_judged_in_their_direction():
 @pytest.mark.slow
 def test_paired_calls_each_side_once_per_repetition_plus_warmup():
     calls = []
-    e = paired("hook_overhead", lambda: calls.append("a"), lambda: calls.append("b"), what_a="a", what_b="b", reps=5,
-               ratio=lambda ta, tb: 1.0)
+    e = paired(
+        "hook_overhead",
+        lambda: calls.append("a"),
+        lambda: calls.append("b"),
+        what_a="a",
+        what_b="b",
+        reps=5,
+        ratio=lambda ta, tb: 1.0,
+    )
     assert calls == ["a", "b"] * 6 and e["ratio"] == 1.0 and e["spread"] == [1.0, 1.0]
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["bench", "--reps", "3", "--only", "hook_overhead", "--preset", "debug"], "reps=3: the benchmark wants 5..1000 paired"),
-    (["bench", "--reps", "1000000000", "--only", "hook_overhead", "--preset", "debug"], "reps=1000000000: the benchmark wants 5..1000"),
-    (["bench", "--store-positions", "10000000000", "--preset", "debug"], "store_positions=10000000000: expected 1,000..10,000,000"),
-    (["bench", "--only", "warp_speed", "--preset", "debug"], "unknown bench keys ['warp_speed']"),
-    (["bench", "--preset", "huge"], "invalid choice: 'huge'"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["bench", "--reps", "3", "--only", "hook_overhead", "--preset", "debug"], "reps=3: the benchmark wants 5..1000 paired"),
+        (
+            ["bench", "--reps", "1000000000", "--only", "hook_overhead", "--preset", "debug"],
+            "reps=1000000000: the benchmark wants 5..1000",
+        ),
+        (
+            ["bench", "--store-positions", "10000000000", "--preset", "debug"],
+            "store_positions=10000000000: expected 1,000..10,000,000",
+        ),
+        (["bench", "--only", "warp_speed", "--preset", "debug"], "unknown bench keys ['warp_speed']"),
+        (["bench", "--preset", "huge"], "invalid choice: 'huge'"),
+    ],
+)
 def test_bad_bench_arguments_are_usage_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(argv)

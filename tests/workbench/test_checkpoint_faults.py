@@ -45,8 +45,8 @@ def assert_nothing_lost(before: dict, after: dict) -> None:
     _assert_nothing_lost(before, after, COUNTS)
 
 
-
 # ---- 1. corrupt, truncated or missing checkpoint files ------------------------------------
+
 
 def other_size(p):
     arch = json.loads((p.parent / C).read_text())["arch"]
@@ -56,6 +56,7 @@ def other_size(p):
 def more_ids(p):
     def grow(c):
         c["model"]["vocab"].update({f"extra{i}": 100 + i for i in range(100)})
+
     edit_json(grow)(p)
 
 
@@ -63,6 +64,7 @@ def without_eos(p):
     def drop(c):
         c["model"]["vocab"].pop("<eos>")
         c["added_tokens"] = [t for t in c["added_tokens"] if t["content"] != "<eos>"]
+
     edit_json(drop)(p)
 
 
@@ -78,7 +80,14 @@ FAULTS = [
     ("weights with a header byte flipped", W, flip(12), ALL, ValueError, "corrupt checkpoint"),
     ("weights with a data byte flipped", W, flip(-3), ALL, ValueError, "checksum"),
     ("weights replaced by a pickle", W, write(pickle.dumps({"embed.W_E": [0.0]})), ALL, ValueError, "corrupt checkpoint"),
-    ("weights replaced by torch.save", W, lambda p: torch.save({"embed.W_E": torch.zeros(2)}, p), ALL, ValueError, "corrupt checkpoint"),
+    (
+        "weights replaced by torch.save",
+        W,
+        lambda p: torch.save({"embed.W_E": torch.zeros(2)}, p),
+        ALL,
+        ValueError,
+        "corrupt checkpoint",
+    ),
     ("weights holding NaN", W, nan_weight, ALL, ValueError, "NaN or inf"),
     ("weights of another size", W, other_size, ALL, ValueError, r"does not match the config .*embed\.W_E is \["),
     ("weights missing", W, remove, ALL, FileNotFoundError, "missing"),
@@ -101,10 +110,23 @@ FAULTS = [
     ("config norm_eps NaN", C, edit_model(norm_eps=float("nan")), ALL, ValueError, "norm_eps=nan: expected float"),
     ("config d_model not the weights'", C, edit_model(d_model=64), ALL, ValueError, r"does not match the config .*embed\.W_E"),
     ("config of an absurd size", C, edit_model(d_model=2**40, n_heads=2**30), ALL, ValueError, "bad model config"),
-    ("config of a size torch cannot describe", C, edit_model(d_model=10**30, n_heads=2), ALL, ValueError,
-     "bad model config .*a size torch cannot allocate"),
+    (
+        "config of a size torch cannot describe",
+        C,
+        edit_model(d_model=10**30, n_heads=2),
+        ALL,
+        ValueError,
+        "bad model config .*a size torch cannot allocate",
+    ),
     ("config fusion unknown", C, edit_model(fusion="concat"), ("fbt",), ValueError, "fusion='concat'"),
-    ("config cross_layers an int", C, edit_model(cross_layers=1), ("hd",), ValueError, r"cross_layers=1: expected tuple\[int, \.\.\.\] \| None"),
+    (
+        "config cross_layers an int",
+        C,
+        edit_model(cross_layers=1),
+        ("hd",),
+        ValueError,
+        r"cross_layers=1: expected tuple\[int, \.\.\.\] \| None",
+    ),
     ("config n_streams zero", C, edit_model(n_streams=0), ("hd",), ValueError, "n_streams=0"),
     ("tokenizer missing", T, remove, ALL, FileNotFoundError, "no tokenizer"),
     ("tokenizer not JSON", T, write("{bad"), ALL, ValueError, "corrupt tokenizer file"),
@@ -114,8 +136,11 @@ FAULTS = [
 ]
 CASES = [pytest.param(arch, *fault, id=f"{arch}: {fault[0]}") for fault in FAULTS for arch in fault[3]]
 
+
 @pytest.mark.parametrize("arch,name,file,fault,archs,error,match", CASES)
-def test_a_corrupt_checkpoint_names_the_file_and_the_problem(pristine, tmp_path, no_unpickling, arch, name, file, fault, archs, error, match):
+def test_a_corrupt_checkpoint_names_the_file_and_the_problem(
+    pristine, tmp_path, no_unpickling, arch, name, file, fault, archs, error, match
+):
     run = shutil.copytree(pristine[arch], tmp_path / "run")
     fault(run / file)
     COUNTS["faults_injected"] += 1
@@ -134,10 +159,13 @@ def test_legacy_weights_without_a_checksum_still_load(pristine, tmp_path, no_unp
         assert torch.equal(load_model(run)(tokens(1, 6)), load_model(pristine["fbt"])(tokens(1, 6)))
 
 
-@settings(max_examples=60, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(cut=st.integers(0, 10**6), position=st.integers(0, 10**6), value=st.integers(1, 255))
-def test_any_torn_or_altered_weights_file_loads_identically_or_fails_naming_it(pristine, tmp_path, no_unpickling, cut, position, value):
+def test_any_torn_or_altered_weights_file_loads_identically_or_fails_naming_it(
+    pristine, tmp_path, no_unpickling, cut, position, value
+):
     """Property: a weights file with one byte altered and/or cut short either loads the same
     tensors or raises ValueError naming the file: never a crash, never different weights."""
     path = tmp_path / "run" / W
@@ -153,5 +181,3 @@ def test_any_torn_or_altered_weights_file_loads_identically_or_fails_naming_it(p
     else:
         original, _ = load_weights(pristine["fbt"] / W)
         assert tensors.keys() == original.keys() and all(torch.equal(tensors[k], original[k]) for k in tensors)
-
-

@@ -19,8 +19,24 @@ def test_help_lists_the_verbs():
 
 def test_generate_writes_json(tmp_path, capsys):
     out = tmp_path / "gen.json"
-    main(["generate", "fbt:debug", "--prompt", "12+7=", "--prompt", "3*4=", "--regime", "standard,soft,fused",
-          "--passes", "exact", "--max-new-tokens", "6", "--json", str(out)])
+    main(
+        [
+            "generate",
+            "fbt:debug",
+            "--prompt",
+            "12+7=",
+            "--prompt",
+            "3*4=",
+            "--regime",
+            "standard,soft,fused",
+            "--passes",
+            "exact",
+            "--max-new-tokens",
+            "6",
+            "--json",
+            str(out),
+        ]
+    )
     result = json.loads(out.read_text())
     assert set(result["generations"]) == {"standard", "soft", "fused"}
     assert all(len(texts) == 2 for texts in result["generations"].values())
@@ -43,7 +59,10 @@ def test_export_from_a_saved_run(tmp_path):
         (["generate", "fbt:huge", "--prompt", "x"], "unknown preset 'huge'"),
         (["generate", "nowhere", "--prompt", "x"], "neither a run directory nor ARCH:PRESET"),
         (["generate", "baseline:debug", "--prompt", "x", "--regime", "soft"], "needs a Full-Bandwidth model"),
-        (["generate", "fbt:debug", "--prompt", "x", "--passes", "two"], "--passes: expected a positive integer or 'exact', got 'two'"),
+        (
+            ["generate", "fbt:debug", "--prompt", "x", "--passes", "two"],
+            "--passes: expected a positive integer or 'exact', got 'two'",
+        ),
         (["generate", "fbt:debug", "--prompt", "x", "--max-new-tokens", "500"], "n_ctx=128"),
     ],
 )
@@ -58,9 +77,30 @@ def test_bad_arguments_are_usage_errors(argv, match, capsys):
 
 def test_train_then_eval_from_the_cli(tmp_path):
     run = tmp_path / "run"
-    main(["train", "--arch", "fbt", "--preset", "debug", "--task", "modsum", "--out", str(run), "--no-progress",
-          "--set", "train.steps=4", "--set", "train.batch_size=4", "--set", "train.seq_len=32",
-          "--set", "data.n_train=100", "--set", "train.eval_examples=4"])
+    main(
+        [
+            "train",
+            "--arch",
+            "fbt",
+            "--preset",
+            "debug",
+            "--task",
+            "modsum",
+            "--out",
+            str(run),
+            "--no-progress",
+            "--set",
+            "train.steps=4",
+            "--set",
+            "train.batch_size=4",
+            "--set",
+            "train.seq_len=32",
+            "--set",
+            "data.n_train=100",
+            "--set",
+            "train.eval_examples=4",
+        ]
+    )
     main(["eval", str(run), "--passes", "exact"])
     result = json.loads((run / "results" / "eval.json").read_text())
     assert result["fused_passes"] == "exact" and set(result["tasks"]) == {"modsum"}

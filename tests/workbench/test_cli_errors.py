@@ -32,8 +32,12 @@ def run_cli(argv, env=None, patch=""):
         from workbench.cli import main
         sys.exit(main(sys.argv[1:]))
     """)
-    env = {**{k: v for k, v in os.environ.items() if k != "WORKBENCH_DEBUG"}, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
-           **(env or {})}
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "WORKBENCH_DEBUG"},
+        "PYTHONPATH": str(ROOT),
+        "OMP_NUM_THREADS": "1",
+        **(env or {}),
+    }
     return subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, env=env, timeout=300)
 
 
@@ -46,8 +50,16 @@ WORKERS = [
 ]
 
 
-@pytest.mark.parametrize("bug", [KeyError("steps"), TypeError("unsupported operand"), RuntimeError("shape mismatch"),
-                                 ValueError("a plain ValueError from deep inside")], ids=lambda e: type(e).__name__)
+@pytest.mark.parametrize(
+    "bug",
+    [
+        KeyError("steps"),
+        TypeError("unsupported operand"),
+        RuntimeError("shape mismatch"),
+        ValueError("a plain ValueError from deep inside"),
+    ],
+    ids=lambda e: type(e).__name__,
+)
 @pytest.mark.parametrize("argv,module,name", WORKERS, ids=[w[0][0] for w in WORKERS])
 def test_a_bug_in_a_verb_propagates_instead_of_becoming_a_usage_line(tmp_path, monkeypatch, capsys, argv, module, name, bug):
     import importlib
@@ -74,16 +86,25 @@ def test_a_bug_exits_1_with_its_traceback():
     assert "workbench presets: error:" not in proc.stderr
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["generate", "gpt:debug", "--prompt", "x"], "unknown architecture 'gpt'"),
-    (["generate", "fbt:debug", "--prompt", "x" * 200], "is longer than the context n_ctx=128"),  # the model's own check
-    (["generate", "baseline:debug", "--prompt", "x", "--regime", "soft"], "regime 'soft' needs a Full-Bandwidth model"),
-    (["train", "--out", "OUT", "--set", "model.d_model=30"], "config field d_model=30 is not divisible by n_heads=4"),
-    (["train", "--out", "OUT", "--set", "train.steps=ten"], "malformed override 'train.steps=ten': field train.steps expects int"),
-    (["eval", "OUT"], "missing OUT/config.json"),
-    (["cache", "fbt:debug", "--hooks", "blocks.9.hook_q", "--out", "OUT"], "unknown hook name 'blocks.9.hook_q' for arch 'fbt'"),
-    (["cache", "fbt:debug", "--hooks", "blocks.*.hook_nothing", "--out", "OUT"], "matches no hook point"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["generate", "gpt:debug", "--prompt", "x"], "unknown architecture 'gpt'"),
+        (["generate", "fbt:debug", "--prompt", "x" * 200], "is longer than the context n_ctx=128"),  # the model's own check
+        (["generate", "baseline:debug", "--prompt", "x", "--regime", "soft"], "regime 'soft' needs a Full-Bandwidth model"),
+        (["train", "--out", "OUT", "--set", "model.d_model=30"], "config field d_model=30 is not divisible by n_heads=4"),
+        (
+            ["train", "--out", "OUT", "--set", "train.steps=ten"],
+            "malformed override 'train.steps=ten': field train.steps expects int",
+        ),
+        (["eval", "OUT"], "missing OUT/config.json"),
+        (
+            ["cache", "fbt:debug", "--hooks", "blocks.9.hook_q", "--out", "OUT"],
+            "unknown hook name 'blocks.9.hook_q' for arch 'fbt'",
+        ),
+        (["cache", "fbt:debug", "--hooks", "blocks.*.hook_nothing", "--out", "OUT"], "matches no hook point"),
+    ],
+)
 def test_a_user_error_is_one_line_with_status_2(tmp_path, monkeypatch, capsys, argv, message):
     monkeypatch.delenv("WORKBENCH_DEBUG", raising=False)
     argv = [str(tmp_path / a) if a == "OUT" else a for a in argv]
@@ -129,7 +150,8 @@ def test_workbench_debug_from_a_shell():
     argv = ["generate", "gpt:debug", "--prompt", "x"]
     quiet, loud = run_cli(argv), run_cli(argv, env={"WORKBENCH_DEBUG": "1"})
     assert quiet.returncode == 2 and quiet.stderr.strip() == (
-        "workbench generate: error: unknown architecture 'gpt': expected one of ['baseline', 'fbt', 'hd']"), quiet.stderr
+        "workbench generate: error: unknown architecture 'gpt': expected one of ['baseline', 'fbt', 'hd']"
+    ), quiet.stderr
     assert loud.returncode == 1 and "Traceback" in loud.stderr
     assert "workbench.storage.errors.BadInput: unknown architecture 'gpt'" in loud.stderr, loud.stderr
 
@@ -147,7 +169,16 @@ def test_each_user_error_is_a_workbench_error_and_the_builtin_it_used_to_be():
     for kind in (OutputBusy, TrainingDiverged, RolloutDiverged, NonFinite):
         assert issubclass(kind, RuntimeError)
     assert issubclass(NonFinite, NonFiniteActivation)
-    for kind in (BadInput, MissingFile, OutputExists, workbench.NotADirectory, OutputBusy, TrainingDiverged, RolloutDiverged, NonFinite):
+    for kind in (
+        BadInput,
+        MissingFile,
+        OutputExists,
+        workbench.NotADirectory,
+        OutputBusy,
+        TrainingDiverged,
+        RolloutDiverged,
+        NonFinite,
+    ):
         assert issubclass(kind, WorkbenchError)
     from workbench.storage.outputs import OutputBusy as from_outputs
 
@@ -212,10 +243,16 @@ def test_one_override_parser_for_model_fields_and_run_sections():
     assert parse_override("hd", "hd.streams=2,4", SECTIONS) == ("hd.streams", (2, 4))
     cases = [
         ("train.lr", "malformed override 'train.lr': expected SECTION.FIELD=VALUE"),
-        ("nosection.x=1", "malformed override 'nosection.x=1': expected SECTION.FIELD=VALUE with SECTION in ['model', 'train', 'data', 'fbt', 'hd']"),
+        (
+            "nosection.x=1",
+            "malformed override 'nosection.x=1': expected SECTION.FIELD=VALUE with SECTION in ['model', 'train', 'data', 'fbt', 'hd']",
+        ),
         ("train.nofield=1", "unknown config field 'train.nofield' in override 'train.nofield=1': expected one of ["),
         ("train.steps=ten", "malformed override 'train.steps=ten': field train.steps expects int"),
-        ("model.cross_layers=a", r"malformed override 'model.cross_layers=a': field model.cross_layers expects tuple[int, ...] | None"),
+        (
+            "model.cross_layers=a",
+            r"malformed override 'model.cross_layers=a': field model.cross_layers expects tuple[int, ...] | None",
+        ),
     ]
     for text, message in cases:  # the parser itself, and the run config built from --set
         for call in (lambda t=text: parse_override("hd", t, SECTIONS), lambda t=text: make_run_config("hd", "debug", None, [t])):
@@ -233,8 +270,9 @@ def test_train_returns_the_model_beside_a_json_summary(tmp_path):
     from workbench.training.runconfig import make_run_config
     from workbench.training.train import TrainResult, train
 
-    cfg = make_run_config("fbt", "debug", "modsum", ["train.steps=2", "train.batch_size=2", "train.seq_len=16",
-                                                     "train.warmup=1", "data.n_train=50"])
+    cfg = make_run_config(
+        "fbt", "debug", "modsum", ["train.steps=2", "train.batch_size=2", "train.seq_len=16", "train.warmup=1", "data.n_train=50"]
+    )
     result = train(cfg, tmp_path / "run", progress=False)
     assert isinstance(result, TrainResult) and isinstance(result.model, models.FullBandwidthLM)
     assert json.loads(json.dumps(result.summary)) == result.summary

@@ -38,7 +38,6 @@ def assert_nothing_lost(before: dict, after: dict) -> None:
     _assert_nothing_lost(before, after, COUNTS)
 
 
-
 # ---- 4. the command line, fuzzed ----------------------------------------------------------
 
 
@@ -52,16 +51,30 @@ def real_work(*args, **kwargs):
 
 # where each verb's real work starts; generate is left alone (a debug model's generation is cheap,
 # and its argument checks live inside it)
-HEAVY = [("workbench.training.train", "load_task"), ("workbench.training.zoo", "train_zoo"), ("workbench.demo", "cache_parity"),
-         ("subprocess", "call"), ("workbench.runtime.export", "export_hf"),
-         ("workbench.training.evaluate", "evaluate_examples"), ("workbench.probing.store", "cache_activations"),
-         ("workbench.probing.study", "cache_activations"), ("workbench.dynamics.study", "rollout"),
-         ("workbench.studies.traces", "run_traces"), ("workbench.bench", "build_model"), ("workbench.bench", "_store_rss")]
+HEAVY = [
+    ("workbench.training.train", "load_task"),
+    ("workbench.training.zoo", "train_zoo"),
+    ("workbench.demo", "cache_parity"),
+    ("subprocess", "call"),
+    ("workbench.runtime.export", "export_hf"),
+    ("workbench.training.evaluate", "evaluate_examples"),
+    ("workbench.probing.store", "cache_activations"),
+    ("workbench.probing.study", "cache_activations"),
+    ("workbench.dynamics.study", "rollout"),
+    ("workbench.studies.traces", "run_traces"),
+    ("workbench.bench", "build_model"),
+    ("workbench.bench", "_store_rss"),
+]
 
 NAMES = st.text(max_size=12).filter(lambda s: ":" not in s)  # unicode junk, never ARCH:PRESET
 INTS = st.integers(-(10**6), 10**6).map(str)
-NUMBERS = st.one_of(INTS, INTS, st.integers(-(10**30), 10**30).map(str), st.floats().map(repr),
-                    st.sampled_from(["nan", "inf", "1e309", "0x10", "", " ", "1_0", "٣", "--5", "2**8", "exact"]))
+NUMBERS = st.one_of(
+    INTS,
+    INTS,
+    st.integers(-(10**30), 10**30).map(str),
+    st.floats().map(repr),
+    st.sampled_from(["nan", "inf", "1e309", "0x10", "", " ", "1_0", "٣", "--5", "2**8", "exact"]),
+)
 PATHS = st.one_of(NAMES, st.sampled_from(["out", "a/b/c", "afile", "afile/below", ".", "/proc/denied/x"]))
 TASKS = st.one_of(NAMES, st.sampled_from(["chain", "mix", "modsum", "sudoku", "jsonl:nowhere.jsonl", "text:", "hf:"]))
 REGIMES = st.one_of(NAMES, st.sampled_from(["standard", "soft,fused", "standard,soft,fused", ",,", "greedy"]))
@@ -69,38 +82,117 @@ HOOKS = st.one_of(NAMES, st.sampled_from(["blocks.*.hook_resid_post", "hook_embe
 UNKNOWN_FLAGS = st.sampled_from(["--bogus", "--zz-top", "-Q", "--Out", "---x"])  # no prefix of a real flag
 BAD_OVERRIDES = st.one_of(
     NAMES.filter(lambda s: "=" not in s),
-    st.sampled_from(["train.lr=-1", "train.lr=nan", "train.lr=inf", "train.steps=0", "train.steps=ten", "model.d_model=30",
-                     "model.n_layers=0", "hd.streams=4,2", "fbt.three_pass_fraction=1.5", "data.task=sudoku", "nosection.x=1",
-                     "train.nofield=1", "train.lr", "=", "", "train.seq_len=4096", "model.d_model=abc", "data.modsum_p=1",
-                     "train.grad_accum=3", "hd.supervise=none", "train.beta1=2", "model.norm_eps=nan", "model.n_heads=-4"]))
+    st.sampled_from(
+        [
+            "train.lr=-1",
+            "train.lr=nan",
+            "train.lr=inf",
+            "train.steps=0",
+            "train.steps=ten",
+            "model.d_model=30",
+            "model.n_layers=0",
+            "hd.streams=4,2",
+            "fbt.three_pass_fraction=1.5",
+            "data.task=sudoku",
+            "nosection.x=1",
+            "train.nofield=1",
+            "train.lr",
+            "=",
+            "",
+            "train.seq_len=4096",
+            "model.d_model=abc",
+            "data.modsum_p=1",
+            "train.grad_accum=3",
+            "hd.supervise=none",
+            "train.beta1=2",
+            "model.norm_eps=nan",
+            "model.n_heads=-4",
+        ]
+    ),
+)
 
 # (flag,) for a switch, (flag, values) for an option; REQUIRED ones are in every example
 OPTIONS = {
     "demo": [("--out", PATHS), ("--preset", NAMES), ("--seed", NUMBERS)],
-    "generate": [("--prompt", NAMES), ("--regime", REGIMES), ("--passes", NUMBERS), ("--max-new-tokens", NUMBERS),
-                 ("--temperature", NUMBERS), ("--top-k", NUMBERS), ("--seed", NUMBERS), ("--json", PATHS)],
+    "generate": [
+        ("--prompt", NAMES),
+        ("--regime", REGIMES),
+        ("--passes", NUMBERS),
+        ("--max-new-tokens", NUMBERS),
+        ("--temperature", NUMBERS),
+        ("--top-k", NUMBERS),
+        ("--seed", NUMBERS),
+        ("--json", PATHS),
+    ],
     "export": [("--json", PATHS)],
-    "train": [("--arch", st.sampled_from(["baseline", "fbt", "hd", "gpt", ""])), ("--preset", NAMES), ("--task", TASKS),
-              ("--out", PATHS), ("--set", BAD_OVERRIDES), ("--init-from", PATHS), ("--stop-after", NUMBERS), ("--json", PATHS),
-              ("--resume",), ("--no-progress",)],
+    "train": [
+        ("--arch", st.sampled_from(["baseline", "fbt", "hd", "gpt", ""])),
+        ("--preset", NAMES),
+        ("--task", TASKS),
+        ("--out", PATHS),
+        ("--set", BAD_OVERRIDES),
+        ("--init-from", PATHS),
+        ("--stop-after", NUMBERS),
+        ("--json", PATHS),
+        ("--resume",),
+        ("--no-progress",),
+    ],
     "eval": [("--n", NUMBERS), ("--passes", NUMBERS), ("--task", TASKS), ("--json", PATHS)],
-    "zoo": [("--preset", st.sampled_from(["micro", "cpu"])), ("--out", PATHS), ("--only", NAMES), ("--json", PATHS), ("--no-progress",)],
-    "cache": [("--hooks", HOOKS), ("--task", TASKS), ("--n-sequences", NUMBERS), ("--prefill", st.sampled_from(["standard", "recurrent", "x"])),
-              ("--passes", NUMBERS), ("--seed", NUMBERS), ("--out", PATHS), ("--json", PATHS)],
-    "probe": [("--target", st.sampled_from(["memory", "running_sum", "value", "x"])), ("--hooks", HOOKS),
-              ("--passes", st.one_of(NUMBERS, st.sampled_from(["2,3", "0,1", "a,b", ","]))), ("--n-sequences", NUMBERS),
-              ("--seed", NUMBERS), ("--out", PATHS), ("--json", PATHS), ("--no-exact",)],
-    "dynamics": [(flag, NUMBERS) for flag in ("--horizon", "--perturb-at", "--spectra", "--fixed-points", "--starts",
-                                              "--max-passes", "--fp-steps")] + [("--out", PATHS), ("--json", PATHS)],
-    "traces": [("--task", st.one_of(NAMES, st.sampled_from(["chain", "gsm8k-jsonl:nowhere.jsonl"]))), ("--regimes", REGIMES),
-               ("--passes", NUMBERS), ("--n-problems", NUMBERS), ("--difficulty", st.one_of(NAMES, st.sampled_from(["1..4", "0..2", "4..1"]))),
-               ("--max-new-tokens", NUMBERS), ("--seed", NUMBERS), ("--out", PATHS), ("--json", PATHS)],
+    "zoo": [
+        ("--preset", st.sampled_from(["micro", "cpu"])),
+        ("--out", PATHS),
+        ("--only", NAMES),
+        ("--json", PATHS),
+        ("--no-progress",),
+    ],
+    "cache": [
+        ("--hooks", HOOKS),
+        ("--task", TASKS),
+        ("--n-sequences", NUMBERS),
+        ("--prefill", st.sampled_from(["standard", "recurrent", "x"])),
+        ("--passes", NUMBERS),
+        ("--seed", NUMBERS),
+        ("--out", PATHS),
+        ("--json", PATHS),
+    ],
+    "probe": [
+        ("--target", st.sampled_from(["memory", "running_sum", "value", "x"])),
+        ("--hooks", HOOKS),
+        ("--passes", st.one_of(NUMBERS, st.sampled_from(["2,3", "0,1", "a,b", ","]))),
+        ("--n-sequences", NUMBERS),
+        ("--seed", NUMBERS),
+        ("--out", PATHS),
+        ("--json", PATHS),
+        ("--no-exact",),
+    ],
+    "dynamics": [
+        (flag, NUMBERS)
+        for flag in ("--horizon", "--perturb-at", "--spectra", "--fixed-points", "--starts", "--max-passes", "--fp-steps")
+    ]
+    + [("--out", PATHS), ("--json", PATHS)],
+    "traces": [
+        ("--task", st.one_of(NAMES, st.sampled_from(["chain", "gsm8k-jsonl:nowhere.jsonl"]))),
+        ("--regimes", REGIMES),
+        ("--passes", NUMBERS),
+        ("--n-problems", NUMBERS),
+        ("--difficulty", st.one_of(NAMES, st.sampled_from(["1..4", "0..2", "4..1"]))),
+        ("--max-new-tokens", NUMBERS),
+        ("--seed", NUMBERS),
+        ("--out", PATHS),
+        ("--json", PATHS),
+    ],
     "presets": [("--json", PATHS)],
     "app": [("--runs", PATHS), ("--port", NUMBERS), ("--address", NAMES)],
     "bench": [("--preset", NAMES), ("--reps", NUMBERS), ("--only", NAMES), ("--store-positions", NUMBERS), ("--out", PATHS)],
 }
-REQUIRED = {"generate": ["--prompt"], "train": ["--out"], "cache": ["--hooks", "--out"], "probe": ["--target"],
-            "dynamics": ["--out"], "traces": ["--out"]}
+REQUIRED = {
+    "generate": ["--prompt"],
+    "train": ["--out"],
+    "cache": ["--hooks", "--out"],
+    "probe": ["--target"],
+    "dynamics": ["--out"],
+    "traces": ["--out"],
+}
 
 
 def is_int(text: str) -> bool:
@@ -129,11 +221,17 @@ def argv_strategy(verb: str, bad_runs: list[str], bad_models: list[str], resume_
     # generate: a loadable debug model is allowed when the tail is an argument generate() rejects
     generate = st.one_of(
         st.tuples(model.map(lambda m: [m]), st.just([])),
-        st.tuples(st.sampled_from(["baseline:debug", "fbt:debug", "hd:debug:3"]).map(lambda m: [m]),
-                  st.one_of(st.sampled_from(["0", "-3", "129", "100000"]).map(lambda n: ["--max-new-tokens", n]),
-                            st.sampled_from(["greedy", ",", "standard,beam"]).map(lambda r: ["--regime", r]),
-                            st.sampled_from(["-1", "-0.5", "-inf"]).map(lambda t: ["--temperature", t]),
-                            st.sampled_from(["0", "-2"]).map(lambda k: ["--top-k", k]), argparse_error)))
+        st.tuples(
+            st.sampled_from(["baseline:debug", "fbt:debug", "hd:debug:3"]).map(lambda m: [m]),
+            st.one_of(
+                st.sampled_from(["0", "-3", "129", "100000"]).map(lambda n: ["--max-new-tokens", n]),
+                st.sampled_from(["greedy", ",", "standard,beam"]).map(lambda r: ["--regime", r]),
+                st.sampled_from(["-1", "-0.5", "-inf"]).map(lambda t: ["--temperature", t]),
+                st.sampled_from(["0", "-2"]).map(lambda k: ["--top-k", k]),
+                argparse_error,
+            ),
+        ),
+    )
     head_tail = {
         "generate": generate,
         "export": st.tuples(st.tuples(model, PATHS).map(list), st.just([])),
@@ -142,24 +240,52 @@ def argv_strategy(verb: str, bad_runs: list[str], bad_models: list[str], resume_
         "probe": st.tuples(run.map(lambda r: [r]), st.just([])),
         "dynamics": st.tuples(st.lists(run, min_size=1, max_size=3), st.just([])),
         "traces": st.tuples(st.lists(run, min_size=1, max_size=3), st.just([])),
-        "demo": st.tuples(st.just([]), st.one_of(
-            argparse_error, NAMES.filter(lambda s: not is_int(s)).map(lambda s: ["--seed", s]),
-            st.one_of(NAMES, st.sampled_from(["huge", "DEBUG", "debug "])).filter(lambda s: s not in ("debug", "tiny", "small", "gpu"))
-            .map(lambda p: ["--preset", p]))),
-        "train": st.tuples(st.just([]), st.one_of(
-            argparse_error, BAD_OVERRIDES.map(lambda o: ["--set", o]),
-            st.sampled_from(["sudoku", "jsonl", "", "chain "]).map(lambda t: ["--task", t]),
-            st.sampled_from(resume_bad).map(lambda r: ["--resume", "--out", r]))),
-        "zoo": st.tuples(st.just([]), st.one_of(argparse_error, st.sampled_from(["huge", "", "MICRO"]).map(lambda p: ["--preset", p]),
-                                                st.sampled_from([["--out"], ["--only"]]))),
+        "demo": st.tuples(
+            st.just([]),
+            st.one_of(
+                argparse_error,
+                NAMES.filter(lambda s: not is_int(s)).map(lambda s: ["--seed", s]),
+                st.one_of(NAMES, st.sampled_from(["huge", "DEBUG", "debug "]))
+                .filter(lambda s: s not in ("debug", "tiny", "small", "gpu"))
+                .map(lambda p: ["--preset", p]),
+            ),
+        ),
+        "train": st.tuples(
+            st.just([]),
+            st.one_of(
+                argparse_error,
+                BAD_OVERRIDES.map(lambda o: ["--set", o]),
+                st.sampled_from(["sudoku", "jsonl", "", "chain "]).map(lambda t: ["--task", t]),
+                st.sampled_from(resume_bad).map(lambda r: ["--resume", "--out", r]),
+            ),
+        ),
+        "zoo": st.tuples(
+            st.just([]),
+            st.one_of(
+                argparse_error,
+                st.sampled_from(["huge", "", "MICRO"]).map(lambda p: ["--preset", p]),
+                st.sampled_from([["--out"], ["--only"]]),
+            ),
+        ),
         "presets": st.tuples(st.just([]), st.one_of(argparse_error, NAMES.map(lambda s: [s]), st.just(["--json"]))),
-        "app": st.tuples(st.just([]), st.one_of(
-            argparse_error, st.sampled_from(["0", "65536", "-1", "http", "", "80.5", "1e3"]).map(lambda p: ["--port", p]),
-            st.just(["--runs", a_file]))),
+        "app": st.tuples(
+            st.just([]),
+            st.one_of(
+                argparse_error,
+                st.sampled_from(["0", "65536", "-1", "http", "", "80.5", "1e3"]).map(lambda p: ["--port", p]),
+                st.just(["--runs", a_file]),
+            ),
+        ),
         # bench checks --reps and every --only key before measuring anything
-        "bench": st.tuples(st.just([]), st.one_of(
-            argparse_error, st.sampled_from(["4", "0", "-5", "five", "", "5.0"]).map(lambda r: ["--reps", r]),
-            NAMES.map(lambda k: ["--only", k + "?"]), st.sampled_from(["huge", "", "SMALL"]).map(lambda p: ["--preset", p]))),
+        "bench": st.tuples(
+            st.just([]),
+            st.one_of(
+                argparse_error,
+                st.sampled_from(["4", "0", "-5", "five", "", "5.0"]).map(lambda r: ["--reps", r]),
+                NAMES.map(lambda k: ["--only", k + "?"]),
+                st.sampled_from(["huge", "", "SMALL"]).map(lambda p: ["--preset", p]),
+            ),
+        ),
     }[verb]
     return st.tuples(head_tail, required, random).map(lambda t: [verb, *t[0][0], *t[1], *t[2], *t[0][1]])
 
@@ -171,11 +297,17 @@ def fuzz_targets(tmp_path_factory, pristine):
     base = tmp_path_factory.mktemp("fuzz_targets")
     (base / "afile").write_text("not a run")
     (base / "empty").mkdir()
-    for name, fault in [("truncated", lambda r: truncate(0.5)(r / W)), ("no-weights", lambda r: remove(r / W)),
-                        ("garbage-config", lambda r: write("x")(r / C)), ("wrong-arch", lambda r: other_arch(r / C)),
-                        ("nan-weights", lambda r: nan_weight(r / W))]:
+    for name, fault in [
+        ("truncated", lambda r: truncate(0.5)(r / W)),
+        ("no-weights", lambda r: remove(r / W)),
+        ("garbage-config", lambda r: write("x")(r / C)),
+        ("wrong-arch", lambda r: other_arch(r / C)),
+        ("nan-weights", lambda r: nan_weight(r / W)),
+    ]:
         fault(shutil.copytree(pristine["fbt"], base / name))
-    bad_runs = [str(base / n) for n in ("afile", "empty", "truncated", "no-weights", "garbage-config", "wrong-arch", "nan-weights")]
+    bad_runs = [
+        str(base / n) for n in ("afile", "empty", "truncated", "no-weights", "garbage-config", "wrong-arch", "nan-weights")
+    ]
     bad_runs += [str(base / "nowhere"), "no/such/run", "rün😀", "gpt:debug", "\x00"]
     for r in bad_runs:
         with pytest.raises((ValueError, OSError)):
@@ -190,10 +322,17 @@ FUZZ_EXAMPLES = 200  # per verb
 
 
 @pytest.mark.parametrize("verb", VERBS)
-@settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=FUZZ_EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(data=st.data())
-def test_fuzzed_command_lines_are_usage_errors_never_tracebacks(fuzz_targets, pristine, tmp_path, monkeypatch, no_unpickling, verb, data):
+def test_fuzzed_command_lines_are_usage_errors_never_tracebacks(
+    fuzz_targets, pristine, tmp_path, monkeypatch, no_unpickling, verb, data
+):
     """Every example is an invalid command line (see ``argv_strategy``); the only acceptable
     outcomes are exit status 2 with a message, or 0 for --help. Nothing the examples point at changes."""
     if Path.cwd() != tmp_path:  # once per test: the examples share the directory and the patches
@@ -224,17 +363,21 @@ def test_every_verb_has_help(verb):
     assert code == 0 and "usage: workbench " + verb in out
 
 
-@pytest.mark.parametrize("argv,path", [
-    (["generate", "fbt:debug", "--prompt", "a", "--max-new-tokens", "1", "--json", "afile/out.json"], "afile/out.json"),
-    (["export", "baseline:debug", "afile/hf"], "afile/hf"),
-    (["traces", "nowhere", "--out", "afile/traces"], "afile/traces"),
-    (["train", "--out", "afile/run", "--no-progress", *[a for s in FAST + ["train.steps=1"] for a in ("--set", s)]], "afile/run"),
-])
+@pytest.mark.parametrize(
+    "argv,path",
+    [
+        (["generate", "fbt:debug", "--prompt", "a", "--max-new-tokens", "1", "--json", "afile/out.json"], "afile/out.json"),
+        (["export", "baseline:debug", "afile/hf"], "afile/hf"),
+        (["traces", "nowhere", "--out", "afile/traces"], "afile/traces"),
+        (
+            ["train", "--out", "afile/run", "--no-progress", *[a for s in FAST + ["train.steps=1"] for a in ("--set", s)]],
+            "afile/run",
+        ),
+    ],
+)
 def test_an_unwritable_output_path_is_a_usage_error(tmp_path, monkeypatch, argv, path):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "afile").write_text("a file where a directory is expected")
     COUNTS["faults_injected"] += 1
     assert_usage_error(argv, "afile")
     assert (tmp_path / "afile").read_text() == "a file where a directory is expected"
-
-

@@ -12,7 +12,9 @@ def _prompts():
     return [rows[0][:9], rows[1][:4], rows[2][:6]]
 
 
-@pytest.mark.parametrize("arch,regime", [("baseline", "standard"), ("hd", "standard"), ("fbt", "standard"), ("fbt", "soft"), ("fbt", "fused")])
+@pytest.mark.parametrize(
+    "arch,regime", [("baseline", "standard"), ("hd", "standard"), ("fbt", "standard"), ("fbt", "soft"), ("fbt", "fused")]
+)
 def test_batched_ragged_generation_equals_one_prompt_at_a_time(arch, regime):
     model = build_model(arch, "debug", **({"n_streams": 2} if arch == "hd" else {}))
     prompts = _prompts()

@@ -13,15 +13,21 @@ from workbench.runtime.export import export_hf
 # ---- 1. the export's "exact" flag agrees with an actual logits comparison ------------------------
 
 
-@pytest.mark.parametrize("make", [
-    lambda: build_model("baseline", "debug", seed=3),
-    lambda: expand_streams(build_model("baseline", "debug", seed=3), 1),
-    lambda: build_model("hd", "debug", seed=3, n_streams=1, cross_window=2),
-    lambda: build_model("hd", "debug", seed=3, n_streams=1, cross_window=2, cross_layers=(0, 1)),
-    lambda: build_model("hd", "debug", seed=3, n_streams=1, cross_window=128),  # a window as long as the context restricts nothing
-    lambda: build_model("hd", "debug", seed=3, n_streams=1, positions="interleaved", readout="sum"),
-    lambda: build_model("hd", "debug", seed=3, n_streams=2),
-], ids=["baseline", "hd1", "hd1-window2", "hd1-window2-all-cross", "hd1-window-n_ctx", "hd1-interleaved-sum", "hd2"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: build_model("baseline", "debug", seed=3),
+        lambda: expand_streams(build_model("baseline", "debug", seed=3), 1),
+        lambda: build_model("hd", "debug", seed=3, n_streams=1, cross_window=2),
+        lambda: build_model("hd", "debug", seed=3, n_streams=1, cross_window=2, cross_layers=(0, 1)),
+        lambda: build_model(
+            "hd", "debug", seed=3, n_streams=1, cross_window=128
+        ),  # a window as long as the context restricts nothing
+        lambda: build_model("hd", "debug", seed=3, n_streams=1, positions="interleaved", readout="sum"),
+        lambda: build_model("hd", "debug", seed=3, n_streams=2),
+    ],
+    ids=["baseline", "hd1", "hd1-window2", "hd1-window2-all-cross", "hd1-window-n_ctx", "hd1-interleaved-sum", "hd2"],
+)
 def test_export_exact_flag_matches_the_exported_logits(make, tmp_path):
     from transformers import LlamaForCausalLM
 
@@ -112,8 +118,12 @@ ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 
 
 def _prose_files():
-    files = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "models").glob("*.py")),
-             *sorted((ROOT / "workbench").rglob("*.py"))]
+    files = [
+        ROOT / "README.md",
+        *sorted((ROOT / "docs").glob("*.md")),
+        *sorted((ROOT / "models").glob("*.py")),
+        *sorted((ROOT / "workbench").rglob("*.py")),
+    ]
     for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
         files.append(nb)
     return files
@@ -278,7 +288,9 @@ plot_probe_rows(rows, __import__("pathlib").Path({str(tmp_path / "p.png")!r}), "
 assert matplotlib.get_backend() == "svg", matplotlib.get_backend()
 assert "matplotlib.pyplot" not in sys.modules
 """
-    subprocess.run([sys.executable, "-c", script], check=True, cwd=ROOT, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    subprocess.run(
+        [sys.executable, "-c", script], check=True, cwd=ROOT, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)}
+    )
     assert (tmp_path / "p.png").stat().st_size > 0
     for path in (ROOT / "workbench").rglob("*.py"):
         text = path.read_text()

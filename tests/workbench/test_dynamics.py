@@ -49,8 +49,12 @@ def test_a_contracting_feedback_map_has_one_stable_fixed_point_from_every_start(
     cache, h_prev = prefill_context(model, tokens(1, 6)[0].tolist())
     F = feedback_map(model, cache, token=5)
     gen = torch.Generator().manual_seed(0)
-    starts = torch.cat([h_prev[None], torch.zeros(1, 32, dtype=torch.float64), 3 * torch.randn(2, 32, dtype=torch.float64, generator=gen)])
-    points, report = find_fixed_points(F, starts, start_kinds=["previous", "zeros", "random", "random"], steps=150, polish_iters=60)
+    starts = torch.cat(
+        [h_prev[None], torch.zeros(1, 32, dtype=torch.float64), 3 * torch.randn(2, 32, dtype=torch.float64, generator=gen)]
+    )
+    points, report = find_fixed_points(
+        F, starts, start_kinds=["previous", "zeros", "random", "random"], steps=150, polish_iters=60
+    )
     assert len(points) == 1 and points[0].n_starts == 4 and points[0].stable  # path independent
     with torch.no_grad():
         assert float((F(points[0].state[None])[0] - points[0].state).norm()) < 1e-8
@@ -123,8 +127,28 @@ def test_dynamics_cli_compares_runs_and_writes_figures(tmp_path, capsys):
     from workbench.cli import main
 
     runs = [save_model(build_model("fbt", "debug", seed=s), tmp_path / f"fbt{s}") for s in (0, 1)]
-    main(["dynamics", *map(str, runs), "--horizon", "150", "--perturb-at", "5", "--spectra", "2",
-          "--fixed-points", "1", "--starts", "3", "--max-passes", "3", "--fp-steps", "20", "--out", str(tmp_path / "out")])
+    main(
+        [
+            "dynamics",
+            *map(str, runs),
+            "--horizon",
+            "150",
+            "--perturb-at",
+            "5",
+            "--spectra",
+            "2",
+            "--fixed-points",
+            "1",
+            "--starts",
+            "3",
+            "--max-passes",
+            "3",
+            "--fp-steps",
+            "20",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     report = json.loads((tmp_path / "out" / "dynamics.json").read_text())
     assert set(report["runs"]) == {"fbt0", "fbt1"}
     r = report["runs"]["fbt0"]

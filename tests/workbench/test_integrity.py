@@ -47,13 +47,21 @@ def copy_of(pristine, tmp_path):
 
 # ---- a full disk during a checkpoint, for real -------------------------------------------
 
-TRAIN = ["train.batch_size=4", "train.seq_len=32", "train.warmup=1", "data.n_train=100", "train.steps=4", "train.checkpoint_every=2"]
+TRAIN = [
+    "train.batch_size=4",
+    "train.seq_len=32",
+    "train.warmup=1",
+    "data.n_train=100",
+    "train.steps=4",
+    "train.checkpoint_every=2",
+]
 
 
 def file_size_limit(limit: int):
     def preexec():  # in the child: writes past ``limit`` bytes fail with EFBIG instead of killing it
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
     return preexec
 
 
@@ -66,13 +74,22 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_the_last_checkpoint_res
     run = tmp_path / "run"
     train(cfg, run, progress=False, stop_after=2)
     step2 = load_file(str(run / W))
-    proc = subprocess.run([sys.executable, "-m", "workbench.cli", "train", "--out", str(run), "--resume", "--no-progress"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                          preexec_fn=file_size_limit((run / W).stat().st_size // 2))
+    proc = subprocess.run(
+        [sys.executable, "-m", "workbench.cli", "train", "--out", str(run), "--resume", "--no-progress"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        preexec_fn=file_size_limit((run / W).stat().st_size // 2),
+    )
     COUNTS["faults_injected"] += 1
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    assert re.fullmatch(rf"workbench train: error: \[Errno 27\] cannot write {re.escape(str(run))}/train_state/model-4\.safetensors: "
-                        r"File too large\n", proc.stderr), proc.stderr
+    assert re.fullmatch(
+        rf"workbench train: error: \[Errno 27\] cannot write {re.escape(str(run))}/train_state/model-4\.safetensors: "
+        r"File too large\n",
+        proc.stderr,
+    ), proc.stderr
     assert json.loads((run / "train_state" / "state.json").read_text())["step"] == 2 and not list(run.rglob("*.tmp"))
     weights = load_model(run).state_dict()
     if not all(torch.equal(weights[k], step2[k]) for k in step2):
@@ -117,8 +134,10 @@ def test_atomic_writes_sync_the_file_before_the_rename_and_the_directory_after(t
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "replace", replace)
     directory = os.path.realpath(tmp_path)
-    for path, write in [(tmp_path / "a.json", lambda p: write_json(p, {"a": 1})),
-                        (tmp_path / W, lambda p: save_weights(p, {"x": torch.ones(3)}))]:
+    for path, write in [
+        (tmp_path / "a.json", lambda p: write_json(p, {"a": 1})),
+        (tmp_path / W, lambda p: save_weights(p, {"x": torch.ones(3)})),
+    ]:
         events.clear()
         write(path)
         tmp = events[0][1]
@@ -137,8 +156,11 @@ def test_integer_weights_are_an_error_naming_the_file_the_tensor_and_the_dtype(p
     save_weights(run / W, tensors, meta)
     COUNTS["faults_injected"] += 1
     name = str(dtype).removeprefix("torch.")
-    with pytest.raises(ValueError, match=rf"^{re.escape(str(run / W))}: tensor 'ln_final.w' has dtype {name}; model weights "
-                                         "must be floating point$"):
+    with pytest.raises(
+        ValueError,
+        match=rf"^{re.escape(str(run / W))}: tensor 'ln_final.w' has dtype {name}; model weights "
+        "must be floating point$",
+    ):
         load_model(run)
     assert_usage_error(["generate", str(run), "--prompt", "a"], str(run / W), "'ln_final.w'", f"dtype {name}")
 
@@ -175,8 +197,10 @@ def test_a_saved_config_with_a_non_finite_or_absurd_value_names_the_field(pristi
 def test_a_set_override_with_a_non_finite_or_absurd_value_names_the_field(tmp_path, monkeypatch, field, value, match):
     monkeypatch.chdir(tmp_path)
     COUNTS["inputs_tried"] += 1
-    assert_usage_error(["train", "--arch", "fbt", "--out", "x", "--set", f"model.{field}={value!r}",
-                        *[a for s in TRAIN for a in ("--set", s)]], match=f"config field {match}")
+    assert_usage_error(
+        ["train", "--arch", "fbt", "--out", "x", "--set", f"model.{field}={value!r}", *[a for s in TRAIN for a in ("--set", s)]],
+        match=f"config field {match}",
+    )
     assert not (tmp_path / "x").exists()
 
 
@@ -188,6 +212,7 @@ def edit_tokenizer(change):
         data = json.loads((run / T).read_text())
         change(data["model"]["vocab"], {t["content"]: t for t in data["added_tokens"]})
         (run / T).write_text(json.dumps(data))
+
     return edit
 
 
@@ -197,13 +222,21 @@ def swap(a, b):
         for x, _y in ((a, b), (b, a)):
             if x in added:
                 added[x]["id"] = vocab[x]
+
     return change
 
 
 TOKENIZERS = [
-    ("two tokens share an id", edit_tokenizer(lambda v, a: v.update(a=5)), r"maps several tokens to one id: id 5 <- \[' ', 'a'\]"),
-    ("several pairs share ids", edit_tokenizer(lambda v, a: v.update({c: 10 + i for i, c in enumerate("abcd")})),
-     r"maps several tokens to one id: id 10 <- .*; id 11 <- .*; id 12 <- .* \(and 1 more\)"),
+    (
+        "two tokens share an id",
+        edit_tokenizer(lambda v, a: v.update(a=5)),
+        r"maps several tokens to one id: id 5 <- \[' ', 'a'\]",
+    ),
+    (
+        "several pairs share ids",
+        edit_tokenizer(lambda v, a: v.update({c: 10 + i for i, c in enumerate("abcd")})),
+        r"maps several tokens to one id: id 10 <- .*; id 11 <- .*; id 12 <- .* \(and 1 more\)",
+    ),
     ("<pad> and <eos> swapped", edit_tokenizer(swap("<pad>", "<eos>")), "<pad> is id 2, <eos> is id 0"),
     ("<unk> and 'a' swapped", edit_tokenizer(swap("<unk>", "a")), "<unk> is id 70$"),
     ("<bos> and <unk> swapped", edit_tokenizer(swap("<bos>", "<unk>")), "<bos> is id 3, <unk> is id 1$"),
@@ -249,11 +282,15 @@ def test_a_pass_count_past_the_context_is_rejected_before_any_work():
 
 def test_unbounded_passes_on_the_command_line_are_usage_errors(pristine, tmp_path):
     COUNTS["inputs_tried"] += 2
-    assert_usage_error(["generate", str(pristine), "--prompt", "a", "--regime", "fused", "--passes", str(10**9)],
-                       match=r"passes=1000000000 is more than the context n_ctx=128: .*\(use 'exact'\)")
+    assert_usage_error(
+        ["generate", str(pristine), "--prompt", "a", "--regime", "fused", "--passes", str(10**9)],
+        match=r"passes=1000000000 is more than the context n_ctx=128: .*\(use 'exact'\)",
+    )
     out = tmp_path / "out"
-    assert_usage_error(["dynamics", str(pristine), "--horizon", "30", "--perturb-at", "5", "--max-passes", "129", "--out", str(out)],
-                       match="max_" + EXACT)
+    assert_usage_error(
+        ["dynamics", str(pristine), "--horizon", "30", "--perturb-at", "5", "--max-passes", "129", "--out", str(out)],
+        match="max_" + EXACT,
+    )
     assert not (out / "dynamics.json").exists()
 
 

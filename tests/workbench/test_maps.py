@@ -39,7 +39,10 @@ def test_spectra_of_a_linear_map_recover_its_eigenvalues():
 
 def test_spectral_radius_with_a_complex_dominant_pair():
     r, theta = 0.95, 0.7
-    rot = torch.tensor([[r * math.cos(theta), -r * math.sin(theta), 0.0], [r * math.sin(theta), r * math.cos(theta), 0.0], [0.0, 0.0, 0.2]], dtype=torch.float64)
+    rot = torch.tensor(
+        [[r * math.cos(theta), -r * math.sin(theta), 0.0], [r * math.sin(theta), r * math.cos(theta), 0.0], [0.0, 0.0, 0.2]],
+        dtype=torch.float64,
+    )
     F = lambda h: h @ rot.T
     assert abs(spectral_radius(F, torch.zeros(3, dtype=torch.float64), iters=400) - r) < 1e-6
 

@@ -45,7 +45,9 @@ def holder_record(directory: Path) -> dict:
 def start_holding(argv: list[str], directory: Path, timeout: float = 120.0) -> subprocess.Popen:
     """Start ``workbench ARGV`` and freeze it (SIGSTOP) the moment it holds ``directory``."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "workbench.cli", *argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "workbench.cli", *argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env
+    )
     deadline = time.monotonic() + timeout
     while holder_record(directory).get("pid") != proc.pid:
         if proc.poll() is not None:
@@ -69,12 +71,18 @@ def finish(proc: subprocess.Popen, *, kill: bool = False) -> int:
 @pytest.mark.slow
 def test_a_held_directory_names_its_holder_to_a_second_process(tmp_path):
     script = "import sys; from workbench.storage.outputs import hold\nwith hold(sys.argv[1]):\n    print('held', flush=True); sys.stdin.readline()"
-    proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "out"), "--some-flag"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path / "out"), "--some-flag"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout.readline() == "held\n"
         CONCURRENT["faults_injected"] += 1
-        with pytest.raises(OutputBusy, match=rf"{tmp_path / 'out'} is being written by PID {proc.pid} \(-c .*--some-flag\) on .* since "):
+        with pytest.raises(
+            OutputBusy, match=rf"{tmp_path / 'out'} is being written by PID {proc.pid} \(-c .*--some-flag\) on .* since "
+        ):
             with hold(tmp_path / "out"):
                 pass
     finally:
@@ -87,7 +95,9 @@ def test_a_held_directory_names_its_holder_to_a_second_process(tmp_path):
 @pytest.mark.slow
 def test_a_lock_left_by_a_killed_process_is_taken_over_and_reported(tmp_path, caplog):
     script = "import sys; from workbench.storage.outputs import hold\nwith hold(sys.argv[1]):\n    print('held', flush=True); sys.stdin.readline()"
-    proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "out")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path / "out")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout.readline() == "held\n"
     proc.kill()
     proc.wait()
@@ -169,8 +179,19 @@ def test_only_a_staging_directory_a_writer_made_is_ever_removed(tmp_path):
 
 
 def train_argv(arch: str, out: Path, steps: int = 400, every: int = 10) -> list[str]:
-    return ["train", "--arch", arch, "--out", str(out), "--no-progress", *SETS, "--set", f"train.steps={steps}",
-            "--set", f"train.checkpoint_every={every}"]
+    return [
+        "train",
+        "--arch",
+        arch,
+        "--out",
+        str(out),
+        "--no-progress",
+        *SETS,
+        "--set",
+        f"train.steps={steps}",
+        "--set",
+        f"train.checkpoint_every={every}",
+    ]
 
 
 @pytest.mark.slow
@@ -207,12 +228,26 @@ def test_two_trainings_into_one_directory_one_resume_and_a_stale_lock(tmp_path, 
 def test_two_caches_into_one_store_do_not_mix(tmp_path):
     """The reported bug: two `cache` into one --out published a store mixing two models' shards."""
     store = tmp_path / "store"
-    argv = ["cache", "fbt:debug:1", "--hooks", "blocks.0.hook_resid_pre", "--task", "modsum", "--n-sequences", "400", "--out", str(store)]
+    argv = [
+        "cache",
+        "fbt:debug:1",
+        "--hooks",
+        "blocks.0.hook_resid_pre",
+        "--task",
+        "modsum",
+        "--n-sequences",
+        "400",
+        "--out",
+        str(store),
+    ]
     first = start_holding(argv, store)
     try:
         CONCURRENT["faults_injected"] += 1
-        assert_usage_error(["cache", "baseline:debug", "--hooks", "hook_embed", "--task", "flipflop", "--n-sequences", "8",
-                            "--out", str(store)], f"is being written by PID {first.pid}", "cache fbt:debug:1")
+        assert_usage_error(
+            ["cache", "baseline:debug", "--hooks", "hook_embed", "--task", "flipflop", "--n-sequences", "8", "--out", str(store)],
+            f"is being written by PID {first.pid}",
+            "cache fbt:debug:1",
+        )
     finally:
         assert finish(first) == 0
     ds, meta = load_store(store)
@@ -227,8 +262,11 @@ def test_two_zoos_into_one_directory(tmp_path):
     try:
         before = snapshot(zoo)
         CONCURRENT["faults_injected"] += 1
-        assert_usage_error(["zoo", "--preset", "micro", "--out", str(zoo), "--no-progress", "--only", "baseline"],
-                           f"is being written by PID {first.pid}", "zoo --preset micro")
+        assert_usage_error(
+            ["zoo", "--preset", "micro", "--out", str(zoo), "--no-progress", "--only", "baseline"],
+            f"is being written by PID {first.pid}",
+            "zoo --preset micro",
+        )
         assert_nothing_lost(before, snapshot(zoo), CONCURRENT)
     finally:
         finish(first, kill=True)
@@ -246,8 +284,9 @@ def trained(tmp_path_factory):
     (base / "run" / "notes.md").write_text("my observations")
     code, _, err = cli(["eval", str(base / "run"), "--n", "4"])
     assert code is None, err
-    code, _, err = cli(["cache", "fbt:debug", "--hooks", "hook_embed", "--task", "modsum", "--n-sequences", "40",
-                        "--out", str(base / "store")])
+    code, _, err = cli(
+        ["cache", "fbt:debug", "--hooks", "hook_embed", "--task", "modsum", "--n-sequences", "40", "--out", str(base / "store")]
+    )
     assert code is None, err
     (base / "mine").mkdir()
     (base / "mine" / "thesis.tex").write_text("\\section{}")
@@ -260,8 +299,16 @@ def wrong_targets(base: Path) -> list[tuple[list[str], str, str]]:
     sets = [a for s in FAST + ["train.steps=2"] for a in ("--set", s)]
     return [  # (argv, what must be named, the directory to compare)
         (["cache", "fbt:debug", "--hooks", "hook_embed", "--n-sequences", "4", "--out", run], "not an activation store", "run"),
-        (["cache", "fbt:debug", "--hooks", "hook_embed", "--n-sequences", "4", "--out", run, "--overwrite"], "not an activation store", "run"),
-        (["cache", "fbt:debug", "--hooks", "hook_embed", "--n-sequences", "4", "--out", mine, "--overwrite"], "thesis.tex", "mine"),
+        (
+            ["cache", "fbt:debug", "--hooks", "hook_embed", "--n-sequences", "4", "--out", run, "--overwrite"],
+            "not an activation store",
+            "run",
+        ),
+        (
+            ["cache", "fbt:debug", "--hooks", "hook_embed", "--n-sequences", "4", "--out", mine, "--overwrite"],
+            "thesis.tex",
+            "mine",
+        ),
         (["cache", "fbt:debug", "--hooks", "hook_embed", "--n-sequences", "4", "--out", store], "pass --overwrite", "store"),
         (["demo", "--out", run, "--preset", "debug"], "not a demo output", "run"),
         (["demo", "--out", str(base), "--preset", "debug", "--overwrite"], "not a demo output", "."),
@@ -270,7 +317,11 @@ def wrong_targets(base: Path) -> list[tuple[list[str], str, str]]:
         (["train", "--out", run, *sets], "already holds a run", "run"),
         (["train", "--out", mine, *sets], "not a workbench run (thesis.tex)", "mine"),
         (["train", "--out", store, *sets], "not a workbench run", "store"),
-        (["dynamics", run, "--out", run, "--horizon", "30", "--spectra", "1", "--fixed-points", "0"], "not a dynamics study", "run"),
+        (
+            ["dynamics", run, "--out", run, "--horizon", "30", "--spectra", "1", "--fixed-points", "0"],
+            "not a dynamics study",
+            "run",
+        ),
         (["traces", run, "--out", store, "--n-problems", "2"], "not a trace study", "store"),
         (["traces", run, "--out", mine, "--n-problems", "2", "--overwrite"], "not a trace study", "mine"),
         (["probe", run, "--target", "memory", "--out", f"{run}/config.json", "--overwrite"], "is not a probe report", "run"),
@@ -293,8 +344,19 @@ def test_every_verb_refuses_a_target_it_did_not_write_and_changes_nothing(traine
 
 def test_overwrite_replaces_only_the_previous_output(trained, tmp_path):
     store = tmp_path / "store"
-    argv = ["cache", "baseline:debug", "--hooks", "hook_embed", "blocks.0.hook_resid_post", "--task", "modsum",
-            "--n-sequences", "70", "--out", str(store)]
+    argv = [
+        "cache",
+        "baseline:debug",
+        "--hooks",
+        "hook_embed",
+        "blocks.0.hook_resid_post",
+        "--task",
+        "modsum",
+        "--n-sequences",
+        "70",
+        "--out",
+        str(store),
+    ]
     assert cli(argv)[0] is None
     (store / "README.txt").write_text("what this store is for")
     old = load_store(store)[1]
@@ -324,8 +386,19 @@ def test_a_json_output_replaces_only_an_earlier_json_output(tmp_path):
 @pytest.mark.slow
 def test_a_probe_sweep_replaces_its_previous_sweep_only_with_overwrite(tmp_path):
     run = save_model(build_model("fbt", "debug"), tmp_path / "run")
-    argv = ["probe", str(run), "--target", "running_sum", "--passes", "2", "--no-exact", "--n-sequences", "30",
-            "--hooks", "blocks.0.hook_resid_pre"]
+    argv = [
+        "probe",
+        str(run),
+        "--target",
+        "running_sum",
+        "--passes",
+        "2",
+        "--no-exact",
+        "--n-sequences",
+        "30",
+        "--hooks",
+        "blocks.0.hook_resid_pre",
+    ]
     assert cli(argv)[0] is None
     first = snapshot(run / "results")
     WRONG["faults_injected"] += 1
@@ -340,7 +413,18 @@ def test_a_probe_sweep_replaces_its_previous_sweep_only_with_overwrite(tmp_path)
 @pytest.mark.slow
 def test_a_killed_cache_leaves_only_staging_that_the_next_writer_removes(tmp_path):
     store = tmp_path / "store"
-    argv = ["cache", "fbt:debug", "--hooks", "blocks.0.hook_resid_pre", "--task", "modsum", "--n-sequences", "400", "--out", str(store)]
+    argv = [
+        "cache",
+        "fbt:debug",
+        "--hooks",
+        "blocks.0.hook_resid_pre",
+        "--task",
+        "modsum",
+        "--n-sequences",
+        "400",
+        "--out",
+        str(store),
+    ]
     proc = start_holding(argv, store)
     os.kill(proc.pid, signal.SIGCONT)
     deadline = time.monotonic() + 120
@@ -380,10 +464,27 @@ def test_a_failed_probe_sweep_leaves_no_temporary_directories(tmp_path):
     save_weights(run / "model.safetensors", tensors, meta)
     before = snapshot(run)
     WRONG["faults_injected"] += 1
-    assert_usage_error(["probe", str(run), "--target", "running_sum", "--passes", "2", "--no-exact", "--n-sequences", "30",
-                        "--hooks", "hook_embed"], "non-finite activation", "FBT pass 2")
+    assert_usage_error(
+        [
+            "probe",
+            str(run),
+            "--target",
+            "running_sum",
+            "--passes",
+            "2",
+            "--no-exact",
+            "--n-sequences",
+            "30",
+            "--hooks",
+            "hook_embed",
+        ],
+        "non-finite activation",
+        "FBT pass 2",
+    )
     left = sorted(str(p.relative_to(run)) for p in run.rglob("*") if p.name != LOCK)
-    assert left == sorted([name for name in before if name != LOCK] + ["results"]), left  # results/ holds no store, probe or report
+    assert left == sorted([name for name in before if name != LOCK] + ["results"]), (
+        left
+    )  # results/ holds no store, probe or report
 
 
 def test_a_torn_zoo_summary_is_named(tmp_path):
@@ -391,5 +492,7 @@ def test_a_torn_zoo_summary_is_named(tmp_path):
     zoo.mkdir()
     (zoo / "zoo.json").write_text('{"scale": "micro", "models": {"base')  # a non-atomic write cut short
     WRONG["faults_injected"] += 1
-    assert_usage_error(["zoo", "--preset", "micro", "--out", str(zoo), "--only", "baseline", "--no-progress"],
-                       f"corrupt JSON in {zoo / 'zoo.json'}")
+    assert_usage_error(
+        ["zoo", "--preset", "micro", "--out", str(zoo), "--only", "baseline", "--no-progress"],
+        f"corrupt JSON in {zoo / 'zoo.json'}",
+    )

@@ -61,8 +61,10 @@ def test_the_guard_changes_no_output_bit_for_bit(arch):
     assert all(torch.equal(a, b) for a, b in zip(plain, guarded))
     regimes = ["standard", "soft", "fused"] if arch == "fbt" else ["standard"]
     for regime in regimes:
-        a, b = (generate(model, [[5, 6, 7, 8], [9, 10]], regime=regime, passes=2, max_new_tokens=6, check_numerics=c)
-                for c in (False, True))
+        a, b = (
+            generate(model, [[5, 6, 7, 8], [9, 10]], regime=regime, passes=2, max_new_tokens=6, check_numerics=c)
+            for c in (False, True)
+        )
         assert torch.equal(a.new_tokens, b.new_tokens) and torch.equal(a.states, b.states)
 
 
@@ -94,7 +96,9 @@ def test_an_input_that_overflows_in_the_square_is_named_by_site_and_step(arch):
         model(tokens(1, 5), cache=cache)
         model(torch.tensor([[7]]), cache=cache, **plain)
         model(torch.tensor([[8]]), cache=cache, **plain)
-        with pytest.raises(NonFiniteActivation, match=rf"^non-finite activation: blocks\.0\.ln1 input overflowed at step 3{pass_text} ") as info:
+        with pytest.raises(
+            NonFiniteActivation, match=rf"^non-finite activation: blocks\.0\.ln1 input overflowed at step 3{pass_text} "
+        ) as info:
             model(torch.tensor([[50]]), cache=cache, **plain)
     assert (info.value.what, info.value.step) == ("blocks.0.ln1 input overflowed", 3) and "\n" not in str(info.value)
     with torch.no_grad():  # unguarded it is the reported symptom: a finite output with every logit equal
@@ -115,11 +119,17 @@ def test_an_infinite_logit_is_named_as_the_readout(arch):
     with model.hooks(fwd_hooks=[("ln_final.hook_normalized", inf_state)]):
         with pytest.raises(NonFiniteActivation, match=r"^non-finite activation: readout logits overflowed at step 0 "):
             generate(model, tokens(2, 4), max_new_tokens=3)
-        with pytest.raises(NonFiniteActivation, match="readout logits overflowed at step 0 "), torch.no_grad(), guard_numerics(model):
+        with (
+            pytest.raises(NonFiniteActivation, match="readout logits overflowed at step 0 "),
+            torch.no_grad(),
+            guard_numerics(model),
+        ):
             model(tokens(2, 4))
 
 
-@pytest.mark.parametrize("hook,site", [("blocks.1.hook_resid_post", "ln_final input"), ("fusion.hook_state", "blocks.0.ln1 input")])
+@pytest.mark.parametrize(
+    "hook,site", [("blocks.1.hook_resid_post", "ln_final input"), ("fusion.hook_state", "blocks.0.ln1 input")]
+)
 def test_a_nan_carried_state_in_fbt_pass_2_names_the_pass(hook, site):
     """NaN in pass 2's last residual (the stream ln_final turns into the carried state), or in the
     carried state pass 2 is fed: named with pass 2, not pass 1 or the readout."""
@@ -147,7 +157,9 @@ def test_score_completions_names_the_step_that_fed_the_overflowing_token():
 def test_a_rollout_names_the_step_and_the_site(dtype):
     model = overflowing(build_model("fbt", "debug", dtype=dtype), "fusion.W_U.weight", 1e30 if dtype == torch.float32 else 1e300)
     COUNTS["faults_injected"] += 1
-    with pytest.raises(RolloutDiverged, match=r"^blocks\.0\.ln1 input overflowed at step 0 \(token \d+\): the carried state diverged$"):
+    with pytest.raises(
+        RolloutDiverged, match=r"^blocks\.0\.ln1 input overflowed at step 0 \(token \d+\): the carried state diverged$"
+    ):
         rollout(model, tokens(1, 4)[0].tolist(), 10)
     model = overflowing(build_model("fbt", "debug", dtype=dtype), value=1e30 if dtype == torch.float32 else 1e300)
     COUNTS["faults_injected"] += 1
@@ -162,8 +174,12 @@ def test_a_rollout_names_the_step_and_the_site(dtype):
 def trained(tmp_path_factory):
     """A one-step FBT run (config.json with every section, as eval needs)."""
     run = tmp_path_factory.mktemp("trained") / "fbt"
-    cfg = make_run_config("fbt", "debug", "modsum", ["train.steps=2", "train.batch_size=4", "train.seq_len=32", "train.warmup=1",
-                                                     "data.n_train=50", "train.eval_examples=4"])
+    cfg = make_run_config(
+        "fbt",
+        "debug",
+        "modsum",
+        ["train.steps=2", "train.batch_size=4", "train.seq_len=32", "train.warmup=1", "data.n_train=50", "train.eval_examples=4"],
+    )
     train(cfg, run, progress=False)
     return run
 
@@ -180,8 +196,10 @@ def poison(run, name="blocks.0.mlp.W_out.weight", value=1e30):
 def test_eval_stops_naming_the_computation_step_and_site(trained, tmp_path):
     run = poison(shutil.copytree(trained, tmp_path / "run"))
     shutil.rmtree(run / "results", ignore_errors=True)
-    assert_usage_error(["eval", str(run), "--n", "4"],
-                       match=r"error: loss\[standard\]: non-finite activation: blocks\.1\.ln1 input overflowed at step 0, FBT pass 1 ")
+    assert_usage_error(
+        ["eval", str(run), "--n", "4"],
+        match=r"error: loss\[standard\]: non-finite activation: blocks\.1\.ln1 input overflowed at step 0, FBT pass 1 ",
+    )
     assert not (run / "results" / "eval.json").exists()
 
 
@@ -189,8 +207,10 @@ def test_eval_stops_naming_the_computation_step_and_site(trained, tmp_path):
 def test_generate_stops_naming_the_regime_step_and_site(arch, tmp_path):
     run = poison(save_model(build_model(arch, "debug", **ARCHS[arch]), tmp_path / arch))
     regime = "soft" if arch == "fbt" else "standard"
-    assert_usage_error(["generate", str(run), "--prompt", "Q: 3+4", "--regime", regime, "--json", str(tmp_path / "out.json")],
-                       match=rf"error: regime {regime}: non-finite activation: blocks\.1\.ln1 input overflowed at step 0[ ,]")
+    assert_usage_error(
+        ["generate", str(run), "--prompt", "Q: 3+4", "--regime", regime, "--json", str(tmp_path / "out.json")],
+        match=rf"error: regime {regime}: non-finite activation: blocks\.1\.ln1 input overflowed at step 0[ ,]",
+    )
     assert not (tmp_path / "out.json").exists()
 
 
@@ -198,14 +218,30 @@ def test_traces_stop_naming_the_step_and_site_and_write_no_summary(tmp_path):
     run = poison(save_model(build_model("fbt", "debug"), tmp_path / "fbt"))
     good = save_model(build_model("baseline", "debug"), tmp_path / "baseline")
     out = tmp_path / "out"
-    assert_usage_error(["traces", str(good), str(run), "--n-problems", "2", "--difficulty", "1..1", "--max-new-tokens", "4",
-                        "--out", str(out)], match=r"error: regime standard: non-finite activation: blocks\.1\.ln1 input overflowed at step 0, "
-                                                  "FBT pass 1 ")
+    assert_usage_error(
+        ["traces", str(good), str(run), "--n-problems", "2", "--difficulty", "1..1", "--max-new-tokens", "4", "--out", str(out)],
+        match=r"error: regime standard: non-finite activation: blocks\.1\.ln1 input overflowed at step 0, "
+        "FBT pass 1 ",
+    )
     assert [p.name for p in out.iterdir()] == [".workbench.lock"]  # no summary.json, traces.csv or figure, no staging
 
 
-DYNAMICS = ["--horizon", "30", "--perturb-at", "5", "--spectra", "1", "--fixed-points", "1", "--starts", "2", "--fp-steps", "4",
-            "--max-passes", "2"]
+DYNAMICS = [
+    "--horizon",
+    "30",
+    "--perturb-at",
+    "5",
+    "--spectra",
+    "1",
+    "--fixed-points",
+    "1",
+    "--starts",
+    "2",
+    "--fp-steps",
+    "4",
+    "--max-passes",
+    "2",
+]
 
 
 def test_dynamics_checks_the_checkpoints_own_dtype_before_analysing_in_fp64(tmp_path):
@@ -215,17 +251,21 @@ def test_dynamics_checks_the_checkpoints_own_dtype_before_analysing_in_fp64(tmp_
     ids = CharTokenizer().encode("Q: Start with 12.")
     assert len(rollout(load_model(run).double(), ids, 30).tokens) == 30  # what fp64 alone would report
     out = tmp_path / "out"
-    assert_usage_error(["dynamics", str(run), *DYNAMICS, "--out", str(out)],
-                       match=re.escape(str(run)) + r": in the checkpoint's own dtype \(float32\): blocks\.0\.ln1 input overflowed at "
-                       r"step 0 \(token \d+\): the carried state diverged$")
+    assert_usage_error(
+        ["dynamics", str(run), *DYNAMICS, "--out", str(out)],
+        match=re.escape(str(run)) + r": in the checkpoint's own dtype \(float32\): blocks\.0\.ln1 input overflowed at "
+        r"step 0 \(token \d+\): the carried state diverged$",
+    )
     assert not (out / "dynamics.json").exists()
 
 
 def test_dynamics_names_an_overflow_in_the_prompts_prefill(tmp_path):
     run = poison(save_model(build_model("fbt", "debug"), tmp_path / "fbt"))
     out = tmp_path / "out"
-    assert_usage_error(["dynamics", str(run), *DYNAMICS, "--out", str(out)],
-                       match=r"own dtype \(float32\): blocks\.1\.ln1 input overflowed in the prompt's prefill \(before step 0\)$")
+    assert_usage_error(
+        ["dynamics", str(run), *DYNAMICS, "--out", str(out)],
+        match=r"own dtype \(float32\): blocks\.1\.ln1 input overflowed in the prompt's prefill \(before step 0\)$",
+    )
     assert not (out / "dynamics.json").exists()
 
 
@@ -276,9 +316,13 @@ def test_traces_and_eval_report_silent_tokens():
 
 def test_generate_warns_and_reports_silent_tokens(tmp_path):
     run = save_model(pad_emitter("hd"), tmp_path / "hd")
-    code, out, err = cli(["generate", str(run), "--prompt", "ab", "--prompt", "c", "--max-new-tokens", "5", "--json", str(tmp_path / "g.json")])
+    code, out, err = cli(
+        ["generate", str(run), "--prompt", "ab", "--prompt", "c", "--max-new-tokens", "5", "--json", str(tmp_path / "g.json")]
+    )
     assert code is None and "[standard] 'ab' -> ''" in out
-    assert err.strip().splitlines() == ["warning: [standard] 10 generated tokens decode to nothing (pad, other special tokens or "
-                                        "ids past the vocabulary) and are missing from the text; per prompt: [5, 5]"]
+    assert err.strip().splitlines() == [
+        "warning: [standard] 10 generated tokens decode to nothing (pad, other special tokens or "
+        "ids past the vocabulary) and are missing from the text; per prompt: [5, 5]"
+    ]
     result = json.loads((tmp_path / "g.json").read_text())
     assert result["silent_tokens"] == {"standard": [5, 5]} and result["generations"] == {"standard": ["", ""]}

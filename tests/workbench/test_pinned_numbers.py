@@ -252,7 +252,11 @@ def test_probe_study_probes_the_last_of_the_K_passes(tmp_path, monkeypatch):
     data = TaskConfig(modsum_min_len=4, modsum_max_len=8)
     report = study.probe_study(run, "running_sum", hooks=hooks, passes=[3], exact=False, n_sequences=9, seed=0, data=data)
     assert [(r["prefill"], r["passes"], r["hook"]) for r in report["rows"]] == [
-        ("standard", 1, hooks[0]), ("standard", 1, hooks[1]), ("recurrent", 3, hooks[0]), ("recurrent", 3, hooks[1])]
+        ("standard", 1, hooks[0]),
+        ("standard", 1, hooks[1]),
+        ("recurrent", 3, hooks[0]),
+        ("recurrent", 3, hooks[1]),
+    ]
     assert len(seen) == 4
     tok = CharTokenizer()
     examples = heldout_examples("modsum", 9, 0, data)  # the study probes held-out problems
@@ -272,8 +276,9 @@ def test_probe_study_probes_the_last_of_the_K_passes(tmp_path, monkeypatch):
         np.testing.assert_array_equal(t, ids)
         np.testing.assert_array_equal(g, groups)
         np.testing.assert_array_equal(y, labels)
-        torch.testing.assert_close(torch.from_numpy(X), expected[key].float(), rtol=1e-4, atol=2e-4,
-                                   msg=lambda m, key=key: f"{key}: {m}")
+        torch.testing.assert_close(
+            torch.from_numpy(X), expected[key].float(), rtol=1e-4, atol=2e-4, msg=lambda m, key=key: f"{key}: {m}"
+        )
 
 
 # ---- 5. the FBT training fuse mask -------------------------------------------------------------
@@ -289,9 +294,19 @@ def test_fbt_training_fuses_after_the_plain_prefix():
     structural, whatever the draw: the fused set of a row is a suffix [max(p, 1), T) with
     p <= prefix_max * T, which an inverted mask (fused = [1, p)) never is."""
     B, T, seed, step = 4, 16, 3, 7
-    cfg = make_run_config("fbt", "debug", task="modsum", overrides=[
-        f"train.seq_len={T}", f"train.batch_size={B}", f"train.seed={seed}", "fbt.feedback_start=0",
-        "fbt.three_pass_fraction=1", "fbt.state_noise=0"])
+    cfg = make_run_config(
+        "fbt",
+        "debug",
+        task="modsum",
+        overrides=[
+            f"train.seq_len={T}",
+            f"train.batch_size={B}",
+            f"train.seed={seed}",
+            "fbt.feedback_start=0",
+            "fbt.three_pass_fraction=1",
+            "fbt.state_noise=0",
+        ],
+    )
     strategy = train_mod.make_strategy(cfg)
     assert strategy.passes(step) == 3
     model = randomize_fusion(build_model("fbt", "debug", init_std=0.3))
@@ -399,9 +414,20 @@ def test_training_loop_steps_an_expanded_model_with_the_replicated_moments(tmp_p
         return out
 
     monkeypatch.setattr(torch.optim.AdamW, "step", recording_step)
-    cfg = make_run_config("hd", "debug", task="modsum", overrides=[
-        "hd.streams=2,3", "hd.expand_at=0,1", "train.steps=2", "train.batch_size=2", "train.seq_len=16",
-        "data.n_train=40", "train.warmup=0"])
+    cfg = make_run_config(
+        "hd",
+        "debug",
+        task="modsum",
+        overrides=[
+            "hd.streams=2,3",
+            "hd.expand_at=0,1",
+            "train.steps=2",
+            "train.batch_size=2",
+            "train.seq_len=16",
+            "data.n_train=40",
+            "train.warmup=0",
+        ],
+    )
     train_mod.train(cfg, tmp_path / "run", progress=False)
     assert [(w, n) for w, n, _ in snapshots] == [("before", 2), ("after", 2), ("before", 3), ("after", 3)]
     after_step0, before_step1 = snapshots[1][2], snapshots[2][2]

@@ -26,10 +26,14 @@ def test_soft_reports_the_gate_and_value_each_token_reentered_with(fbt):
 
 def test_state_scale_multiplies_the_value_path(fbt):
     plain = inspect_generation(fbt, PROMPT, regime="soft", max_new_tokens=6, stop_at_eos=False)
-    doubled = inspect_generation(fbt, PROMPT, regime="soft", max_new_tokens=6, stop_at_eos=False, intervention=Intervention(state_scale=2.0))
+    doubled = inspect_generation(
+        fbt, PROMPT, regime="soft", max_new_tokens=6, stop_at_eos=False, intervention=Intervention(state_scale=2.0)
+    )
     # the first fed-back state comes from the plain prefill, identical in both runs; W_U is linear
     assert doubled["value_norm"][0] == pytest.approx(2 * plain["value_norm"][0], rel=1e-5)
-    zero = inspect_generation(fbt, PROMPT, regime="soft", max_new_tokens=6, stop_at_eos=False, intervention=Intervention(state_scale=0.0))
+    zero = inspect_generation(
+        fbt, PROMPT, regime="soft", max_new_tokens=6, stop_at_eos=False, intervention=Intervention(state_scale=0.0)
+    )
     assert zero["value_norm"][:-1] == [0.0] * 5
     assert zero["state_norm"][0] == plain["state_norm"][0]  # the first token comes from the plain prefill
     assert zero["state_norm"][1:] != plain["state_norm"][1:]
@@ -37,7 +41,9 @@ def test_state_scale_multiplies_the_value_path(fbt):
 
 def test_state_intervention_cannot_touch_the_standard_regime(fbt):
     plain = inspect_generation(fbt, PROMPT, regime="standard", max_new_tokens=6, stop_at_eos=False)
-    scaled = inspect_generation(fbt, PROMPT, regime="standard", max_new_tokens=6, stop_at_eos=False, intervention=Intervention(state_scale=0.0))
+    scaled = inspect_generation(
+        fbt, PROMPT, regime="standard", max_new_tokens=6, stop_at_eos=False, intervention=Intervention(state_scale=0.0)
+    )
     assert scaled["state_norm"] == plain["state_norm"] and plain["gate_mean"] == [None] * 6
 
 

@@ -154,7 +154,19 @@ def test_probe_and_cache_errors_list_valid_names(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["cache", str(run), "--hooks", "blocks.*.hook_resid_postt", "--out", str(tmp_path / "s")])
     assert "matches no hook point" in capsys.readouterr().err
-    main(["cache", str(run), "--hooks", "blocks.*.hook_resid_post", "hook_stream_embed", "--n-sequences", "4", "--out", str(tmp_path / "s")])
+    main(
+        [
+            "cache",
+            str(run),
+            "--hooks",
+            "blocks.*.hook_resid_post",
+            "hook_stream_embed",
+            "--n-sequences",
+            "4",
+            "--out",
+            str(tmp_path / "s"),
+        ]
+    )
     ds, meta = load_store(tmp_path / "s")
     assert meta["hooks"] == ["blocks.0.hook_resid_post", "blocks.1.hook_resid_post", "hook_stream_embed"]
     assert set(np.asarray(ds.with_format("numpy")[:]["stream"])) == {0, 1}

@@ -43,13 +43,17 @@ def assert_nothing_lost(before: dict, after: dict) -> None:
     _assert_nothing_lost(before, after, COUNTS)
 
 
-
 # ---- 1b. corrupt training state: --resume ------------------------------------------------
 
 
 def fbt_config(steps=8, every=4):
-    return make_run_config("fbt", "debug", "mix", FAST + [f"train.steps={steps}", f"train.checkpoint_every={every}",
-                                                        "fbt.feedback_start=0.25", "fbt.three_pass_fraction=0.5"])
+    return make_run_config(
+        "fbt",
+        "debug",
+        "mix",
+        FAST
+        + [f"train.steps={steps}", f"train.checkpoint_every={every}", "fbt.feedback_start=0.25", "fbt.three_pass_fraction=0.5"],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -80,13 +84,37 @@ RESUME_FAULTS = [  # each message names the file
     ("state.json step a string", S, edit_state(step="4"), "state.json: step='4', expected an integer"),
     ("state.json step negative", S, edit_state(step=-1), "state.json: step=-1"),
     ("state.json step not the files'", S, edit_state(step=8), "state.json says step 8, .*optimizer-4.safetensors holds step 4"),
-    ("state.json pointing outside", S, edit_state(weights="../model.safetensors"), "state.json: 'weights' and 'optimizer' must name files"),
-    ("state.json pointing at nothing", S, edit_state(weights="model-99.safetensors"), "missing .*train_state/model-99.safetensors"),
-    ("state.json without param_groups", S, edit_json(lambda c: c.pop("param_groups")), "state.json: 'param_groups' must be a list"),
-    ("state.json param_groups garbage", S, edit_state(param_groups=[{"x": 1}]), "optimizer-4.safetensors and .*state.json does not fit"),
+    (
+        "state.json pointing outside",
+        S,
+        edit_state(weights="../model.safetensors"),
+        "state.json: 'weights' and 'optimizer' must name files",
+    ),
+    (
+        "state.json pointing at nothing",
+        S,
+        edit_state(weights="model-99.safetensors"),
+        "missing .*train_state/model-99.safetensors",
+    ),
+    (
+        "state.json without param_groups",
+        S,
+        edit_json(lambda c: c.pop("param_groups")),
+        "state.json: 'param_groups' must be a list",
+    ),
+    (
+        "state.json param_groups garbage",
+        S,
+        edit_state(param_groups=[{"x": 1}]),
+        "optimizer-4.safetensors and .*state.json does not fit",
+    ),
     ("state.json scalars a list", S, edit_state(scalars=[1]), "state.json: .*'scalars' an object"),
-    ("state.json model wrongly typed", S, edit_json(lambda c: c["model"].update(d_model="x")),
-     "bad model config in .*state.json: config field d_model='x': expected int"),
+    (
+        "state.json model wrongly typed",
+        S,
+        edit_json(lambda c: c["model"].update(d_model="x")),
+        "bad model config in .*state.json: config field d_model='x': expected int",
+    ),
     ("weights truncated", SW, truncate(0.5), "corrupt checkpoint .*model-4.safetensors"),
     ("weights byte flipped", SW, flip(-3), "corrupt checkpoint .*model-4.safetensors: .*checksum"),
     ("weights missing", SW, remove, "missing .*model-4.safetensors"),
@@ -94,24 +122,60 @@ RESUME_FAULTS = [  # each message names the file
     ("optimizer garbage", SO, write(b"\x08" + bytes(300)), "corrupt checkpoint .*optimizer-4.safetensors"),
     ("optimizer byte flipped", SO, flip(-3), "corrupt checkpoint .*optimizer-4.safetensors: .*checksum"),
     ("optimizer missing", SO, remove, "missing .*optimizer-4.safetensors"),
-    ("optimizer holding the weights", SO, lambda p: shutil.copyfile(p.parent / "model-4.safetensors", p),
-     "unexpected optimizer entry .* in .*optimizer-4.safetensors"),
-    ("optimizer of other shapes", SO, swap_shapes, "optimizer-4.safetensors and .*state.json does not fit the model: exp_avg has shape"),
+    (
+        "optimizer holding the weights",
+        SO,
+        lambda p: shutil.copyfile(p.parent / "model-4.safetensors", p),
+        "unexpected optimizer entry .* in .*optimizer-4.safetensors",
+    ),
+    (
+        "optimizer of other shapes",
+        SO,
+        swap_shapes,
+        "optimizer-4.safetensors and .*state.json does not fit the model: exp_avg has shape",
+    ),
     ("config missing", C, remove, "missing .*/config.json"),
     ("config not JSON", C, write("nope"), "corrupt JSON in .*config.json"),
     ("config without a section", C, edit_json(lambda c: c.pop("train")), r"config.json has sections .* but not \['train'\]"),
     ("config unknown field", C, edit_json(lambda c: c["train"].update(foo=1)), "config.json: unknown config field 'train.foo'"),
-    ("config steps 'ten'", C, edit_json(lambda c: c["train"].update(steps="ten")), "config.json: config field train.steps='ten': expected int"),
-    ("config task a number", C, edit_json(lambda c: c["data"].update(task=5)), "config.json: config field data.task=5: expected str"),
-    ("config streams not a list", C, edit_json(lambda c: c["hd"].update(streams=3)), r"config.json: config field hd.streams=3: expected tuple"),
-    ("config lr NaN", C, edit_json(lambda c: c["train"].update(lr=float("nan"))), "config.json: config field train.lr=nan: expected float"),
+    (
+        "config steps 'ten'",
+        C,
+        edit_json(lambda c: c["train"].update(steps="ten")),
+        "config.json: config field train.steps='ten': expected int",
+    ),
+    (
+        "config task a number",
+        C,
+        edit_json(lambda c: c["data"].update(task=5)),
+        "config.json: config field data.task=5: expected str",
+    ),
+    (
+        "config streams not a list",
+        C,
+        edit_json(lambda c: c["hd"].update(streams=3)),
+        r"config.json: config field hd.streams=3: expected tuple",
+    ),
+    (
+        "config lr NaN",
+        C,
+        edit_json(lambda c: c["train"].update(lr=float("nan"))),
+        "config.json: config field train.lr=nan: expected float",
+    ),
     ("config arch changed", C, edit_state(arch="hd"), "config.json: unknown config field 'fusion' for arch 'hd'"),
-    ("metrics corrupt before the end", "metrics.jsonl", lambda p: p.write_text("garbage\n" + p.read_text()), "corrupt line 1 of .*metrics.jsonl"),
+    (
+        "metrics corrupt before the end",
+        "metrics.jsonl",
+        lambda p: p.write_text("garbage\n" + p.read_text()),
+        "corrupt line 1 of .*metrics.jsonl",
+    ),
 ]
 
 
 @pytest.mark.parametrize("name,file,fault,match", RESUME_FAULTS, ids=[f[0] for f in RESUME_FAULTS])
-def test_a_corrupt_training_state_stops_resume_and_changes_nothing(interrupted, tmp_path, no_unpickling, name, file, fault, match):
+def test_a_corrupt_training_state_stops_resume_and_changes_nothing(
+    interrupted, tmp_path, no_unpickling, name, file, fault, match
+):
     run = shutil.copytree(interrupted / "run", tmp_path / "run")
     fault(run / file)
     COUNTS["faults_injected"] += 1
@@ -124,6 +188,7 @@ def replace_file(content):  # a new file (the published weights are a hard link 
     def change(p):
         p.unlink()
         p.write_bytes(content)
+
     return change
 
 
@@ -132,13 +197,18 @@ RECOVERABLE = [
     ("published weights missing", W, remove),
     ("published weights garbage", W, replace_file(b"garbage")),
     ("published tokenizer garbage", T, replace_file(b"{")),
-    ("temp files of killed writes", ".model.safetensors.x1.tmp",
-     lambda p: [p.write_bytes(b"half"), (p.parent / "train_state" / ".state.json.x2.tmp").write_text("{")]),
+    (
+        "temp files of killed writes",
+        ".model.safetensors.x1.tmp",
+        lambda p: [p.write_bytes(b"half"), (p.parent / "train_state" / ".state.json.x2.tmp").write_text("{")],
+    ),
 ]
 
 
 @pytest.mark.parametrize("name,file,fault", RECOVERABLE, ids=[f[0] for f in RECOVERABLE])
-def test_resume_repairs_what_a_kill_or_a_stray_write_left_and_reaches_the_same_weights(interrupted, tmp_path, no_unpickling, name, file, fault):
+def test_resume_repairs_what_a_kill_or_a_stray_write_left_and_reaches_the_same_weights(
+    interrupted, tmp_path, no_unpickling, name, file, fault
+):
     run = shutil.copytree(interrupted / "run", tmp_path / "run")
     fault(run / file)
     COUNTS["faults_injected"] += 1
@@ -205,7 +275,10 @@ def test_nan_in_a_step_stops_naming_the_step_and_the_last_checkpoint_resumes_exa
     train(cfg, tmp_path / "straight", progress=False)
     COUNTS["faults_injected"] += 1
     kind = "loss" if where == "parameter" else "gradient norm"
-    with poisoned(6, where), pytest.raises(TrainingDiverged, match=rf"non-finite {kind} at step 6 .*last checkpoint \(step 4\) in .* is intact"):
+    with (
+        poisoned(6, where),
+        pytest.raises(TrainingDiverged, match=rf"non-finite {kind} at step 6 .*last checkpoint \(step 4\) in .* is intact"),
+    ):
         train(cfg, tmp_path / "run", progress=False)
     assert json.loads((tmp_path / "run" / S).read_text())["step"] == 4
     assert load_model(tmp_path / "run").n_streams == (2 if arch == "hd" else 1)
@@ -224,5 +297,3 @@ def test_nan_before_the_first_checkpoint_loses_nothing_and_blocks_nothing(tmp_pa
     assert_usage_error(["train", "--out", str(tmp_path / "run"), "--resume"], "no checkpoint")
     train(cfg, tmp_path / "run", progress=False)  # nothing was published, so a fresh start is allowed
     load_model(tmp_path / "run")
-
-

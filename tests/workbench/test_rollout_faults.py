@@ -29,7 +29,6 @@ def assert_nothing_lost(before: dict, after: dict) -> None:
     _assert_nothing_lost(before, after, COUNTS)
 
 
-
 # ---- 5. rollouts past the context and to divergence --------------------------------------
 
 
@@ -65,15 +64,18 @@ def test_an_exploding_feedback_map_is_reported_not_plotted_as_zeros(dtype):
         rollout(model, tokens(1, 4)[0].tolist(), 20)
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(horizon=0), "horizon=0"),
-    (dict(prompt=[]), "at least one token"),
-    (dict(prompt=list(range(4, 100)) * 2), "192 tokens is longer than the context n_ctx=128"),
-    (dict(tokens=[500] * 5), "token id 500 is outside the vocabulary"),
-    (dict(tokens=[5, 6]), "needs 5 tokens, got 2"),
-    (dict(perturb_at=5), r"perturb_at=5: expected a step in \[0, 5\)"),
-    (dict(context_rule="wrap"), "context_rule='wrap'"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(horizon=0), "horizon=0"),
+        (dict(prompt=[]), "at least one token"),
+        (dict(prompt=list(range(4, 100)) * 2), "192 tokens is longer than the context n_ctx=128"),
+        (dict(tokens=[500] * 5), "token id 500 is outside the vocabulary"),
+        (dict(tokens=[5, 6]), "needs 5 tokens, got 2"),
+        (dict(perturb_at=5), r"perturb_at=5: expected a step in \[0, 5\)"),
+        (dict(context_rule="wrap"), "context_rule='wrap'"),
+    ],
+)
 def test_bad_rollout_arguments_name_the_value(kwargs, match):
     model = build_model("fbt", "debug")
     args = {"prompt": [5, 6, 7], "horizon": 5, **kwargs}
@@ -101,7 +103,23 @@ def test_the_dynamics_cli_reports_a_rollout_that_diverges_past_the_context(tmp_p
     COUNTS["faults_injected"] += 1
     # the default prompt is 62 tokens, so the 128-token window slides at step 66, before the fault; the
     # hook's first 8 calls are the own-dtype check's soft steps, so its 91st call is fp64 rollout step 82
-    assert_usage_error(["dynamics", str(run), "--horizon", "150", "--perturb-at", "5", "--spectra", "1", "--fixed-points", "0",
-                        "--max-passes", "2", "--out", str(tmp_path / "out")],  # names the run, the site and the step
-                       match=re.escape(str(run)) + r": blocks\.0\.ln1 input overflowed at step 82 \(token \d+\): the carried state diverged$")
+    assert_usage_error(
+        [
+            "dynamics",
+            str(run),
+            "--horizon",
+            "150",
+            "--perturb-at",
+            "5",
+            "--spectra",
+            "1",
+            "--fixed-points",
+            "0",
+            "--max-passes",
+            "2",
+            "--out",
+            str(tmp_path / "out"),
+        ],  # names the run, the site and the step
+        match=re.escape(str(run)) + r": blocks\.0\.ln1 input overflowed at step 82 \(token \d+\): the carried state diverged$",
+    )
     assert not (tmp_path / "out" / "dynamics.json").exists()

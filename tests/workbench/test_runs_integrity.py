@@ -25,7 +25,12 @@ REPO = Path(__file__).resolve().parents[2]
 PAGES = ["runs", "probes", "dynamics", "traces", "streams", "playground"]
 GOOD = ["baseline", "fbt", "fbt-no3pass", "hd2", "hd4"]
 NOBODY = 65534
-SMALL_DYNAMICS = {"dyn_horizon": 60, "dyn_starts": 3, "dyn_fp_steps": 20, "dyn_spectra": 2}  # its defaults take a minute on 2 cores
+SMALL_DYNAMICS = {
+    "dyn_horizon": 60,
+    "dyn_starts": 3,
+    "dyn_fp_steps": 20,
+    "dyn_spectra": 2,
+}  # its defaults take a minute on 2 cores
 FAULTS = tally("unreadable entries")
 
 
@@ -46,17 +51,45 @@ VARIANTS = [
     ("a-section-missing", "config.json", lambda c: {k: v for k, v in c.items() if k != "hd"}, "but not ['hd']"),
     ("config-array", "config.json", lambda c: [c], "must hold a JSON object, got list"),
     ("tasks-number", "results/eval.json", lambda e: e | {"tasks": 5}, "tasks is 5, expected an object of task name -> result"),
-    ("accuracy-text", "results/eval.json", _task(lambda r: r | {"accuracy": {"standard": "high"}}),
-     'accuracy.standard is "high", expected a number in [0, 1]'),
-    ("accuracy-above-one", "results/eval.json", _task(lambda r: r | {"accuracy": {"standard": 2}}), "expected a number in [0, 1]"),
-    ("accuracy-list", "results/eval.json", _task(lambda r: r | {"accuracy": []}), "accuracy is [], expected an object of regime -> number"),
-    ("answer-loss-missing", "results/eval.json", _task(lambda r: {k: v for k, v in r.items() if k != "answer_loss"}),
-     "answer_loss is null, expected an object"),
+    (
+        "accuracy-text",
+        "results/eval.json",
+        _task(lambda r: r | {"accuracy": {"standard": "high"}}),
+        'accuracy.standard is "high", expected a number in [0, 1]',
+    ),
+    (
+        "accuracy-above-one",
+        "results/eval.json",
+        _task(lambda r: r | {"accuracy": {"standard": 2}}),
+        "expected a number in [0, 1]",
+    ),
+    (
+        "accuracy-list",
+        "results/eval.json",
+        _task(lambda r: r | {"accuracy": []}),
+        "accuracy is [], expected an object of regime -> number",
+    ),
+    (
+        "answer-loss-missing",
+        "results/eval.json",
+        _task(lambda r: {k: v for k, v in r.items() if k != "answer_loss"}),
+        "answer_loss is null, expected an object",
+    ),
     ("n-text", "results/eval.json", _task(lambda r: r | {"n": "12"}), 'n is "12", expected an integer >= 0'),
     ("task-list", "results/eval.json", lambda e: e | {"tasks": {"chain": [1]}}, "tasks.chain is [1], expected an object"),
     ("eval-array", "results/eval.json", lambda e: [e], "must hold a JSON object, got list"),
-    ("metrics-no-loss", "metrics.jsonl", lambda m: [{"step": r["step"]} for r in m], "record 1 (step 10) has loss=null, expected a number"),
-    ("metrics-lr-text", "metrics.jsonl", lambda m: m[:1] + [m[1] | {"lr": "fast"}] + m[2:], 'record 2 (step 20) has lr="fast", expected a number'),
+    (
+        "metrics-no-loss",
+        "metrics.jsonl",
+        lambda m: [{"step": r["step"]} for r in m],
+        "record 1 (step 10) has loss=null, expected a number",
+    ),
+    (
+        "metrics-lr-text",
+        "metrics.jsonl",
+        lambda m: m[:1] + [m[1] | {"lr": "fast"}] + m[2:],
+        'record 2 (step 20) has lr="fast", expected a number',
+    ),
 ]
 
 
@@ -98,8 +131,11 @@ def render_every_page(root: Path) -> dict:
         for page in PAGES:
             if page != "runs":
                 at.switch_page(f"views/{page}.py").run()
-            shown[page] = {"exceptions": [e.value for e in at.exception], "errors": [e.value for e in at.error],
-                           "options": list(at.selectbox(key="probe_run").options) if page == "probes" else []}
+            shown[page] = {
+                "exceptions": [e.value for e in at.exception],
+                "errors": [e.value for e in at.error],
+                "options": list(at.selectbox(key="probe_run").options) if page == "probes" else [],
+            }
         return shown
     finally:
         os.environ.pop("WORKBENCH_RUNS") if previous is None else os.environ.__setitem__("WORKBENCH_RUNS", previous)
@@ -113,7 +149,9 @@ def test_a_wrongly_structured_config_or_eval_is_an_error_row_naming_the_file(tre
     run = listing[f"bad/{name}"]
     assert not run.usable and str(tree / "bad" / name / file) in run.error and expected in run.error, run.error
     assert "\n" not in run.error
-    assert {"config.json": run.config == {}, "metrics.jsonl": run.metrics == []}.get(file, run.eval is None)  # nothing a page could trust by mistake
+    assert {"config.json": run.config == {}, "metrics.jsonl": run.metrics == []}.get(
+        file, run.eval is None
+    )  # nothing a page could trust by mistake
     assert [g for g in GOOD if not listing[g].usable] == []
 
 
@@ -173,8 +211,12 @@ def survey(root: str, out: str) -> None:
 
     root = Path(root)
     dirs = find_run_dirs(root)
-    result = {"dirs": [str(d.relative_to(root)) for d in dirs], "stamps": [stamp(d) for d in dirs],
-              "runs": {r.name: r.error for r in list_runs(root)}, "pages": render_every_page(root)}
+    result = {
+        "dirs": [str(d.relative_to(root)) for d in dirs],
+        "stamps": [stamp(d) for d in dirs],
+        "runs": {r.name: r.error for r in list_runs(root)},
+        "pages": render_every_page(root),
+    }
     Path(out).write_text(json.dumps(result))
 
 
@@ -194,13 +236,25 @@ def _drop_read_override() -> None:
 
 
 # the first of these under which the interpreter, the venv and the worktree can be read runs the survey
-UNPRIVILEGED = [(f"uid {NOBODY}", _drop_to_nobody), ("root without CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH", _drop_read_override)]
+UNPRIVILEGED = [
+    (f"uid {NOBODY}", _drop_to_nobody),
+    ("root without CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH", _drop_read_override),
+]
 
 
 def _python(preexec, argv: list[str], home: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HOME": str(home), "MPLCONFIGDIR": str(home / "mpl"), "PYTHONDONTWRITEBYTECODE": "1",
-           "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests"), str(REPO / "tests" / "workbench"), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, *argv], cwd=REPO, env=env, preexec_fn=preexec, capture_output=True, text=True, timeout=600)
+    env = {
+        **os.environ,
+        "HOME": str(home),
+        "MPLCONFIGDIR": str(home / "mpl"),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONPATH": os.pathsep.join(
+            [str(REPO), str(REPO / "tests"), str(REPO / "tests" / "workbench"), os.environ.get("PYTHONPATH", "")]
+        ),
+    }
+    return subprocess.run(
+        [sys.executable, *argv], cwd=REPO, env=env, preexec_fn=preexec, capture_output=True, text=True, timeout=600
+    )
 
 
 def _unprivileged(home: Path):
@@ -258,7 +312,9 @@ def test_unreadable_entries_are_error_rows_and_every_page_still_renders(micro_zo
         for entry, (_, _, named) in LOCKS.items():
             assert runs[entry] and str(root / named) in runs[entry] and "Permission denied" in runs[entry], (entry, runs[entry])
         assert {p: s["exceptions"] for p, s in result["pages"].items()} == {p: [] for p in PAGES}
-        assert all(any(entry in e for e in result["pages"]["runs"]["errors"]) for entry in LOCKS), result["pages"]["runs"]["errors"]
+        assert all(any(entry in e for e in result["pages"]["runs"]["errors"]) for entry in LOCKS), result["pages"]["runs"][
+            "errors"
+        ]
         assert sorted(result["pages"]["probes"]["options"]) == GOOD
     finally:
         for target, mode in locked:

@@ -33,8 +33,9 @@ def pristine(tmp_path_factory):
     base = tmp_path_factory.mktemp("stores")
     model = build_model("fbt", "debug")
     cache_activations(model, synthetic_examples("modsum", 40, 1), HOOKS, base / "store", batch_size=16)
-    cache_activations(build_model("baseline", "debug", seed=3), synthetic_examples("flipflop", 40, 2), HOOKS,
-                      base / "other", batch_size=16)
+    cache_activations(
+        build_model("baseline", "debug", seed=3), synthetic_examples("flipflop", 40, 2), HOOKS, base / "other", batch_size=16
+    )
     return base
 
 
@@ -43,6 +44,7 @@ def meta_edit(change):
         meta = json.loads((store / "store.json").read_text())
         change(meta)
         (store / "store.json").write_text(json.dumps(meta))
+
     return edit
 
 
@@ -65,6 +67,7 @@ def truncate(store):
 def swap_in_other(other):
     def swap(store):
         shutil.copyfile(other / shard(0), store / shard(0))
+
     return swap
 
 
@@ -79,8 +82,11 @@ def rewrite_with_nan(store):
     column = table.column("act.hook_embed").combine_chunks()
     values = column.flatten().to_numpy(zero_copy_only=False).copy()
     values[5] = np.nan
-    table = table.set_column(table.schema.get_field_index("act.hook_embed"), "act.hook_embed",
-                             pa.FixedSizeListArray.from_arrays(pa.array(values, pa.float32()), column.type.list_size))
+    table = table.set_column(
+        table.schema.get_field_index("act.hook_embed"),
+        "act.hook_embed",
+        pa.FixedSizeListArray.from_arrays(pa.array(values, pa.float32()), column.type.list_size),
+    )
     entry = _write_shard(path, table)
     meta_edit(lambda m: m["shards"].__setitem__(0, entry))(store)
 
@@ -96,21 +102,51 @@ FAULTS = [  # (name, fault, message) — message is what the error must say, aft
     ("a flipped byte in a shard", flip_data_byte, "shard shard-00002.arrow does not match its CRC32"),
     ("a truncated shard", truncate, r"shard shard-00001.arrow has \d+ bytes, store.json says \d+"),
     ("a shard of another store swapped in", lambda s: None, ""),  # replaced below
-    ("store.json claiming 999,999 rows", meta_edit(lambda m: m.update(n_rows=999_999)), r"the shards hold 549 rows, store.json says n_rows=999999"),
-    ("a shard claiming other rows", meta_edit(lambda m: m["shards"][1].update(rows=5, bytes=m["shards"][1]["bytes"])),
-     r"shard shard-00001.arrow holds \d+ rows, store.json says 5"),
-    ("a shard name with ../", meta_edit(lambda m: m["shards"][0].update(name="../outside.arrow")), r"shard name '\.\./outside.arrow' .* is not shard-NNNNN.arrow"),
+    (
+        "store.json claiming 999,999 rows",
+        meta_edit(lambda m: m.update(n_rows=999_999)),
+        r"the shards hold 549 rows, store.json says n_rows=999999",
+    ),
+    (
+        "a shard claiming other rows",
+        meta_edit(lambda m: m["shards"][1].update(rows=5, bytes=m["shards"][1]["bytes"])),
+        r"shard shard-00001.arrow holds \d+ rows, store.json says 5",
+    ),
+    (
+        "a shard name with ../",
+        meta_edit(lambda m: m["shards"][0].update(name="../outside.arrow")),
+        r"shard name '\.\./outside.arrow' .* is not shard-NNNNN.arrow",
+    ),
     ("an absolute shard name", meta_edit(lambda m: m["shards"][0].update(name="/etc/passwd")), r"shard name '/etc/passwd'"),
-    ("a shard that is a symlink out of the store", symlink_out, "shard shard-00000.arrow listed in store.json is missing \\(or not a plain file\\)"),
+    (
+        "a shard that is a symlink out of the store",
+        symlink_out,
+        "shard shard-00000.arrow listed in store.json is missing \\(or not a plain file\\)",
+    ),
     ("a missing shard", lambda s: (s / shard(1)).unlink(), "shard shard-00001.arrow listed in store.json is missing"),
     ("NaN activations with a fresh checksum", rewrite_with_nan, "hook hook_embed holds NaN or inf in shard shard-00000.arrow"),
     ("store.json not JSON", lambda s: (s / "store.json").write_text("{"), "corrupt JSON in .*store.json"),
-    ("store.json with n_rows a string", meta_edit(lambda m: m.update(n_rows="40")), "store.json field 'n_rows' is '40', expected int"),
-    ("store.json with hooks not a list", meta_edit(lambda m: m.update(hooks="hook_embed")), "store.json field 'hooks' is 'hook_embed', expected list"),
-    ("store.json naming a hook the shards lack", meta_edit(lambda m: m.update(hooks=["hook_embed", "blocks.1.hook_resid_post"])),
-     "shard shard-00000.arrow has columns .* store.json needs"),
+    (
+        "store.json with n_rows a string",
+        meta_edit(lambda m: m.update(n_rows="40")),
+        "store.json field 'n_rows' is '40', expected int",
+    ),
+    (
+        "store.json with hooks not a list",
+        meta_edit(lambda m: m.update(hooks="hook_embed")),
+        "store.json field 'hooks' is 'hook_embed', expected list",
+    ),
+    (
+        "store.json naming a hook the shards lack",
+        meta_edit(lambda m: m.update(hooks=["hook_embed", "blocks.1.hook_resid_post"])),
+        "shard shard-00000.arrow has columns .* store.json needs",
+    ),
     ("store.json listing no shards", meta_edit(lambda m: m.update(shards=[], n_rows=0)), "store.json lists no shards"),
-    ("a shard replaced by garbage", lambda s: (s / shard(0)).write_bytes(b"x" * (s / shard(0)).stat().st_size), "does not match its CRC32"),
+    (
+        "a shard replaced by garbage",
+        lambda s: (s / shard(0)).write_bytes(b"x" * (s / shard(0)).stat().st_size),
+        "does not match its CRC32",
+    ),
 ]
 
 
@@ -149,8 +185,9 @@ def test_a_format_1_store_without_shard_entries_still_loads(pristine, tmp_path):
         load_store(store)
 
 
-@settings(max_examples=40, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(which=st.integers(0, 2), position=st.integers(0, 10**6), value=st.integers(1, 255), cut=st.integers(0, 63))
 def test_any_altered_or_torn_shard_loads_identically_or_fails_naming_the_store(pristine, tmp_path, which, position, value, cut):
     store = tmp_path / "store"
@@ -171,8 +208,20 @@ def test_any_altered_or_torn_shard_loads_identically_or_fails_naming_the_store(p
 
 
 def test_the_cli_writes_a_store_that_verifies_and_refuses_nan_activations(tmp_path):
-    argv = ["cache", "fbt:debug", "--hooks", "blocks.0.hook_resid_pre", "--task", "modsum", "--n-sequences", "40",
-            "--out", str(tmp_path / "store"), "--json", str(tmp_path / "meta.json")]
+    argv = [
+        "cache",
+        "fbt:debug",
+        "--hooks",
+        "blocks.0.hook_resid_pre",
+        "--task",
+        "modsum",
+        "--n-sequences",
+        "40",
+        "--out",
+        str(tmp_path / "store"),
+        "--json",
+        str(tmp_path / "meta.json"),
+    ]
     code, out, err = cli(argv)
     assert code is None, err
     assert re.search(r"storing about [\d,]+ rows, [\d.]+ GiB", out)  # the estimate comes before the work
@@ -186,15 +235,22 @@ def test_the_cli_writes_a_store_that_verifies_and_refuses_nan_activations(tmp_pa
     model = build_model("fbt", "debug")
     model.blocks[0].hook_resid_post.add_hook(lambda x, hook: x.index_fill(1, torch.tensor([3]), float("nan")))
     COUNTS["faults_injected"] += 1
-    with pytest.raises(RuntimeError, match=r"sequence 0: non-finite activation: blocks.1.ln1 input is NaN at step 0, FBT pass 1 .*nothing was stored"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"sequence 0: non-finite activation: blocks.1.ln1 input is NaN at step 0, FBT pass 1 .*nothing was stored",
+    ):
         cache_activations(model, synthetic_examples("modsum", 40, 1), HOOKS, tmp_path / "nan", batch_size=16)
     assert not (tmp_path / "nan" / "store.json").exists() and not list((tmp_path / "nan").glob(".staging-*"))
     # NaN after the last norm, where no guard looks (a hook on the carried state): refused when written
     model = build_model("fbt", "debug")
     model.ln_final.hook_normalized.add_hook(lambda x, hook: x.index_fill(1, torch.tensor([3]), float("nan")))
     COUNTS["faults_injected"] += 1
-    with pytest.raises(ValueError, match=r"hook ln_final.hook_normalized holds NaN or inf in sequences 0\.\.15: nothing was stored in"):
-        cache_activations(model, synthetic_examples("modsum", 40, 1), ["ln_final.hook_normalized"], tmp_path / "nan", batch_size=16)
+    with pytest.raises(
+        ValueError, match=r"hook ln_final.hook_normalized holds NaN or inf in sequences 0\.\.15: nothing was stored in"
+    ):
+        cache_activations(
+            model, synthetic_examples("modsum", 40, 1), ["ln_final.hook_normalized"], tmp_path / "nan", batch_size=16
+        )
 
 
 @pytest.fixture
@@ -212,8 +268,23 @@ def test_a_store_larger_than_the_free_disk_is_refused_before_writing(tiny_filesy
     """The reported case: every hook of ``small`` at the default size needs ~15 GB and was written
     with no estimate. Here 4000 sequences of every residual hook need more than a 4 MiB disk."""
     COUNTS["faults_injected"] += 1
-    assert_usage_error(["cache", "baseline:debug", "--hooks", "blocks.*.hook_resid_post", "--n-sequences", "4000",
-                        "--out", str(tiny_filesystem / "store")], "the store would take about", "GiB are free under", "store fewer hooks")
+    assert_usage_error(
+        [
+            "cache",
+            "baseline:debug",
+            "--hooks",
+            "blocks.*.hook_resid_post",
+            "--n-sequences",
+            "4000",
+            "--out",
+            str(tiny_filesystem / "store"),
+        ],
+        "the store would take about",
+        "GiB are free under",
+        "store fewer hooks",
+    )
     assert list(tiny_filesystem.iterdir()) == []
-    code, _, err = cli(["cache", "baseline:debug", "--hooks", "hook_embed", "--n-sequences", "20", "--out", str(tiny_filesystem / "store")])
+    code, _, err = cli(
+        ["cache", "baseline:debug", "--hooks", "hook_embed", "--n-sequences", "20", "--out", str(tiny_filesystem / "store")]
+    )
     assert code is None, err  # a store that fits is written

@@ -65,15 +65,18 @@ def test_flipflop_answers_read_the_memory_label():
         assert ex.prompt.endswith("?" + ex.prompt[-1]) and ex.completion in "01"
 
 
-@pytest.mark.parametrize("text,want", [
-    ("Natalia sold 48/2 = <<48/2=24>>24 clips.\n#### 72", "72"),
-    ("#### 1,234", "1234"),
-    ("#### -5.5 dollars", "-5.5"),
-    ("no marker here: 12", None),
-    ("#### twelve", None),
-    ("#### 3\n#### 4", "3"),  # several: the first counts
-    ("####", None),
-])
+@pytest.mark.parametrize(
+    "text,want",
+    [
+        ("Natalia sold 48/2 = <<48/2=24>>24 clips.\n#### 72", "72"),
+        ("#### 1,234", "1234"),
+        ("#### -5.5 dollars", "-5.5"),
+        ("no marker here: 12", None),
+        ("#### twelve", None),
+        ("#### 3\n#### 4", "3"),  # several: the first counts
+        ("####", None),
+    ],
+)
 def test_final_answer_parsing(text, want):
     assert parse_final_answer(text) == want
 

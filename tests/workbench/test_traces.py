@@ -43,8 +43,19 @@ def test_problems_are_deterministic_and_spread_over_difficulties(tmp_path):
 
 
 def test_summary_groups_and_pairs():
-    rows = [{"model": m, "regime": "standard", "problem_id": i, "difficulty": 1 + i % 2, "trace_tokens": 10 + i + (5 if m == "b" else 0),
-             "correct": i % 2 == 0, "finished": True} for m in ("a", "b") for i in range(20)]
+    rows = [
+        {
+            "model": m,
+            "regime": "standard",
+            "problem_id": i,
+            "difficulty": 1 + i % 2,
+            "trace_tokens": 10 + i + (5 if m == "b" else 0),
+            "correct": i % 2 == 0,
+            "finished": True,
+        }
+        for m in ("a", "b")
+        for i in range(20)
+    ]
     s = summarise(rows, ("a", "standard"))
     assert s["groups"]["a/standard"]["mean_trace"] == 19.5 and s["groups"]["b/standard"]["accuracy"] == 0.5
     assert s["paired"]["b/standard - a/standard"]["trace_tokens"]["mean"] == 5.0
@@ -55,14 +66,34 @@ def test_summary_groups_and_pairs():
 def test_trace_cli_is_deterministic_and_writes_every_output(tmp_path, capsys):
     from workbench.cli import main
 
-    runs = [save_model(build_model("fbt", "debug"), tmp_path / "fbt"), save_model(build_model("hd", "debug", n_streams=2), tmp_path / "hd")]
+    runs = [
+        save_model(build_model("fbt", "debug"), tmp_path / "fbt"),
+        save_model(build_model("hd", "debug", n_streams=2), tmp_path / "hd"),
+    ]
     for out in ("a", "b"):
-        main(["traces", *map(str, runs), "--n-problems", "6", "--difficulty", "1..2", "--max-new-tokens", "12",
-              "--out", str(tmp_path / out)])
+        main(
+            [
+                "traces",
+                *map(str, runs),
+                "--n-problems",
+                "6",
+                "--difficulty",
+                "1..2",
+                "--max-new-tokens",
+                "12",
+                "--out",
+                str(tmp_path / out),
+            ]
+        )
     rows = list(csv.DictReader((tmp_path / "a" / "traces.csv").open()))
     assert rows == list(csv.DictReader((tmp_path / "b" / "traces.csv").open()))
     assert len(rows) == 6 * 4  # fbt x 3 regimes + hd x standard
-    assert {(r["model"], r["regime"]) for r in rows} == {("fbt", "standard"), ("fbt", "soft"), ("fbt", "fused"), ("hd", "standard")}
+    assert {(r["model"], r["regime"]) for r in rows} == {
+        ("fbt", "standard"),
+        ("fbt", "soft"),
+        ("fbt", "fused"),
+        ("hd", "standard"),
+    }
     fbt_row = next(r for r in rows if r["model"] == "fbt")
     assert len(json.loads(fbt_row["state_norms"])) == int(fbt_row["total_tokens"])
     assert all(int(r["trace_tokens"]) <= int(r["total_tokens"]) for r in rows)

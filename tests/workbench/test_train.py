@@ -25,11 +25,14 @@ def config(arch, *extra, steps=12):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch,extra", [
-    ("baseline", []),
-    ("fbt", ["fbt.feedback_start=0.25", "fbt.three_pass_fraction=0.5"]),
-    ("hd", ["hd.streams=1,2,3", "hd.expand_at=0,5,9"]),
-])
+@pytest.mark.parametrize(
+    "arch,extra",
+    [
+        ("baseline", []),
+        ("fbt", ["fbt.feedback_start=0.25", "fbt.three_pass_fraction=0.5"]),
+        ("hd", ["hd.streams=1,2,3", "hd.expand_at=0,5,9"]),
+    ],
+)
 def test_resume_reaches_the_uninterrupted_weights(tmp_path, arch, extra):
     cfg = config(arch, *extra)
     train(cfg, tmp_path / "straight", progress=False)
@@ -64,11 +67,19 @@ def test_two_processes_match_one_with_the_same_global_batch(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     torchrun = Path(sys.executable).with_name("torchrun")
     cli = ["-m", "workbench.cli", "train", *common]
-    subprocess.run([str(torchrun), "--standalone", "--nproc_per_node=2", *cli, "--out", str(tmp_path / "ddp")],
-                   check=True, env=env, capture_output=True)
+    subprocess.run(
+        [str(torchrun), "--standalone", "--nproc_per_node=2", *cli, "--out", str(tmp_path / "ddp")],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
     subprocess.run([sys.executable, *cli, "--out", str(tmp_path / "one")], check=True, env=env, capture_output=True)
-    subprocess.run([sys.executable, *cli, "--set", "train.grad_accum=2", "--out", str(tmp_path / "accum")],
-                   check=True, env=env, capture_output=True)
+    subprocess.run(
+        [sys.executable, *cli, "--set", "train.grad_accum=2", "--out", str(tmp_path / "accum")],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
     ddp, one, accum = (weights(tmp_path / n) for n in ("ddp", "one", "accum"))
     assert all(torch.equal(ddp[k], accum[k]) for k in ddp)
     for k in ddp:
@@ -98,8 +109,9 @@ def test_divergence_names_the_step_and_keeps_the_last_checkpoint(tmp_path, monke
 @pytest.mark.slow
 def test_hd_continues_from_a_baseline_and_expands_cyclically(tmp_path):
     train(config("baseline", steps=4), tmp_path / "base", progress=False)
-    cfg = make_run_config("hd", "debug", "mix", FAST + ["train.steps=4", "hd.streams=2,4", "hd.expand_at=0,2"],
-                          init_from=str(tmp_path / "base"))
+    cfg = make_run_config(
+        "hd", "debug", "mix", FAST + ["train.steps=4", "hd.streams=2,4", "hd.expand_at=0,2"], init_from=str(tmp_path / "base")
+    )
     out = train(cfg, tmp_path / "hd4", progress=False)
     assert out.model.n_streams == 4
     saved = json.loads((tmp_path / "hd4" / "config.json").read_text())
@@ -107,11 +119,14 @@ def test_hd_continues_from_a_baseline_and_expands_cyclically(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch,init,extra,match", [
-    ("hd", "fbt", [], "a 'fbt' run cannot initialise arch 'hd'"),
-    ("hd", "baseline", ["model.d_model=64"], "model.d_model=32 there but 64 here"),
-    ("baseline", "hd", [], "a 'hd' run cannot initialise arch 'baseline'"),
-])
+@pytest.mark.parametrize(
+    "arch,init,extra,match",
+    [
+        ("hd", "fbt", [], "a 'fbt' run cannot initialise arch 'hd'"),
+        ("hd", "baseline", ["model.d_model=64"], "model.d_model=32 there but 64 here"),
+        ("baseline", "hd", [], "a 'hd' run cannot initialise arch 'baseline'"),
+    ],
+)
 def test_init_from_a_wrong_run_fails_before_training(tmp_path, arch, init, extra, match):
     train(config(init, steps=2), tmp_path / "src", progress=False)
     cfg = make_run_config(arch, "debug", "mix", FAST + ["train.steps=2", *extra], init_from=str(tmp_path / "src"))
@@ -120,15 +135,18 @@ def test_init_from_a_wrong_run_fails_before_training(tmp_path, arch, init, extra
     assert not (tmp_path / "dst").exists()
 
 
-@pytest.mark.parametrize("overrides,match", [
-    (["data.task=sudoku"], "task='sudoku'"),
-    (["train.lr=-0.1"], "lr=-0.1"),
-    (["hd.streams=4,2", "hd.expand_at=0,5"], "must be increasing"),
-    (["hd.streams=2,4", "hd.expand_at=0,0"], "expand_at"),
-    (["train.batch_size=6", "train.grad_accum=4"], "batch_size=6 is not divisible by grad_accum=4"),
-    (["train.seq_len=4096"], "seq_len=4096 is longer than the context"),
-    (["fbt.three_pass_fraction=1.5"], "three_pass_fraction=1.5"),
-])
+@pytest.mark.parametrize(
+    "overrides,match",
+    [
+        (["data.task=sudoku"], "task='sudoku'"),
+        (["train.lr=-0.1"], "lr=-0.1"),
+        (["hd.streams=4,2", "hd.expand_at=0,5"], "must be increasing"),
+        (["hd.streams=2,4", "hd.expand_at=0,0"], "expand_at"),
+        (["train.batch_size=6", "train.grad_accum=4"], "batch_size=6 is not divisible by grad_accum=4"),
+        (["train.seq_len=4096"], "seq_len=4096 is longer than the context"),
+        (["fbt.three_pass_fraction=1.5"], "three_pass_fraction=1.5"),
+    ],
+)
 def test_bad_configs_fail_before_training(overrides, match):
     with pytest.raises(ValueError, match=match):
         make_run_config("hd", "debug", None, overrides)

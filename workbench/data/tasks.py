@@ -49,8 +49,15 @@ class Example:
 
 
 MAX_EXAMPLES = 1_000_000  # synthetic examples of one call
-LIMITS = {"chain_max_steps": 64, "chain_merge": 64, "chain_max_operand": 10**6, "modsum_min_len": 4096, "modsum_max_len": 4096,
-          "flipflop_min_len": 4096, "flipflop_max_len": 4096}
+LIMITS = {
+    "chain_max_steps": 64,
+    "chain_merge": 64,
+    "chain_max_operand": 10**6,
+    "modsum_min_len": 4096,
+    "modsum_max_len": 4096,
+    "flipflop_min_len": 4096,
+    "flipflop_max_len": 4096,
+}
 
 
 @dataclass
@@ -105,8 +112,11 @@ def chain_steps(rng: random.Random, n_steps: int, max_operand: int) -> tuple[int
             op = "-"
         if op == "-" and value < 2:
             op = "+"
-        b = {"+": rng.randint(1, max_operand), "-": rng.randint(1, min(value - 1, max_operand)) if op == "-" else 0,
-             "*": rng.randint(2, 4)}[op]
+        b = {
+            "+": rng.randint(1, max_operand),
+            "-": rng.randint(1, min(value - 1, max_operand)) if op == "-" else 0,
+            "*": rng.randint(2, 4),
+        }[op]
         value = _apply(value, op, b)
         steps.append((op, b))
     return start, steps
@@ -226,6 +236,7 @@ def synthetic_examples(task: str, n: int, seed: int, cfg: TaskConfig | None = No
 
 
 # ---- GSM8K format and other sources --------------------------------------------------------
+
 
 def gsm8k_example(question: str, answer: str) -> Example:
     final = parse_final_answer(answer)

@@ -153,7 +153,9 @@ def rollout(
                     cache.slide(cache.capacity // 2)
                     slid.append(step)
                 if perturb_at == step:
-                    delta = torch.randn(h.shape[-1], generator=torch.Generator().manual_seed(seed), dtype=torch.float32).to(device, h.dtype)
+                    delta = torch.randn(h.shape[-1], generator=torch.Generator().manual_seed(seed), dtype=torch.float32).to(
+                        device, h.dtype
+                    )
                     h = h.clone()
                     h[2] = h[0] + eps * delta / delta.norm()
                     cache.state = h
@@ -180,8 +182,19 @@ def rollout(
         raise RolloutDiverged(f"{err.what} at step {step}{token}: the carried state diverged") from err
     t = lambda key: torch.tensor(out[key], dtype=torch.float64)
     states = torch.stack(kept) if kept else torch.empty(0, model.cfg.d_model)
-    return Rollout(fed, states, t("state"), t("input"), t("gate_mean"), t("gate_entropy"), t("logit_entropy"), t("standard"),
-                   t("ratio") if d0 is not None else None, slid, stopped)
+    return Rollout(
+        fed,
+        states,
+        t("state"),
+        t("input"),
+        t("gate_mean"),
+        t("gate_entropy"),
+        t("logit_entropy"),
+        t("standard"),
+        t("ratio") if d0 is not None else None,
+        slid,
+        stopped,
+    )
 
 
 @torch.no_grad()

@@ -40,8 +40,12 @@ def jacobian_summary(F: Map, h: Tensor) -> dict:
     eigenvalues sorted by decreasing modulus, spectral radius, spectral norm, Frobenius norm."""
     J = jacobian(F, h).double()
     ev = _sorted_eigvals(J)
-    return {"eigenvalues": ev, "spectral_radius": float(ev.abs()[0]), "spectral_norm": float(torch.linalg.matrix_norm(J, 2)),
-            "frobenius": float(torch.linalg.matrix_norm(J))}
+    return {
+        "eigenvalues": ev,
+        "spectral_radius": float(ev.abs()[0]),
+        "spectral_norm": float(torch.linalg.matrix_norm(J, 2)),
+        "frobenius": float(torch.linalg.matrix_norm(J)),
+    }
 
 
 def eigenvalues(F: Map, h: Tensor) -> Tensor:
@@ -165,8 +169,9 @@ def find_fixed_points(
         objective().backward()
         adam.step()
         schedule.step()
-    lbfgs = torch.optim.LBFGS([h], lr=1.0, max_iter=polish_iters, tolerance_grad=1e-14, tolerance_change=1e-16,
-                              line_search_fn="strong_wolfe")
+    lbfgs = torch.optim.LBFGS(
+        [h], lr=1.0, max_iter=polish_iters, tolerance_grad=1e-14, tolerance_change=1e-16, line_search_fn="strong_wolfe"
+    )
 
     def closure() -> Tensor:
         lbfgs.zero_grad()
@@ -191,6 +196,10 @@ def find_fixed_points(
             ev = eigenvalues(F, h[i]) if h.shape[-1] <= exact_eig_max_dim else torch.empty(0, dtype=torch.complex128)
             rho = float(ev.abs().max()) if len(ev) else spectral_radius(F, h[i])
             points.append(FixedPoint(h[i].clone(), float(residual[i]), ev, rho, rho < 1.0, 1, [kinds[i]]))
-    report = {"n_starts": len(starts), "n_converged": int(converged.sum()), "n_fixed_points": len(points),
-              "max_residual_unconverged": float(residual[~converged].max()) if (~converged).any() else 0.0}
+    report = {
+        "n_starts": len(starts),
+        "n_converged": int(converged.sum()),
+        "n_fixed_points": len(points),
+        "max_residual_unconverged": float(residual[~converged].max()) if (~converged).any() else 0.0,
+    }
     return points, report

@@ -22,15 +22,27 @@ MAX_HORIZON = 100_000  # states are kept for every step: 100k steps of d_model 1
 DEFAULT_PROMPT = "Q: Start with 12. Add 7. Multiply by 3. What is the result?\nA:"
 
 
-def check_params(*, horizon: int = 2000, perturb_at: int = 20, n_spectra: int = 6, n_fixed: int = 2, n_starts: int = 16,
-                 max_passes: int = 8, fp_steps: int = 200, **_) -> None:
+def check_params(
+    *,
+    horizon: int = 2000,
+    perturb_at: int = 20,
+    n_spectra: int = 6,
+    n_fixed: int = 2,
+    n_starts: int = 16,
+    max_passes: int = 8,
+    fp_steps: int = 200,
+    **_,
+) -> None:
     """Reject settings the analyses cannot use, naming each, before any work (or output) starts."""
-    rules = [("horizon", horizon, 1 <= horizon <= MAX_HORIZON, f"1..{MAX_HORIZON:,} steps"),
-             ("perturb_at", perturb_at, 1 <= perturb_at < horizon, f"1 <= perturb_at < horizon={horizon}"),
-             ("spectra", n_spectra, 1 <= n_spectra <= min(horizon, 1000), f"1..{min(horizon, 1000)} (at most one per step)"),
-             ("fixed_points", n_fixed, 0 <= n_fixed <= n_spectra, f"0..spectra={n_spectra} (they are sought at the spectra's steps)"),
-             ("starts", n_starts, 2 <= n_starts <= 4096, "2..4096 (the previous state and zeros come first)"),
-             ("max_passes", max_passes, 2 <= max_passes <= 256, "2..256"), ("fp_steps", fp_steps, 2 <= fp_steps <= 100_000, "2..100,000")]
+    rules = [
+        ("horizon", horizon, 1 <= horizon <= MAX_HORIZON, f"1..{MAX_HORIZON:,} steps"),
+        ("perturb_at", perturb_at, 1 <= perturb_at < horizon, f"1 <= perturb_at < horizon={horizon}"),
+        ("spectra", n_spectra, 1 <= n_spectra <= min(horizon, 1000), f"1..{min(horizon, 1000)} (at most one per step)"),
+        ("fixed_points", n_fixed, 0 <= n_fixed <= n_spectra, f"0..spectra={n_spectra} (they are sought at the spectra's steps)"),
+        ("starts", n_starts, 2 <= n_starts <= 4096, "2..4096 (the previous state and zeros come first)"),
+        ("max_passes", max_passes, 2 <= max_passes <= 256, "2..256"),
+        ("fp_steps", fp_steps, 2 <= fp_steps <= 100_000, "2..100,000"),
+    ]
     for name, value, ok, expected in rules:
         if not ok:
             raise BadInput(f"{name}={value}: expected {expected}")
@@ -47,12 +59,29 @@ class DynamicsResult:
     states: torch.Tensor
 
 
-def analyse_run(run_dir: str | Path, *, prompt: str = DEFAULT_PROMPT, horizon: int = 2000, perturb_at: int = 20,
-                n_spectra: int = 6, n_fixed: int = 2, n_starts: int = 16, max_passes: int = 8, fp_steps: int = 200,
-                seed: int = 0) -> DynamicsResult:
+def analyse_run(
+    run_dir: str | Path,
+    *,
+    prompt: str = DEFAULT_PROMPT,
+    horizon: int = 2000,
+    perturb_at: int = 20,
+    n_spectra: int = 6,
+    n_fixed: int = 2,
+    n_starts: int = 16,
+    max_passes: int = 8,
+    fp_steps: int = 200,
+    seed: int = 0,
+) -> DynamicsResult:
     """Every feedback-map analysis of the FBT run in ``run_dir`` (see ``dynamics_study``)."""
-    check_params(horizon=horizon, perturb_at=perturb_at, n_spectra=n_spectra, n_fixed=n_fixed, n_starts=n_starts,
-                 max_passes=max_passes, fp_steps=fp_steps)
+    check_params(
+        horizon=horizon,
+        perturb_at=perturb_at,
+        n_spectra=n_spectra,
+        n_fixed=n_fixed,
+        n_starts=n_starts,
+        max_passes=max_passes,
+        fp_steps=fp_steps,
+    )
     from workbench.runtime.decoding import check_passes
 
     model = feedback_model(load_model(run_dir))
@@ -65,7 +94,9 @@ def analyse_run(run_dir: str | Path, *, prompt: str = DEFAULT_PROMPT, horizon: i
         try:
             rollout(model, ids, min(horizon, 8))  # the prompt's prefill and a few soft steps, guarded
         except RolloutDiverged as err:
-            raise RolloutDiverged(f"in the checkpoint's own dtype ({str(model.embed.W_E.dtype).removeprefix('torch.')}): {err}") from err
+            raise RolloutDiverged(
+                f"in the checkpoint's own dtype ({str(model.embed.W_E.dtype).removeprefix('torch.')}): {err}"
+            ) from err
     model = model.double()
     roll = rollout(model, ids, horizon, perturb_at=perturb_at, seed=seed)
     ratios = roll.perturbation_ratio
@@ -81,30 +112,67 @@ def analyse_run(run_dir: str | Path, *, prompt: str = DEFAULT_PROMPT, horizon: i
         cache, h_prev = prefill_context(model, ids + roll.tokens[:t], plain=len(ids))
         F = feedback_map(model, cache, roll.tokens[t])
         J = jacobian_summary(F, h_prev)
-        spectra.append({"step": t, "spectral_radius": J["spectral_radius"], "spectral_norm": J["spectral_norm"],
-                        "frobenius": J["frobenius"], "eigenvalues": [[z.real, z.imag] for z in J["eigenvalues"].tolist()]})
+        spectra.append(
+            {
+                "step": t,
+                "spectral_radius": J["spectral_radius"],
+                "spectral_norm": J["spectral_norm"],
+                "frobenius": J["frobenius"],
+                "eigenvalues": [[z.real, z.imag] for z in J["eigenvalues"].tolist()],
+            }
+        )
         if i < n_fixed:
             scale = float(h_prev.norm()) / math.sqrt(h_prev.numel())
-            starts = torch.cat([h_prev[None], torch.zeros_like(h_prev)[None],
-                                h_prev + 0.3 * scale * torch.randn(n_starts - 2, h_prev.numel(), generator=gen, dtype=h_prev.dtype)])
+            starts = torch.cat(
+                [
+                    h_prev[None],
+                    torch.zeros_like(h_prev)[None],
+                    h_prev + 0.3 * scale * torch.randn(n_starts - 2, h_prev.numel(), generator=gen, dtype=h_prev.dtype),
+                ]
+            )
             kinds = ["previous", "zeros"] + ["near-rollout"] * (n_starts - 2)
             points, report = find_fixed_points(F, starts, start_kinds=kinds, steps=fp_steps, polish_iters=fp_steps // 2)
-            fixed.append({"step": t, **report, "points": [
-                {"residual": p.residual, "spectral_radius": p.spectral_radius, "stable": p.stable, "n_starts": p.n_starts,
-                 "start_kinds": sorted(set(p.start_kinds)), "distance_to_rollout_state": float((p.state - h_prev).norm()),
-                 "state": p.state.tolist()} for p in points],
-                "path_independent": len(points) == 1 and points[0].n_starts == n_starts})
+            fixed.append(
+                {
+                    "step": t,
+                    **report,
+                    "points": [
+                        {
+                            "residual": p.residual,
+                            "spectral_radius": p.spectral_radius,
+                            "stable": p.stable,
+                            "n_starts": p.n_starts,
+                            "start_kinds": sorted(set(p.start_kinds)),
+                            "distance_to_rollout_state": float((p.state - h_prev).norm()),
+                            "state": p.state.tolist(),
+                        }
+                        for p in points
+                    ],
+                    "path_independent": len(points) == 1 and points[0].n_starts == n_starts,
+                }
+            )
     conv = kpass_convergence(model, (ids + roll.tokens)[: min(len(ids) + 32, model.cfg.n_ctx)], max_passes)
     report = {
-        "run": str(run_dir), "prompt": prompt, "horizon": len(roll.tokens), "stopped": roll.stopped, "slid_at": roll.slid_at,
+        "run": str(run_dir),
+        "prompt": prompt,
+        "horizon": len(roll.tokens),
+        "stopped": roll.stopped,
+        "slid_at": roll.slid_at,
         "generated": tok.decode(roll.tokens[:200]),
-        "per_step": {"state_norm": roll.state_norm.tolist(), "input_norm": roll.input_norm.tolist(),
-                     "gate_mean": roll.gate_mean.tolist(), "gate_entropy": roll.gate_entropy.tolist(),
-                     "logit_entropy": roll.logit_entropy.tolist(), "standard_distance": roll.standard_distance.tolist(),
-                     "perturbation_ratio": ratios.tolist()},
+        "per_step": {
+            "state_norm": roll.state_norm.tolist(),
+            "input_norm": roll.input_norm.tolist(),
+            "gate_mean": roll.gate_mean.tolist(),
+            "gate_entropy": roll.gate_entropy.tolist(),
+            "logit_entropy": roll.logit_entropy.tolist(),
+            "standard_distance": roll.standard_distance.tolist(),
+            "perturbation_ratio": ratios.tolist(),
+        },
         "perturb_at": perturb_at,
         "lyapunov": {str(T): float(lyap[T - 1]) for T in horizons},
-        "spectra": spectra, "fixed_points": fixed, "kpass": conv,
+        "spectra": spectra,
+        "fixed_points": fixed,
+        "kpass": conv,
     }
     return DynamicsResult(report, roll.states)
 
@@ -145,8 +213,15 @@ def state_pca(states: torch.Tensor, fixed_points: list[dict]) -> tuple[torch.Ten
     for fp in fixed_points:
         for p in fp["points"]:
             q = (torch.tensor(p["state"], dtype=torch.float64) - mean) @ V
-            points.append({"step": fp["step"], "pc1": float(q[0]), "pc2": float(q[1]), "stable": p["stable"],
-                           "spectral_radius": p["spectral_radius"]})
+            points.append(
+                {
+                    "step": fp["step"],
+                    "pc1": float(q[0]),
+                    "pc2": float(q[1]),
+                    "stable": p["stable"],
+                    "spectral_radius": p["spectral_radius"],
+                }
+            )
     return (X - mean) @ V, points
 
 
@@ -159,8 +234,11 @@ def plot_dynamics(results: dict, states: dict, out_dir: Path) -> list[str]:
     for name, r in results.items():
         axes[0].plot(r["per_step"]["state_norm"], label=f"{name} ||h||")
         axes[0].plot(r["per_step"]["input_norm"], ls=":", label=f"{name} ||u||")
-        axes[1].semilogy(range(r["perturb_at"], r["perturb_at"] + len(r["per_step"]["perturbation_ratio"])),
-                         r["per_step"]["perturbation_ratio"], label=name)
+        axes[1].semilogy(
+            range(r["perturb_at"], r["perturb_at"] + len(r["per_step"]["perturbation_ratio"])),
+            r["per_step"]["perturbation_ratio"],
+            label=name,
+        )
         axes[2].plot(r["per_step"]["standard_distance"], label=name)
     axes[0].set(xlabel="step", title="norms (dotted: fused input)")
     axes[1].set(xlabel="step", title="perturbation growth ||dh_t|| / ||dh_t0||")

@@ -38,7 +38,9 @@ class ProbeResult:
     weights: dict = field(default_factory=dict, repr=False)  # coef, intercept, mean, scale, classes
 
 
-def split_by_sequence(groups: np.ndarray, seed: int, test: float = 0.2, val: float = 0.2) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def split_by_sequence(
+    groups: np.ndarray, seed: int, test: float = 0.2, val: float = 0.2
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Boolean masks (train, val, test) over rows; all positions of one sequence fall on one side."""
     unique = np.unique(groups)
     if len(unique) < 3:
@@ -70,7 +72,7 @@ def _fit(X, y, masks, kind: str, seed: int) -> tuple[float, float, Any, Any]:
     scaler = StandardScaler().fit(X[train])
     Xs = scaler.transform(X)
     best: tuple[float, float, Any] | None = None  # (validation score, regularisation, fitted model)
-    for reg in (C_GRID if kind == "classification" else ALPHA_GRID):
+    for reg in C_GRID if kind == "classification" else ALPHA_GRID:
         if kind == "classification":
             model = LogisticRegression(C=reg, max_iter=MAX_ITER, random_state=seed)
         else:
@@ -87,8 +89,9 @@ def _fit(X, y, masks, kind: str, seed: int) -> tuple[float, float, Any, Any]:
     return model.score(Xs[test], y[test]), reg, model, scaler
 
 
-def train_probe(X: np.ndarray, y: np.ndarray, groups: np.ndarray, tokens: np.ndarray, *,
-                kind: str = "classification", seed: int = 0) -> ProbeResult:
+def train_probe(
+    X: np.ndarray, y: np.ndarray, groups: np.ndarray, tokens: np.ndarray, *, kind: str = "classification", seed: int = 0
+) -> ProbeResult:
     """Probe ``y`` from ``X`` [rows, features]; ``groups`` are sequence ids, ``tokens`` the token
     at each row (for the control task)."""
     if kind not in ("classification", "regression"):
@@ -106,13 +109,27 @@ def train_probe(X: np.ndarray, y: np.ndarray, groups: np.ndarray, tokens: np.nda
     control, _, _, _ = _fit(X, y_control, masks, kind, seed)
     test = masks[2]
     chance, control_chance = (_majority(y[test]), _majority(y_control[test])) if kind == "classification" else (0.0, 0.0)
-    weights = {"coef": np.atleast_2d(model.coef_).astype(np.float32), "intercept": np.atleast_1d(model.intercept_).astype(np.float32),
-               "mean": scaler.mean_.astype(np.float32), "scale": scaler.scale_.astype(np.float32)}
+    weights = {
+        "coef": np.atleast_2d(model.coef_).astype(np.float32),
+        "intercept": np.atleast_1d(model.intercept_).astype(np.float32),
+        "mean": scaler.mean_.astype(np.float32),
+        "scale": scaler.scale_.astype(np.float32),
+    }
     if kind == "classification":
         weights["classes"] = model.classes_.astype(np.int64)
     converged = kind == "regression" or bool(np.all(model.n_iter_ < MAX_ITER))
-    return ProbeResult(float(score), float(chance), float(control), float(control_chance), float(score - control),
-                       int(masks[0].sum()), int(test.sum()), float(reg), converged, weights)
+    return ProbeResult(
+        float(score),
+        float(chance),
+        float(control),
+        float(control_chance),
+        float(score - control),
+        int(masks[0].sum()),
+        int(test.sum()),
+        float(reg),
+        converged,
+        weights,
+    )
 
 
 def _majority(labels: np.ndarray) -> float:
@@ -125,6 +142,9 @@ def save_probe(result: ProbeResult, path: str | Path, metadata: dict | None = No
     the standardisation mean/scale, so ``coef / scale`` is the direction in activation space."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    save_file({k: np.ascontiguousarray(v) for k, v in result.weights.items()}, str(path),
-              metadata={k: str(v) for k, v in (metadata or {}).items()})
+    save_file(
+        {k: np.ascontiguousarray(v) for k, v in result.weights.items()},
+        str(path),
+        metadata={k: str(v) for k, v in (metadata or {}).items()},
+    )
     return path

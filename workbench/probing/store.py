@@ -114,8 +114,15 @@ def _record(model: DecoderLM, hooks: list[str], tokens: Tensor, prefill: str, pa
     return out
 
 
-def store_estimate(model: DecoderLM, examples: list[Example], hooks: list[str], *, prefill: str = "standard",
-                   passes: int | str = 1, tokenizer: CharTokenizer | None = None) -> dict:
+def store_estimate(
+    model: DecoderLM,
+    examples: list[Example],
+    hooks: list[str],
+    *,
+    prefill: str = "standard",
+    passes: int | str = 1,
+    tokenizer: CharTokenizer | None = None,
+) -> dict:
     """Rows and bytes the store will take, from the token counts and one example's activations
     (what ``cache_activations`` checks against the free disk space before writing)."""
     hooks = hook_names(model, hooks)
@@ -167,15 +174,18 @@ def cache_activations(
         on_estimate(estimate)
     free = shutil.disk_usage(_existing_ancestor(out_dir)).free
     if estimate["bytes"] > 0.9 * free:
-        raise BadInput(f"the store would take about {estimate['bytes'] / 2**30:.1f} GiB ({estimate['rows']:,} rows) but "
-                         f"{free / 2**30:.1f} GiB are free under {_existing_ancestor(out_dir)}: store fewer hooks or sequences")
+        raise BadInput(
+            f"the store would take about {estimate['bytes'] / 2**30:.1f} GiB ({estimate['rows']:,} rows) but "
+            f"{free / 2**30:.1f} GiB are free under {_existing_ancestor(out_dir)}: store fewer hooks or sequences"
+        )
     label_names = sorted({name for ex in examples for name in ex.labels})
     n = model.n_streams
     with claim(out_dir, "store", overwrite=overwrite) as out:
         shards, n_rows = [], 0
         for start, chunk, tokens, real in _batches(examples, tokenizer, batch_size, model.cfg.n_ctx):
-            per_pass = _record(model, hooks, tokens.to(model.embed.W_E.device), prefill, passes,
-                               f"sequences {start}..{start + len(chunk) - 1}")
+            per_pass = _record(
+                model, hooks, tokens.to(model.embed.W_E.device), prefill, passes, f"sequences {start}..{start + len(chunk) - 1}"
+            )
             n_passes = per_pass[0].shape[0]
             b_idx, t_idx = real.nonzero(as_tuple=True)  # rows: every real (sequence, position) x pass x stream
             columns = {
@@ -195,14 +205,28 @@ def cache_activations(
                 # act: [n_passes, batch, pos, streams, d] -> rows in (seq, pos, pass, stream) order
                 rows = act[:, b_idx, t_idx].permute(1, 0, 2, 3).reshape(-1, act.shape[-1]).numpy()
                 if not np.isfinite(rows).all():
-                    raise BadInput(f"hook {hook} holds NaN or inf in sequences {start}..{start + len(chunk) - 1}: "
-                                     f"nothing was stored in {out_dir}")
-                columns[f"act.{hook}"] = pa.FixedSizeListArray.from_arrays(pa.array(rows.reshape(-1), pa.float32()), rows.shape[1])
+                    raise BadInput(
+                        f"hook {hook} holds NaN or inf in sequences {start}..{start + len(chunk) - 1}: "
+                        f"nothing was stored in {out_dir}"
+                    )
+                columns[f"act.{hook}"] = pa.FixedSizeListArray.from_arrays(
+                    pa.array(rows.reshape(-1), pa.float32()), rows.shape[1]
+                )
             table = pa.table({k: v if isinstance(v, pa.Array) else pa.array(v) for k, v in columns.items()})
             shards.append(_write_shard(out.staging / f"shard-{len(shards):05d}.arrow", table))
             n_rows += table.num_rows
-        meta = {"format": FORMAT, "hooks": hooks, "labels": label_names, "prefill": prefill, "passes": passes, "arch": model.arch,
-                "n_streams": n, "n_sequences": len(examples), "n_rows": n_rows, "shards": shards}
+        meta = {
+            "format": FORMAT,
+            "hooks": hooks,
+            "labels": label_names,
+            "prefill": prefill,
+            "passes": passes,
+            "arch": model.arch,
+            "n_streams": n,
+            "n_sequences": len(examples),
+            "n_rows": n_rows,
+            "shards": shards,
+        }
         write_json(out.staging / META, meta)
         out.publish(replaces=lambda name: SHARD.match(name) is not None)
     return out_dir
@@ -252,7 +276,9 @@ def load_store(directory: str | Path, *, verify: bool = True):
         if not path.is_file() or path.is_symlink():
             raise BadInput(f"{where}: shard {name} listed in {META} is missing (or not a plain file)")
         if "bytes" in entry and path.stat().st_size != entry["bytes"]:
-            raise BadInput(f"{where}: shard {name} has {path.stat().st_size} bytes, {META} says {entry['bytes']} (torn or altered)")
+            raise BadInput(
+                f"{where}: shard {name} has {path.stat().st_size} bytes, {META} says {entry['bytes']} (torn or altered)"
+            )
         if verify and "crc32" in entry and _file_crc32(path) != entry["crc32"]:
             raise BadInput(f"{where}: shard {name} does not match its CRC32 in {META} (altered bytes)")
         try:
@@ -261,7 +287,15 @@ def load_store(directory: str | Path, *, verify: bool = True):
             raise BadInput(f"{where}: shard {name} is not a readable Arrow file: {' '.join(str(err).split())[:200]}") from err
         if "rows" in entry and len(part) != entry["rows"]:
             raise BadInput(f"{where}: shard {name} holds {len(part)} rows, {META} says {entry['rows']}")
-        expected = {"seq", "pos", "pass", "stream", "token", *(f"label.{x}" for x in meta["labels"]), *(f"act.{h}" for h in meta["hooks"])}
+        expected = {
+            "seq",
+            "pos",
+            "pass",
+            "stream",
+            "token",
+            *(f"label.{x}" for x in meta["labels"]),
+            *(f"act.{h}" for h in meta["hooks"]),
+        }
         if set(part.column_names) != expected:
             raise BadInput(f"{where}: shard {name} has columns {sorted(part.column_names)}, {META} needs {sorted(expected)}")
         if verify:

@@ -47,10 +47,21 @@ def regimes(model, passes: list[int], exact: bool) -> list[tuple[str, int | str]
     return out
 
 
-def probe_study(run_dir: str | Path, target: str, *, hooks: list[str] | None = None, passes: Sequence[int] = (2, 3),
-                exact: bool = True, n_sequences: int = 400, seed: int = 0, out: str | Path | None = None,
-                data: TaskConfig | None = None, max_rows: int = 20000, overwrite: bool = False,
-                progress: Callable[[float, str], None] | None = None) -> dict:
+def probe_study(
+    run_dir: str | Path,
+    target: str,
+    *,
+    hooks: list[str] | None = None,
+    passes: Sequence[int] = (2, 3),
+    exact: bool = True,
+    n_sequences: int = 400,
+    seed: int = 0,
+    out: str | Path | None = None,
+    data: TaskConfig | None = None,
+    max_rows: int = 20000,
+    overwrite: bool = False,
+    progress: Callable[[float, str], None] | None = None,
+) -> dict:
     """Run the sweep on the model in ``run_dir``; writes ``results/probe_<target>.json`` (and a
     figure, and the probe weights under ``results/probes/<target>/``), holding ``results/`` while it
     works. A previous sweep's outputs are replaced only with ``overwrite``. ``progress(fraction,
@@ -93,17 +104,39 @@ def probe_study(run_dir: str | Path, target: str, *, hooks: list[str] | None = N
                     X = ds.select_columns([f"act.{hook}"]).select(keep).with_format("numpy")[:][f"act.{hook}"]
                     result = train_probe(X, labels[keep], table["seq"][keep], table["token"][keep], seed=seed)
                     name = f"{hook}__{prefill}-{k}" + (f"__s{stream}" if meta["n_streams"] > 1 else "")
-                    save_probe(result, staging / "probes" / f"{name}.safetensors",
-                               {"hook": hook, "prefill": prefill, "passes": k, "stream": stream, "target": target})
-                    rows.append({"hook": hook, "layer": depth(hook), "prefill": prefill, "passes": k, "stream": stream,
-                                 "accuracy": result.accuracy, "chance": result.chance,
-                                 "control_accuracy": result.control_accuracy, "control_chance": result.control_chance,
-                                 "selectivity": result.selectivity,
-                                 "n_train": result.n_train, "n_test": result.n_test, "C": result.reg,
-                                 "converged": result.converged})
+                    save_probe(
+                        result,
+                        staging / "probes" / f"{name}.safetensors",
+                        {"hook": hook, "prefill": prefill, "passes": k, "stream": stream, "target": target},
+                    )
+                    rows.append(
+                        {
+                            "hook": hook,
+                            "layer": depth(hook),
+                            "prefill": prefill,
+                            "passes": k,
+                            "stream": stream,
+                            "accuracy": result.accuracy,
+                            "chance": result.chance,
+                            "control_accuracy": result.control_accuracy,
+                            "control_chance": result.control_chance,
+                            "selectivity": result.selectivity,
+                            "n_train": result.n_train,
+                            "n_test": result.n_test,
+                            "C": result.reg,
+                            "converged": result.converged,
+                        }
+                    )
                     done += 1
                     report(done / total, f"probed {hook} ({prefill}, K={k}, stream {stream})")
-        report = {"run": str(run_dir), "arch": model.arch, "target": target, "task": task, "n_sequences": n_sequences, "rows": rows}
+        report = {
+            "run": str(run_dir),
+            "arch": model.arch,
+            "target": target,
+            "task": task,
+            "n_sequences": n_sequences,
+            "rows": rows,
+        }
         # publish: the probe weights as one directory swap, then the figure, then the report last
         probes_dir.parent.mkdir(parents=True, exist_ok=True)
         if probes_dir.exists():
@@ -144,12 +177,16 @@ def plot_probe_rows(rows: list[dict], path: Path, title: str) -> Path:
     ax = fig.subplots()
     keys = sorted({(r["prefill"], str(r["passes"]), r["stream"]) for r in rows})
     for prefill, k, stream in keys:
-        sel = sorted((r for r in rows if (r["prefill"], str(r["passes"]), r["stream"]) == (prefill, k, stream)), key=lambda r: r["layer"])
+        sel = sorted(
+            (r for r in rows if (r["prefill"], str(r["passes"]), r["stream"]) == (prefill, k, stream)), key=lambda r: r["layer"]
+        )
         label = prefill if prefill == "standard" else f"recurrent K={k}"
         if len({r["stream"] for r in rows}) > 1:
             label += f" stream {stream}"
         ax.plot([r["layer"] for r in sel], [r["accuracy"] for r in sel], marker="o", label=label)
-        ax.plot([r["layer"] for r in sel], [r["control_accuracy"] for r in sel], ls=":", color=ax.lines[-1].get_color(), alpha=0.6)
+        ax.plot(
+            [r["layer"] for r in sel], [r["control_accuracy"] for r in sel], ls=":", color=ax.lines[-1].get_color(), alpha=0.6
+        )
     ax.axhline(rows[0]["chance"], color="grey", ls="--", label="chance (majority)")
     ax.set_xlabel("depth (0 = input to block 0)")
     ax.set_ylabel("probe accuracy (dotted: control task)")

@@ -146,8 +146,10 @@ class ActivationRecorder:
         n = self.n_passes(step)
         if list(values) != list(range(n)):
             fired = [k + 1 for k in values]
-            raise ValueError(f"hook {name!r} fired in passes {fired} of {n} of step {step}, not in every pass: "
-                             "a stack would misalign the pass axis; use per_pass(name, step), keyed by pass index")
+            raise ValueError(
+                f"hook {name!r} fired in passes {fired} of {n} of step {step}, not in every pass: "
+                "a stack would misalign the pass axis; use per_pass(name, step), keyed by pass index"
+            )
         return torch.stack(list(values.values()))
 
     def by_step(self, name: str) -> Tensor:
@@ -161,8 +163,9 @@ class ActivationRecorder:
         return torch.cat([last[s] for s in sorted(last)], dim=1)
 
 
-def run_with_pass_cache(model: DecoderLM, tokens: Tensor, names=None,
-                        **forward_kwargs) -> tuple[Tensor, dict[str, dict[int, Tensor]]]:
+def run_with_pass_cache(
+    model: DecoderLM, tokens: Tensor, names=None, **forward_kwargs
+) -> tuple[Tensor, dict[str, dict[int, Tensor]]]:
     """One forward call; returns logits and ``{hook name: {pass index: value}}``, the passes each
     hook fired in, keyed by 0-based pass index for every hook (``cache[name][k]`` is pass ``k + 1``;
     a fusion hook of a 3-pass prompt has keys 1 and 2 only). ``torch.stack(list(cache[name].values()))``

@@ -69,15 +69,23 @@ def load_weights(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
         raise BadInput(f"corrupt checkpoint {path}: {err}") from err
     expected = metadata.pop(CHECKSUM, None)
     if expected is not None and tensor_checksum(tensors, metadata) != expected:
-        raise BadInput(f"corrupt checkpoint {path}: the tensors do not match the file's {CHECKSUM} checksum (torn or altered bytes)")
+        raise BadInput(
+            f"corrupt checkpoint {path}: the tensors do not match the file's {CHECKSUM} checksum (torn or altered bytes)"
+        )
     for name, t in tensors.items():
         if t.is_floating_point() and not torch.isfinite(t).all():
             raise BadInput(f"corrupt checkpoint {path}: tensor {name!r} holds NaN or inf")
     return tensors, metadata
 
 
-def save_model(model: DecoderLM, directory: str | Path, tokenizer: CharTokenizer | None = None, extra: dict | None = None,
-               *, overwrite: bool = False) -> Path:
+def save_model(
+    model: DecoderLM,
+    directory: str | Path,
+    tokenizer: CharTokenizer | None = None,
+    extra: dict | None = None,
+    *,
+    overwrite: bool = False,
+) -> Path:
     """Save weights, config (``{"arch", "model", **extra}``) and tokenizer into ``directory``,
     holding it while they are written; a model already there is replaced only with ``overwrite``."""
     directory = Path(directory)
@@ -115,18 +123,24 @@ def model_from_weights(arch: str, values: object, weights: Path, config_path: Pa
     tensors, _ = load_weights(weights)
     for name, t in tensors.items():  # load_state_dict would silently cast integers and bools to floats
         if not t.is_floating_point():
-            raise BadInput(f"{weights}: tensor {name!r} has dtype {str(t.dtype).removeprefix('torch.')}; model weights "
-                             "must be floating point")
+            raise BadInput(
+                f"{weights}: tensor {name!r} has dtype {str(t.dtype).removeprefix('torch.')}; model weights "
+                "must be floating point"
+            )
     try:
         with torch.device("meta"):
             expected = {k: tuple(v.shape) for k, v in ARCHS[arch][1](cfg).state_dict().items()}
     except (RuntimeError, OverflowError, TypeError) as err:  # sizes past what torch can even describe
-        raise BadInput(f"bad model config in {config_path}: a size torch cannot allocate "
-                         f"({str(err).splitlines()[0][:160]})") from err
+        raise BadInput(
+            f"bad model config in {config_path}: a size torch cannot allocate ({str(err).splitlines()[0][:160]})"
+        ) from err
     problems = [f"{k} missing" for k in expected if k not in tensors]
     problems += [f"unexpected {k}" for k in tensors if k not in expected]
-    problems += [f"{k} is {list(tensors[k].shape)}, the config needs {list(shape)}"
-                 for k, shape in expected.items() if k in tensors and tuple(tensors[k].shape) != shape]
+    problems += [
+        f"{k} is {list(tensors[k].shape)}, the config needs {list(shape)}"
+        for k, shape in expected.items()
+        if k in tensors and tuple(tensors[k].shape) != shape
+    ]
     if problems:
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
         raise BadInput(f"{weights} does not match the config in {config_path}: {'; '.join(problems[:3])}{more}")

@@ -78,8 +78,9 @@ class Generation:
     def silent_counts(self, silent: Collection[int]) -> list[int]:
         """Per row, the generated ids before the first eos that are in ``silent`` (a tokenizer's
         ``silent_ids``: ids that decode to nothing, so the text alone would hide them)."""
-        return [sum(t in silent for t in ids[: len(ids) - int(done)])
-                for ids, done in zip(self.completions(), self.finished.tolist())]
+        return [
+            sum(t in silent for t in ids[: len(ids) - int(done)]) for ids, done in zip(self.completions(), self.finished.tolist())
+        ]
 
 
 def pad_prompts(prompts, pad_token_id: int = 0, device=None) -> tuple[Tensor, Tensor | None]:
@@ -137,8 +138,10 @@ def check_passes(model: DecoderLM, passes, name: str = "passes") -> None:
     if not isinstance(passes, int) or isinstance(passes, bool) or passes < 1:
         raise BadInput(f"{name}={passes!r}: expected an integer >= 1 or 'exact'")
     if passes > model.cfg.n_ctx:
-        raise BadInput(f"{name}={passes} is more than the context n_ctx={model.cfg.n_ctx}: K = the prompt length is "
-                         "already the exact recurrence (use 'exact')")
+        raise BadInput(
+            f"{name}={passes} is more than the context n_ctx={model.cfg.n_ctx}: K = the prompt length is "
+            "already the exact recurrence (use 'exact')"
+        )
 
 
 @torch.no_grad()
@@ -214,7 +217,7 @@ def generate(
         raise BadInput(
             f"prompt of {P} tokens + max_new_tokens={max_new_tokens} is longer than the context n_ctx={model.cfg.n_ctx}"
         )
-    prompt_lengths = (mask.sum(1).tolist() if mask is not None else [P] * B)
+    prompt_lengths = mask.sum(1).tolist() if mask is not None else [P] * B
     generator = None
     if temperature > 0 and seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)

@@ -66,8 +66,14 @@ def hf_state_dict(model: DecoderLM) -> dict[str, torch.Tensor]:
     return {k: v.detach().float().cpu() for k, v in out.items()}
 
 
-HF_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-            "special_tokens_map.json")  # what an export wrote before workbench_export.json listed its files
+HF_FILES = (
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+)  # what an export wrote before workbench_export.json listed its files
 
 
 def export_hf(model: DecoderLM, out_dir: str | Path, tokenizer: CharTokenizer | None = None, *, overwrite: bool = False) -> Path:
@@ -77,9 +83,7 @@ def export_hf(model: DecoderLM, out_dir: str | Path, tokenizer: CharTokenizer | 
 
     tokenizer = tokenizer or CharTokenizer()
     if tokenizer.vocab_size > model.cfg.d_vocab:
-        raise ValueError(
-            f"tokenizer has {tokenizer.vocab_size} ids but the model's d_vocab is {model.cfg.d_vocab}"
-        )
+        raise ValueError(f"tokenizer has {tokenizer.vocab_size} ids but the model's d_vocab is {model.cfg.d_vocab}")
     out_dir = Path(out_dir)
     with claim(out_dir, "export", overwrite=overwrite) as out:
         previous = _previous_files(out_dir) if out.previous else ()
@@ -120,8 +124,10 @@ def _restricting_window(model: DecoderLM) -> str | None:
     window = getattr(model.cfg, "cross_window", None)
     if model.arch != "hd" or window is None or window >= model.cfg.n_ctx * model.n_streams:
         return None
-    return (f"cross_window={window} of layers {list(getattr(model.cfg, 'cross_layers', ()))}: the export attends over the whole "
-            "causal context there")
+    return (
+        f"cross_window={window} of layers {list(getattr(model.cfg, 'cross_layers', ()))}: the export attends over the whole "
+        "causal context there"
+    )
 
 
 def _previous_files(out_dir: Path) -> tuple[str, ...]:

@@ -31,8 +31,9 @@ class CharTokenizer:
         # tools pad with id 0 and stop at id 2, and an id must decode to one token only
         misplaced = [f"{t} is id {tokenizer.token_to_id(t)}" for i, t in enumerate(SPECIALS) if tokenizer.token_to_id(t) != i]
         if misplaced:
-            raise BadInput(f"special tokens must be at ids {', '.join(f'{i} {t}' for i, t in enumerate(SPECIALS))}: "
-                             + ", ".join(misplaced))
+            raise BadInput(
+                f"special tokens must be at ids {', '.join(f'{i} {t}' for i, t in enumerate(SPECIALS))}: " + ", ".join(misplaced)
+            )
         self.pad_id, self.bos_id, self.eos_id, self.unk_id = range(len(SPECIALS))  # the ids checked above
         tokens_of: dict[int, list[str]] = {}
         for token, i in sorted(tokenizer.get_vocab().items(), key=lambda item: (item[1], item[0])):
@@ -96,8 +97,10 @@ class CharTokenizer:
         config = Path(directory) / "config.json"
         d_vocab = _model_d_vocab(config)
         if d_vocab is not None and tokenizer.id_limit > d_vocab:
-            raise BadInput(f"tokenizer {path} does not match the model in {config}: it has ids up to "
-                             f"{tokenizer.id_limit - 1}, the model's d_vocab is {d_vocab}")
+            raise BadInput(
+                f"tokenizer {path} does not match the model in {config}: it has ids up to "
+                f"{tokenizer.id_limit - 1}, the model's d_vocab is {d_vocab}"
+            )
         return tokenizer
 
 

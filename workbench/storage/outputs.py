@@ -80,8 +80,12 @@ def contents(directory: Path) -> list[str]:
 
 
 def _holder_record() -> dict:
-    return {"pid": os.getpid(), "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]) if sys.argv else "python",
-            "host": socket.gethostname(), "since": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    return {
+        "pid": os.getpid(),
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]) if sys.argv else "python",
+        "host": socket.gethostname(),
+        "since": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
 
 
 def _read_record(fd: int) -> dict | None:
@@ -128,8 +132,10 @@ def hold(directory: str | Path) -> Iterator[Path]:
         entry = _held.get(key)
         if entry is not None:
             if entry[0] != threading.get_ident():
-                raise OutputBusy(f"{directory} is being written by another thread of this process (PID {os.getpid()}): "
-                                 "wait for it to finish or choose another output directory")
+                raise OutputBusy(
+                    f"{directory} is being written by another thread of this process (PID {os.getpid()}): "
+                    "wait for it to finish or choose another output directory"
+                )
             entry[1] += 1
     if entry is not None:
         try:
@@ -147,8 +153,10 @@ def hold(directory: str | Path) -> Iterator[Path]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise OutputBusy(f"{directory} is being written by {_describe(_read_record(fd))}: "
-                             "wait for it to finish or choose another output directory") from None
+            raise OutputBusy(
+                f"{directory} is being written by {_describe(_read_record(fd))}: "
+                "wait for it to finish or choose another output directory"
+            ) from None
         stale = _read_record(fd)
         if stale:
             state = "still running, not holding it" if _alive(stale.get("pid")) else "no longer running"
@@ -241,11 +249,11 @@ def _check_target(directory: Path, spec: Kind, found: list[str], overwrite: bool
     if not found:
         return
     if spec.marker not in found or not _is_json_object(directory / spec.marker):
-        raise OutputExists(f"{directory} holds files that are not {spec.article} {spec.noun} ({listing(found)}): "
-                              "choose a new or empty directory")
+        raise OutputExists(
+            f"{directory} holds files that are not {spec.article} {spec.noun} ({listing(found)}): choose a new or empty directory"
+        )
     if not overwrite:
-        raise OutputExists(f"{directory} holds a previous {spec.noun}: pass --overwrite to replace it, "
-                              "or choose a new directory")
+        raise OutputExists(f"{directory} holds a previous {spec.noun}: pass --overwrite to replace it, or choose a new directory")
 
 
 def _is_json_object(path: Path) -> bool:

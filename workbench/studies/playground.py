@@ -30,7 +30,9 @@ class Intervention:
         hooks = []
         if self.state_scale != 1.0:
             if "fusion.hook_state" not in model.hook_dict:
-                raise BadInput(f"state_scale={self.state_scale} needs an FBT model (it scales the carried state), got arch {model.arch!r}")
+                raise BadInput(
+                    f"state_scale={self.state_scale} needs an FBT model (it scales the carried state), got arch {model.arch!r}"
+                )
             scale = self.state_scale
             hooks.append(("fusion.hook_state", lambda x, hook: x * scale))
         if self.ablate_stream is not None:
@@ -50,9 +52,17 @@ class Intervention:
 
 
 @torch.no_grad()
-def inspect_generation(model: DecoderLM, prompt: str, *, regime: str = "standard", passes: int | str = 2,
-                       max_new_tokens: int = 48, intervention: Intervention | None = None,
-                       tokenizer: CharTokenizer | None = None, stop_at_eos: bool = True) -> dict:
+def inspect_generation(
+    model: DecoderLM,
+    prompt: str,
+    *,
+    regime: str = "standard",
+    passes: int | str = 2,
+    max_new_tokens: int = 48,
+    intervention: Intervention | None = None,
+    tokenizer: CharTokenizer | None = None,
+    stop_at_eos: bool = True,
+) -> dict:
     """Greedy generation of one prompt; per generated token: its text, the norm of the state that
     produced it and, for FBT's fed-back steps, the mean gate ``sigmoid(W_G e)`` and the value-path
     norm ``||W_U h||`` with which the token re-entered the stack (None where it did not)."""
@@ -66,8 +76,15 @@ def inspect_generation(model: DecoderLM, prompt: str, *, regime: str = "standard
     intervention = intervention or Intervention()
     names = ["fusion.hook_gate", "fusion.hook_value"] if "fusion.hook_gate" in model.hook_dict else []
     with model.hooks(fwd_hooks=intervention.hooks(model)), ActivationRecorder(model, names) as rec:
-        out = generate(model, [ids], regime=regime, passes=passes, max_new_tokens=budget,
-                       eos_token_id=tokenizer.eos_id if stop_at_eos else None, pad_token_id=tokenizer.pad_id)
+        out = generate(
+            model,
+            [ids],
+            regime=regime,
+            passes=passes,
+            max_new_tokens=budget,
+            eos_token_id=tokenizer.eos_id if stop_at_eos else None,
+            pad_token_id=tokenizer.pad_id,
+        )
     n = int(out.lengths[0])
     new = out.new_tokens[0, :n].tolist()
     gate: list[float | None] = [None] * n
@@ -80,9 +97,15 @@ def inspect_generation(model: DecoderLM, prompt: str, *, regime: str = "standard
                 gate[j] = float(last["fusion.hook_gate"][j + 1][0, -1].float().mean())
                 value[j] = float(last["fusion.hook_value"][j + 1][0, -1].float().norm())
     return {
-        "regime": regime, "passes": passes, "prompt": prompt, "ids": new,
-        "tokens": [tokenizer.decode([i], skip_special=False) for i in new], "text": tokenizer.decode(new),
-        "state_norm": out.states[0, :n].float().norm(dim=-1).tolist(), "gate_mean": gate, "value_norm": value,
+        "regime": regime,
+        "passes": passes,
+        "prompt": prompt,
+        "ids": new,
+        "tokens": [tokenizer.decode([i], skip_special=False) for i in new],
+        "text": tokenizer.decode(new),
+        "state_norm": out.states[0, :n].float().norm(dim=-1).tolist(),
+        "gate_mean": gate,
+        "value_norm": value,
         "finished": bool(out.finished[0]),
         "intervention": {"state_scale": intervention.state_scale, "ablate_stream": intervention.ablate_stream},
     }

@@ -67,8 +67,11 @@ def attention_mass(model: HiddenDecodingLM, tokens: Tensor) -> dict[int, dict[st
         same_stream = (stream[:, None] == stream[None, :]).float()
         same_token = (token[:, None] == token[None, :]).float()
         mean = lambda mask, p=p: float((p * mask).sum(-1).mean())
-        out[i] = {"own_stream": mean(same_stream), "other_stream_same_token": mean((1 - same_stream) * same_token),
-                  "other_stream_earlier_tokens": mean((1 - same_stream) * (1 - same_token))}
+        out[i] = {
+            "own_stream": mean(same_stream),
+            "other_stream_same_token": mean((1 - same_stream) * same_token),
+            "other_stream_earlier_tokens": mean((1 - same_stream) * (1 - same_token)),
+        }
     return out
 
 
@@ -92,5 +95,6 @@ def stream_norms(model: HiddenDecodingLM, tokens: Tensor) -> Tensor:
     names = ["blocks.0.hook_resid_pre", *[f"blocks.{i}.hook_resid_post" for i in range(model.cfg.n_layers)]]
     with ActivationRecorder(model, names) as rec:
         model(tokens)
-    return torch.stack([unstack_streams(rec.calls(n)[-1].value.float(), model.n_streams).norm(dim=-1).mean(dim=(0, 1))
-                        for n in names])
+    return torch.stack(
+        [unstack_streams(rec.calls(n)[-1].value.float(), model.n_streams).norm(dim=-1).mean(dim=(0, 1)) for n in names]
+    )

@@ -60,8 +60,9 @@ def trace_length(text: str, tokenizer: CharTokenizer) -> int:
     return len(tokenizer.encode(text if cut < 0 else text[:cut]))
 
 
-def run_traces(model, examples: list[Example], regime: str, passes, tokenizer: CharTokenizer, *,
-               max_new_tokens: int, batch_size: int = 64) -> list[dict]:
+def run_traces(
+    model, examples: list[Example], regime: str, passes, tokenizer: CharTokenizer, *, max_new_tokens: int, batch_size: int = 64
+) -> list[dict]:
     """Greedy generation on every problem under ``regime``; rows in problem order."""
     prompts = [tokenizer.encode(ex.prompt) for ex in examples]
     silent = tokenizer.silent_ids(model.cfg.d_vocab)
@@ -72,8 +73,15 @@ def run_traces(model, examples: list[Example], regime: str, passes, tokenizer: C
         width = max(len(prompts[i]) for i in idx)
         budget = min(max_new_tokens, model.cfg.n_ctx - width)
         try:
-            out = generate(model, [prompts[i] for i in idx], regime=regime, passes=passes, max_new_tokens=budget,
-                           eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id)
+            out = generate(
+                model,
+                [prompts[i] for i in idx],
+                regime=regime,
+                passes=passes,
+                max_new_tokens=budget,
+                eos_token_id=tokenizer.eos_id,
+                pad_token_id=tokenizer.pad_id,
+            )
         except NonFiniteActivation as err:
             raise NonFinite.wrap(err, f"regime {regime}") from err
         norms = out.states.float().norm(dim=-1)
@@ -84,9 +92,15 @@ def run_traces(model, examples: list[Example], regime: str, passes, tokenizer: C
             text = tokenizer.decode(ids)
             answer = parse_final_answer(text)
             rows[i] = {
-                "problem_id": i, "difficulty": examples[i].difficulty, "trace_tokens": trace_length(text, tokenizer),
-                "total_tokens": n, "answer": answer, "correct": is_correct(examples[i], text),
-                "finished": bool(out.finished[j]), "silent_tokens": quiet[j], "text": text,
+                "problem_id": i,
+                "difficulty": examples[i].difficulty,
+                "trace_tokens": trace_length(text, tokenizer),
+                "total_tokens": n,
+                "answer": answer,
+                "correct": is_correct(examples[i], text),
+                "finished": bool(out.finished[j]),
+                "silent_tokens": quiet[j],
+                "text": text,
                 "state_norms": [round(x, 4) for x in norms[j, :n].tolist()] if model.carries_state else None,
             }
     return [rows[i] for i in range(len(examples))]
@@ -119,7 +133,8 @@ def summarise(rows: list[dict], reference: tuple[str, str]) -> dict:
         for d in sorted({r["difficulty"] for r in sel}):
             ds = [r for r in sel if r["difficulty"] == d]
             per_difficulty[str(d)] = {
-                "n": len(ds), "mean_trace": statistics.fmean(r["trace_tokens"] for r in ds),
+                "n": len(ds),
+                "mean_trace": statistics.fmean(r["trace_tokens"] for r in ds),
                 "median_trace": statistics.median(r["trace_tokens"] for r in ds),
                 "accuracy": statistics.fmean(r["correct"] for r in ds),
                 "unfinished": statistics.fmean(not r["finished"] for r in ds),
@@ -129,23 +144,33 @@ def summarise(rows: list[dict], reference: tuple[str, str]) -> dict:
         for b in range(max(len(edges) - 1, 1)):
             inside = [r["correct"] for r, k in zip(sel, bins) if k == b]
             if inside:
-                matched[f"[{edges[b]:.0f},{edges[min(b + 1, len(edges) - 1)]:.0f}]"] = {"n": len(inside), "accuracy": statistics.fmean(inside)}
+                matched[f"[{edges[b]:.0f},{edges[min(b + 1, len(edges) - 1)]:.0f}]"] = {
+                    "n": len(inside),
+                    "accuracy": statistics.fmean(inside),
+                }
         groups[f"{model}/{regime}"] = {
-            "n": len(sel), "mean_trace": statistics.fmean(r["trace_tokens"] for r in sel),
+            "n": len(sel),
+            "mean_trace": statistics.fmean(r["trace_tokens"] for r in sel),
             "median_trace": statistics.median(r["trace_tokens"] for r in sel),
-            "accuracy": statistics.fmean(r["correct"] for r in sel), "unfinished": statistics.fmean(not r["finished"] for r in sel),
-            "by_difficulty": per_difficulty, "accuracy_at_matched_length": matched,
+            "accuracy": statistics.fmean(r["correct"] for r in sel),
+            "unfinished": statistics.fmean(not r["finished"] for r in sel),
+            "by_difficulty": per_difficulty,
+            "accuracy_at_matched_length": matched,
         }
         if all("silent_tokens" in r for r in sel):  # rows from run_traces
             silent = sum(r["silent_tokens"] for r in sel)
-            groups[f"{model}/{regime}"].update(silent_tokens=silent, silent_rate=silent / max(
-                sum(r["total_tokens"] - r["finished"] for r in sel), 1))
+            groups[f"{model}/{regime}"].update(
+                silent_tokens=silent, silent_rate=silent / max(sum(r["total_tokens"] - r["finished"] for r in sel), 1)
+            )
     ref = {r["problem_id"]: r for r in rows if (r["model"], r["regime"]) == reference}
     paired = {}
     for model, regime in keys:
         if (model, regime) == reference:
             continue
-        sel = sorted((r for r in rows if (r["model"], r["regime"]) == (model, regime) and r["problem_id"] in ref), key=lambda r: r["problem_id"])
+        sel = sorted(
+            (r for r in rows if (r["model"], r["regime"]) == (model, regime) and r["problem_id"] in ref),
+            key=lambda r: r["problem_id"],
+        )
         a = [ref[r["problem_id"]] for r in sel]
         paired[f"{model}/{regime} - {reference[0]}/{reference[1]}"] = {
             "trace_tokens": paired_bootstrap([x["trace_tokens"] for x in a], [x["trace_tokens"] for x in sel]),
@@ -154,9 +179,20 @@ def summarise(rows: list[dict], reference: tuple[str, str]) -> dict:
     return {"reference": "/".join(reference), "groups": groups, "paired": paired}
 
 
-def trace_study(runs: list[str], out_dir: str | Path, *, task: str = "chain", regimes: Sequence[str] = ("standard", "soft", "fused"),
-                passes: int | str = 2, n_problems: int = 200, difficulties: Sequence[int] = (1, 2, 3, 4), seed: int = 0,
-                max_new_tokens: int = 160, batch_size: int = 64, overwrite: bool = False) -> dict:
+def trace_study(
+    runs: list[str],
+    out_dir: str | Path,
+    *,
+    task: str = "chain",
+    regimes: Sequence[str] = ("standard", "soft", "fused"),
+    passes: int | str = 2,
+    n_problems: int = 200,
+    difficulties: Sequence[int] = (1, 2, 3, 4),
+    seed: int = 0,
+    max_new_tokens: int = 160,
+    batch_size: int = 64,
+    overwrite: bool = False,
+) -> dict:
     """Every run under every regime on the same problems, into ``out_dir`` (``summary.json``,
     ``traces.csv``, ``traces.png``): a new or empty directory, or a previous trace study there,
     replaced only with ``overwrite``."""
@@ -172,13 +208,21 @@ def trace_study(runs: list[str], out_dir: str | Path, *, task: str = "chain", re
             name = Path(run).name
             for regime in regimes if model.carries_state else ["standard"]:
                 started = time.perf_counter()
-                for row in run_traces(model, examples, regime, passes, tokenizer, max_new_tokens=max_new_tokens, batch_size=batch_size):
+                for row in run_traces(
+                    model, examples, regime, passes, tokenizer, max_new_tokens=max_new_tokens, batch_size=batch_size
+                ):
                     rows.append({"model": name, "regime": regime, **row})
                 seconds = time.perf_counter() - started
                 timing[f"{name}/{regime}"] = {"seconds": round(seconds, 2), "problems_per_s": round(len(examples) / seconds, 2)}
         reference = (Path(runs[0]).name, "standard")
-        summary = {"task": task, "passes": passes, "n_problems": len(examples), "difficulties": list(difficulties),
-                   "timing": timing, **summarise(rows, reference)}
+        summary = {
+            "task": task,
+            "passes": passes,
+            "n_problems": len(examples),
+            "difficulties": list(difficulties),
+            "timing": timing,
+            **summarise(rows, reference),
+        }
         with (out.staging / "traces.csv").open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))
             writer.writeheader()
@@ -201,14 +245,27 @@ def plot_traces(rows: list[dict], summary: dict, out_dir: Path) -> list[str]:
         sel = [r for r in rows if (r["model"], r["regime"]) == (model, regime)]
         axes[0].hist([r["trace_tokens"] for r in sel], bins=30, range=(0, top), histtype="step", label=f"{model}/{regime}")
         by_d = summary["groups"][f"{model}/{regime}"]["by_difficulty"]
-        axes[1].plot([v["mean_trace"] for v in by_d.values()], [v["accuracy"] for v in by_d.values()], marker="o", label=f"{model}/{regime}")
+        axes[1].plot(
+            [v["mean_trace"] for v in by_d.values()],
+            [v["accuracy"] for v in by_d.values()],
+            marker="o",
+            label=f"{model}/{regime}",
+        )
     for name, _comp in summary["paired"].items():
         model, regime = name.split(" - ")[0].split("/")
         ref_model, ref_regime = summary["reference"].split("/")
         diffs = []
         for d in sorted({r["difficulty"] for r in rows}):
-            a = {r["problem_id"]: r["trace_tokens"] for r in rows if (r["model"], r["regime"], r["difficulty"]) == (ref_model, ref_regime, d)}
-            b = [r["trace_tokens"] - a[r["problem_id"]] for r in rows if (r["model"], r["regime"], r["difficulty"]) == (model, regime, d)]
+            a = {
+                r["problem_id"]: r["trace_tokens"]
+                for r in rows
+                if (r["model"], r["regime"], r["difficulty"]) == (ref_model, ref_regime, d)
+            }
+            b = [
+                r["trace_tokens"] - a[r["problem_id"]]
+                for r in rows
+                if (r["model"], r["regime"], r["difficulty"]) == (model, regime, d)
+            ]
             diffs.append((d, statistics.fmean(b) if b else float("nan")))
         axes[2].plot([d for d, _ in diffs], [v for _, v in diffs], marker="o", label=name.split(" - ")[0])
     axes[0].set(title="trace length (tokens before ####)", xlabel="tokens", ylabel="problems")

@@ -54,14 +54,17 @@ def plain_loss(model: DecoderLM, sequences: list[list[int]], batch_size: int) ->
                 tokens[i, : len(s)] = torch.tensor(s)
                 target[i, : len(s) - 1] = torch.tensor(s[1:])
             logits = model(tokens.to(model.embed.W_E.device)).float()
-            total += float(F.cross_entropy(logits.flatten(0, 1), target.flatten().to(logits.device), ignore_index=-100, reduction="sum"))
+            total += float(
+                F.cross_entropy(logits.flatten(0, 1), target.flatten().to(logits.device), ignore_index=-100, reduction="sum")
+            )
             count += int((target >= 0).sum())
     return total / max(count, 1)
 
 
 @torch.no_grad()
-def evaluate_examples(model: DecoderLM, examples: list[Example], tokenizer: CharTokenizer, *,
-                      fused_passes: int | str = 2, batch_size: int = 64) -> dict:
+def evaluate_examples(
+    model: DecoderLM, examples: list[Example], tokenizer: CharTokenizer, *, fused_passes: int | str = 2, batch_size: int = 64
+) -> dict:
     """One task's row: ``loss``, ``answer_loss`` and ``accuracy`` per regime (module docstring), and
     ``silent_tokens[regime]``: generated ids before <eos> that decode to nothing (pad, other
     specials, ids past the vocabulary), which the scored text cannot show."""
@@ -83,8 +86,16 @@ def evaluate_examples(model: DecoderLM, examples: list[Example], tokenizer: Char
     def mean_nll(what: str, regime: str, pairs) -> float:
         total, count = 0.0, 0
         for chunk in _batches(pairs, batch_size):
-            nll = named(what, score_completions, model, [p for p, _ in chunk], [c for _, c in chunk], regime=regime,
-                        passes=fused_passes if regime == "fused" else 1, pad_token_id=tokenizer.pad_id)
+            nll = named(
+                what,
+                score_completions,
+                model,
+                [p for p, _ in chunk],
+                [c for _, c in chunk],
+                regime=regime,
+                passes=fused_passes if regime == "fused" else 1,
+                pad_token_id=tokenizer.pad_id,
+            )
             total += float(nll.nansum())
             count += int((~nll.isnan()).sum())
         return total / max(count, 1)
@@ -99,10 +110,17 @@ def evaluate_examples(model: DecoderLM, examples: list[Example], tokenizer: Char
     for regime in regimes:
         correct = quiet = 0
         for chunk in _batches(list(zip(examples, prompts)), batch_size):
-            out = named(f"accuracy[{regime}]", generate, model, [p for _, p in chunk], regime=regime,
-                        passes=fused_passes if regime == "fused" else 1,
-                        max_new_tokens=min(longest, model.cfg.n_ctx - max(len(p) for _, p in chunk)),
-                        eos_token_id=eos, pad_token_id=tokenizer.pad_id)
+            out = named(
+                f"accuracy[{regime}]",
+                generate,
+                model,
+                [p for _, p in chunk],
+                regime=regime,
+                passes=fused_passes if regime == "fused" else 1,
+                max_new_tokens=min(longest, model.cfg.n_ctx - max(len(p) for _, p in chunk)),
+                eos_token_id=eos,
+                pad_token_id=tokenizer.pad_id,
+            )
             for (ex, _), ids in zip(chunk, out.completions()):
                 correct += is_correct(ex, tokenizer.decode(ids))
             quiet += sum(out.silent_counts(silent))
@@ -111,8 +129,14 @@ def evaluate_examples(model: DecoderLM, examples: list[Example], tokenizer: Char
     return row
 
 
-def evaluate_run(run_dir: str | Path, *, n_examples: int | None = None, fused_passes: int | str = 2,
-                 task: str | None = None, write: bool = True) -> dict:
+def evaluate_run(
+    run_dir: str | Path,
+    *,
+    n_examples: int | None = None,
+    fused_passes: int | str = 2,
+    task: str | None = None,
+    write: bool = True,
+) -> dict:
     """Evaluate the run at ``run_dir`` on its task; writes ``results/eval.json`` (the run's own
     summary, refreshed by every evaluation), holding ``results/`` while it evaluates."""
     run_dir = Path(run_dir)
@@ -127,8 +151,9 @@ def evaluate_run(run_dir: str | Path, *, n_examples: int | None = None, fused_pa
         return _evaluate_run(run_dir, cfg, model, tokenizer, n, fused_passes, task, write)
 
 
-def _evaluate_run(run_dir: Path, cfg, model: DecoderLM, tokenizer: CharTokenizer, n: int,
-                  fused_passes: int | str, task: str | None, write: bool) -> dict:
+def _evaluate_run(
+    run_dir: Path, cfg, model: DecoderLM, tokenizer: CharTokenizer, n: int, fused_passes: int | str, task: str | None, write: bool
+) -> dict:
     data = TaskConfig(**{k: getattr(cfg.data, k) for k in TaskConfig.__dataclass_fields__})
     started = time.perf_counter()
     result = {"run": str(run_dir), "arch": cfg.arch, "fused_passes": fused_passes, "tasks": {}}

@@ -134,7 +134,9 @@ class RunConfig:
         return [n for n, at in zip(self.hd.streams, self.hd.expand_at) if at <= step][-1]
 
 
-def make_run_config(arch: str, preset: str, task: str | None = None, overrides: Sequence[str] = (), init_from: str | None = None) -> RunConfig:
+def make_run_config(
+    arch: str, preset: str, task: str | None = None, overrides: Sequence[str] = (), init_from: str | None = None
+) -> RunConfig:
     """Build and validate a run config; every error names the offending field."""
     if arch not in ARCHS:
         raise BadInput(f"unknown architecture {arch!r}: expected one of {sorted(ARCHS)}")

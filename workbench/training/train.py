@@ -189,8 +189,17 @@ def save_checkpoint(run_dir: Path, model: DecoderLM, opt, cfg: RunConfig, step: 
             else:
                 scalars[f"{idx}.{key}"] = value
     save_weights(state_dir / files["optimizer"], opt_tensors, meta)
-    write_json(state_dir / "state.json", {"step": step, "n_streams": model.n_streams, "model": model.cfg.to_dict(), **files,
-                                          "param_groups": sd["param_groups"], "scalars": scalars})
+    write_json(
+        state_dir / "state.json",
+        {
+            "step": step,
+            "n_streams": model.n_streams,
+            "model": model.cfg.to_dict(),
+            **files,
+            "param_groups": sd["param_groups"],
+            "scalars": scalars,
+        },
+    )
     _publish(run_dir, cfg, model.cfg, files, tokenizer)
 
 
@@ -228,11 +237,15 @@ def load_checkpoint(run_dir: Path, cfg: RunConfig, device) -> tuple[DecoderLM, t
         model = load_model(run_dir, device=device)
         opt_path = state_dir / "optimizer.safetensors"
         if _metadata_step(run_dir / "model.safetensors") != step:
-            raise BadInput(f"inconsistent checkpoint in {run_dir}: {state_path} says step {step}, "
-                             f"model.safetensors holds step {_metadata_step(run_dir / 'model.safetensors')}")
+            raise BadInput(
+                f"inconsistent checkpoint in {run_dir}: {state_path} says step {step}, "
+                f"model.safetensors holds step {_metadata_step(run_dir / 'model.safetensors')}"
+            )
     tensors, meta = load_weights(opt_path)
     if meta.get("step") != str(step):
-        raise BadInput(f"inconsistent checkpoint in {run_dir}: {state_path} says step {step}, {opt_path} holds step {meta.get('step')}")
+        raise BadInput(
+            f"inconsistent checkpoint in {run_dir}: {state_path} says step {step}, {opt_path} holds step {meta.get('step')}"
+        )
     groups, scalars = state.get("param_groups"), state.get("scalars")
     if not isinstance(groups, list) or not isinstance(scalars, dict):
         raise BadInput(f"{state_path}: 'param_groups' must be a list and 'scalars' an object")
@@ -378,7 +391,9 @@ def check_new_run_dir(run_dir: Path) -> None:
         raise OutputExists(f"{run_dir} already holds a run; pass --resume to continue it or choose a new --out")
     foreign = [n for n in found if n not in RUN_FILES]
     if foreign:
-        raise OutputExists(f"{run_dir} holds files that are not a workbench run ({listing(foreign)}): choose a new or empty --out")
+        raise OutputExists(
+            f"{run_dir} holds files that are not a workbench run ({listing(foreign)}): choose a new or empty --out"
+        )
 
 
 @contextmanager
@@ -405,8 +420,9 @@ def held_by_main_process(run_dir: Path, rank_info: Dist, device):
         yield
 
 
-def train(cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, progress: bool | Callable = True,
-          stop_after: int | None = None) -> TrainResult:
+def train(
+    cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, progress: bool | Callable = True, stop_after: int | None = None
+) -> TrainResult:
     """Train ``cfg`` into ``out_dir``; returns the model and a summary (``TrainResult``). ``resume`` continues from the last
     checkpoint there and reaches the same weights as an uninterrupted run. ``stop_after`` ends
     the process after that many steps as if interrupted (the schedule still spans train.steps).
@@ -417,7 +433,9 @@ def train(cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, progress
     rank_info, device = setup_distributed(cfg.train.device)
     t = cfg.train
     if t.batch_size % (rank_info.world * t.grad_accum):
-        raise BadInput(f"train.batch_size={t.batch_size} is not divisible by processes x grad_accum = {rank_info.world} x {t.grad_accum}")
+        raise BadInput(
+            f"train.batch_size={t.batch_size} is not divisible by processes x grad_accum = {rank_info.world} x {t.grad_accum}"
+        )
     # everything that can be checked is checked before the run directory is created or held
     if resume and not (run_dir / STATE_DIR / "state.json").is_file():
         raise MissingFile(f"--resume: no checkpoint in {run_dir} (missing {STATE_DIR}/state.json)")
@@ -427,7 +445,11 @@ def train(cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, progress
     if len(stream) <= t.seq_len + 1:
         raise BadInput(f"task {cfg.data.task!r} gives {len(stream)} tokens, fewer than train.seq_len={t.seq_len}")
     if not resume:
-        fresh = init_from(cfg.init_from, cfg, device) if cfg.init_from else model_from_config(cfg.arch, cfg.model, seed=t.seed, device=device)
+        fresh = (
+            init_from(cfg.init_from, cfg, device)
+            if cfg.init_from
+            else model_from_config(cfg.arch, cfg.model, seed=t.seed, device=device)
+        )
     with held_by_main_process(run_dir, rank_info, device):
         if resume:
             saved = load_run_config(run_dir / "config.json")
@@ -440,8 +462,19 @@ def train(cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, progress
         return _train_loop(cfg, run_dir, rank_info, device, model, opt, start, stream, resume, progress, stop_after)
 
 
-def _train_loop(cfg: RunConfig, run_dir: Path, rank_info: Dist, device, model: DecoderLM, opt, start: int,
-                stream: TokenStream, resume: bool, progress, stop_after) -> TrainResult:
+def _train_loop(
+    cfg: RunConfig,
+    run_dir: Path,
+    rank_info: Dist,
+    device,
+    model: DecoderLM,
+    opt,
+    start: int,
+    stream: TokenStream,
+    resume: bool,
+    progress,
+    stop_after,
+) -> TrainResult:
     tokenizer = CharTokenizer()
     t = cfg.train
     per_rank = t.batch_size // rank_info.world
@@ -499,7 +532,11 @@ def _train_loop(cfg: RunConfig, run_dir: Path, rank_info: Dist, device, model: D
             raise TrainingDiverged(
                 f"non-finite {'loss' if not math.isfinite(info['loss']) else 'gradient norm'} at step {step} "
                 f"(loss {info['loss']}, grad norm {grad_norm}); "
-                + (f"the last checkpoint (step {last}) in {run_dir} is intact" if last is not None else "no checkpoint was written")
+                + (
+                    f"the last checkpoint (step {last}) in {run_dir} is intact"
+                    if last is not None
+                    else "no checkpoint was written"
+                )
             )
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -524,8 +561,13 @@ def _train_loop(cfg: RunConfig, run_dir: Path, rank_info: Dist, device, model: D
         bar.close()
     if rank_info.world > 1:
         dist.barrier()
-    summary = {"run": str(run_dir), "steps": end, "resumed_from": start if resume else None,
-               "seconds": time.perf_counter() - started, "last": record}
+    summary = {
+        "run": str(run_dir),
+        "steps": end,
+        "resumed_from": start if resume else None,
+        "seconds": time.perf_counter() - started,
+        "last": record,
+    }
     return TrainResult(model, summary)
 
 

@@ -24,15 +24,32 @@ SCALES = {
         "preset": "debug",
         "steps": 60,
         "hd_steps": 20,
-        "common": ["model.n_ctx=256", "train.batch_size=8", "train.seq_len=64", "train.lr=3e-3", "train.warmup=5",
-                   "train.log_every=10", "train.checkpoint_every=1000", "train.eval_examples=12", "data.n_train=600"],
+        "common": [
+            "model.n_ctx=256",
+            "train.batch_size=8",
+            "train.seq_len=64",
+            "train.lr=3e-3",
+            "train.warmup=5",
+            "train.log_every=10",
+            "train.checkpoint_every=1000",
+            "train.eval_examples=12",
+            "data.n_train=600",
+        ],
     },
     "cpu": {
         "preset": "tiny",
         "steps": 900,
         "hd_steps": 200,
-        "common": ["train.batch_size=32", "train.seq_len=128", "train.lr=2e-3", "train.warmup=50",
-                   "train.log_every=25", "train.checkpoint_every=300", "train.eval_examples=96", "data.n_train=40000"],
+        "common": [
+            "train.batch_size=32",
+            "train.seq_len=128",
+            "train.lr=2e-3",
+            "train.warmup=50",
+            "train.log_every=25",
+            "train.checkpoint_every=300",
+            "train.eval_examples=96",
+            "data.n_train=40000",
+        ],
     },
 }
 
@@ -56,8 +73,9 @@ def member_names(scale: str = "micro") -> list[str]:
     return [name for name, *_ in members(scale, Path("."))]
 
 
-def train_zoo(scale: str = "micro", out: str | Path = "runs", *, progress: bool | Callable = True,
-              only: list[str] | None = None) -> dict:
+def train_zoo(
+    scale: str = "micro", out: str | Path = "runs", *, progress: bool | Callable = True, only: list[str] | None = None
+) -> dict:
     """Train (or resume) and evaluate the zoo; returns and writes ``zoo.json`` under ``out``.
     ``progress``: True for tqdm bars, or ``progress(name, step, total, record)`` after every step.
     The zoo directory is held while it trains; a member directory that holds anything but that
@@ -69,7 +87,9 @@ def train_zoo(scale: str = "micro", out: str | Path = "runs", *, progress: bool 
     plan = []
     for name, arch, overrides, init in members(scale, out):
         if not only or name in only:
-            plan.append((name, make_run_config(arch, SCALES[scale]["preset"], "mix", SCALES[scale]["common"] + overrides, init_from=init)))
+            plan.append(
+                (name, make_run_config(arch, SCALES[scale]["preset"], "mix", SCALES[scale]["common"] + overrides, init_from=init))
+            )
     for name, cfg in plan:  # before anything is written
         check_member(out / name, cfg)
     with hold(out):
@@ -83,12 +103,18 @@ def train_zoo(scale: str = "micro", out: str | Path = "runs", *, progress: bool 
             check_member(run, cfg)
             started = time.perf_counter()
             resume = (run / "train_state" / "state.json").is_file()
-            report = (lambda step, total, record, name=name: progress(name, step, total, record)) if callable(progress) else progress
+            report = (
+                (lambda step, total, record, name=name: progress(name, step, total, record)) if callable(progress) else progress
+            )
             result = train(cfg, run, resume=resume, progress=report)
             seconds = time.perf_counter() - started
             evaluation = evaluate_run(run)
-            summary["models"][name] = {"train_seconds": round(seconds, 1), "eval_seconds": evaluation["seconds"],
-                                       "resumed_from": result.summary["resumed_from"], "tasks": evaluation["tasks"]}
+            summary["models"][name] = {
+                "train_seconds": round(seconds, 1),
+                "eval_seconds": evaluation["seconds"],
+                "resumed_from": result.summary["resumed_from"],
+                "tasks": evaluation["tasks"],
+            }
             write_json(out / "zoo.json", summary)  # after every member: a stopped zoo keeps what it finished
     return summary
 
@@ -99,12 +125,19 @@ def check_member(run: Path, cfg) -> None:
     if (run / "train_state" / "state.json").is_file():
         saved = load_run_config(run / "config.json").to_dict()
         wanted = cfg.to_dict()
-        differ = sorted(f"{section}.{key}" for section in wanted if section != "model" and isinstance(wanted[section], dict)
-                        for key in wanted[section] if saved.get(section, {}).get(key) != wanted[section][key])
+        differ = sorted(
+            f"{section}.{key}"
+            for section in wanted
+            if section != "model" and isinstance(wanted[section], dict)
+            for key in wanted[section]
+            if saved.get(section, {}).get(key) != wanted[section][key]
+        )
         differ += [key for key in ("arch", "preset") if saved.get(key) != wanted[key]]
         if differ:
-            raise OutputExists(f"{run} holds a run that is not this zoo's {run.name} (it differs in {', '.join(differ[:4])}): "
-                                  "move it away or train the zoo into another --out")
+            raise OutputExists(
+                f"{run} holds a run that is not this zoo's {run.name} (it differs in {', '.join(differ[:4])}): "
+                "move it away or train the zoo into another --out"
+            )
     else:
         check_new_run_dir(run)
 
