@@ -60,7 +60,9 @@ def app_script() -> Path:
 
     spec = importlib.util.find_spec("app")
     if spec is None or not spec.submodule_search_locations:
-        raise MissingFile("the Streamlit app package 'app' is not installed (pip install -e . from the repository)")
+        raise MissingFile("the Streamlit app package 'app' is not installed (pip install -e '.[app]' from the repository)")
+    if importlib.util.find_spec("streamlit") is None:
+        raise MissingFile("streamlit is not installed: the app is an extra (pip install -e '.[app]' from the repository)")
     return Path(list(spec.submodule_search_locations)[0]) / "main.py"
 
 

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import assert_usage_error
 
 from workbench.cli import main
 
@@ -126,3 +127,12 @@ def test_bad_training_arguments_are_usage_errors(argv, match, capsys, tmp_path, 
     err = capsys.readouterr().err
     assert "Traceback" not in err and re.search(match, err), err
     assert not (tmp_path / "x").exists()
+
+
+def test_app_without_streamlit_names_the_extra(monkeypatch):
+    """The app is an install extra: without streamlit, ``workbench app`` says which, before starting anything."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "streamlit" else real(name, *a))
+    assert_usage_error(["app", "--runs", "."], "streamlit is not installed", "pip install -e '.[app]'")
