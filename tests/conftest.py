@@ -49,16 +49,6 @@ def micro_zoo(tmp_path_factory):
     return out
 
 
-@pytest.fixture(scope="module")
-def one_torch_thread():
-    """debug-sized models on a shared 2-core machine: one intra-op thread is many times faster
-    than two (``pytestmark = pytest.mark.usefixtures("one_torch_thread")`` in a module)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture
 def no_unpickling(monkeypatch):
     """Loading anything under this fixture fails if it tries to unpickle."""

@@ -33,9 +33,6 @@ W, C, T = "model.safetensors", "config.json", "tokenizer.json"
 REPO = Path(__file__).resolve().parents[2]
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory):
     return save_model(build_model("fbt", "debug"), tmp_path_factory.mktemp("pristine") / "fbt")

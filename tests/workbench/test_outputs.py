@@ -31,9 +31,6 @@ FAST = ["train.batch_size=4", "train.seq_len=32", "train.warmup=3", "train.log_e
 SETS = [a for s in FAST for a in ("--set", s)]
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
 # ---- the lock itself -----------------------------------------------------------------------
 
 

@@ -28,9 +28,6 @@ ARCHS = {"baseline": {}, "fbt": {}, "hd": {"n_streams": 2}}
 SILENT = {0, 1, 2, 3, *range(100, 128)}  # the specials and the ids past the character vocabulary (d_vocab 128)
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
 def overflowing(model, name="blocks.0.mlp.W_out.weight", value=1e30):
     """``model`` with one entry of the weight ``name`` set to ``value``."""
     with torch.no_grad():

@@ -32,8 +32,6 @@ from workbench.training import train as train_mod
 from workbench.training.evaluate import evaluate_examples, plain_loss
 from workbench.training.runconfig import make_run_config
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 F64 = torch.float64
 
 

@@ -36,7 +36,7 @@ FAST = ["train.batch_size=4", "train.seq_len=32", "train.warmup=3", "train.log_e
 W, C, T = "model.safetensors", "config.json", "tokenizer.json"
 
 
-pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 
 def assert_nothing_lost(before: dict, after: dict) -> None:

@@ -24,9 +24,6 @@ COUNTS = tally("corrupt stores")
 HOOKS = ["hook_embed", "blocks.0.hook_resid_post"]
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory):
     """A three-shard store and a second, different one (another model and task)."""
