@@ -78,6 +78,7 @@ def test_a_bug_in_a_verb_propagates_instead_of_becoming_a_usage_line(tmp_path, m
     assert "error:" not in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_bug_exits_1_with_its_traceback():
     patch = "import workbench.runtime.config as c; c.build_model = lambda *a, **k: {}['missing key']"
     proc = run_cli(["presets"], patch=patch)
@@ -122,6 +123,7 @@ def test_a_seed_no_generator_takes_is_refused_by_the_parser(capsys, seed):
     assert info.value.code == 2 and "argument --seed: invalid seed" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_an_error_of_the_environment_is_one_line_with_status_2(tmp_path, monkeypatch, capsys):
     import workbench.storage.files as files
 
@@ -146,6 +148,7 @@ def test_workbench_debug_shows_the_traceback_of_a_user_error(monkeypatch, capsys
     assert info.value.code == 2
 
 
+@pytest.mark.slow
 def test_workbench_debug_from_a_shell():
     argv = ["generate", "gpt:debug", "--prompt", "x"]
     quiet, loud = run_cli(argv), run_cli(argv, env={"WORKBENCH_DEBUG": "1"})

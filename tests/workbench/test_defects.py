@@ -275,6 +275,7 @@ def test_studies_read_the_heldout_stream():
 # ---- 6. notebook 01 describes what the plot functions do to matplotlib ---------------------------
 
 
+@pytest.mark.slow
 def test_plot_functions_leave_the_matplotlib_backend_alone(tmp_path):
     import subprocess
     import sys
