@@ -125,3 +125,17 @@ def test_scored_completions_match_the_full_forward_and_the_recurrence():
     h = sequential_fbt_states(fbt, toks[:1], fuse_start=4)
     logp = fbt.readout(h).log_softmax(-1)
     torch.testing.assert_close(soft[0], -logp[0, 3:9].gather(1, toks[0, 4:10, None])[:, 0].float(), atol=1e-5, rtol=1e-5)
+
+
+def test_sampling_at_extreme_temperatures_is_greedy_or_uniform_never_nan():
+    """softmax(l / T) is shift-invariant, so sample() divides l - max(l): at T = 1e-300 every
+    non-maximal logit goes to -inf (the draw is the argmax), at T = 1e300 all go to 0 (uniform);
+    dividing l itself overflowed to inf and NaN probabilities."""
+    from workbench.runtime.decoding import sample
+
+    logits = torch.randn(64, 100, generator=torch.Generator().manual_seed(0)) * 5
+    gen = torch.Generator().manual_seed(1)
+    assert torch.equal(sample(logits, 1e-300, None, gen), logits.argmax(dim=-1))
+    draws = sample(logits[:1].expand(20000, -1), 1e300, None, gen)
+    counts = torch.bincount(draws, minlength=100).float()
+    assert counts.min() > 100 and counts.max() < 300  # uniform: 200 per id, 6 sigma ~ 84

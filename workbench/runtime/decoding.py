@@ -110,7 +110,11 @@ def sample(logits: Tensor, temperature: float, top_k: int | None, generator: tor
     """Next ids [batch] from logits [batch, d_vocab]: greedy at temperature 0."""
     if temperature == 0:
         return logits.argmax(dim=-1)
-    logits = logits.float() / temperature
+    # in float64 (where a temperature down to 5e-324 is not zero), shifted by the row's max first
+    # (softmax does not change): a tiny temperature then sends every other logit to -inf, which is
+    # greedy, instead of overflowing every logit to inf (NaN probabilities)
+    logits = logits.double()
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
     if top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
