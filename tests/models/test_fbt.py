@@ -18,7 +18,7 @@ def test_k_pass_equals_recurrence_on_exact_positions(fuse_start):
         exact = sequential_fbt_states(model, toks, fuse_start)
         for k in range(1, L + 1):
             h = model.run_passes(toks, k, fuse_mask=fuse)[-1]
-            n_exact = max(fuse_start, 1) + k - 1  # after k passes: the first k positions of the fused region
+            n_exact = max(fuse_start, 1) + k - 1  # after k passes: positions below max(p, 1) + k - 1 are exact
             err = (h - exact).abs().amax(dim=(0, 2))
             assert err[:n_exact].max() < 1e-12, (k, err)
             if n_exact < L:  # and the next position is not yet exact (the test can fail)

@@ -60,7 +60,7 @@ class TrainConfig:
 class DataConfig(TaskConfig):
     task: str = "mix"  # chain | modsum | flipflop | mix | jsonl:PATH | text:PATH | hf:NAME[:CONFIG]
     n_train: int = 20000  # examples generated for training (synthetic tasks)
-    n_val: int = 256  # held-out examples (a different seed)
+    n_val: int = 256  # unused (eval takes its size from --n); kept so earlier run configs load
 
     def __post_init__(self) -> None:
         super().__post_init__()
