@@ -9,7 +9,7 @@
 #                 every tests/**/test_*.py that imports it by its dotted name (printed first).
 #
 #   e.g.  scripts/mutation.sh workbench/data/answers.py
-#         scripts/mutation.sh models/full_bandwidth.py tests/test_fbt.py -k "not slow"
+#         scripts/mutation.sh models/full_bandwidth.py tests/models/test_fbt.py -k "not slow"
 #         MUTATION_BUDGET=600 scripts/mutation.sh workbench/probing/probes.py
 #
 # Prints the mutation score (killed / total), the count of each outcome and every surviving
@@ -63,12 +63,12 @@ if [[ $# -gt 0 ]]; then
     tests=("$@")
 else
     case $module in
-        workbench/data/answers.py)   tests=(tests/test_tasks.py tests/test_traces.py tests/test_overflow.py tests/test_cli.py tests/test_zoo.py) ;;
-        workbench/dynamics/maps.py)  tests=(tests/test_maps.py) ;;
-        workbench/probing/probes.py) tests=(tests/test_probes.py) ;;
-        workbench/storage/files.py)  tests=(tests/test_faults.py tests/test_integrity.py tests/test_outputs.py) ;;
-        models/full_bandwidth.py)    tests=(tests/test_fbt.py tests/test_cache.py tests/test_hooks.py) ;;
-        models/hidden_decoding.py)   tests=(tests/test_hd.py tests/test_streams.py) ;;
+        workbench/data/answers.py)   tests=(tests/workbench/test_tasks.py tests/workbench/test_traces.py tests/workbench/test_overflow.py tests/workbench/test_cli.py tests/workbench/test_pinned_numbers.py) ;;
+        workbench/dynamics/maps.py)  tests=(tests/workbench/test_maps.py) ;;
+        workbench/probing/probes.py) tests=(tests/workbench/test_probes.py tests/workbench/test_pinned_numbers.py) ;;
+        workbench/storage/files.py)  tests=(tests/workbench/test_checkpoint_faults.py tests/workbench/test_resume_faults.py tests/integration/test_kills.py tests/workbench/test_integrity.py tests/workbench/test_outputs.py) ;;
+        models/full_bandwidth.py)    tests=(tests/models/test_fbt.py tests/models/test_cache.py tests/models/test_hooks.py tests/workbench/test_pinned_numbers.py) ;;
+        models/hidden_decoding.py)   tests=(tests/models/test_hd.py tests/workbench/test_streams.py tests/workbench/test_pinned_numbers.py) ;;
         *)
             dotted=${module%.py}; dotted=${dotted//\//.}; dotted=${dotted%.__init__}
             mapfile -t tests < <(grep -rlE --include='test_*.py' "(from|import) ${dotted//./\\.}\\b" tests | sort)
