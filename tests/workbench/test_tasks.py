@@ -5,8 +5,8 @@ import re
 
 import pytest
 
-from workbench.data.answers import parse_final_answer
-from workbench.data.tasks import TaskConfig, load_jsonl, load_task, load_text, synthetic_examples
+from workbench.data.answers import is_correct, parse_final_answer
+from workbench.data.tasks import TaskConfig, gsm8k_example, load_jsonl, load_task, load_text, synthetic_examples
 from workbench.data.windows import TokenStream, batch_windows
 from workbench.runtime.tokenizer import CharTokenizer
 
@@ -107,3 +107,11 @@ def test_batches_are_a_function_of_seed_and_step():
     assert (x1 == x2).all() and (y1 == y2).all() and not (x1 == x3).all()
     assert (x1[:, 1:] == y1[:, :-1]).all()
     assert int((stream.ids == CharTokenizer().eos_id).sum()) == 200
+
+
+def test_gsm8k_answers_are_scored_by_the_number_after_the_marker():
+    """GSM8K, like chain, is scored by the number after ``####``, wherever it stands in the
+    generation; the prefix rule of the other tasks would mark this right answer wrong."""
+    ex = gsm8k_example("How many?", "3 + 4 = <<3+4=7>>7 apples.\n#### 7")
+    assert is_correct(ex, " 3 + 4 = 7 apples.\n#### 7")
+    assert not is_correct(ex, " 7 apples.\n#### 8")
