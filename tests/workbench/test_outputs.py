@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -147,15 +148,36 @@ def test_a_claim_refuses_before_creating_anything_and_publishes_atomically(tmp_p
     assert not list((tmp_path / "new").glob(".staging-*"))
 
 
+def dead_pid() -> int:
+    """The PID of a process that has exited (and been reaped)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def staging_left_by(out: Path, pid: int, host: str | None = None) -> Path:
+    """What a writer with ``pid`` leaves when killed: ``.staging-PID`` holding its mark and a file."""
+    path = out / f".staging-{pid}"
+    path.mkdir()
+    (path / "dynamics.json").write_text("{}")
+    record = {"pid": pid, "command": "workbench dynamics", "host": host or socket.gethostname(), "since": "then"}
+    (path / STAGING_MARK).write_text(json.dumps(record))
+    return path
+
+
 def test_only_a_staging_directory_a_writer_made_is_ever_removed(tmp_path):
-    """Leftover staging is removed only when it is provably a writer's: ``.staging-PID``, a real
-    directory, holding the staging mark. A user's look-alikes survive a claim untouched."""
+    """Leftover staging is removed only when it is provably a dead writer's: ``.staging-PID``, a
+    real directory, holding the staging mark whose record names that PID on this host, and no such
+    process alive. A user's look-alikes, and a live or foreign writer's, survive a claim untouched."""
     out = tmp_path / "dyn"
     with claim(out, "dynamics") as first:
         (first.staging / "dynamics.json").write_text("{}")
         first.publish()
-        killed = out / ".staging-99999"
-        shutil.copytree(first.staging, killed)  # what a killed writer leaves: it holds the mark
+    killed = staging_left_by(out, dead_pid())
+    alive = staging_left_by(out, os.getppid())  # a writer still running
+    foreign = staging_left_by(out, dead_pid(), host="another-host")  # its PID means nothing here
+    renamed = out / f".staging-{dead_pid()}"
+    shutil.copytree(killed, renamed)  # a mark that names another PID than the directory
     (out / ".staging-12345").mkdir()  # the user's, no mark
     (out / ".staging-12345" / "data.txt").write_text("mine")
     (out / ".staging-keep").mkdir()
@@ -169,6 +191,7 @@ def test_only_a_staging_directory_a_writer_made_is_ever_removed(tmp_path):
         again.publish()
     assert (out / ".staging-12345" / "data.txt").read_text() == "mine" and (out / ".staging-keep").is_dir()
     assert (elsewhere / STAGING_MARK).is_file() and (out / ".staging-54321").is_symlink()
+    assert all((p / STAGING_MARK).is_file() for p in (alive, foreign, renamed))
     assert json.loads((out / "dynamics.json").read_text()) == {"new": 1}
 
 
@@ -408,6 +431,20 @@ def test_a_probe_sweep_replaces_its_previous_sweep_only_with_overwrite(tmp_path)
 
 
 @pytest.mark.slow
+def test_a_staging_directory_swapped_under_its_writer_is_left_alone(tmp_path):
+    """A writer removes its staging directory at the end only if it is still the directory it
+    made: one moved away and replaced by a user's directory of the same name survives."""
+    out = tmp_path / "dyn"
+    with claim(out, "dynamics") as writer:
+        mine = tmp_path / "moved-away"
+        writer.staging.rename(mine)
+        writer.staging.mkdir()  # the user's, in its place
+        (writer.staging / "data.txt").write_text("mine")
+        shutil.copy(mine / STAGING_MARK, writer.staging / STAGING_MARK)  # even with a copy of the mark
+    WRONG["faults_injected"] += 1
+    assert (writer.staging / "data.txt").read_text() == "mine"
+
+
 def test_a_killed_cache_leaves_only_staging_that_the_next_writer_removes(tmp_path):
     store = tmp_path / "store"
     argv = [

@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 LOCK = ".workbench.lock"
 STAGING = ".staging-"  # + the writer's PID
 STAGING_MARK = ".workbench-staging"  # inside every staging directory: what makes a leftover one removable
-_STAGING = re.compile(r"^\.staging-\d+$")
+_STAGING = re.compile(r"^\.staging-(\d+)$")
 _TMP = re.compile(r"^\..+\.tmp$")  # what files.atomic_write leaves when a writer is killed
 
 
@@ -231,18 +231,42 @@ def claim(directory: str | Path, kind: str, *, overwrite: bool = False) -> Itera
 def staging_in(directory: Path) -> Iterator[Path]:
     """A fresh staging directory inside ``directory``, which the caller holds, removed when the
     block ends. What a killed writer left is removed first, but only a directory that is provably
-    a staging directory (``.staging-PID``, not a link, holding ``STAGING_MARK``): no one else can be
-    using it while we hold the lock, and nothing a user made there matches."""
+    one (``_staging_record``) whose writer is dead on this host: no one else can be using it while
+    we hold the lock, and nothing a user made there matches. Our own is removed only if it is still
+    the directory we made, with the mark we wrote."""
+    host = socket.gethostname()
     for leftover in Path(directory).iterdir():
-        if _STAGING.match(leftover.name) and not leftover.is_symlink() and (leftover / STAGING_MARK).is_file():
+        record = _staging_record(leftover)
+        if record is not None and record.get("host") == host and not _alive(record["pid"]):
             shutil.rmtree(leftover)
     path = Path(directory) / f"{STAGING}{os.getpid()}"
-    path.mkdir()  # never an existing directory: mkdir fails on one, so what is removed below is ours
+    path.mkdir()  # never an existing directory: mkdir fails on one
+    made = path.stat()
+    mark = _holder_record()
     try:
-        (path / STAGING_MARK).write_text(json.dumps(_holder_record()) + "\n")
+        (path / STAGING_MARK).write_text(json.dumps(mark) + "\n")
         yield path
     finally:
-        shutil.rmtree(path, ignore_errors=True)
+        now = path.lstat() if path.exists() or path.is_symlink() else None
+        if now is not None and (now.st_dev, now.st_ino) == (made.st_dev, made.st_ino) and _staging_record(path) == mark:
+            shutil.rmtree(path, ignore_errors=True)
+        elif now is not None:
+            logger.warning("%s: left in place, it is no longer the staging directory this process made", path)
+
+
+def _staging_record(path: Path) -> dict | None:
+    """The holder record a writer marked staging directory ``path`` with, or None when ``path`` is
+    not provably one: a name other than ``.staging-PID``, a link, not a directory, a mark that is a
+    link or not a file, or a mark that is not a record naming that PID."""
+    match = _STAGING.match(path.name)
+    mark = path / STAGING_MARK
+    if not match or path.is_symlink() or not path.is_dir() or mark.is_symlink() or not mark.is_file():
+        return None
+    try:
+        record = json.loads(mark.read_text())
+    except (OSError, ValueError, RecursionError):
+        return None
+    return record if isinstance(record, dict) and record.get("pid") == int(match.group(1)) else None
 
 
 def _check_target(directory: Path, spec: Kind, found: list[str], overwrite: bool) -> None:
