@@ -14,8 +14,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import assert_nothing_lost as _assert_nothing_lost
 from helpers import (
+    FAST,
+    FAULTS_8,
+    C,
+    T,
+    W,
     cli,
     strip_timing,
     tally,
@@ -28,13 +32,7 @@ import workbench.storage.files as files
 import workbench.training.train as training
 from workbench import CharTokenizer, load_model
 
-COUNTS = tally("checkpoints, resume, kills, NaN steps, rollouts, CLI fuzz (#8)")
-FAST = ["train.batch_size=4", "train.seq_len=32", "train.warmup=3", "train.log_every=2", "data.n_train=300"]
-W, C, T = "model.safetensors", "config.json", "tokenizer.json"
-
-
-def assert_nothing_lost(before: dict, after: dict) -> None:
-    _assert_nothing_lost(before, after, COUNTS)
+COUNTS = tally(FAULTS_8)
 
 
 # ---- 2. a training process killed during a checkpoint write, for real ---------------------

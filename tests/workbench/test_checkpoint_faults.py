@@ -12,6 +12,10 @@ import pytest
 import torch
 from helpers import (
     FAULT_ARCHS,
+    FAULTS_8,
+    C,
+    T,
+    W,
     a_directory,
     assert_usage_error,
     edit_json,
@@ -25,7 +29,6 @@ from helpers import (
     truncate,
     write,
 )
-from helpers import assert_nothing_lost as _assert_nothing_lost
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
@@ -33,13 +36,7 @@ from safetensors.torch import load_file, save_file
 from workbench import CharTokenizer, build_model, load_model
 from workbench.runtime.checkpoint import load_weights, save_weights
 
-COUNTS = tally("checkpoints, resume, kills, NaN steps, rollouts, CLI fuzz (#8)")
-FAST = ["train.batch_size=4", "train.seq_len=32", "train.warmup=3", "train.log_every=2", "data.n_train=300"]
-W, C, T = "model.safetensors", "config.json", "tokenizer.json"
-
-
-def assert_nothing_lost(before: dict, after: dict) -> None:
-    _assert_nothing_lost(before, after, COUNTS)
+COUNTS = tally(FAULTS_8)
 
 
 # ---- 1. corrupt, truncated or missing checkpoint files ------------------------------------

@@ -9,8 +9,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import assert_nothing_lost as _assert_nothing_lost
 from helpers import (
+    FAST,
+    FAULTS_8,
+    C,
+    W,
     assert_usage_error,
     cli,
     nan_weight,
@@ -21,14 +24,13 @@ from helpers import (
     truncate,
     write,
 )
+from helpers import assert_nothing_lost as _assert_nothing_lost
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from workbench import load_model
 
-COUNTS = tally("checkpoints, resume, kills, NaN steps, rollouts, CLI fuzz (#8)")
-FAST = ["train.batch_size=4", "train.seq_len=32", "train.warmup=3", "train.log_every=2", "data.n_train=300"]
-W, C, T = "model.safetensors", "config.json", "tokenizer.json"
+COUNTS = tally(FAULTS_8)
 
 
 pytestmark = pytest.mark.slow

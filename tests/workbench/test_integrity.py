@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import assert_usage_error, tally, tokens
+from helpers import C, T, W, assert_usage_error, tally, tokens
 from safetensors.torch import load_file
 
 from workbench import CharTokenizer, build_model, generate, load_model, save_model
@@ -29,7 +29,6 @@ from workbench.training.runconfig import make_run_config
 from workbench.training.train import train
 
 COUNTS = tally("checkpoints, configs, tokenizers (#12)")
-W, C, T = "model.safetensors", "config.json", "tokenizer.json"
 REPO = Path(__file__).resolve().parents[2]
 
 

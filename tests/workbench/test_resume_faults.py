@@ -10,8 +10,12 @@ import shutil
 
 import pytest
 import torch
-from helpers import assert_nothing_lost as _assert_nothing_lost
 from helpers import (
+    FAST,
+    FAULTS_8,
+    C,
+    T,
+    W,
     assert_usage_error,
     cli,
     edit_json,
@@ -23,6 +27,7 @@ from helpers import (
     truncate,
     write,
 )
+from helpers import assert_nothing_lost as _assert_nothing_lost
 from safetensors.torch import load_file, save_file
 
 import workbench.training.train as training
@@ -31,9 +36,7 @@ from workbench.runtime.checkpoint import load_weights, save_weights
 from workbench.training.runconfig import make_run_config
 from workbench.training.train import TrainingDiverged, train
 
-COUNTS = tally("checkpoints, resume, kills, NaN steps, rollouts, CLI fuzz (#8)")
-FAST = ["train.batch_size=4", "train.seq_len=32", "train.warmup=3", "train.log_every=2", "data.n_train=300"]
-W, C, T = "model.safetensors", "config.json", "tokenizer.json"
+COUNTS = tally(FAULTS_8)
 
 
 pytestmark = pytest.mark.slow

@@ -7,8 +7,8 @@ import re
 
 import pytest
 import torch
-from helpers import assert_nothing_lost as _assert_nothing_lost
 from helpers import (
+    FAULTS_8,
     assert_usage_error,
     tally,
     tokens,
@@ -17,13 +17,7 @@ from helpers import (
 from workbench import build_model, save_model
 from workbench.dynamics.feedback import RolloutDiverged, rollout
 
-COUNTS = tally("checkpoints, resume, kills, NaN steps, rollouts, CLI fuzz (#8)")
-FAST = ["train.batch_size=4", "train.seq_len=32", "train.warmup=3", "train.log_every=2", "data.n_train=300"]
-W, C, T = "model.safetensors", "config.json", "tokenizer.json"
-
-
-def assert_nothing_lost(before: dict, after: dict) -> None:
-    _assert_nothing_lost(before, after, COUNTS)
+COUNTS = tally(FAULTS_8)
 
 
 # ---- 5. rollouts past the context and to divergence --------------------------------------

@@ -8,12 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import FAST
 from safetensors.torch import load_file
 
 from workbench.training.runconfig import make_run_config
 from workbench.training.train import Strategy, TrainingDiverged, train
-
-FAST = ["train.batch_size=4", "train.seq_len=32", "train.warmup=3", "train.log_every=2", "data.n_train=300"]
 
 
 def weights(run: Path) -> dict:
