@@ -5,13 +5,25 @@ architectures extend: input validation, positions and padding, the block stack, 
 from __future__ import annotations
 
 import copy
+import math
 
 import torch
 from torch import Tensor, nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
-from models.layers import Attention, AttnContext, Block, KVCache, ModelConfig, RMSNorm, Rotary, init_weights
+from models.layers import (
+    Attention,
+    AttnContext,
+    Block,
+    KVCache,
+    ModelConfig,
+    RMSNorm,
+    Rotary,
+    StaticStep,
+    _is_hooked,
+    init_weights,
+)
 from models.numerics import UNGUARDED
 
 
@@ -45,6 +57,9 @@ class DecoderLM(HookedRootModule):
         self.current_pass = 0
         self.forward_calls = 0
         self.numerics_guard = None  # set by models.guard_numerics
+        self.compiled_step = None  # torch.compile of _static_step_core, after compile_step()
+        self.compiled_mode: str | None = None
+        self.patterns_forced = False  # see compute_patterns
 
     def guard_scope(self):
         """The context a model call runs in: the numerics guard checks its records when the
@@ -65,6 +80,7 @@ class DecoderLM(HookedRootModule):
         for module in self.modules():
             if isinstance(module, Attention):
                 module.force_pattern = enabled
+        self.patterns_forced = enabled
 
     def _finish_init(self) -> None:
         init_weights(self, self.cfg)
@@ -91,12 +107,14 @@ class DecoderLM(HookedRootModule):
                 + f" is longer than the context n_ctx={self.cfg.n_ctx}"
             )
 
-    def make_cache(self, capacity: int | None = None) -> KVCache:
-        """An empty cache for up to ``capacity`` tokens (default: the context length)."""
+    def make_cache(self, capacity: int | None = None, *, static: bool = False, compiled: bool = False) -> KVCache:
+        """An empty cache for up to ``capacity`` tokens (default: the context length). ``static``:
+        ``step`` runs on it with fixed shapes (see ``KVCache``); ``compiled`` (implies ``static``):
+        that step is ``torch.compile``d (see ``compile_step``)."""
         capacity = self.cfg.n_ctx if capacity is None else capacity
         if not 0 < capacity <= self.cfg.n_ctx:
             raise ValueError(f"cache capacity {capacity} must be in [1, n_ctx={self.cfg.n_ctx}]")
-        return KVCache(self.cfg.n_layers, capacity)
+        return KVCache(self.cfg.n_layers, capacity, static=static or compiled, compiled=compiled)
 
     def context(
         self,
@@ -142,13 +160,8 @@ class DecoderLM(HookedRootModule):
     @staticmethod
     def commit(cache: KVCache | None, ctx: AttnContext, n_new: int) -> None:
         """Advance the cache's token bookkeeping after the layers wrote their keys/values."""
-        if cache is None:
-            return
-        if ctx.key_valid is not None:
-            seen = cache.n_valid if cache.n_valid is not None else cache.offset + cache.length
-            cache.n_valid = seen + ctx.key_valid[:, -n_new:].sum(dim=1)
-            cache.key_valid = ctx.key_valid
-        cache.length += n_new
+        if cache is not None:
+            cache.advance(ctx.key_valid, n_new, ctx.cos.shape[0], ctx.cos.device)
 
     # ---- the stack ----------------------------------------------------------------------------
 
@@ -157,7 +170,7 @@ class DecoderLM(HookedRootModule):
         cache = ctx.cache
         for i, block in enumerate(self.blocks):
             x = block(x, ctx, cache.layers[i] if cache is not None else None)
-        return self.ln_final(x)
+        return self.ln_final(x, ctx.sink)
 
     def stack_input(self, tokens: Tensor) -> Tensor:
         """The stack's input embeddings [batch, pos, d_model] for ``tokens``."""
@@ -201,7 +214,72 @@ class DecoderLM(HookedRootModule):
     def step(self, tokens: Tensor, *, regime: str = "standard", cache: KVCache) -> Tensor:
         """Final states [batch, 1 * n_streams, d_model] of one new token per row after ``cache``."""
         self.check_regime(regime)
+        if self.steps_statically(tokens, cache):
+            return self.static_step(tokens, cache)
         return self.final_states(tokens, cache=cache)
+
+    # ---- the fixed-shape decode step on a static cache ------------------------------------------
+
+    @staticmethod
+    def steps_statically(tokens: Tensor, cache: KVCache) -> bool:
+        """Whether ``step`` takes the fixed-shape path: a static cache that holds a prefill, one
+        token for each of its rows (anything else runs as on a dynamic cache)."""
+        return cache.static and cache.valid is not None and tuple(tokens.shape) == (cache.valid.shape[0], 1)
+
+    def step_input(self, tokens: Tensor, cache: KVCache, fuse: bool) -> Tensor:
+        """The stack's input [batch, n_streams, d_model] of one step's tokens [batch, 1]."""
+        return self.stack_input(tokens)
+
+    def hooks_attached(self) -> bool:
+        """Whether anything observes the activations (hooks, or patterns forced for nnsight)."""
+        return self.patterns_forced or any(_is_hooked(hp) for hp in self.hook_dict.values())
+
+    def compile_step(self, mode: str | None = None) -> None:
+        """Compile the static-cache decode step (used by steps on a ``compiled`` cache) with
+        ``torch.compile``; ``mode`` defaults to ``reduce-overhead`` (CUDA graphs) on CUDA and to
+        inductor's default elsewhere. Called on the first compiled step if not before. Compiled
+        code is reused for every later cache of the same shapes; a new shape compiles again."""
+        if mode is None:
+            mode = "reduce-overhead" if self.embed.W_E.device.type == "cuda" else "default"
+        self.compiled_step = torch.compile(self._static_step_core, mode=mode)
+        self.compiled_mode = mode
+
+    def static_step(self, tokens: Tensor, cache: KVCache, fuse: bool = False) -> Tensor:
+        """Final states [batch, n_streams, d_model] of one token per row [batch, 1] on a static
+        cache: the keys and values go in place at the cache's index, attention runs over the whole
+        buffer under a mask, so every step has the same shapes (compiled after ``compile_step``).
+        ``fuse``: feed the cache's carried state back (FBT's soft steps)."""
+        self.check_tokens(tokens, cache)
+        self.forward_calls += 1
+        with self.guard_scope():
+            if not cache.compiled or self.hooks_attached():  # hooks are Python: they run eagerly
+                h = self._static_step_core(tokens, cache, fuse, False)[0]  # the norms report to the guard themselves
+            else:
+                if self.compiled_step is None:
+                    self.compile_step()
+                assert self.compiled_step is not None
+                h, health = self.compiled_step(tokens, cache, fuse, self.numerics_guard is not None)
+                if health is not None and not math.isfinite(float(health)):
+                    # compiled code cannot name the site: replay the step eagerly (its writes are
+                    # idempotent), and the guard names it; a sum that merely overflowed passes
+                    h = self._static_step_core(tokens, cache, fuse, False)[0]
+                if self.compiled_mode == "reduce-overhead":
+                    h = h.clone()  # a CUDA graph's next replay overwrites its outputs
+            cache.advance_step()
+        return h
+
+    def _static_step_core(self, tokens: Tensor, cache: KVCache, fuse: bool, collect: bool) -> tuple[Tensor, Tensor | None]:
+        """The fixed-shape step (what ``compile_step`` compiles). Reads no Python number that
+        changes between steps; writes only the new token's slots. ``collect``: also return the
+        sum of every norm's mean square (finite iff no norm input overflowed)."""
+        assert cache.valid is not None and cache.index is not None and cache.next_pos is not None
+        cache.valid.index_fill_(1, cache.index.view(1), True)
+        end = 0 if torch.compiler.is_compiling() else cache.length + 1  # never read when compiled
+        cos, sin = self.rotary(self.stream_positions(cache.next_pos[:, None]), self.embed.W_E.dtype)
+        sink: list[Tensor] | None = [] if collect else None
+        ctx = AttnContext(cos, sin, 0, None, self.n_streams, cache, True, StaticStep(cache.index, cache.valid, end), sink)
+        h = self.run_stack(self.step_input(tokens, cache, fuse), ctx)
+        return h, (torch.stack(sink).sum() if sink is not None else None)
 
     def final_states(
         self,

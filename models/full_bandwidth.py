@@ -142,8 +142,8 @@ class FullBandwidthLM(DecoderLM):
                 self.current_pass = 0
             if commit:
                 self.commit(cache, ctx, T)
-                if cache is not None:
-                    cache.state = states[-1][:, -1]
+                if cache is not None:  # contiguous: a compiled step sees the same strides at every step
+                    cache.state = states[-1][:, -1].contiguous()
         return states
 
     @staticmethod
@@ -203,7 +203,20 @@ class FullBandwidthLM(DecoderLM):
         """Final states [batch, 1, d_model] of one new token per row after ``cache``; ``soft`` and
         ``fused`` fuse it with the carried state."""
         self.check_regime(regime)
-        return self.final_states(tokens, fuse_mask=torch.full_like(tokens, regime != "standard", dtype=torch.bool), cache=cache)
+        fuse = regime != "standard"
+        if self.steps_statically(tokens, cache):
+            h = self.static_step(tokens, cache, fuse)
+            cache.state = h[:, -1]
+            return h
+        return self.final_states(tokens, fuse_mask=torch.full_like(tokens, fuse, dtype=torch.bool), cache=cache)
+
+    def step_input(self, tokens: Tensor, cache: KVCache, fuse: bool) -> Tensor:
+        """The plain embedding, or (``fuse``) its fusion with the carried state, as in ``run_passes``."""
+        embed = self.stack_input(tokens)
+        if not fuse:
+            return embed
+        assert cache.state is not None  # a prefill came first
+        return self.fusion(cache.state[:, None], embed, torch.ones_like(tokens, dtype=torch.bool))
 
     def forward(
         self,

@@ -72,11 +72,15 @@ class RMSNorm(nn.Module):
         self.guard = None  # a models.numerics.NumericsGuard while guard_numerics is on
         self.site = ""  # this norm's path in the model (set with the guard)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, sink: list[Tensor] | None = None) -> Tensor:
+        """``sink``: a list the compiled decode step collects mean squares in (the guard's records
+        cannot be written from compiled code; the step checks the list's sum instead)."""
         dtype = x.dtype
         xf = x.float() if dtype in (torch.float16, torch.bfloat16) else x
         mean_square = xf.pow(2).mean(-1, keepdim=True)  # [batch, pos, 1]
-        if self.guard is not None:  # inf when the square overflows: rsqrt would turn it into a finite zero
+        if sink is not None:
+            sink.append(mean_square.sum())
+        elif self.guard is not None:  # inf when the square overflows: rsqrt would turn it into a finite zero
             self.guard.record(self.site, mean_square)
         xf = xf * torch.rsqrt(mean_square + self.eps)
         return self.hook_normalized(self.w * xf.to(dtype))
@@ -141,13 +145,21 @@ class LayerKV:
             return torch.cat((past_k, k), dim=2), torch.cat((past_v, v), dim=2)
         if self.k is None or self.v is None:
             shape = (k.shape[0], k.shape[1], capacity, k.shape[3])
-            self.k, self.v = k.new_empty(shape), v.new_empty(shape)
+            self.k, self.v = k.new_zeros(shape), v.new_zeros(shape)
         keys, values = self.k, self.v
         end = self.length + n
         keys[:, :, self.length : end] = k
         values[:, :, self.length : end] = v
         self.length = end
         return keys[:, :, :end], values[:, :, :end]
+
+    def write_at(self, k: Tensor, v: Tensor, slots: Tensor) -> tuple[Tensor, Tensor]:
+        """Write new keys/values [batch', n_heads, new, d_head] in place at ``slots`` [new] and
+        return the whole buffers (a static cache's step: fixed shapes, no growing slice)."""
+        assert self.k is not None and self.v is not None  # a static step follows a prefill
+        self.k.index_copy_(2, slots, k)
+        self.v.index_copy_(2, slots, v)
+        return self.k, self.v
 
     def drop_oldest(self, n: int) -> None:
         """Forget the oldest ``n`` positions (a sliding window)."""
@@ -164,16 +176,74 @@ class KVCache:
 
     ``key_valid`` marks real (non-padding) tokens; ``n_valid`` counts them per row and gives the
     next rotary position. ``state`` is the Full-Bandwidth carried state at the last position.
+
+    A ``static`` cache keeps the same buffers and also its bookkeeping in tensors of fixed shape
+    (``valid``, ``next_pos``, ``index``, a ``state`` buffer), so that a model's ``step`` on it has
+    fixed shapes: the new token's keys and values are written in place at ``index`` and attention
+    runs over the whole buffer under a mask. That is what lets a decode step be compiled (and
+    captured as a CUDA graph). Any other call on a static cache works as on a dynamic one.
     """
 
-    def __init__(self, n_layers: int, capacity: int):
+    def __init__(self, n_layers: int, capacity: int, static: bool = False, compiled: bool = False):
         self.layers = [LayerKV() for _ in range(n_layers)]
         self.capacity = capacity  # tokens
         self.length = 0  # tokens stored
-        self.key_valid: Tensor | None = None  # [batch, length] bool; None while every token is real
-        self.n_valid: Tensor | None = None  # [batch] long
+        self.static = static or compiled
+        self.compiled = compiled  # static steps run the model's compiled step (unless hooks are attached)
+        self._key_valid: Tensor | None = None  # [batch, length] bool; None while every token is real
+        self._n_valid: Tensor | None = None  # [batch] long
         self.state: Tensor | None = None  # [batch, d_model]
         self.offset = 0  # rotary position of the first cached token (grows when the window slides)
+        # static bookkeeping, allocated by the first write (the prefill) once the batch is known
+        self.valid: Tensor | None = None  # [batch, capacity] bool: True at real cached tokens only
+        self.next_pos: Tensor | None = None  # [batch] long: the rotary position of each row's next token
+        self.index: Tensor | None = None  # [] long: the next token's slot (== length)
+        self.padded = False  # some row holds padding (then key_valid and n_valid are not None)
+
+    @property
+    def key_valid(self) -> Tensor | None:
+        if self.static:
+            return self.valid[:, : self.length] if (self.padded and self.valid is not None) else None
+        return self._key_valid
+
+    @property
+    def n_valid(self) -> Tensor | None:
+        return (self.next_pos if self.padded else None) if self.static else self._n_valid
+
+    def advance(self, key_valid: Tensor | None, n_new: int, batch: int, device: torch.device) -> None:
+        """Bookkeeping after the layers stored ``n_new`` tokens: ``key_valid`` [batch, length +
+        n_new] bool is the call's mask over every cached token (None: all real)."""
+        seen = self.n_valid if self.n_valid is not None else self.offset + self.length
+        if key_valid is not None:
+            n_valid = seen + key_valid[:, -n_new:].sum(dim=1)
+        end = self.length + n_new
+        if not self.static:
+            if key_valid is not None:
+                self._n_valid, self._key_valid = n_valid, key_valid
+            self.length = end
+            return
+        if self.valid is None or self.next_pos is None or self.index is None:
+            self.valid = torch.zeros(batch, self.capacity, dtype=torch.bool, device=device)
+            self.next_pos = torch.zeros(batch, dtype=torch.long, device=device)
+            self.index = torch.zeros((), dtype=torch.long, device=device)
+        if key_valid is not None:
+            self.padded = True
+            self.valid[:, :end] = key_valid
+            self.next_pos.copy_(n_valid)
+        else:
+            self.valid[:, self.length : end] = True
+            self.next_pos.fill_(self.offset + end)
+        self.index.fill_(end)
+        self.length = end
+
+    def advance_step(self) -> None:
+        """Bookkeeping after a static step stored one real token per row at ``index``."""
+        assert self.index is not None and self.next_pos is not None
+        self.length += 1
+        for layer in self.layers:
+            layer.length += layer.per_token
+        self.index.add_(1)
+        self.next_pos.add_(1)
 
     def slide(self, keep: int) -> None:
         """Keep only the newest ``keep`` tokens. Cached keys keep their absolute rotary phases and
@@ -183,9 +253,40 @@ class KVCache:
         drop = self.length - keep
         for layer in self.layers:
             layer.drop_oldest(drop * layer.per_token)
+        if self.valid is not None and self.index is not None:
+            self.valid[:, :keep] = self.valid[:, drop : self.length].clone()
+            self.valid[:, keep:] = False
+            self.index.fill_(keep)
+        if self._key_valid is not None:
+            self._key_valid = self._key_valid[:, drop:]
         self.length, self.offset = keep, self.offset + drop
-        if self.key_valid is not None:
-            self.key_valid = self.key_valid[:, drop:]
+
+
+@dataclass
+class StaticStep:
+    """Where a static cache's step writes and what it may attend to (all tensors: fixed shapes)."""
+
+    index: Tensor  # [] long: the new token's slot
+    valid: Tensor  # [batch, capacity] bool, the new token's slot included
+    end: int  # tokens cached after this step (eager code only: slices a pattern to the real keys)
+
+    def slots(self, per_token: int) -> Tensor:
+        """[per_token] slots of the new token in a layout with ``per_token`` positions per token."""
+        return self.index * per_token + torch.arange(per_token, device=self.index.device)
+
+    def mask(self, per_token: int, rows_per_batch: int, window: int | None) -> Tensor:
+        """[batch', 1, per_token, capacity * per_token] bool (True = may attend) over the whole buffer."""
+        keys = self.valid
+        if rows_per_batch > 1:  # HD intra-stream layers: one row per stream
+            keys = keys.repeat_interleave(rows_per_batch, dim=0)
+        if per_token > 1:  # HD cross-stream layers: every stream position of a token
+            keys = keys.repeat_interleave(per_token, dim=1)
+        q_idx = self.slots(per_token)[:, None]
+        k_idx = torch.arange(keys.shape[1], device=keys.device)[None, :]
+        allowed = k_idx <= q_idx
+        if window is not None:
+            allowed = allowed & (k_idx > q_idx - window)
+        return keys[:, None, None, :] & allowed[None, None]
 
 
 @dataclass
@@ -202,6 +303,8 @@ class AttnContext:
     n_streams: int
     cache: KVCache | None
     write: bool
+    static: StaticStep | None = None  # a static cache's fixed-shape step
+    sink: list[Tensor] | None = None  # the norms' mean squares, collected by a compiled step
 
 
 def attention_mask(
@@ -278,11 +381,21 @@ class Attention(nn.Module):
         elif n > 1 and key_valid is not None:
             key_valid = key_valid.repeat_interleave(n, dim=1)
         scale = n if (self.mode == "cross" and n > 1) else 1
-        if kv is not None and ctx.cache is not None:
+        explicit = self.force_pattern or _is_hooked(self.hook_pattern)
+        if ctx.static is not None:
+            assert kv is not None  # a static step always has its cache
+            k, v = kv.write_at(k, v, ctx.static.slots(scale))
+            mask = ctx.static.mask(scale, n if per_stream else 1, self.window)
+            if explicit:  # the pattern a hook sees covers the cached keys only, as in a dynamic step
+                end = ctx.static.end * scale
+                k, v, mask = k[:, :, :end], v[:, :, :end], mask[..., :end]
+        elif kv is not None and ctx.cache is not None:
             kv.per_token = scale
             k, v = kv.extend(k, v, ctx.cache.capacity * scale, ctx.write)
-        mask = attention_mask(q.shape[2], k.shape[2], key_valid, self.window, x.device)
-        if self.force_pattern or _is_hooked(self.hook_pattern):
+            mask = attention_mask(q.shape[2], k.shape[2], key_valid, self.window, x.device)
+        else:
+            mask = attention_mask(q.shape[2], k.shape[2], key_valid, self.window, x.device)
+        if explicit:
             z = self._attend_explicit(q, k, v, mask, B, n if per_stream else 1)
         elif mask is None and q.shape[2] > 1:
             if q.shape[2] == k.shape[2]:
@@ -351,8 +464,8 @@ class Block(nn.Module):
 
     def forward(self, x: Tensor, ctx: AttnContext, kv: LayerKV | None) -> Tensor:
         x = self.hook_resid_pre(x)
-        x = self.hook_resid_mid(x + self.hook_attn_out(self.attn(self.ln1(x), ctx, kv)))
-        return self.hook_resid_post(x + self.hook_mlp_out(self.mlp(self.ln2(x))))
+        x = self.hook_resid_mid(x + self.hook_attn_out(self.attn(self.ln1(x, ctx.sink), ctx, kv)))
+        return self.hook_resid_post(x + self.hook_mlp_out(self.mlp(self.ln2(x, ctx.sink))))
 
 
 def init_weights(model: nn.Module, cfg: ModelConfig) -> None:

@@ -25,6 +25,10 @@ from models import DecoderLM, NonFiniteActivation, guard_numerics
 from workbench.storage.errors import BadInput, WorkbenchError
 
 REGIMES = ("standard", "soft", "fused")
+# How a step runs: "eager" on a growing key/value cache (the reference), "static" on fixed-size
+# buffers with fixed shapes, "compiled" the static step through torch.compile (the first call per
+# model and shape compiles, tens of seconds on a CPU; steps with hooks attached run eagerly).
+ENGINES = ("eager", "static", "compiled")
 
 
 class NonFinite(WorkbenchError, NonFiniteActivation):
@@ -121,9 +125,18 @@ def sample(logits: Tensor, temperature: float, top_k: int | None, generator: tor
     return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator)[:, 0]
 
 
-def _check_args(model, regime, passes, max_new_tokens, temperature, top_k):
+def make_cache(model: DecoderLM, capacity: int, engine: str):
+    """A key/value cache for ``capacity`` tokens that ``model.step`` runs on as ``engine`` says."""
+    if engine not in ENGINES:
+        raise BadInput(f"unknown engine {engine!r}: expected one of {ENGINES}")
+    return model.make_cache(capacity, static=engine != "eager", compiled=engine == "compiled")
+
+
+def _check_args(model, regime, passes, max_new_tokens, temperature, top_k, engine):
     if regime not in REGIMES:
         raise BadInput(f"unknown regime {regime!r}: expected one of {REGIMES}")
+    if engine not in ENGINES:
+        raise BadInput(f"unknown engine {engine!r}: expected one of {ENGINES}")
     model_check(model.check_regime, regime)
     check_passes(model, passes)
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
@@ -158,11 +171,12 @@ def score_completions(
     passes: int | str = 1,
     pad_token_id: int = 0,
     check_numerics: bool = True,
+    engine: str = "static",
 ) -> Tensor:
     """Teacher-forced negative log-likelihood [batch, completion_pos] of each completion after its
     prompt, decoded exactly as ``generate`` would (NaN past a row's completion). Non-finite
     activations raise ``NonFinite`` (see ``generate``)."""
-    _check_args(model, regime, passes, 1, 0.0, None)
+    _check_args(model, regime, passes, 1, 0.0, None, engine)
     device = model.embed.W_E.device
     tokens, mask = pad_prompts(prompts, pad_token_id, device)
     B, P = tokens.shape
@@ -174,7 +188,7 @@ def score_completions(
         target[i, : len(c)] = torch.tensor(list(c), dtype=torch.long)
     model_check(model.check_tokens, target.clamp(min=0))
     with guarded(model, check_numerics):
-        cache = model.make_cache(P + C)
+        cache = make_cache(model, P + C, engine)
         n = model.n_streams
         h = model.prefill(tokens, regime=regime, passes=passes, cache=cache, attention_mask=mask)
         nll = torch.full((B, C), float("nan"), device=device)
@@ -201,6 +215,7 @@ def generate(
     eos_token_id: int | None = None,
     pad_token_id: int = 0,
     check_numerics: bool = True,
+    engine: str = "static",
 ) -> Generation:
     """Generate ``max_new_tokens`` for every prompt with a key/value cache.
 
@@ -211,8 +226,9 @@ def generate(
     and a ``WorkbenchError``) naming the
     site and the step (forward calls: 0 is the prefill, except that ``passes='exact'`` prefills
     one prompt position per call); an overflow would otherwise decode as a run of pad ids.
+    ``engine`` (see ``ENGINES``) decides how each step runs; every engine gives the same tokens.
     """
-    _check_args(model, regime, passes, max_new_tokens, temperature, top_k)
+    _check_args(model, regime, passes, max_new_tokens, temperature, top_k, engine)
     device = model.embed.W_E.device
     tokens, mask = pad_prompts(prompt_ids, pad_token_id, device)
     B, P = tokens.shape
@@ -226,7 +242,7 @@ def generate(
     if temperature > 0 and seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)
     with guarded(model, check_numerics):
-        cache = model.make_cache(P + max_new_tokens)
+        cache = make_cache(model, P + max_new_tokens, engine)
         h = model.prefill(tokens, regime=regime, passes=passes, cache=cache, attention_mask=mask)
         n = model.n_streams
         new = torch.empty(B, max_new_tokens, dtype=torch.long, device=device)

@@ -1,0 +1,172 @@
+"""The decoding engines agree: a growing cache (``eager``, the reference), fixed-shape steps on a
+static cache (``static``) and those steps through ``torch.compile`` (``compiled``) give equal greedy
+tokens and states within round-off, for every architecture and regime, with ragged (left-padded)
+batches; the static cache holds exactly what the growing one holds."""
+
+import pytest
+import torch
+from helpers import tokens
+
+from workbench import ActivationRecorder, build_model, generate
+from workbench.runtime.decoding import NonFinite, score_completions
+
+# (arch, regime, passes, overrides): every regime, HD with a windowed cross-stream layer (the
+# window is shorter than the sequence, so its mask matters) and interleaved rotary positions
+CASES = [
+    ("baseline", "standard", 1, {}),
+    ("fbt", "standard", 1, {}),
+    ("fbt", "soft", 1, {}),
+    ("fbt", "fused", 2, {}),
+    ("fbt", "fused", "exact", {}),
+    ("hd", "standard", 1, {"n_streams": 3, "cross_window": 5}),
+    ("hd", "standard", 1, {"n_streams": 2, "positions": "interleaved", "cross_layers": (0, 1)}),
+]
+IDS = [f"{a}-{r}-{p}-{'-'.join(map(str, o))}" for a, r, p, o in CASES]
+NEW = 10
+
+
+def _prompts():
+    rows = tokens(3, 9, seed=7).tolist()
+    return [rows[0][:9], rows[1][:3], rows[2][:6]]  # ragged: rows 1 and 2 are left-padded
+
+
+def _assert_same(a, b):
+    assert a.new_tokens.tolist() == b.new_tokens.tolist()
+    torch.testing.assert_close(a.states, b.states, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("arch,regime,passes,overrides", CASES, ids=IDS)
+def test_static_engine_equals_eager(arch, regime, passes, overrides):
+    model = build_model(arch, "debug", **overrides)
+    for prompts in (_prompts(), tokens(2, 5)):  # padded and unpadded batches
+        ref = generate(model, prompts, regime=regime, passes=passes, max_new_tokens=NEW, engine="eager")
+        _assert_same(generate(model, prompts, regime=regime, passes=passes, max_new_tokens=NEW, engine="static"), ref)
+
+
+@pytest.mark.parametrize("arch,regime,passes,overrides", CASES[:1] + CASES[2:3] + CASES[5:6], ids=IDS[:1] + IDS[2:3] + IDS[5:6])
+def test_static_cache_holds_what_the_growing_cache_holds(arch, regime, passes, overrides):
+    model = build_model(arch, "debug", **overrides).eval()
+    toks = tokens(3, 7, seed=1)
+    mask = torch.ones_like(toks, dtype=torch.bool)
+    mask[1, :2] = False
+    caches = {}
+    with torch.no_grad():
+        for static in (False, True):
+            cache = model.make_cache(16, static=static)
+            model.prefill(toks, regime=regime, cache=cache, attention_mask=mask)
+            for t in tokens(3, 5, seed=2).T:
+                model.step(t[:, None], regime=regime, cache=cache)
+            caches[static] = cache
+    dyn, st = caches[False], caches[True]
+    assert dyn.length == st.length == 12
+    for a, b in zip(dyn.layers, st.layers):
+        assert a.length == b.length
+        torch.testing.assert_close(b.k[:, :, : b.length], a.k[:, :, : a.length], atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(b.v[:, :, : b.length], a.v[:, :, : a.length], atol=1e-6, rtol=1e-6)
+        assert not b.k[:, :, b.length :].any()  # nothing written past the cached tokens
+    assert torch.equal(st.key_valid, dyn.key_valid) and torch.equal(st.n_valid, dyn.n_valid)
+    assert not st.valid[:, 12:].any()
+    if regime != "standard":
+        torch.testing.assert_close(st.state, dyn.state, atol=1e-6, rtol=1e-6)
+
+
+def test_static_steps_after_a_slide_equal_the_growing_cache():
+    """A rollout's sliding window on a static cache: the same keys, positions and states."""
+    model = build_model("fbt", "debug").eval()
+    states = {}
+    with torch.no_grad():
+        for static in (False, True):
+            cache = model.make_cache(12, static=static)
+            h = model.prefill(tokens(2, 10), regime="soft", cache=cache)
+            out = []
+            for t in tokens(2, 8, seed=3).T:
+                if cache.length == cache.capacity:
+                    cache.slide(6)
+                h = model.step(t[:, None], regime="soft", cache=cache)
+                out.append(h)
+            states[static] = torch.cat(out, dim=1)
+    torch.testing.assert_close(states[True], states[False], atol=1e-5, rtol=1e-5)
+
+
+def test_hooks_see_the_same_activations_under_every_engine():
+    """The recorder under the static engine (and under the compiled one, whose steps run eagerly
+    while hooks are attached, so nothing compiles here) records what the eager engine records,
+    attention patterns over the cached keys only included."""
+    model = build_model("hd", "debug", n_streams=2)
+    names = ["blocks.0.attn.hook_pattern", "blocks.1.attn.hook_pattern", "blocks.0.hook_resid_post", "hook_embed"]
+    recorded = {}
+    for engine in ("eager", "static", "compiled"):
+        with ActivationRecorder(model, names) as rec:
+            generate(model, _prompts(), max_new_tokens=4, engine=engine)
+        recorded[engine] = rec
+    assert model.compiled_step is None
+    for engine in ("static", "compiled"):
+        for name in names:
+            ref, got = recorded["eager"].calls(name), recorded[engine].calls(name)
+            assert [(r.step, r.pass_index, r.value.shape) for r in got] == [(r.step, r.pass_index, r.value.shape) for r in ref]
+            for r, g in zip(ref, got):
+                torch.testing.assert_close(g.value, r.value, atol=1e-5, rtol=1e-5)
+
+
+def test_scored_completions_agree_across_engines():
+    model = build_model("fbt", "debug")
+    prompts, completions = _prompts(), [[5, 6, 7], [8], [9, 10]]
+    ref = score_completions(model, prompts, completions, regime="soft", engine="eager")
+    got = score_completions(model, prompts, completions, regime="soft", engine="static")
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5, equal_nan=True)
+
+
+def test_unknown_engine_is_named():
+    from workbench.storage.errors import BadInput
+
+    with pytest.raises(BadInput, match="unknown engine 'jit'"):
+        generate(build_model("baseline", "debug"), [[1, 2]], max_new_tokens=2, engine="jit")
+
+
+# ---- compiled: torch.compile (inductor on CPU; a few seconds to compile per graph) -------------
+
+
+@pytest.fixture(scope="module")
+def compiled_models():
+    """One model per (arch, overrides), shared so each compiles its step once per shape."""
+    return {}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch,regime,passes,overrides", CASES, ids=IDS)
+def test_compiled_engine_equals_eager(compiled_models, arch, regime, passes, overrides):
+    key = (arch, tuple(sorted(overrides.items())))
+    model = compiled_models.setdefault(key, build_model(arch, "debug", **overrides))
+    for prompts in (_prompts(), tokens(2, 5)):
+        ref = generate(model, prompts, regime=regime, passes=passes, max_new_tokens=NEW, engine="eager")
+        _assert_same(generate(model, prompts, regime=regime, passes=passes, max_new_tokens=NEW, engine="compiled"), ref)
+    assert model.compiled_step is not None
+
+
+@pytest.mark.slow
+def test_compiled_steps_have_fixed_shapes():
+    """One compilation serves every step of a generation and a second generation of the same shape."""
+    from torch._dynamo.utils import counters
+
+    model = build_model("fbt", "debug")
+    torch._dynamo.reset()  # forget graphs compiled by earlier tests (they serve any model of the same shapes)
+    counters.clear()
+    generate(model, tokens(2, 6), regime="soft", max_new_tokens=12, engine="compiled")
+    assert counters["stats"]["unique_graphs"] == 1
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        generate(model, tokens(2, 6, seed=5), regime="soft", max_new_tokens=12, engine="compiled")
+
+
+@pytest.mark.slow
+def test_compiled_engine_names_the_non_finite_site_like_eager():
+    """Compiled code cannot report which norm overflowed; the step is replayed eagerly and the
+    guard names the same site and step as the eager engine."""
+    model = build_model("fbt", "debug")
+    with torch.no_grad():  # soft decoding: the prompt runs plain (finite), the first fed-back step overflows
+        model.fusion.W_U.weight *= 1e30
+    errors = {}
+    for engine in ("eager", "compiled"):
+        with pytest.raises(NonFinite) as err:
+            generate(model, tokens(2, 4), regime="soft", max_new_tokens=3, engine=engine)
+        errors[engine] = (err.value.what, err.value.step)
+    assert errors["compiled"] == errors["eager"] == ("blocks.0.ln1 input overflowed", 1)
