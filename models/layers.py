@@ -245,6 +245,20 @@ class KVCache:
         self.index.add_(1)
         self.next_pos.add_(1)
 
+    def keep_rows(self, rows: Tensor, batch: int) -> None:
+        """Keep only the batch rows ``rows`` [kept] (ascending indices into the current ``batch``
+        rows): finished sequences leave the batch, the others decode on exactly as before."""
+        for layer in self.layers:
+            if layer.k is None or layer.v is None:
+                continue
+            per_row = layer.k.shape[0] // batch  # n_streams in HD's intra-stream layers, else 1
+            idx = (rows[:, None] * per_row + torch.arange(per_row, device=rows.device)).flatten()
+            layer.k, layer.v = layer.k.index_select(0, idx), layer.v.index_select(0, idx)
+        for name in ("valid", "next_pos", "_key_valid", "_n_valid", "state"):
+            value = getattr(self, name)
+            if isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] == batch:
+                setattr(self, name, value.index_select(0, rows))
+
     def slide(self, keep: int) -> None:
         """Keep only the newest ``keep`` tokens. Cached keys keep their absolute rotary phases and
         new tokens continue the absolute positions, so relative distances stay exact."""

@@ -159,6 +159,7 @@ def cmd_generate(args) -> dict:
                 top_k=args.top_k,
                 seed=args.seed,
                 eos_token_id=tok.eos_id,
+                engine=args.engine,
             )
         except NonFinite as err:
             raise NonFinite.wrap(err, f"regime {regime}") from err
@@ -364,6 +365,7 @@ def cmd_traces(args) -> dict:
         seed=args.seed,
         max_new_tokens=args.max_new_tokens,
         overwrite=args.overwrite,
+        engine=args.engine,
     )
     for key, g in summary["groups"].items():
         print(
@@ -392,6 +394,18 @@ def _difficulty_range(text: str) -> list[int]:
     if not 1 <= lo <= hi <= top:
         raise argparse.ArgumentTypeError(f"expected a step range like 1..4 within 1..{top}, got {text!r}")
     return list(range(lo, hi + 1))
+
+
+def _engine_argument(p: argparse.ArgumentParser) -> None:
+    from workbench.runtime.decoding import ENGINES
+
+    p.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="static",
+        help="how decode steps run: eager (growing cache), static (fixed shapes; the default) or compiled "
+        "(torch.compile of the static step: tens of seconds to compile per model and shape, then faster)",
+    )
 
 
 SEED_MAX = 2**32 - 1  # what every consumer of a seed takes (torch, numpy, scikit-learn's random_state)
@@ -437,6 +451,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--seed", type=_seed, default=0)
+    _engine_argument(p)
     p.add_argument("--json", dest="json_out", help="write the result as JSON here")
     p.set_defaults(func=cmd_generate)
 
@@ -536,6 +551,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=160)
     p.add_argument("--seed", type=_seed, default=0)
     p.add_argument("--out", required=True)
+    _engine_argument(p)
     p.add_argument("--overwrite", action="store_true", help="replace a previous trace study there (never anything else)")
     p.add_argument("--json", dest="json_out", help="also write the summary here")
     p.set_defaults(func=cmd_traces)

@@ -3,6 +3,8 @@ static cache (``static``) and those steps through ``torch.compile`` (``compiled`
 tokens and states within round-off, for every architecture and regime, with ragged (left-padded)
 batches; the static cache holds exactly what the growing one holds."""
 
+import json
+
 import pytest
 import torch
 from helpers import tokens
@@ -108,6 +110,32 @@ def test_hooks_see_the_same_activations_under_every_engine():
                 torch.testing.assert_close(g.value, r.value, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("arch,regime,passes,overrides", [CASES[0], CASES[2], CASES[5]], ids=[IDS[0], IDS[2], IDS[5]])
+@pytest.mark.parametrize("engine", ["eager", "static"])
+def test_compacted_batches_give_the_same_tokens(arch, regime, passes, overrides, engine):
+    """Rows that emitted eos leave the batch; the others decode exactly as in the full batch."""
+    model = build_model(arch, "debug", **overrides)
+    prompts = _prompts() + [tokens(1, 5, seed=9).tolist()[0]]
+    free = generate(model, prompts, regime=regime, max_new_tokens=NEW, engine=engine)
+    eos = int(free.new_tokens[0, 2])  # row 0 stops at step 3; the rest stop wherever they emit it, if at all
+    full = generate(model, prompts, regime=regime, max_new_tokens=NEW, engine=engine, eos_token_id=eos)
+    comp = generate(model, prompts, regime=regime, max_new_tokens=NEW, engine=engine, eos_token_id=eos, compact=True)
+    lengths = full.lengths.tolist()
+    assert min(lengths) <= 3 and max(lengths) > min(lengths)  # rows really left the batch early
+    assert comp.new_tokens.tolist() == full.new_tokens.tolist() and comp.lengths.tolist() == lengths
+    assert torch.equal(comp.finished, full.finished)
+    for row, n in enumerate(lengths):
+        torch.testing.assert_close(comp.states[row, :n], full.states[row, :n], atol=1e-5, rtol=1e-5)
+        assert comp.states[row, n:].isnan().all()  # no state: the row had finished
+
+
+def test_compacting_refuses_sampling():
+    from workbench.storage.errors import BadInput
+
+    with pytest.raises(BadInput, match="compact=True needs greedy decoding"):
+        generate(build_model("baseline", "debug"), [[1, 2]], max_new_tokens=2, temperature=1.0, compact=True)
+
+
 def test_scored_completions_agree_across_engines():
     model = build_model("fbt", "debug")
     prompts, completions = _prompts(), [[5, 6, 7], [8], [9, 10]]
@@ -170,3 +198,15 @@ def test_compiled_engine_names_the_non_finite_site_like_eager():
             generate(model, tokens(2, 4), regime="soft", max_new_tokens=3, engine=engine)
         errors[engine] = (err.value.what, err.value.step)
     assert errors["compiled"] == errors["eager"] == ("blocks.0.ln1 input overflowed", 1)
+
+
+def test_cli_engines_write_the_same_generations(tmp_path):
+    from workbench.cli import main
+
+    outs = {}
+    for engine in ("eager", "static"):
+        out = tmp_path / f"{engine}.json"
+        main(["generate", "fbt:debug", "--prompt", "3+4=", "--prompt", "12", "--regime", "standard,soft",
+              "--max-new-tokens", "6", "--engine", engine, "--json", str(out)])  # fmt: skip
+        outs[engine] = json.loads(out.read_text())["generations"]
+    assert outs["static"] == outs["eager"]

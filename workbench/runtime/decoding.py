@@ -216,6 +216,7 @@ def generate(
     pad_token_id: int = 0,
     check_numerics: bool = True,
     engine: str = "static",
+    compact: bool = False,
 ) -> Generation:
     """Generate ``max_new_tokens`` for every prompt with a key/value cache.
 
@@ -227,8 +228,12 @@ def generate(
     site and the step (forward calls: 0 is the prefill, except that ``passes='exact'`` prefills
     one prompt position per call); an overflow would otherwise decode as a run of pad ids.
     ``engine`` (see ``ENGINES``) decides how each step runs; every engine gives the same tokens.
+    ``compact`` (greedy decoding with an ``eos_token_id``): rows that finished leave the batch, so
+    the others run on a smaller one; tokens are the same, states after a row's eos are NaN.
     """
     _check_args(model, regime, passes, max_new_tokens, temperature, top_k, engine)
+    if compact and temperature > 0:  # fewer rows would draw different random numbers
+        raise BadInput(f"compact=True needs greedy decoding (temperature=0), got temperature={temperature!r}")
     device = model.embed.W_E.device
     tokens, mask = pad_prompts(prompt_ids, pad_token_id, device)
     B, P = tokens.shape
@@ -245,23 +250,31 @@ def generate(
         cache = make_cache(model, P + max_new_tokens, engine)
         h = model.prefill(tokens, regime=regime, passes=passes, cache=cache, attention_mask=mask)
         n = model.n_streams
-        new = torch.empty(B, max_new_tokens, dtype=torch.long, device=device)
-        states = []
+        new = torch.full((B, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
+        states = torch.full((B, max_new_tokens, h.shape[-1]), float("nan") if compact else 0.0, dtype=h.dtype, device=device)
         finished = torch.zeros(B, dtype=torch.bool, device=device)
         lengths = torch.full((B,), max_new_tokens, dtype=torch.long, device=device)
+        rows = torch.arange(B, device=device)  # the original rows still in the batch (all unless compact)
         for i in range(max_new_tokens):
             logits = model.readout(h[:, -n:])[:, -1]  # the last token's n stream positions
-            states.append(h[:, -1])  # its last stream
+            states[rows, i] = h[:, -1]  # its last stream
             nxt = sample(logits, temperature, top_k, generator)
             if eos_token_id is not None:
-                nxt = torch.where(finished, torch.full_like(nxt, pad_token_id), nxt)
-                just = (nxt == eos_token_id) & ~finished
-                lengths = torch.where(just, torch.full_like(lengths, i + 1), lengths)
-                finished |= just
-            new[:, i] = nxt
+                done = finished[rows]
+                nxt = torch.where(done, torch.full_like(nxt, pad_token_id), nxt)
+                just = (nxt == eos_token_id) & ~done
+                lengths[rows] = torch.where(just, torch.full_like(nxt, i + 1), lengths[rows])
+                finished[rows] = done | just
+            new[rows, i] = nxt
             if i == max_new_tokens - 1 or (eos_token_id is not None and bool(finished.all())):
-                new = new[:, : i + 1]
+                new, states = new[:, : i + 1], states[:, : i + 1]
                 break
+            if compact:
+                keep = ~finished[rows]
+                if int((~keep).sum()) >= max(1, len(rows) // 8):  # a copy of the cache per event: batch them
+                    kept = keep.nonzero()[:, 0]
+                    cache.keep_rows(kept, len(rows))
+                    rows, nxt = rows[kept], nxt[kept]
             h = model.step(nxt[:, None], regime=regime, cache=cache)
 
     full_mask = torch.ones(B, P + new.shape[1], dtype=torch.bool, device=device)
@@ -272,7 +285,7 @@ def generate(
         attention_mask=full_mask,
         new_tokens=new,
         prompt_lengths=prompt_lengths,
-        states=torch.stack(states, dim=1),
+        states=states,
         finished=finished,
         lengths=lengths.clamp(max=new.shape[1]),
         regime=regime,

@@ -61,9 +61,19 @@ def trace_length(text: str, tokenizer: CharTokenizer) -> int:
 
 
 def run_traces(
-    model, examples: list[Example], regime: str, passes, tokenizer: CharTokenizer, *, max_new_tokens: int, batch_size: int = 64
+    model,
+    examples: list[Example],
+    regime: str,
+    passes,
+    tokenizer: CharTokenizer,
+    *,
+    max_new_tokens: int,
+    batch_size: int = 64,
+    engine: str = "static",
+    compact: bool = True,
 ) -> list[dict]:
-    """Greedy generation on every problem under ``regime``; rows in problem order."""
+    """Greedy generation on every problem under ``regime``; rows in problem order. ``engine`` as in
+    ``generate``; ``compact``: problems that finished leave their batch (same tokens, less work)."""
     prompts = [tokenizer.encode(ex.prompt) for ex in examples]
     silent = tokenizer.silent_ids(model.cfg.d_vocab)
     order = sorted(range(len(examples)), key=lambda i: len(prompts[i]))  # similar lengths share a batch
@@ -81,6 +91,8 @@ def run_traces(
                 max_new_tokens=budget,
                 eos_token_id=tokenizer.eos_id,
                 pad_token_id=tokenizer.pad_id,
+                engine=engine,
+                compact=compact,
             )
         except NonFiniteActivation as err:
             raise NonFinite.wrap(err, f"regime {regime}") from err
@@ -192,6 +204,7 @@ def trace_study(
     max_new_tokens: int = 160,
     batch_size: int = 64,
     overwrite: bool = False,
+    engine: str = "static",
 ) -> dict:
     """Every run under every regime on the same problems, into ``out_dir`` (``summary.json``,
     ``traces.csv``, ``traces.png``): a new or empty directory, or a previous trace study there,
@@ -209,7 +222,14 @@ def trace_study(
             for regime in regimes if model.carries_state else ["standard"]:
                 started = time.perf_counter()
                 for row in run_traces(
-                    model, examples, regime, passes, tokenizer, max_new_tokens=max_new_tokens, batch_size=batch_size
+                    model,
+                    examples,
+                    regime,
+                    passes,
+                    tokenizer,
+                    max_new_tokens=max_new_tokens,
+                    batch_size=batch_size,
+                    engine=engine,
                 ):
                     rows.append({"model": name, "regime": regime, **row})
                 seconds = time.perf_counter() - started
