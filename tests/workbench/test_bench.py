@@ -3,9 +3,26 @@
 import json
 
 import pytest
+import torch
 
-from workbench.bench import TARGETS, entry, paired
+from workbench.bench import (
+    ENGINE,
+    TARGETS,
+    entry,
+    eos_at_varying_steps,
+    measure,
+    paired,
+    projection_stacks,
+    vs_hf_generate,
+)
 from workbench.cli import main
+from workbench.runtime.config import build_model
+from workbench.runtime.decoding import generate
+from workbench.runtime.tokenizer import CharTokenizer
+from workbench.studies.traces import problems
+
+# a shape small enough for a test, of the kinds vs_hf_generate's SmolLM2 shape has
+TINY_SHAPE = dict(d_model=32, n_layers=2, n_heads=4, d_mlp=64, d_vocab=160, n_ctx=96, rope_base=1e5)
 
 
 @pytest.mark.slow
@@ -40,9 +57,109 @@ def test_bench_report_has_both_measurements_ratio_reps_and_spread(tmp_path, caps
 
 
 def test_targets_are_judged_in_their_direction():
-    assert entry("kv_cache_speedup", 12.0)["met"] and not entry("kv_cache_speedup", 9.0)["met"]
+    assert entry("kv_cache_speedup", 20.0)["met"] and not entry("kv_cache_speedup", 19.0)["met"]
     assert entry("hook_overhead", 1.01)["met"] and not entry("hook_overhead", 1.2)["met"]
     assert entry("hd4_dense_train_step", 7.0)["met"] is None
+    assert entry("fbt_soft_decode_overhead", 1.05)["met"] and not entry("fbt_soft_decode_overhead", 1.06)["met"]
+    assert entry("hd4_decode_throughput", 0.85)["met"] and not entry("hd4_decode_throughput", 0.8)["met"]
+    assert entry("vs_bridge_cache", 0.5)["met"] and not entry("vs_bridge_cache", 0.6)["met"]
+    assert entry("compiled_decode_speedup", 2.0)["met"] and not entry("compiled_decode_speedup", 1.9)["met"]
+    assert entry("traces_problems_per_s", 2.5)["met"] and not entry("traces_problems_per_s", 1.5)["met"]
+    assert entry("vs_hf_generate", 1.0)["met"] and not entry("vs_hf_generate", 0.9)["met"]
+    fused = entry("fused_projections", 0.9)
+    assert fused["met"] is None and fused["target"] is None
+
+
+ENGINE_KEYS = ["fbt_soft_decode_overhead", "kv_cache_speedup", "hd4_decode_throughput"]
+NEW_KEYS = ["compiled_decode_speedup", "vs_hf_generate", "fused_projections", "traces_problems_per_s"]
+
+
+def _side(e: dict) -> None:
+    assert e["a"]["median_s"] > 0 and e["b"]["median_s"] > 0 and e["a"]["what"] and e["b"]["what"]
+    assert e["spread"][0] <= e["ratio"] <= e["spread"][1]
+
+
+@pytest.mark.slow
+def test_bench_report_of_the_engine_and_new_keys(tmp_path):
+    out = tmp_path / "bench.json"
+    main(["bench", "--preset", "debug", *[a for key in ENGINE_KEYS + NEW_KEYS for a in ("--only", key)], "--out", str(out)])
+    entries = {e["key"]: e for e in json.loads(out.read_text())["entries"]}
+    assert sorted(entries) == sorted(ENGINE_KEYS + NEW_KEYS)
+    for e in entries.values():
+        _side(e)
+        assert e["reps"] >= 5 and e["compiles_in_reps"] == 0 and e["compile_fallbacks"] == 0
+        assert e["target"] == (None if TARGETS[e["key"]][1] is None else "{} {}".format(*TARGETS[e["key"]]))
+    for key in ENGINE_KEYS:  # compiled on both sides, the eager engine's figure beside it
+        e = entries[key]
+        assert e["engine"] == ENGINE == "compiled" and e["a"]["engine"] == ENGINE and e["eager"]["engine"] == "eager"
+        _side(e["eager"])
+        shared_b = key == "kv_cache_speedup"  # full recompute: no cache, no engine, timed once
+        assert e["eager"]["a"]["engine"] == "eager"
+        assert (e["b"]["engine"], e["eager"]["b"]["engine"]) == ((None, None) if shared_b else (ENGINE, "eager"))
+    e = entries["compiled_decode_speedup"]
+    assert (e["a"]["engine"], e["b"]["engine"], e["static"]["b"]["engine"]) == ("eager", "compiled", "static")
+    _side(e["static"])
+    e = entries["vs_hf_generate"]
+    assert e["same_tokens"] is True and e["tokens"] == 32 and e["a"]["engine"] == "transformers"
+    assert e["b"]["engine"] == e["engine"] and "key/value heads" in e["note"]
+    e = entries["fused_projections"]
+    assert sorted(e["by_width"]) == ["small/compiled", "small/eager", "smollm2/compiled", "smollm2/eager"]
+    assert e["ratio"] == e["by_width"]["small/compiled"]["ratio"] and e["met"] is None
+    for r in e["by_width"].values():
+        _side(r)
+    e = entries["traces_problems_per_s"]
+    assert (e["a"]["engine"], e["a"]["compact"], e["b"]["compact"]) == ("eager", False, True)
+    assert e["same_rows"] is True and e["problems"] == 64 and 0 < e["finished"] < 64
+    assert e["a"]["problems_per_s"] == pytest.approx(64 / e["a"]["median_s"])
+
+
+@pytest.mark.parametrize("engine", ["static", pytest.param("compiled", marks=pytest.mark.slow)])
+def test_vs_hf_generate_makes_the_same_tokens_on_both_sides(engine):
+    e = vs_hf_generate(5, shape=TINY_SHAPE, engine=engine, also=("eager",))
+    assert e["same_tokens"] is True and e["shape"] == TINY_SHAPE and "stand-in" in e["note"]
+    assert (e["b"]["engine"], e["eager"]["b"]["engine"]) == (engine, "eager")
+    _side(e)
+
+
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_fused_and_separate_projections_compute_the_same(compiled):
+    separate, fused = projection_stacks(32, 48, 3, seed=1)
+    assert sum(isinstance(m, torch.nn.Linear) for m in separate.modules()) == 7 * 3
+    assert sum(isinstance(m, torch.nn.Linear) for m in fused.modules()) == 4 * 3
+    x = torch.randn(1, 1, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = separate(x)
+        got = (torch.compile(fused) if compiled else fused)(x)
+    assert not torch.equal(want, x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_eos_stand_in_stops_rows_where_the_model_emitted_it():
+    tokenizer = CharTokenizer()
+    examples = problems("chain", 12, [1, 2, 3, 4], 0)
+    prompts = [tokenizer.encode(ex.prompt) for ex in examples]
+    model = build_model("fbt", "debug")
+    before = generate(model, prompts, regime="soft", max_new_tokens=20, engine="eager").new_tokens
+    chosen = eos_at_varying_steps(model, examples, tokenizer, regime="soft", max_new_tokens=20, batch_size=5)
+    assert chosen not in {t for p in prompts for t in p} | {tokenizer.pad_id, tokenizer.eos_id}
+    after = generate(model, prompts, regime="soft", max_new_tokens=20, engine="eager").new_tokens
+    swapped = before.clone()
+    swapped[before == chosen], swapped[before == tokenizer.eos_id] = tokenizer.eos_id, chosen
+    assert torch.equal(after, swapped)
+    first = [row.tolist().index(chosen) if chosen in row.tolist() else 20 for row in before]
+    assert len(set(first)) > 1  # rows stop at different steps
+
+
+@pytest.mark.slow
+def test_measure_counts_compiles_that_land_in_the_timed_repetitions():
+    torch.compiler.reset()
+    f = torch.compile(lambda x: x * 2 + 1)
+    g = torch.compile(lambda x: x * 3 + 1)  # its own code: its own compile cache
+    shapes = iter(range(1, 100))
+    static = torch.ones(3)
+    _, same = measure({"a": lambda: f(static)}, 5)
+    _, growing = measure({"a": lambda: g(torch.ones(next(shapes)))}, 5)  # the second shape compiles again
+    assert same["compiles_in_reps"] == 0 and growing["compiles_in_reps"] >= 1
 
 
 @pytest.mark.slow
