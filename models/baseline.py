@@ -241,6 +241,11 @@ class DecoderLM(HookedRootModule):
         code is reused for every later cache of the same shapes; a new shape compiles again."""
         if mode is None:
             mode = "reduce-overhead" if self.embed.W_E.device.type == "cuda" else "default"
+        # one code object serves every model in the process, and each architecture variant, fuse
+        # flag and (before dynamo makes it dynamic) batch or capacity is an entry of its cache; past
+        # dynamo's default of 8 entries a step would silently run eagerly
+        dynamo_config = torch._dynamo.config
+        dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
         self.compiled_step = torch.compile(self._static_step_core, mode=mode)
         self.compiled_mode = mode
 

@@ -283,6 +283,7 @@ class StaticStep:
     index: Tensor  # [] long: the new token's slot
     valid: Tensor  # [batch, capacity] bool, the new token's slot included
     end: int  # tokens cached after this step (eager code only: slices a pattern to the real keys)
+    masks: dict = dataclasses.field(default_factory=dict)  # built once per step per layer kind
 
     def slots(self, per_token: int) -> Tensor:
         """[per_token] slots of the new token in a layout with ``per_token`` positions per token."""
@@ -290,6 +291,12 @@ class StaticStep:
 
     def mask(self, per_token: int, rows_per_batch: int, window: int | None) -> Tensor:
         """[batch', 1, per_token, capacity * per_token] bool (True = may attend) over the whole buffer."""
+        kind = (per_token, rows_per_batch, window)
+        if kind not in self.masks:
+            self.masks[kind] = self._mask(per_token, rows_per_batch, window)
+        return self.masks[kind]
+
+    def _mask(self, per_token: int, rows_per_batch: int, window: int | None) -> Tensor:
         keys = self.valid
         if rows_per_batch > 1:  # HD intra-stream layers: one row per stream
             keys = keys.repeat_interleave(rows_per_batch, dim=0)
