@@ -50,6 +50,9 @@ TARGETS = {  # key: (comparison, target); None = reported only
     "hd4_train_step": ("<=", 4.6),
     "hd4_dense_train_step": (None, None),
     "hd4_decode_throughput": (">=", 0.85),
+    "hd4_decode_throughput_b32_ctx2k": (None, None),
+    "ragged_batch32_decode": (None, None),
+    "ragged_batch64_decode": (None, None),
     "hook_overhead": ("<=", 1.03),
     "numerics_guard_decode": ("<=", 1.03),
     "store_verify_load": (None, None),
@@ -67,6 +70,8 @@ SMOLLM2_STANDIN = dict(d_model=64, n_layers=2, n_heads=4, d_mlp=176, d_vocab=512
 
 SIZES = {  # per preset: decode lengths, train batch, store positions, and the new keys' sizes
     "debug": {
+        "long_context": 64,  # hd4_decode_throughput_b32_ctx2k: cached tokens per row (2k but at debug)
+        "long_new": 4,  # ... and decode steps after them
         "new_tokens": 32,
         "kv_tokens": 64,
         "batch": 4,
@@ -79,6 +84,8 @@ SIZES = {  # per preset: decode lengths, train batch, store positions, and the n
         "trace_tokens": 32,  # traces_problems_per_s: max_new_tokens (capped by n_ctx - prompt)
     },
     "tiny": {
+        "long_context": 2048,  # hd4_decode_throughput_b32_ctx2k: cached tokens per row (2k but at debug)
+        "long_new": 16,  # ... and decode steps after them
         "new_tokens": 128,
         "kv_tokens": 256,
         "batch": 8,
@@ -91,6 +98,8 @@ SIZES = {  # per preset: decode lengths, train batch, store positions, and the n
         "trace_tokens": 64,
     },
     "small": {
+        "long_context": 2048,  # hd4_decode_throughput_b32_ctx2k: cached tokens per row (2k but at debug)
+        "long_new": 8,  # ... and decode steps after them
         "new_tokens": 256,
         "kv_tokens": 512,
         "batch": 8,
@@ -299,6 +308,83 @@ def _plain_train_step(model, sizes: dict, hf: bool = False) -> Callable:
     return _train_step(model, loss, sizes)
 
 
+def _synthetic_context(model, batch: int, context: int, new: int):
+    """A static cache whose rows hold ``context`` tokens of random keys and values, and a function
+    that rewinds it to them. Decode speed depends on how much the cache holds, not on what, and a
+    real 2k-token prefill of HD n=4 at batch 32 would take minutes on a CPU."""
+    cache = model.make_cache(context + new, static=True)
+    g = torch.Generator().manual_seed(0)
+    H, dh, n = model.cfg.n_heads, model.cfg.d_head, model.n_streams
+    for block, layer in zip(model.blocks, cache.layers):
+        cross = block.attn.mode == "cross" and n > 1  # cross-stream: n positions per token; intra: a row per stream
+        rows, layer.per_token = (batch, n) if cross else (batch * n, 1)
+        layer.k = torch.randn(rows, H, cache.capacity * layer.per_token, dh, generator=g)
+        layer.v = torch.randn(rows, H, cache.capacity * layer.per_token, dh, generator=g)
+    cache.advance(None, context, batch, torch.device("cpu"))
+
+    def rewind():
+        cache.length = context
+        for layer in cache.layers:
+            layer.length = context * layer.per_token
+        cache.advance(None, 0, batch, torch.device("cpu"))  # index, positions and validity at ``context``
+        assert cache.valid is not None
+        cache.valid[:, context:] = False
+
+    return cache, rewind
+
+
+def _decode_steps(model, batch: int, context: int, new: int) -> Callable:
+    """``new`` greedy static steps of ``batch`` rows after a synthetic ``context``-token cache."""
+    cache, rewind = _synthetic_context(model, batch, context, new)
+    first = torch.randint(4, 100, (batch, 1), generator=torch.Generator().manual_seed(1))
+
+    def run():
+        rewind()
+        token = first
+        for _ in range(new):
+            h = model.step(token, cache=cache)
+            token = model.readout(h[:, -model.n_streams :])[:, -1].argmax(-1)[:, None]
+
+    return run
+
+
+def _hd4_long_context(preset: str, sizes: dict, reps: int) -> dict:
+    batch, context, new = 32, sizes["long_context"], sizes["long_new"]
+    base = build_model("baseline", preset, n_ctx=context + new).eval()
+    hd = build_model("hd", preset, n_streams=4, n_ctx=context + new).eval()
+    return paired(
+        "hd4_decode_throughput_b32_ctx2k",
+        _decode_steps(hd, batch, context, new),
+        _decode_steps(base, batch, context, new),
+        what_a=f"HD n=4 decode, batch {batch}, {new} steps after {context} cached tokens",
+        what_b=f"baseline decode, batch {batch}, {new} steps after {context} cached tokens",
+        reps=reps,
+        note="tokens/s of HD over the baseline = t_baseline / t_HD (static engine, one cross-stream block); "
+        "the cache holds random keys and values",
+    )
+
+
+def _ragged_batch(preset: str, batch: int, reps: int) -> dict:
+    """Trace-study-shaped decoding: ``batch`` ragged prompts (8..64 tokens, left-padded), FBT soft,
+    64 new tokens: the static engine over the eager (growing-cache) one."""
+    fbt = build_model("fbt", preset).eval()
+    g = torch.Generator().manual_seed(batch)
+    prompts = [torch.randint(4, 100, (int(n),), generator=g).tolist() for n in torch.randint(8, 65, (batch,), generator=g)]
+    new = 64
+    e = paired(
+        f"ragged_batch{batch}_decode",
+        lambda: generate(fbt, prompts, regime="soft", max_new_tokens=new, engine="eager"),
+        lambda: generate(fbt, prompts, regime="soft", max_new_tokens=new, engine="static"),
+        what_a=f"eager engine, FBT soft, batch {batch} ragged prompts (8-64 tokens), {new} tokens",
+        what_b="static engine, same prompts",
+        reps=reps,
+        ratio=lambda ta, tb: ta / tb,
+        note="tokens/s of the static engine over the eager one = t_eager / t_static",
+    )
+    e["tokens_per_s"] = {side: batch * new / e[k]["median_s"] for side, k in (("eager", "a"), ("static", "b"))}
+    return e
+
+
 def _hd_model(preset: str, n: int, dense: bool, seed: int = 0):
     n_layers = PRESETS[preset]["n_layers"]
     return build_model("hd", preset, seed=seed, n_streams=n, cross_layers=tuple(range(n_layers)) if dense else None)
@@ -426,6 +512,11 @@ def run_bench(
             )
         if want("vs_bridge_cache"):
             results.append(_vs_bridge(preset, sizes, reps))
+        if want("hd4_decode_throughput_b32_ctx2k"):
+            results.append(_hd4_long_context(preset, sizes, reps))
+        for batch in (32, 64):
+            if want(f"ragged_batch{batch}_decode"):
+                results.append(_ragged_batch(preset, batch, reps))
         if want("vs_hf_generate"):
             results.append(vs_hf_generate(reps, shape=sizes["hf_shape"]))
         if want("fused_projections"):

@@ -197,3 +197,28 @@ def test_bad_bench_arguments_are_usage_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(argv)
     assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_synthetic_context_decodes_like_the_prefill_it_copies():
+    """hd4_decode_throughput_b32_ctx2k times steps after a cache of random keys and values; with a
+    real prefill's keys and values copied in, those steps are the real decode (HD n=4: one row per
+    stream in intra-stream layers, n positions per token in the cross-stream one), every rewind."""
+    from workbench.bench import _synthetic_context
+
+    model = build_model("hd", "debug", n_streams=4).eval()
+    prompt, first, second = torch.randint(4, 100, (3, 6)), torch.randint(4, 100, (3, 1)), torch.randint(4, 100, (3, 1))
+    with torch.no_grad():
+        real = model.make_cache(9, static=True)
+        model.prefill(prompt, cache=real)
+        want = [model.step(first, cache=real)]
+        want.append(model.step(second, cache=real))
+        cache, rewind = _synthetic_context(model, 3, 6, 3)
+        for _ in range(2):
+            rewind()
+            for got_layer, real_layer in zip(cache.layers, real.layers):
+                got_layer.k[:, :, : got_layer.length] = real_layer.k[:, :, : got_layer.length]
+                got_layer.v[:, :, : got_layer.length] = real_layer.v[:, :, : got_layer.length]
+            got = [model.step(first, cache=cache)]
+            got.append(model.step(second, cache=cache))
+            for g, w in zip(got, want):
+                torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
