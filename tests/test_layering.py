@@ -49,6 +49,7 @@ def test_models_import_only_torch_and_hook_points():
 # bench, demo, runs) may import anything.
 WING_RANK = {"storage": 0, "runtime": 1, "data": 2, "training": 3, "probing": 4, "dynamics": 4, "studies": 4}
 TOP = 5
+TOP_PACKAGES = {"bench"}  # top modules split into a package: like cli, they may import anything
 
 
 def wing_of(module: str) -> str | None:
@@ -72,6 +73,8 @@ def test_workbench_imports_flow_down_the_wings():
     for f in files:
         parts = f.relative_to(ROOT / "workbench").parts
         own = parts[0] if len(parts) > 1 else None
+        if own in TOP_PACKAGES:
+            continue
         rank = WING_RANK[own] if own else TOP
         for module in workbench_imports(f):
             wing = wing_of(module)
@@ -86,5 +89,6 @@ def test_workbench_imports_flow_down_the_wings():
 
 def test_every_workbench_module_sits_in_a_wing_or_the_top():
     top = {p.stem for p in (ROOT / "workbench").glob("*.py")} - {"__init__"}
-    assert top == {"cli", "bench", "demo", "runs"}, top
-    assert {p.name for p in (ROOT / "workbench").iterdir() if p.is_dir() and p.name != "__pycache__"} == set(WING_RANK)
+    assert top == {"cli", "demo", "runs"}, top
+    packages = {p.name for p in (ROOT / "workbench").iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert packages == set(WING_RANK) | TOP_PACKAGES

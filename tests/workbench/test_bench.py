@@ -203,7 +203,7 @@ def test_a_synthetic_context_decodes_like_the_prefill_it_copies():
     """hd4_decode_throughput_b32_ctx2k times steps after a cache of random keys and values; with a
     real prefill's keys and values copied in, those steps are the real decode (HD n=4: one row per
     stream in intra-stream layers, n positions per token in the cross-stream one), every rewind."""
-    from workbench.bench import _synthetic_context
+    from workbench.bench.decode import _synthetic_context
 
     model = build_model("hd", "debug", n_streams=4).eval()
     prompt, first, second = torch.randint(4, 100, (3, 6)), torch.randint(4, 100, (3, 1)), torch.randint(4, 100, (3, 1))

@@ -64,8 +64,10 @@ HEAVY = [
     ("workbench.probing.study", "cache_activations"),
     ("workbench.dynamics.study", "rollout"),
     ("workbench.studies.traces", "run_traces"),
-    ("workbench.bench", "build_model"),
-    ("workbench.bench", "_store_rss"),
+    ("workbench.bench.suite", "build_model"),
+    ("workbench.bench.decode", "build_model"),
+    ("workbench.bench.train_steps", "build_model"),
+    ("workbench.bench.suite", "_store_rss"),
 ]
 
 NAMES = st.text(max_size=12).filter(lambda s: ":" not in s)  # unicode junk, never ARCH:PRESET

@@ -171,7 +171,7 @@ def test_train_flops_per_token_is_palm_6n_plus_12_l_d_t_on_a_hand_counted_model(
 
 
 def test_bench_time_runs_on_cpu_without_touching_cuda():
-    from workbench.bench import _time
+    from workbench.bench.timing import _time
 
     ran = []
     t = _time(lambda: ran.append(1), torch.device("cpu"))
@@ -181,7 +181,7 @@ def test_bench_time_runs_on_cpu_without_touching_cuda():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_bench_time_waits_for_queued_cuda_work():
-    from workbench.bench import _time
+    from workbench.bench.timing import _time
 
     a = torch.randn(4096, 4096, device="cuda")
     torch.cuda.synchronize()
