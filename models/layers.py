@@ -113,9 +113,14 @@ def _is_hooked(hook_point) -> bool:
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """``x * cos + rotate_half(x) * sin`` (rotate_half(x) = [-x2, x1]), computed half by half:
+    [x1 cos1 - x2 sin1, x2 cos2 + x1 sin2]. The same roundings as the textbook formula (a + (-b)
+    is a - b in IEEE arithmetic), so bit for bit the same result, without building the negated,
+    rotated copy. The result is contiguous in ``x``'s shape."""
     half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    x1, x2 = x[..., :half], x[..., half:]
+    c1, c2, s1, s2 = cos[..., :half], cos[..., half:], sin[..., :half], sin[..., half:]
+    return torch.cat((x1 * c1 - x2 * s1, x2 * c2 + x1 * s2), dim=-1)
 
 
 class LayerKV:
@@ -356,6 +361,25 @@ def attention_mask(
     return allowed
 
 
+_CAUSAL_BIAS: dict[tuple, Tensor] = {}
+_CAUSAL_BIAS_KEEP = 4  # tables kept (the most recently built); each is query x key elements
+
+
+def _causal_bias(n_query: int, n_key: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """[query, key] additive causal mask (0 where a query may attend, -inf after it), queries being
+    the last ``n_query`` of ``n_key`` positions; cached per shape, dtype and device."""
+    key = (n_query, n_key, dtype, device)
+    bias = _CAUSAL_BIAS.get(key)
+    if bias is None:
+        allowed = attention_mask(n_query, n_key, None, None, device, explicit=True)
+        assert allowed is not None  # explicit=True always builds one
+        bias = torch.zeros(n_query, n_key, dtype=dtype, device=device).masked_fill_(~allowed[0, 0], float("-inf"))
+        while len(_CAUSAL_BIAS) >= _CAUSAL_BIAS_KEEP:
+            del _CAUSAL_BIAS[next(iter(_CAUSAL_BIAS))]
+        _CAUSAL_BIAS[key] = bias
+    return bias
+
+
 class Attention(nn.Module):
     """Causal multi-head attention through SDPA.
 
@@ -387,10 +411,10 @@ class Attention(nn.Module):
     def forward(self, x: Tensor, ctx: AttnContext, kv: LayerKV | None) -> Tensor:
         B, P, _ = x.shape
         H, dh, n = self.cfg.n_heads, self.cfg.d_head, ctx.n_streams
-        q = apply_rotary(self.W_Q(x).view(B, P, H, dh).transpose(1, 2), ctx.cos, ctx.sin)
-        k = apply_rotary(self.W_K(x).view(B, P, H, dh).transpose(1, 2), ctx.cos, ctx.sin)
-        q = self.hook_q(q.transpose(1, 2)).transpose(1, 2)  # [batch, n_heads, pos, d_head]
-        k = self.hook_k(k.transpose(1, 2)).transpose(1, 2)
+        # rotary in the [batch, pos, n_heads, d_head] layout the hooks see (cos, sin: [batch, pos, 1, d_head])
+        cos, sin = ctx.cos.transpose(1, 2), ctx.sin.transpose(1, 2)
+        q = self.hook_q(apply_rotary(self.W_Q(x).view(B, P, H, dh), cos, sin)).transpose(1, 2)  # [batch, n_heads, pos, d_head]
+        k = self.hook_k(apply_rotary(self.W_K(x).view(B, P, H, dh), cos, sin)).transpose(1, 2)
         v = self.hook_v(self.W_V(x).view(B, P, H, dh)).transpose(1, 2)
         per_stream = self.mode == "intra" and n > 1
         key_valid = ctx.key_valid
@@ -432,12 +456,27 @@ class Attention(nn.Module):
         return self.W_O(z.reshape(B, P, H * dh))
 
     def _attend_explicit(self, q, k, v, mask, batch: int, n: int) -> Tensor:
-        scores = (q @ k.transpose(-1, -2)) / math.sqrt(self.cfg.d_head)
-        if mask is None:
-            mask = attention_mask(q.shape[2], k.shape[2], None, None, q.device, explicit=True)
-        assert mask is not None  # explicit=True always builds one
-        scores = scores.masked_fill(~mask, float("-inf"))
-        pattern = scores.softmax(dim=-1)
+        """Attention with the pattern materialised for ``hook_pattern``: [rows, n_heads, query,
+        key] scores, masked to -inf, softmax, pattern @ v. ``mask`` None: causal.
+
+        The scale is applied inside the score matmul (``baddbmm``'s alpha, not a division over
+        the scores), and the scores are masked in place: one [rows * n_heads, query, key] tensor
+        is allocated before the pattern itself. A causal mask is applied as ``tril_`` then the
+        addition of a cached 0 / -inf table, which sets exactly the masked scores to -inf whatever
+        they held (NaN and inf included), like ``masked_fill`` but at the cost of two cheap passes.
+        """
+        rows, H, n_query, dh = q.shape
+        n_key = k.shape[2]
+        q3, k3 = q.reshape(rows * H, n_query, dh), k.reshape(rows * H, n_key, dh)
+        scale = 1.0 / math.sqrt(self.cfg.d_head)
+        scores = torch.baddbmm(q3.new_zeros(()), q3, k3.transpose(1, 2), beta=0.0, alpha=scale)
+        # in place on the matmul's own output (autograd saves neither it nor a view of it)
+        if mask is not None:
+            masked = torch.broadcast_to(~mask, (rows, H, n_query, n_key)).reshape(scores.shape)
+            scores.masked_fill_(masked, float("-inf"))
+        elif n_query > 1:  # causal; a single last query sees every key
+            scores.tril_(n_key - n_query).add_(_causal_bias(n_query, n_key, scores.dtype, scores.device))
+        pattern = scores.softmax(dim=-1).view(rows, H, n_query, n_key)
         if n > 1:
             pattern = pattern.view(batch, n, *pattern.shape[1:])
         pattern = self.hook_pattern(pattern)
