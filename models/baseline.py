@@ -6,15 +6,11 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any
 
 import torch
 from torch import Tensor, nn
 from transformer_lens import HookedRootModule
-from transformer_lens.hook_points import DeviceType, HookPoint, NamesFilter
-from transformer_lens.utilities.devices import warn_if_mps
-from transformer_lens.utilities.slice import Slice, SliceInput
-from transformer_lens.utilities.tensors import remove_batch_dim as drop_batch_dim
+from transformer_lens.hook_points import HookPoint
 
 from models.layers import (
     Attention,
@@ -85,78 +81,6 @@ class DecoderLM(HookedRootModule):
             if isinstance(module, Attention):
                 module.force_pattern = enabled
         self.patterns_forced = enabled
-
-    def run_with_cache(
-        self,
-        *model_args: Any,
-        names_filter: NamesFilter = None,
-        device: DeviceType = None,
-        remove_batch_dim: bool = False,
-        incl_bwd: bool = False,
-        reset_hooks_end: bool = True,
-        clear_contexts: bool = False,
-        pos_slice: Slice | SliceInput | None = None,
-        **model_kwargs: Any,
-    ) -> tuple[Any, dict[str, Tensor]]:
-        """TransformerLens's ``HookedRootModule.run_with_cache``: the same arguments and the same
-        result, the model's output and a plain dict ``{hook name: activation}`` (detached, moved to
-        ``device``, the last firing of each hook). What differs is only how it captures: one plain
-        torch forward hook per selected hook point, registered after the hooks already there (so it
-        sees what they return, as TransformerLens's caching hook does) and removed at the end,
-        instead of TransformerLens's per-call wrappers (a closure, a ``partial`` and a handle per
-        hook point, and name and slice checks at every firing); these hooks are torch's, so
-        TransformerLens's ``fwd_hooks`` lists do not show them during the call. Backward caching
-        (``incl_bwd``), ``pos_slice``, ``reset_hooks_end=False`` and hook points with a
-        TransformerLens conversion go through TransformerLens's own implementation."""
-        points = self.hook_dict
-        converted = any(hp.hook_conversion is not None for hp in points.values())
-        if incl_bwd or pos_slice is not None or not reset_hooks_end or converted:
-            return super().run_with_cache(
-                *model_args,
-                names_filter=names_filter,
-                device=device,
-                remove_batch_dim=remove_batch_dim,
-                incl_bwd=incl_bwd,
-                reset_hooks_end=reset_hooks_end,
-                clear_contexts=clear_contexts,
-                pos_slice=pos_slice,
-                **model_kwargs,
-            )
-        if remove_batch_dim and model_args and isinstance(model_args[0], Tensor):
-            batch_size = model_args[0].shape[0] if model_args[0].ndim > 0 else 1
-            assert batch_size == 1, f"Cannot remove batch dimension from cache with batch size {batch_size}"
-        if device is not None:
-            warn_if_mps(device)
-        if names_filter is None:
-            selected = list(points.values())
-        elif isinstance(names_filter, str):
-            selected = [hp for name, hp in points.items() if name == names_filter]
-        elif isinstance(names_filter, list):
-            selected = [hp for name, hp in points.items() if name in names_filter]
-        elif callable(names_filter):
-            selected = [hp for name, hp in points.items() if names_filter(name)]
-        else:
-            raise ValueError("names_filter must be a string, list of strings, or function")
-        cache: dict[str, Tensor] = {}
-
-        def save(module: HookPoint, _inputs: Any, output: Tensor) -> None:
-            assert module.name is not None  # set by setup()
-            value = output.detach().to(device)
-            cache[module.name] = drop_batch_dim(value) if remove_batch_dim else value
-
-        self.is_caching = True
-        self.context_level += 1
-        handles = []
-        try:
-            for hp in selected:
-                handles.append(hp.register_forward_hook(save))
-            model_out = self(*model_args, **model_kwargs)
-        finally:
-            for handle in handles:
-                handle.remove()
-            self.reset_hooks(clear_contexts, including_permanent=False, level=self.context_level)
-            self.context_level -= 1
-        return model_out, cache
 
     def _finish_init(self) -> None:
         init_weights(self, self.cfg)

@@ -1,5 +1,5 @@
-"""``DecoderLM.run_with_cache`` against TransformerLens's own implementation, and the explicit
-attention path (the one ``hook_pattern`` forces) against SDPA."""
+"""The explicit attention path (the one ``hook_pattern`` forces) against SDPA and the textbook
+formula, and rotary against its textbook formula."""
 
 import math
 
@@ -7,119 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import tokens
-from transformer_lens import HookedRootModule
 
 from models.layers import Attention, ModelConfig, apply_rotary, attention_mask
-from workbench import build_model
-
-ARCHS = {  # arch: (overrides, forward kwargs)
-    "baseline": ({}, {}),
-    "fbt": ({}, {"passes": 3}),  # hooks fire once per pass: the cache keeps the last firing
-    "hd": ({"n_streams": 2, "cross_window": 5}, {}),  # per-stream 5-d patterns and a windowed cross layer
-}
-
-
-def _model(arch):
-    return build_model(arch, "debug", **ARCHS[arch][0])
-
-
-def _assert_same(reference, ours):
-    (ref_out, ref_cache), (out, cache) = reference, ours
-    assert torch.equal(out, ref_out) and out.requires_grad == ref_out.requires_grad
-    assert isinstance(cache, dict) and list(cache) == list(ref_cache)  # names, in firing order
-    for name, ref in ref_cache.items():
-        got = cache[name]
-        assert got.shape == ref.shape and got.dtype == ref.dtype and got.device == ref.device, name
-        assert got.stride() == ref.stride() and not got.requires_grad, name
-        assert torch.equal(got, ref), name
-
-
-def _both(model, *args, **kwargs):
-    return HookedRootModule.run_with_cache(model, *args, **kwargs), model.run_with_cache(*args, **kwargs)
-
-
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("grad", [True, False], ids=["grad", "no_grad"])
-def test_run_with_cache_equals_transformer_lens_for_every_hook(arch, grad):
-    model, kw = _model(arch), ARCHS[arch][1]
-    mask = torch.ones(3, 9, dtype=torch.bool)
-    mask[0, :4] = False  # left padding: the masked explicit path
-    with torch.set_grad_enabled(grad):
-        for extra in ({}, {"attention_mask": mask}):
-            ref, ours = _both(model, tokens(3, 9), **kw, **extra)
-            assert set(ours[1]) == set(model.hook_dict)  # every hook fired
-            _assert_same(ref, ours)
-    assert not any(hp._forward_hooks for hp in model.hook_dict.values())  # nothing left behind
-    assert not model.is_caching and model.context_level == 0
-
-
-@pytest.mark.parametrize("arch", ARCHS)
-def test_run_with_cache_names_filter_device_and_batch_dim(arch):
-    model, kw = _model(arch), ARCHS[arch][1]
-    toks = tokens(2, 7)
-    names = [n for n in model.hook_dict if n.endswith(("hook_pattern", "hook_resid_post"))]
-    for names_filter in (names, names[0], lambda n: n.endswith("hook_z"), "no.such.hook", []):
-        ref, ours = _both(model, toks, names_filter=names_filter, **kw)
-        _assert_same(ref, ours)
-    _assert_same(*_both(model, toks, names_filter=names, device="cpu", **kw))
-    _assert_same(*_both(model, toks[:1], remove_batch_dim=True, **kw))
-    _, cache = model.run_with_cache(toks[:1], remove_batch_dim=True, **kw)
-    assert cache["blocks.0.hook_resid_post"].shape[0] == toks.shape[1] * model.n_streams
-
-
-def test_run_with_cache_errors_as_transformer_lens_and_cleans_up():
-    model = _model("baseline")
-    with pytest.raises(ValueError, match="names_filter must be"):
-        model.run_with_cache(tokens(1, 4), names_filter=("blocks.0.hook_resid_pre",))
-    with pytest.raises(AssertionError, match="batch size 2"):
-        model.run_with_cache(tokens(2, 4), remove_batch_dim=True)
-    with pytest.raises(ValueError, match="outside the vocabulary"):  # the forward itself fails
-        model.run_with_cache(torch.full((1, 4), 1000))
-    assert not any(hp._forward_hooks for hp in model.hook_dict.values())
-    assert not model.is_caching and model.context_level == 0
-
-
-def test_run_with_cache_sees_what_user_hooks_return_and_leaves_them_attached():
-    model = _model("fbt")
-    toks = tokens(2, 8)
-    zero = ("fusion.hook_state", lambda x, hook: torch.zeros_like(x))
-    seen = []
-    perma = ("blocks.1.hook_resid_post", lambda x, hook: seen.append(x.shape))
-    model.add_perma_hook(*perma)
-    try:
-        with model.hooks(fwd_hooks=[zero]):
-            ref, ours = _both(model, toks, passes=2)
-            assert len(model.hook_dict["fusion.hook_state"].fwd_hooks) == 1  # the user's hook survives
-        _assert_same(ref, ours)
-        assert torch.equal(ours[1]["fusion.hook_state"], torch.zeros_like(ours[1]["fusion.hook_state"]))
-        assert len(seen) == 4  # the permanent hook ran in both passes of both calls
-        plain = model.run_with_cache(toks, passes=2)[1]["fusion.hook_state"]
-        assert plain.abs().max() > 0  # the zeroing hook went with its context
-    finally:
-        model.reset_hooks(including_permanent=True)
-
-
-def test_run_with_cache_falls_back_to_transformer_lens_for_its_other_options():
-    model = _model("baseline")
-    toks = tokens(2, 6)
-    _assert_same(*_both(model, toks, pos_slice=-1))
-    ref, ours = _both(model, toks, names_filter="blocks.0.hook_resid_pre", reset_hooks_end=False)
-    _assert_same(ref, ours)
-    model.reset_hooks()
-
-
-def test_run_with_cache_inside_a_recorder_and_patched_runs():
-    """The other capture paths keep working around it: a recorder records the same call."""
-    from workbench import ActivationRecorder
-
-    model = _model("baseline")
-    toks = tokens(2, 6)
-    with torch.no_grad(), ActivationRecorder(model, ["blocks.1.attn.hook_pattern"]) as rec:
-        _, cache = model.run_with_cache(toks)
-    assert torch.equal(rec.calls("blocks.1.attn.hook_pattern")[0].value, cache["blocks.1.attn.hook_pattern"])
-
-
-# ---- the explicit attention path ---------------------------------------------------------------
 
 
 def _attention(dtype, n_heads=4, d_head=8, window=None):
