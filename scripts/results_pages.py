@@ -40,6 +40,7 @@ DOCS_COMMANDS = {
         "--regimes standard,soft,fused --passes 2 --n-problems 1000 --difficulty 1..4 --out runs/cpu/traces"
     ],
     "bench_small.json": ["workbench bench --preset small --out docs/results/bench_small.json"],
+    "bench_tiny.json": ["workbench bench --preset tiny --out docs/results/bench_tiny.json"],
 }
 
 # Figures the docs show next to a JSON file that does not list them itself.
@@ -549,6 +550,9 @@ def bench_what(entry: dict, reps: int) -> str:
             text.format(entry[key]) for key, text in (("positions", "{:,} positions"), ("seconds", "{:g} s")) if key in entry
         )
     extras = [entry["note"]] if entry.get("note") else []
+    for other in ("eager", "static"):  # the same pair on another decoding engine, timed in the same interleave
+        if isinstance(entry.get(other), dict) and "ratio" in entry[other]:
+            extras.append(f"{other} engine: {bench_ratio(entry[other])}")
     if entry.get("reps") not in (None, reps):
         extras.append(f"{entry['reps']} pairs")
     return "; ".join([what] + extras)
@@ -573,21 +577,25 @@ def bench_table(bench: dict) -> str:
 
 
 def bench_page(results: Path) -> str:
-    name = "bench_small.json"
-    bench = read(results, name)
-    body = [
-        "## Ratios",
-        "",
-        "Each pair timed interleaved in one process; ratio = median of the per-pair ratios, spread = their",
-        f"min and max; {bench.get('reps')} pairs unless the row says otherwise.",
-        "",
-        bench_table(bench),
-    ]
+    names = [name for name in ("bench_small.json", "bench_tiny.json") if name == "bench_small.json" or (results / name).is_file()]
+    benches = [(name, read(results, name)) for name in names]
+    body = []
+    for _, bench in benches:
+        body += [
+            f"## Ratios, `{bench.get('preset', '?')}` preset",
+            "",
+            "Each pair timed interleaved in one process; ratio = median of the per-pair ratios, spread = their",
+            f"min and max; {bench.get('reps')} pairs unless the row says otherwise.",
+            "",
+            bench_table(bench),
+            "",
+        ]
+    presets = " and ".join(f"`{bench.get('preset', '?')}`" for _, bench in benches)
     return frame(
-        f"Benchmarks, `{bench.get('preset', '?')}` preset (measured)",
-        [(name, bench)],
+        f"Benchmarks, {presets} presets (measured)" if len(benches) > 1 else f"Benchmarks, {presets} preset (measured)",
+        benches,
         "\n".join(body),
-        figures_of(name, bench),
+        [f for name, bench in benches for f in figures_of(name, bench)],
         results,
     )
 

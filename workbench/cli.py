@@ -402,8 +402,8 @@ def _engine_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--engine",
         choices=ENGINES,
-        default="static",
-        help="how decode steps run: eager (growing cache), static (fixed shapes; the default) or compiled "
+        default="eager",
+        help="how decode steps run: eager (growing cache; the default), static (fixed shapes) or compiled "
         "(torch.compile of the static step: tens of seconds to compile per model and shape, then faster)",
     )
 

@@ -118,7 +118,7 @@ def _ragged_batch(preset: str, batch: int, reps: int) -> dict:
 
 def _compiled_speedup(preset: str, prompt: torch.Tensor, new: int, reps: int) -> dict:
     """Tokens/s of the compiled engine over the eager one (= t_eager / t_compiled) on the preset's
-    baseline, batch 1; the static engine (``generate``'s default) timed in the same interleave."""
+    baseline, batch 1; the static engine (uncompiled) timed in the same interleave."""
     base = build_model("baseline", preset).eval()
     fresh_compiles()
     times, dynamo = measure({engine: _decode(base, prompt, "standard", new, engine=engine) for engine in ENGINES}, reps)

@@ -69,7 +69,7 @@ def run_traces(
     *,
     max_new_tokens: int,
     batch_size: int = 64,
-    engine: str = "static",
+    engine: str = "eager",
     compact: bool = True,
 ) -> list[dict]:
     """Greedy generation on every problem under ``regime``; rows in problem order. ``engine`` as in
@@ -204,7 +204,7 @@ def trace_study(
     max_new_tokens: int = 160,
     batch_size: int = 64,
     overwrite: bool = False,
-    engine: str = "static",
+    engine: str = "eager",
 ) -> dict:
     """Every run under every regime on the same problems, into ``out_dir`` (``summary.json``,
     ``traces.csv``, ``traces.png``): a new or empty directory, or a previous trace study there,
