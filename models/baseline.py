@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -57,8 +58,7 @@ class DecoderLM(HookedRootModule):
         self.current_pass = 0
         self.forward_calls = 0
         self.numerics_guard = None  # set by models.guard_numerics
-        self.compiled_step = None  # torch.compile of _static_step_core, after compile_step()
-        self.compiled_mode: str | None = None
+        self.compiled_mode: str | None = None  # the torch.compile mode of compiled steps, after compile_step()
         self.patterns_forced = False  # see compute_patterns
 
     def guard_scope(self):
@@ -238,7 +238,8 @@ class DecoderLM(HookedRootModule):
         """Compile the static-cache decode step (used by steps on a ``compiled`` cache) with
         ``torch.compile``; ``mode`` defaults to ``reduce-overhead`` (CUDA graphs) on CUDA and to
         inductor's default elsewhere. Called on the first compiled step if not before. Compiled
-        code is reused for every later cache of the same shapes; a new shape compiles again."""
+        code is shared by every model in the process and reused for the shapes it has seen (the
+        weights are its inputs); a new shape or architecture variant compiles again."""
         if mode is None:
             mode = "reduce-overhead" if self.embed.W_E.device.type == "cuda" else "default"
         # one code object serves every model in the process, and each architecture variant, fuse
@@ -246,7 +247,8 @@ class DecoderLM(HookedRootModule):
         # dynamo's default of 8 entries a step would silently run eagerly
         dynamo_config = torch._dynamo.config
         dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
-        self.compiled_step = torch.compile(self._static_step_core, mode=mode)
+        if mode not in _COMPILED_STEPS:  # the function, not a bound method: a copy of the model uses its own weights
+            _COMPILED_STEPS[mode] = torch.compile(DecoderLM._static_step_core, mode=mode)
         self.compiled_mode = mode
 
     def static_step(self, tokens: Tensor, cache: KVCache, fuse: bool = False) -> Tensor:
@@ -260,10 +262,10 @@ class DecoderLM(HookedRootModule):
             if not cache.compiled or self.hooks_attached():  # hooks are Python: they run eagerly
                 h = self._static_step_core(tokens, cache, fuse, False)[0]  # the norms report to the guard themselves
             else:
-                if self.compiled_step is None:
+                if self.compiled_mode is None:
                     self.compile_step()
-                assert self.compiled_step is not None
-                h, health = self.compiled_step(tokens, cache, fuse, self.numerics_guard is not None)
+                assert self.compiled_mode is not None
+                h, health = _COMPILED_STEPS[self.compiled_mode](self, tokens, cache, fuse, self.numerics_guard is not None)
                 if health is not None and not math.isfinite(float(health)):
                     # compiled code cannot name the site: replay the step eagerly (its writes are
                     # idempotent), and the guard names it; a sum that merely overflowed passes
@@ -313,6 +315,9 @@ class DecoderLM(HookedRootModule):
         """Logits [batch, pos, d_vocab]; arguments as in ``final_states``."""
         with self.guard_scope():
             return self.readout(self.final_states(tokens, cache=cache, attention_mask=attention_mask))
+
+
+_COMPILED_STEPS: dict[str, Callable] = {}  # torch.compile mode -> the compiled DecoderLM._static_step_core
 
 
 class BaselineLM(DecoderLM):

@@ -3,6 +3,7 @@ static cache (``static``) and those steps through ``torch.compile`` (``compiled`
 tokens and states within round-off, for every architecture and regime, with ragged (left-padded)
 batches; the static cache holds exactly what the growing one holds."""
 
+import copy
 import json
 
 import pytest
@@ -101,7 +102,7 @@ def test_hooks_see_the_same_activations_under_every_engine():
         with ActivationRecorder(model, names) as rec:
             generate(model, _prompts(), max_new_tokens=4, engine=engine)
         recorded[engine] = rec
-    assert model.compiled_step is None
+    assert model.compiled_mode is None  # nothing compiled: every step ran eagerly
     for engine in ("static", "compiled"):
         for name in names:
             ref, got = recorded["eager"].calls(name), recorded[engine].calls(name)
@@ -168,7 +169,20 @@ def test_compiled_engine_equals_eager(compiled_models, arch, regime, passes, ove
     for prompts in (_prompts(), tokens(2, 5)):
         ref = generate(model, prompts, regime=regime, passes=passes, max_new_tokens=NEW, engine="eager")
         _assert_same(generate(model, prompts, regime=regime, passes=passes, max_new_tokens=NEW, engine="compiled"), ref)
-    assert model.compiled_step is not None
+    assert model.compiled_mode is not None
+
+
+@pytest.mark.slow
+def test_a_copy_of_a_compiled_model_decodes_with_its_own_weights():
+    model = build_model("baseline", "debug")
+    prompts = tokens(2, 5)
+    generate(model, prompts, max_new_tokens=NEW, engine="compiled")
+    clone = copy.deepcopy(model)
+    with torch.no_grad():
+        clone.embed.W_E.mul_(-1.5)
+    ref = generate(clone, prompts, max_new_tokens=NEW, engine="eager")
+    _assert_same(generate(clone, prompts, max_new_tokens=NEW, engine="compiled"), ref)
+    assert not torch.allclose(ref.states, generate(model, prompts, max_new_tokens=NEW).states)
 
 
 @pytest.mark.slow
