@@ -150,6 +150,8 @@ class LayerKV:
             return torch.cat((past_k, k), dim=2), torch.cat((past_v, v), dim=2)
         if self.k is None or self.v is None:
             shape = (k.shape[0], k.shape[1], capacity, k.shape[3])
+            # zeros, not empty: a static step attends over the whole buffer, and a masked key's
+            # weight is 0 but 0 * NaN (uninitialised memory) would still be NaN
             self.k, self.v = k.new_zeros(shape), v.new_zeros(shape)
         keys, values = self.k, self.v
         end = self.length + n
@@ -434,11 +436,10 @@ class Attention(nn.Module):
             if explicit:  # the pattern a hook sees covers the cached keys only, as in a dynamic step
                 end = ctx.static.end * scale
                 k, v, mask = k[:, :, :end], v[:, :, :end], mask[..., :end]
-        elif kv is not None and ctx.cache is not None:
-            kv.per_token = scale
-            k, v = kv.extend(k, v, ctx.cache.capacity * scale, ctx.write)
-            mask = attention_mask(q.shape[2], k.shape[2], key_valid, self.window, x.device)
         else:
+            if kv is not None and ctx.cache is not None:
+                kv.per_token = scale
+                k, v = kv.extend(k, v, ctx.cache.capacity * scale, ctx.write)
             mask = attention_mask(q.shape[2], k.shape[2], key_valid, self.window, x.device)
         if explicit:
             z = self._attend_explicit(q, k, v, mask, B, n if per_stream else 1)

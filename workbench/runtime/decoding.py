@@ -126,10 +126,9 @@ def sample(logits: Tensor, temperature: float, top_k: int | None, generator: tor
     return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator)[:, 0]
 
 
-def make_cache(model: DecoderLM, capacity: int, engine: str):
-    """A key/value cache for ``capacity`` tokens that ``model.step`` runs on as ``engine`` says."""
-    if engine not in ENGINES:
-        raise BadInput(f"unknown engine {engine!r}: expected one of {ENGINES}")
+def _engine_cache(model: DecoderLM, capacity: int, engine: str):
+    """A key/value cache for ``capacity`` tokens that ``model.step`` runs on as ``engine`` (checked
+    by ``_check_args``) says."""
     return model.make_cache(capacity, static=engine != "eager", compiled=engine == "compiled")
 
 
@@ -189,7 +188,7 @@ def score_completions(
         target[i, : len(c)] = torch.tensor(list(c), dtype=torch.long)
     model_check(model.check_tokens, target.clamp(min=0))
     with guarded(model, check_numerics):
-        cache = make_cache(model, P + C, engine)
+        cache = _engine_cache(model, P + C, engine)
         n = model.n_streams
         h = model.prefill(tokens, regime=regime, passes=passes, cache=cache, attention_mask=mask)
         nll = torch.full((B, C), float("nan"), device=device)
@@ -248,7 +247,7 @@ def generate(
     if temperature > 0 and seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)
     with guarded(model, check_numerics):
-        cache = make_cache(model, P + max_new_tokens, engine)
+        cache = _engine_cache(model, P + max_new_tokens, engine)
         h = model.prefill(tokens, regime=regime, passes=passes, cache=cache, attention_mask=mask)
         n = model.n_streams
         new = torch.full((B, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
