@@ -53,6 +53,8 @@ class DecoderLM(HookedRootModule):
         self.rotary = Rotary(cfg.d_head, cfg.rope_base)
         self.blocks = nn.ModuleList(blocks if blocks is not None else [Block(cfg) for _ in range(cfg.n_layers)])
         self.ln_final = RMSNorm(cfg.d_model, cfg.norm_eps)
+        # the readout's own [d_vocab, d_model] matrix when it is not tied to the input embedding
+        self.unembed = None if cfg.tie_embeddings else nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model))
         # Where the hooks are firing: the pass of a multi-pass forward (0-based) and a count of
         # forward calls (decoding steps). Labels only, read by the workbench's activation recorder.
         self.current_pass = 0
@@ -178,7 +180,12 @@ class DecoderLM(HookedRootModule):
 
     @property
     def readout_weight(self) -> Tensor:
-        """[d_vocab, d_model]: the table the tied readout uses (the token embedding)."""
+        """[d_vocab, d_model]: the readout's matrix (the token embedding, unless untied)."""
+        return self.unembed if self.unembed is not None else self.input_table
+
+    @property
+    def input_table(self) -> Tensor:
+        """[d_vocab, d_model]: the token embedding (Hidden Decoding: its first stream's table)."""
         return self.embed.W_E
 
     @property
@@ -187,7 +194,7 @@ class DecoderLM(HookedRootModule):
         return len(self.regimes) > 1
 
     def readout(self, h: Tensor) -> Tensor:
-        """Tied readout: logits [batch, pos, d_vocab] from final-normed states."""
+        """Readout: logits [batch, pos, d_vocab] from final-normed states."""
         return self.checked_logits(h @ self.readout_weight.T)
 
     # ---- decoding regimes: what a regime means at the prompt and at one step ---------------------

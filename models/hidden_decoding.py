@@ -103,8 +103,8 @@ class HiddenDecodingLM(DecoderLM):
         return self.checked_logits(h @ self.readout_weight.T)
 
     @property
-    def readout_weight(self) -> Tensor:
-        """[d_vocab, d_model]: the first stream's table E_1, which the readout is tied to."""
+    def input_table(self) -> Tensor:
+        """[d_vocab, d_model]: the first stream's table E_1 (the readout's, when tied)."""
         return self.embed.W_E[0]
 
     def stack_input(self, tokens: Tensor) -> Tensor:

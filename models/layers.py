@@ -29,11 +29,13 @@ class ModelConfig:
     d_model: int = 64
     n_layers: int = 2
     n_heads: int = 4
+    n_kv_heads: int | None = None  # key/value heads (grouped-query attention); None: n_heads
     d_mlp: int = 176
     n_ctx: int = 256
     rope_base: float = 10000.0
     norm_eps: float = 1e-6
     init_std: float = 0.02
+    tie_embeddings: bool = True  # the readout is the (first) input embedding table; False: its own matrix
 
     def __post_init__(self) -> None:
         check_config(self)  # types first: the checks below compare numbers
@@ -42,6 +44,13 @@ class ModelConfig:
                 raise ConfigError(f"config field {name}={getattr(self, name)!r}: expected an integer >= 1")
         if self.d_model % self.n_heads:
             raise ConfigError(f"config field d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        if self.n_kv_heads is None:
+            self.n_kv_heads = self.n_heads
+        if not 1 <= self.n_kv_heads <= self.n_heads or self.n_heads % self.n_kv_heads:
+            raise ConfigError(
+                f"config field n_kv_heads={self.n_kv_heads!r}: expected a divisor of n_heads={self.n_heads} "
+                "(each key/value head serves n_heads / n_kv_heads query heads)"
+            )
         if self.d_head % 2:
             raise ConfigError(f"d_head = d_model / n_heads = {self.d_head}: rotary embeddings need it even")
         # JSON and --set both accept Infinity; rotary angles, the norm and the init need finite values
@@ -127,7 +136,7 @@ class LayerKV:
     """Preallocated key/value buffers of one layer, in the layout that layer attends in."""
 
     def __init__(self) -> None:
-        self.k: Tensor | None = None  # [batch', n_heads, capacity, d_head]
+        self.k: Tensor | None = None  # [batch', n_kv_heads, capacity, d_head]
         self.v: Tensor | None = None
         self.length = 0
         self.per_token = 1  # positions per token in this layer's layout (n_streams in HD cross layers)
@@ -161,7 +170,7 @@ class LayerKV:
         return keys[:, :, :end], values[:, :, :end]
 
     def write_at(self, k: Tensor, v: Tensor, slots: Tensor) -> tuple[Tensor, Tensor]:
-        """Write new keys/values [batch', n_heads, new, d_head] in place at ``slots`` [new] and
+        """Write new keys/values [batch', n_kv_heads, new, d_head] in place at ``slots`` [new] and
         return the whole buffers (a static cache's step: fixed shapes, no growing slice)."""
         assert self.k is not None and self.v is not None  # a static step follows a prefill
         self.k.index_copy_(2, slots, k)
@@ -395,13 +404,14 @@ class Attention(nn.Module):
         super().__init__()
         self.cfg, self.mode, self.window = cfg, mode, window
         d = cfg.n_heads * cfg.d_head
+        self.n_kv_heads: int = cfg.n_kv_heads or cfg.n_heads
         self.W_Q = nn.Linear(cfg.d_model, d, bias=False)
-        self.W_K = nn.Linear(cfg.d_model, d, bias=False)
-        self.W_V = nn.Linear(cfg.d_model, d, bias=False)
+        self.W_K = nn.Linear(cfg.d_model, self.n_kv_heads * cfg.d_head, bias=False)
+        self.W_V = nn.Linear(cfg.d_model, self.n_kv_heads * cfg.d_head, bias=False)
         self.W_O = nn.Linear(d, cfg.d_model, bias=False)
         self.hook_q = HookPoint()  # [batch, pos, n_heads, d_head] (after rotary)
-        self.hook_k = HookPoint()  # [batch, pos, n_heads, d_head] (after rotary)
-        self.hook_v = HookPoint()  # [batch, pos, n_heads, d_head]
+        self.hook_k = HookPoint()  # [batch, pos, n_kv_heads, d_head] (after rotary)
+        self.hook_v = HookPoint()  # [batch, pos, n_kv_heads, d_head]
         # [batch, n_heads, query_pos, key_pos]; intra-stream layers with n_streams > 1:
         # [batch, n_streams, n_heads, query_token, key_token]. Computed only when hooked.
         self.hook_pattern = HookPoint()
@@ -412,12 +422,12 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, ctx: AttnContext, kv: LayerKV | None) -> Tensor:
         B, P, _ = x.shape
-        H, dh, n = self.cfg.n_heads, self.cfg.d_head, ctx.n_streams
-        # rotary in the [batch, pos, n_heads, d_head] layout the hooks see (cos, sin: [batch, pos, 1, d_head])
+        H, Hkv, dh, n = self.cfg.n_heads, self.n_kv_heads, self.cfg.d_head, ctx.n_streams
+        # rotary in the [batch, pos, heads, d_head] layout the hooks see (cos, sin: [batch, pos, 1, d_head])
         cos, sin = ctx.cos.transpose(1, 2), ctx.sin.transpose(1, 2)
         q = self.hook_q(apply_rotary(self.W_Q(x).view(B, P, H, dh), cos, sin)).transpose(1, 2)  # [batch, n_heads, pos, d_head]
-        k = self.hook_k(apply_rotary(self.W_K(x).view(B, P, H, dh), cos, sin)).transpose(1, 2)
-        v = self.hook_v(self.W_V(x).view(B, P, H, dh)).transpose(1, 2)
+        k = self.hook_k(apply_rotary(self.W_K(x).view(B, P, Hkv, dh), cos, sin)).transpose(1, 2)  # [batch, n_kv_heads, ...]
+        v = self.hook_v(self.W_V(x).view(B, P, Hkv, dh)).transpose(1, 2)
         per_stream = self.mode == "intra" and n > 1
         key_valid = ctx.key_valid
         if per_stream:
@@ -445,12 +455,12 @@ class Attention(nn.Module):
             z = self._attend_explicit(q, k, v, mask, B, n if per_stream else 1)
         elif mask is None and q.shape[2] > 1:
             if q.shape[2] == k.shape[2]:
-                z = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                z = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=Hkv != H)
             else:  # several new queries after a cached past
                 causal = attention_mask(q.shape[2], k.shape[2], None, None, x.device, explicit=True)
-                z = F.scaled_dot_product_attention(q, k, v, attn_mask=causal)
+                z = F.scaled_dot_product_attention(q, k, v, attn_mask=causal, enable_gqa=Hkv != H)
         else:  # a single query sees every cached key, or an explicit padding/window mask
-            z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=Hkv != H)
         if per_stream:
             z = self._merge_streams(z, n)
         z = self.hook_z(z.transpose(1, 2))  # [batch, pos, n_heads, d_head]
@@ -468,6 +478,8 @@ class Attention(nn.Module):
         """
         rows, H, n_query, dh = q.shape
         n_key = k.shape[2]
+        if k.shape[1] != H:  # grouped-query attention: query head h reads key/value head h // (H / n_kv_heads)
+            k, v = k.repeat_interleave(H // k.shape[1], dim=1), v.repeat_interleave(H // v.shape[1], dim=1)
         q3, k3 = q.reshape(rows * H, n_query, dh), k.reshape(rows * H, n_key, dh)
         scale = 1.0 / math.sqrt(self.cfg.d_head)
         scores = torch.baddbmm(q3.new_zeros(()), q3, k3.transpose(1, 2), beta=0.0, alpha=scale)

@@ -107,7 +107,7 @@ FAULTS = [
     (
         "config of a size torch cannot describe",
         C,
-        edit_model(d_model=10**30, n_heads=2),
+        edit_model(d_model=10**30, n_heads=2, n_kv_heads=2),
         ALL,
         ValueError,
         "bad model config .*a size torch cannot allocate",

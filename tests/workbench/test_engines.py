@@ -23,6 +23,10 @@ CASES = [
     ("fbt", "fused", "exact", {}),
     ("hd", "standard", 1, {"n_streams": 3, "cross_window": 5}),
     ("hd", "standard", 1, {"n_streams": 2, "positions": "interleaved", "cross_layers": (0, 1)}),
+    # grouped-query attention (and an untied readout): the caches hold n_kv_heads heads
+    ("baseline", "standard", 1, {"n_kv_heads": 2, "tie_embeddings": False}),
+    ("fbt", "soft", 1, {"n_kv_heads": 1}),
+    ("hd", "standard", 1, {"n_streams": 2, "n_kv_heads": 2, "cross_window": 5}),
 ]
 IDS = [f"{a}-{r}-{p}-{'-'.join(map(str, o))}" for a, r, p, o in CASES]
 NEW = 10

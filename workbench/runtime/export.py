@@ -30,12 +30,12 @@ def hf_llama_config(model: DecoderLM, tokenizer: CharTokenizer):
         intermediate_size=cfg.d_mlp,
         num_hidden_layers=cfg.n_layers,
         num_attention_heads=cfg.n_heads,
-        num_key_value_heads=cfg.n_heads,
+        num_key_value_heads=cfg.n_kv_heads,
         head_dim=cfg.d_head,
         max_position_embeddings=cfg.n_ctx,
         rms_norm_eps=cfg.norm_eps,
         rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_base},
-        tie_word_embeddings=True,
+        tie_word_embeddings=cfg.tie_embeddings,
         hidden_act="silu",
         attention_bias=False,
         mlp_bias=False,
@@ -46,9 +46,12 @@ def hf_llama_config(model: DecoderLM, tokenizer: CharTokenizer):
 
 
 def hf_state_dict(model: DecoderLM) -> dict[str, torch.Tensor]:
-    """Our weights under Hugging Face Llama names (the readout is tied to the embedding)."""
-    W_E = model.readout_weight
-    out = {"model.embed_tokens.weight": W_E, "model.norm.weight": model.ln_final.w, "lm_head.weight": W_E}
+    """Our weights under Hugging Face Llama names (``lm_head`` is the embedding when tied)."""
+    out = {
+        "model.embed_tokens.weight": model.input_table,
+        "model.norm.weight": model.ln_final.w,
+        "lm_head.weight": model.readout_weight,
+    }
     names = {
         "self_attn.q_proj": "attn.W_Q",
         "self_attn.k_proj": "attn.W_K",
