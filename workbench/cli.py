@@ -48,10 +48,10 @@ def _emit(result: dict, out: str | None, verb: str) -> None:
 
 def _tokenizer_for(spec: str):
     """The tokenizer saved with a run directory, or the default one for an ARCH:PRESET model."""
-    from workbench.runtime.tokenizer import CharTokenizer
+    from workbench.runtime.tokenizer import CharTokenizer, load_tokenizer
 
     path = Path(spec)
-    return CharTokenizer.load(path) if (path / "tokenizer.json").is_file() else CharTokenizer()
+    return load_tokenizer(path) if (path / "tokenizer.json").is_file() else CharTokenizer()
 
 
 def app_script() -> Path:
@@ -159,6 +159,7 @@ def cmd_generate(args) -> dict:
                 top_k=args.top_k,
                 seed=args.seed,
                 eos_token_id=tok.eos_id,
+                pad_token_id=tok.pad_id,
                 engine=args.engine,
             )
         except NonFinite as err:

@@ -5,7 +5,7 @@ import streamlit as st
 
 from app.state import find, model, pick_run, runs, shown_errors, token_strip
 from workbench.dynamics.study import DEFAULT_PROMPT
-from workbench.runtime.checkpoint import load_tokenizer
+from workbench.runtime.tokenizer import load_tokenizer
 from workbench.studies.playground import Intervention, inspect_generation
 
 st.title("Playground")

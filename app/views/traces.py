@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from app.state import find, model, pick_run, runs, shown_errors, token_strip
-from workbench.runtime.checkpoint import load_tokenizer
+from workbench.runtime.tokenizer import load_tokenizer
 from workbench.studies.traces import problems, run_traces, summarise
 
 st.title("Trace lengths")

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from models import DecoderLM
 from workbench.runtime.config import ARCHS, build_model, config_from_dict, model_from_config
-from workbench.runtime.tokenizer import CharTokenizer
+from workbench.runtime.tokenizer import CharTokenizer, TokenizerBase
 from workbench.storage.errors import BadInput, MissingFile, OutputExists
 from workbench.storage.files import atomic_write, read_json, write_json
 from workbench.storage.outputs import hold
@@ -81,7 +81,7 @@ def load_weights(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
 def save_model(
     model: DecoderLM,
     directory: str | Path,
-    tokenizer: CharTokenizer | None = None,
+    tokenizer: TokenizerBase | None = None,
     extra: dict | None = None,
     *,
     overwrite: bool = False,
@@ -147,10 +147,6 @@ def model_from_weights(arch: str, values: object, weights: Path, config_path: Pa
     model = model_from_config(arch, cfg)
     model.load_state_dict(tensors, strict=True)
     return model.to(device=device, dtype=dtype).eval()
-
-
-def load_tokenizer(directory: str | Path) -> CharTokenizer:
-    return CharTokenizer.load(directory)
 
 
 def resolve_model(spec: str, device=None, dtype=None) -> DecoderLM:

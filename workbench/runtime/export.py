@@ -15,12 +15,12 @@ from pathlib import Path
 import torch
 
 from models import DecoderLM
-from workbench.runtime.tokenizer import CharTokenizer
+from workbench.runtime.tokenizer import CharTokenizer, TokenizerBase
 from workbench.storage.files import read_json, write_json
 from workbench.storage.outputs import claim
 
 
-def hf_llama_config(model: DecoderLM, tokenizer: CharTokenizer):
+def hf_llama_config(model: DecoderLM, tokenizer: TokenizerBase):
     from transformers import LlamaConfig
 
     cfg = model.cfg
@@ -79,7 +79,7 @@ HF_FILES = (
 )  # what an export wrote before workbench_export.json listed its files
 
 
-def export_hf(model: DecoderLM, out_dir: str | Path, tokenizer: CharTokenizer | None = None, *, overwrite: bool = False) -> Path:
+def export_hf(model: DecoderLM, out_dir: str | Path, tokenizer: TokenizerBase | None = None, *, overwrite: bool = False) -> Path:
     """Write ``config.json``, ``model.safetensors`` and the tokenizer files to ``out_dir``: a new or
     empty directory, or a previous export there, replaced only with ``overwrite``."""
     from transformers import LlamaForCausalLM

@@ -24,7 +24,7 @@ from workbench.data.splits import heldout_task
 from workbench.data.tasks import MAX_EXAMPLES, SYNTHETIC, Example, TaskConfig
 from workbench.runtime.checkpoint import load_model
 from workbench.runtime.decoding import NonFinite, check_passes, generate, guarded, score_completions
-from workbench.runtime.tokenizer import CharTokenizer
+from workbench.runtime.tokenizer import TokenizerBase, load_tokenizer
 from workbench.storage.errors import BadInput
 from workbench.storage.files import write_json
 from workbench.storage.outputs import hold
@@ -63,7 +63,7 @@ def plain_loss(model: DecoderLM, sequences: list[list[int]], batch_size: int) ->
 
 @torch.no_grad()
 def evaluate_examples(
-    model: DecoderLM, examples: list[Example], tokenizer: CharTokenizer, *, fused_passes: int | str = 2, batch_size: int = 64
+    model: DecoderLM, examples: list[Example], tokenizer: TokenizerBase, *, fused_passes: int | str = 2, batch_size: int = 64
 ) -> dict:
     """One task's row: ``loss``, ``answer_loss`` and ``accuracy`` per regime (module docstring), and
     ``silent_tokens[regime]``: generated ids before <eos> that decode to nothing (pad, other
@@ -142,7 +142,7 @@ def evaluate_run(
     run_dir = Path(run_dir)
     cfg = load_run_config(run_dir / "config.json")  # errors name the file
     model = load_model(run_dir)
-    tokenizer = CharTokenizer.load(run_dir)
+    tokenizer = load_tokenizer(run_dir)
     n = n_examples if n_examples is not None else cfg.train.eval_examples
     if not 1 <= n <= MAX_EXAMPLES:
         raise BadInput(f"n={n}: expected 1..{MAX_EXAMPLES:,} examples per task")
@@ -152,7 +152,7 @@ def evaluate_run(
 
 
 def _evaluate_run(
-    run_dir: Path, cfg, model: DecoderLM, tokenizer: CharTokenizer, n: int, fused_passes: int | str, task: str | None, write: bool
+    run_dir: Path, cfg, model: DecoderLM, tokenizer: TokenizerBase, n: int, fused_passes: int | str, task: str | None, write: bool
 ) -> dict:
     data = TaskConfig(**{k: getattr(cfg.data, k) for k in TaskConfig.__dataclass_fields__})
     started = time.perf_counter()
