@@ -48,10 +48,9 @@ def _emit(result: dict, out: str | None, verb: str) -> None:
 
 def _tokenizer_for(spec: str):
     """The tokenizer saved with a run directory, or the default one for an ARCH:PRESET model."""
-    from workbench.runtime.tokenizer import CharTokenizer, load_tokenizer
+    from workbench.runtime.tokenizer import tokenizer_of
 
-    path = Path(spec)
-    return load_tokenizer(path) if (path / "tokenizer.json").is_file() else CharTokenizer()
+    return tokenizer_of(spec)
 
 
 def app_script() -> Path:

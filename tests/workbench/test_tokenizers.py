@@ -120,3 +120,18 @@ def test_generate_through_the_cli_decodes_with_the_runs_tokenizer(tmp_path, bpe)
     ids = generate(model, [bpe.encode("Natalia sold clips")], max_new_tokens=6, eos_token_id=bpe.eos_id, pad_token_id=bpe.pad_id)
     assert text == bpe.decode(ids.completions()[0]) and isinstance(text, str)
     assert torch.is_tensor(ids.new_tokens)
+
+
+def test_the_trace_study_encodes_and_decodes_with_each_runs_tokenizer(tmp_path, bpe):
+    import csv
+
+    from workbench import load_model
+    from workbench.studies.traces import problems, run_traces, trace_study
+
+    run = save_model(build_model("fbt", "debug", d_vocab=bpe.id_limit, seed=2), tmp_path / "bpe-run")
+    trace_study([str(run)], tmp_path / "traces", regimes=["standard"], n_problems=4, max_new_tokens=6)
+    with (tmp_path / "traces" / "traces.csv").open() as f:
+        texts = [row["text"] for row in csv.DictReader(f)]
+    examples = problems("chain", 4, [1, 2, 3, 4], 0)
+    by_hand = [r["text"] for r in run_traces(load_model(run), examples, "standard", 2, bpe, max_new_tokens=6)]
+    assert texts == by_hand and any(texts)  # a study over a run whose ids reach 299 runs end to end

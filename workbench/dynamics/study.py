@@ -13,7 +13,7 @@ from workbench.dynamics.feedback import RolloutDiverged, feedback_map, feedback_
 from workbench.dynamics.maps import find_fixed_points, jacobian_summary, lyapunov_from_growth
 from workbench.runtime.checkpoint import load_model
 from workbench.runtime.decoding import NonFinite
-from workbench.runtime.tokenizer import CharTokenizer
+from workbench.runtime.tokenizer import tokenizer_of
 from workbench.storage.errors import BadInput
 from workbench.storage.files import write_json
 from workbench.storage.outputs import claim
@@ -86,7 +86,7 @@ def analyse_run(
 
     model = feedback_model(load_model(run_dir))
     check_passes(model, max_passes, "max_passes")  # before any work: K passes cost K forwards
-    tok = CharTokenizer()
+    tok = tokenizer_of(run_dir)
     ids = tok.encode(prompt)
     if model.embed.W_E.dtype != torch.float64:
         # fp64 absorbs what overflows in the checkpoint's own precision (a 1e30 weight squares to

@@ -223,6 +223,13 @@ def load_tokenizer(directory: str | Path) -> TokenizerBase:
     return tokenizer
 
 
+def tokenizer_of(run: str | Path) -> TokenizerBase:
+    """The tokenizer a run directory holds; the character tokenizer for what is not one (a fresh
+    ``ARCH:PRESET`` model, which is made for it)."""
+    path = Path(run)
+    return load_tokenizer(path) if (path / "tokenizer.json").is_file() else CharTokenizer()
+
+
 def _token_name(value) -> str | None:
     """A special token as tokenizer_config.json writes it: a string, or ``{"content": ...}``."""
     if isinstance(value, dict):

@@ -28,7 +28,7 @@ from workbench.data.splits import heldout_rng
 from workbench.data.tasks import Example, TaskConfig, load_jsonl, make_chain
 from workbench.runtime.checkpoint import load_model
 from workbench.runtime.decoding import NonFinite, generate
-from workbench.runtime.tokenizer import CharTokenizer
+from workbench.runtime.tokenizer import TokenizerBase, tokenizer_of
 from workbench.storage.errors import BadInput
 from workbench.storage.files import write_json
 from workbench.storage.outputs import claim
@@ -54,7 +54,7 @@ def problems(task: str, n: int, difficulties: list[int], seed: int = 0) -> list[
     return [make_chain(rng, cfg, difficulties[i % len(difficulties)]) for i in range(n)]
 
 
-def trace_length(text: str, tokenizer: CharTokenizer) -> int:
+def trace_length(text: str, tokenizer: TokenizerBase) -> int:
     """Tokens of ``text`` before the answer marker (all of them when there is none)."""
     cut = text.find(MARKER)
     return len(tokenizer.encode(text if cut < 0 else text[:cut]))
@@ -65,7 +65,7 @@ def run_traces(
     examples: list[Example],
     regime: str,
     passes,
-    tokenizer: CharTokenizer,
+    tokenizer: TokenizerBase,
     *,
     max_new_tokens: int,
     batch_size: int = 64,
@@ -210,7 +210,6 @@ def trace_study(
     ``traces.csv``, ``traces.png``): a new or empty directory, or a previous trace study there,
     replaced only with ``overwrite``."""
     out_dir = Path(out_dir)
-    tokenizer = CharTokenizer()
     examples = problems(task, n_problems, list(difficulties), seed)
     if not examples:
         raise BadInput(f"no problems of difficulty {list(difficulties)} in {task!r}")
@@ -218,6 +217,7 @@ def trace_study(
         rows, timing = [], {}
         for run in runs:
             model = load_model(run)
+            tokenizer = tokenizer_of(run)  # each run encodes the problems with its own
             name = Path(run).name
             for regime in regimes if model.carries_state else ["standard"]:
                 started = time.perf_counter()
