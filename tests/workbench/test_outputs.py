@@ -530,3 +530,23 @@ def test_a_torn_zoo_summary_is_named(tmp_path):
         ["zoo", "--preset", "micro", "--out", str(zoo), "--only", "baseline", "--no-progress"],
         f"corrupt JSON in {zoo / 'zoo.json'}",
     )
+
+
+def test_staging_is_removed_only_if_it_is_still_the_directory_that_was_checked(tmp_path):
+    """The one rmtree (``_remove_staging``): a directory swapped in under the checked name, with a
+    copy of the same mark, is a different inode and survives; the checked one itself is removed."""
+    from workbench.storage.outputs import STAGING_MARK, _identity, _remove_staging
+
+    record = {"pid": 999999, "host": "here"}
+    checked = tmp_path / ".staging-999999"
+    checked.mkdir()
+    (checked / STAGING_MARK).write_text(json.dumps(record))
+    identity = _identity(checked)
+    checked.rename(tmp_path / "moved-away")
+    checked.mkdir()  # a look-alike in its place: same name, same mark, a user's file inside
+    (checked / STAGING_MARK).write_text(json.dumps(record))
+    (checked / "keep.txt").write_text("mine")
+    assert not _remove_staging(checked, identity, record) and (checked / "keep.txt").read_text() == "mine"
+    assert not _remove_staging(checked, _identity(checked), {**record, "pid": 1})  # another mark: not ours
+    assert _remove_staging(checked, _identity(checked), record) and not checked.exists()
+    assert not _remove_staging(checked, identity, record)  # nothing there any more

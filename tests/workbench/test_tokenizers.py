@@ -122,16 +122,28 @@ def test_generate_through_the_cli_decodes_with_the_runs_tokenizer(tmp_path, bpe)
     assert torch.is_tensor(ids.new_tokens)
 
 
-def test_the_trace_study_encodes_and_decodes_with_each_runs_tokenizer(tmp_path, bpe):
+def test_the_trace_study_encodes_and_decodes_with_each_runs_tokenizer(tmp_path, bpe, monkeypatch):
     import csv
 
+    import workbench.studies.traces as traces
     from workbench import load_model
     from workbench.studies.traces import problems, run_traces, trace_study
 
-    run = save_model(build_model("fbt", "debug", d_vocab=bpe.id_limit, seed=2), tmp_path / "bpe-run")
+    used = []
+
+    def spy(model, examples, regime, passes, tokenizer, **kwargs):
+        used.append(tokenizer)
+        return run_traces(model, examples, regime, passes, tokenizer, **kwargs)
+
+    monkeypatch.setattr(traces, "run_traces", spy)
+    run = save_model(build_model("fbt", "debug", d_vocab=bpe.id_limit, seed=2), tmp_path / "bpe-run", tokenizer=bpe)
     trace_study([str(run)], tmp_path / "traces", regimes=["standard"], n_problems=4, max_new_tokens=6)
+    # the run's own tokenizer, not the character one (whose ids for the same prompt differ)
+    assert [type(t) for t in used] == [HFTokenizer]
+    prompt = problems("chain", 1, [1], 0)[0].prompt
+    assert used[0].encode(prompt) == bpe.encode(prompt) != CharTokenizer().encode(prompt)
     with (tmp_path / "traces" / "traces.csv").open() as f:
         texts = [row["text"] for row in csv.DictReader(f)]
     examples = problems("chain", 4, [1, 2, 3, 4], 0)
     by_hand = [r["text"] for r in run_traces(load_model(run), examples, "standard", 2, bpe, max_new_tokens=6)]
-    assert texts == by_hand and any(texts)  # a study over a run whose ids reach 299 runs end to end
+    assert texts == by_hand and any(texts)

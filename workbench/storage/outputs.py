@@ -238,20 +238,36 @@ def staging_in(directory: Path) -> Iterator[Path]:
     for leftover in Path(directory).iterdir():
         record = _staging_record(leftover)
         if record is not None and record.get("host") == host and not _alive(record["pid"]):
-            shutil.rmtree(leftover)
+            _remove_staging(leftover, _identity(leftover), record)
     path = Path(directory) / f"{STAGING}{os.getpid()}"
     path.mkdir()  # never an existing directory: mkdir fails on one
-    made = path.stat()
+    made = _identity(path)
     mark = _holder_record()
     try:
         (path / STAGING_MARK).write_text(json.dumps(mark) + "\n")
         yield path
     finally:
-        now = path.lstat() if path.exists() or path.is_symlink() else None
-        if now is not None and (now.st_dev, now.st_ino) == (made.st_dev, made.st_ino) and _staging_record(path) == mark:
-            shutil.rmtree(path, ignore_errors=True)
-        elif now is not None:
+        if not _remove_staging(path, made, mark) and (path.exists() or path.is_symlink()):
             logger.warning("%s: left in place, it is no longer the staging directory this process made", path)
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of ``path`` itself (a link is not followed), or None if nothing is there."""
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _remove_staging(path: Path, identity: tuple[int, int] | None, record: dict) -> bool:
+    """Remove ``path``, the only ``rmtree`` in the workbench, and only if it is still the very
+    directory that was checked (same device and inode: not a look-alike renamed or swapped in since)
+    and still carries the staging mark ``record`` that proves a verb made it. Returns whether it did."""
+    if identity is None or _identity(path) != identity or _staging_record(path) != record:
+        return False
+    shutil.rmtree(path, ignore_errors=True)
+    return True
 
 
 def _staging_record(path: Path) -> dict | None:
