@@ -7,7 +7,7 @@ import os
 
 import pytest
 import torch
-from test_tokenizers import CONFIG, byte_level_bpe
+from pretrained import hf_llama
 
 from workbench import generate, load_model
 from workbench.runtime.importing import import_hf
@@ -15,36 +15,6 @@ from workbench.runtime.tokenizer import load_tokenizer
 from workbench.storage.errors import BadInput, MissingFile
 
 TEXT = "Natalia sold clips to 48 of her friends in April. How many clips did she sell? #### 72"
-
-
-def hf_llama(directory, tie=True, **overrides):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    tokenizer = byte_level_bpe()
-    fields = dict(
-        vocab_size=tokenizer.get_vocab_size(),
-        hidden_size=64,
-        intermediate_size=160,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        rope_parameters={"rope_type": "default", "rope_theta": 1e5},
-        tie_word_embeddings=tie,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    config = LlamaConfig(**{**fields, **overrides})
-    model = LlamaForCausalLM(config).eval()
-    with torch.no_grad():  # random init is small; scale it so the logits have structure to compare
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.mul_(3.0)
-    model.save_pretrained(directory)
-    tokenizer.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(json.dumps({**CONFIG, "tokenizer_class": "PreTrainedTokenizerFast"}))
-    return model
 
 
 @pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])

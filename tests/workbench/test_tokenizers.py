@@ -6,43 +6,11 @@ import json
 
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from pretrained import CONFIG, bpe_with_unknown, byte_level_bpe
 
 from workbench import build_model, generate, save_model
 from workbench.runtime.tokenizer import CharTokenizer, HFTokenizer, load_tokenizer
 from workbench.storage.errors import BadInput
-
-CORPUS = [
-    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May.",
-    "How many clips did Natalia sell altogether in April and May? #### 72",
-    "Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of babysitting.",
-    "Q: Start with 3. Add 4. Then multiply by 2.\nA: 3+4=7, 7*2=14 #### 14",
-] * 20
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-CONFIG = {
-    "bos_token": "<|im_start|>",
-    "eos_token": {"content": "<|im_end|>", "lstrip": False},  # tokenizer_config.json writes either form
-    "chat_template": "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}",
-}
-
-
-def byte_level_bpe(vocab_size=300) -> Tokenizer:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    tok.train_from_iterator(CORPUS, trainer)
-    return tok
-
-
-def bpe_with_unknown() -> Tokenizer:
-    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.decoder = decoders.BPEDecoder()
-    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=200, special_tokens=["[UNK]", *SPECIALS]))
-    return tok
 
 
 @pytest.fixture(scope="module")
