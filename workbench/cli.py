@@ -316,6 +316,7 @@ def cmd_cache(args) -> dict:
         args.out,
         prefill=args.prefill,
         passes=args.passes,
+        tokenizer=_tokenizer_for(args.run),
         overwrite=args.overwrite,
         on_estimate=lambda e: print(f"storing about {e['rows']:,} rows, {e['bytes'] / 2**30:.2f} GiB, in {args.out}", flush=True),
     )

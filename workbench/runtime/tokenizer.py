@@ -52,6 +52,21 @@ class TokenizerBase:
         ids = self.tokenizer.encode(text, add_special_tokens=False).ids
         return [self.bos_id, *ids] if (bos and self.bos_id is not None) else ids
 
+    def encode_labelled(self, text: str, labels: dict[str, list[int]]) -> tuple[list[int], dict[str, list[int]]]:
+        """``encode(text)`` and its per-token labels from per-character ``labels`` (-1: undefined).
+        The alignment rule: a token takes the label of the character it ends at. A token that ends
+        inside a character a later token also ends at (a byte of a multi-byte character) gets -1, as
+        does a token ending past a label list's end; labels of characters no token ends at are not
+        kept. For the character tokenizer this is the identity."""
+        encoding = self.tokenizer.encode(text, add_special_tokens=False)
+        ends = [end for _, end in encoding.offsets]
+        last = [j + 1 == len(ends) or ends[j + 1] != end for j, end in enumerate(ends)]
+        aligned = {
+            name: [values[end - 1] if (is_last and 0 < end <= len(values)) else -1 for end, is_last in zip(ends, last)]
+            for name, values in labels.items()
+        }
+        return encoding.ids, aligned
+
     def decode(self, ids: Iterable, skip_special: bool = True) -> str:
         """Text of ``ids`` (ints, or a 1-d tensor of them)."""
         return self.tokenizer.decode(list(map(int, ids)), skip_special_tokens=skip_special)
