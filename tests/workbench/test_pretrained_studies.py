@@ -2,6 +2,7 @@
 BPE, built locally): task labels reach tokens by the alignment rule, and the cache and probe verbs
 encode with the run's tokenizer, never the character one."""
 
+import csv
 import json
 
 import numpy as np
@@ -88,3 +89,66 @@ def test_stream_windows_are_encoded_by_the_tokenizer_given():
         pieces = bpe.decode(row, skip_special=False).split("<|im_end|>")  # eos between examples
         assert all(any(p in t for t in texts) for p in pieces if p)
     assert len(bpe.decode(x[0], skip_special=False)) > 12  # subword tokens: more characters than tokens
+
+
+def test_generate_chat_formats_the_prompt_as_transformers_does(run, tmp_path):
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(run)  # the run's own tokenizer files, read by transformers
+    messages = [{"role": "user", "content": "What is 12 plus 30?"}]
+    expected = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert expected.endswith("<|im_start|>assistant\n")
+    assert load_tokenizer(run).chat_prompt("What is 12 plus 30?") == expected
+    chat, plain = tmp_path / "chat.json", tmp_path / "plain.json"
+    code, _, err = cli(["generate", str(run), "--chat", "--prompt", "What is 12 plus 30?", "--json", str(chat)])
+    assert code is None, err
+    code, _, err = cli(["generate", str(run), "--prompt", expected, "--json", str(plain)])
+    assert code is None, err
+    chat_out, plain_out = json.loads(chat.read_text()), json.loads(plain.read_text())
+    assert chat_out["chat"] and chat_out["generations"] == plain_out["generations"]
+    assert chat_out["prompts"] == ["What is 12 plus 30?"]
+
+
+def test_chat_needs_a_tokenizer_with_a_template(tmp_path):
+    from helpers import assert_usage_error
+
+    from workbench import build_model, save_model
+
+    char_run = save_model(build_model("baseline", "debug"), tmp_path / "char")
+    assert_usage_error(["generate", str(char_run), "--chat", "--prompt", "hi"], "has no chat template", str(char_run))
+
+
+def test_traces_chat_prompts_through_the_template_and_counts_characters(run, tmp_path, monkeypatch):
+    from workbench.studies import traces
+
+    prompts = []
+    real = traces.generate
+    monkeypatch.setattr(traces, "generate", lambda model, batch, **kw: prompts.extend(batch) or real(model, batch, **kw))
+    code, _, err = cli(["traces", str(run), "--chat", "--n-problems", "4", "--max-new-tokens", "8", "--out", str(tmp_path / "t")])
+    assert code is None, err
+    bpe = load_tokenizer(run)
+    examples = traces.problems("chain", 4, [1, 2, 3, 4])
+    assert sorted(prompts) == sorted(bpe.encode(traces.chat_problem(ex, bpe)) for ex in examples)
+    question = examples[0].prompt.removeprefix("Q: ").removesuffix("\nA:")
+    assert bpe.decode(bpe.encode(traces.chat_problem(examples[0], bpe)), skip_special=False).startswith(
+        f"<|im_start|>user\n{question}\n\n{traces.CHAT_INSTRUCTION}<|im_end|>"
+    )
+    summary = json.loads((tmp_path / "t" / "summary.json").read_text())
+    assert summary["chat"] == {"instruction": traces.CHAT_INSTRUCTION}
+    with (tmp_path / "t" / "traces.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    chars = [len(row["text"].split("####")[0]) for row in rows]
+    assert [int(row["trace_chars"]) for row in rows] == chars
+    group = summary["groups"]["run/standard"]
+    assert group["mean_trace_chars"] == pytest.approx(np.mean(chars))
+    assert group["answered"] == np.mean([row["answer"] != "" for row in rows])
+
+
+def test_traces_chat_refuses_a_run_without_a_template_before_generating(tmp_path):
+    from helpers import assert_usage_error
+
+    from workbench import build_model, save_model
+
+    char_run = save_model(build_model("baseline", "debug"), tmp_path / "char")
+    assert_usage_error(["traces", str(char_run), "--chat", "--out", str(tmp_path / "t")], "has no chat template")
+    assert not (tmp_path / "t").exists()

@@ -38,6 +38,7 @@ class TokenizerBase:
     bos_id: int | None
     eos_id: int
     unk_id: int | None
+    chat_template: str | None = None  # a Jinja template, as Hugging Face instruct tokenizers carry
 
     @property
     def vocab_size(self) -> int:
@@ -95,6 +96,20 @@ class TokenizerBase:
                 + (f" (and {len(lost) - 5} more kinds)" if len(lost) > 5 else "")
             )
         return self.encode(text, bos)
+
+    def chat_prompt(self, prompt: str, where: str = "the tokenizer") -> str:
+        """``prompt`` as a user's turn rendered by the chat template, with the assistant's turn
+        opened: the text an instruct model was trained to continue. Rendered by ``transformers``
+        (``apply_chat_template``), so it is the text Hugging Face tools would build."""
+        if not self.chat_template:
+            raise BadInput(f"{where} has no chat template: chat formatting is for instruct models' tokenizers")
+        from transformers import PreTrainedTokenizerFast
+
+        specials = {f"{name}_token": token for name, token in getattr(self, "special_tokens", {}).items()}
+        wrapped = PreTrainedTokenizerFast(tokenizer_object=self.tokenizer, chat_template=self.chat_template, **specials)
+        text = wrapped.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+        assert isinstance(text, str)  # tokenize=False renders text
+        return text
 
     def silent_ids(self, d_vocab: int) -> frozenset[int]:
         """The ids below ``d_vocab`` that decode to the empty string: the special tokens and ids the
