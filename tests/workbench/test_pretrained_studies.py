@@ -142,6 +142,7 @@ def test_traces_chat_prompts_through_the_template_and_counts_characters(run, tmp
     group = summary["groups"]["run/standard"]
     assert group["mean_trace_chars"] == pytest.approx(np.mean(chars))
     assert group["answered"] == np.mean([row["answer"] != "" for row in rows])
+    assert group["accuracy_last_number"] == np.mean([row["last_number_correct"] == "True" for row in rows])
 
 
 def test_traces_chat_refuses_a_run_without_a_template_before_generating(tmp_path):

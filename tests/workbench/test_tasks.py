@@ -115,3 +115,14 @@ def test_gsm8k_answers_are_scored_by_the_number_after_the_marker():
     ex = gsm8k_example("How many?", "3 + 4 = <<3+4=7>>7 apples.\n#### 7")
     assert is_correct(ex, " 3 + 4 = 7 apples.\n#### 7")
     assert not is_correct(ex, " 7 apples.\n#### 8")
+
+
+def test_last_number_is_the_final_number_of_prose_answers():
+    from workbench.data.answers import last_number
+
+    assert last_number("13 + 15 = 28") == "28"
+    assert last_number("The final answer is 15.") == "15"  # a trailing full stop is not a decimal point
+    assert last_number("She earns $1,250.50 in total.") == "1250.50"
+    assert last_number("from 3 down to -4") == "-4"
+    assert last_number("#### 72") == "72"
+    assert last_number("no digits here") is None

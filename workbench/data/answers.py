@@ -22,6 +22,13 @@ def parse_final_answer(text: str) -> str | None:
     return number.group(0).replace(",", "") if number else None
 
 
+def last_number(text: str) -> str | None:
+    """The last number in ``text`` (commas removed), or None: a lenient diagnostic for models that
+    answer in prose instead of writing ``#### N``, reported beside the ``####`` rule, never instead."""
+    numbers = _NUMBER.findall(text)
+    return numbers[-1].replace(",", "") if numbers else None
+
+
 def is_correct(example: Example, generated: str) -> bool:
     """Chain/GSM8K: the number after ``####``. Other tasks: the generation starts with the answer
     (whether the model then stops is not scored)."""

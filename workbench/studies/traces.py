@@ -4,7 +4,8 @@ it is right, on the same problems.
 One row per (model, regime, problem): ``problem_id``, ``difficulty``, ``trace_tokens`` (generated
 tokens before the ``####`` marker; all of them when there is none), ``trace_chars`` (the same text
 in characters: the unit to compare runs whose tokenizers differ), ``total_tokens`` (up to and
-including <eos>), ``answer``, ``correct``, ``finished`` (false when the budget ran out before
+including <eos>), ``answer``, ``correct`` (the ``####`` rule), ``last_number_correct`` (a lenient diagnostic: the
+last number of the text is the answer), ``finished`` (false when the budget ran out before
 <eos>), ``silent_tokens`` (generated ids before <eos> that decode to nothing: pad, other specials,
 ids past the vocabulary; ``text`` cannot show them), the generated ``text`` and, for FBT, the
 per-step carried-state norms. Generation stops with ``NonFinite`` (a ``models.NonFiniteActivation``) naming the step
@@ -24,7 +25,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from models import NonFiniteActivation
-from workbench.data.answers import is_correct, parse_final_answer
+from workbench.data.answers import is_correct, last_number, parse_final_answer
 from workbench.data.splits import heldout_rng
 from workbench.data.tasks import Example, TaskConfig, load_jsonl, make_chain
 from workbench.runtime.checkpoint import load_model
@@ -65,9 +66,8 @@ def _before_marker(text: str) -> str:
     return text if cut < 0 else text[:cut]
 
 
-CHAT_INSTRUCTION = (
-    "Solve it step by step. Then write the final answer as a number on its own line after '####', like this:\n#### 42"
-)
+# no example answer in it: SmolLM2-135M-Instruct copied an example's number into most answers
+CHAT_INSTRUCTION = "Solve it step by step, then write '####' followed by the final answer on the last line."
 
 
 def chat_problem(example: Example, tokenizer: TokenizerBase) -> str:
@@ -130,6 +130,7 @@ def run_traces(
                 "total_tokens": n,
                 "answer": answer,
                 "correct": is_correct(examples[i], text),
+                "last_number_correct": last_number(text) == examples[i].answer,  # diagnostic, see last_number
                 "finished": bool(out.finished[j]),
                 "silent_tokens": quiet[j],
                 "text": text,
@@ -196,6 +197,7 @@ def summarise(rows: list[dict], reference: tuple[str, str]) -> dict:
                 silent_rate=silent / max(sum(r["total_tokens"] - r["finished"] for r in sel), 1),
                 mean_trace_chars=statistics.fmean(r["trace_chars"] for r in sel),
                 answered=statistics.fmean(r["answer"] is not None for r in sel),  # wrote '#### <number>'
+                accuracy_last_number=statistics.fmean(r["last_number_correct"] for r in sel),
             )
     ref = {r["problem_id"]: r for r in rows if (r["model"], r["regime"]) == reference}
     paired = {}
