@@ -127,8 +127,10 @@ OPTIONS = {
         ("--top-k", NUMBERS),
         ("--seed", NUMBERS),
         ("--json", PATHS),
+        ("--chat",),
     ],
     "export": [("--json", PATHS)],
+    "import": [("--json", PATHS)],
     "train": [
         ("--arch", st.sampled_from(["baseline", "fbt", "hd", "gpt", ""])),
         ("--preset", NAMES),
@@ -184,6 +186,7 @@ OPTIONS = {
         ("--seed", NUMBERS),
         ("--out", PATHS),
         ("--json", PATHS),
+        ("--chat",),
     ],
     "presets": [("--json", PATHS)],
     "app": [("--runs", PATHS), ("--port", NUMBERS), ("--address", NAMES)],
@@ -239,6 +242,10 @@ def argv_strategy(verb: str, bad_runs: list[str], bad_models: list[str], resume_
     head_tail = {
         "generate": generate,
         "export": st.tuples(st.tuples(model, PATHS).map(list), st.just([])),
+        # import: a source that is no model (every example fails before anything is read)
+        "import": st.tuples(
+            st.tuples(st.one_of(NAMES.filter(lambda s: s != "smollm2"), st.sampled_from(bad_runs)), PATHS).map(list), st.just([])
+        ),
         "cache": st.tuples(model.map(lambda m: [m]), st.just([])),
         "eval": st.tuples(run.map(lambda r: [r]), st.just([])),
         "probe": st.tuples(run.map(lambda r: [r]), st.just([])),
@@ -321,7 +328,22 @@ def fuzz_targets(tmp_path_factory, pristine):
     return {"bad_runs": bad_runs, "bad_models": bad_models, "resume_bad": resume_bad, "a_file": str(base / "afile"), "base": base}
 
 
-VERBS = ["demo", "generate", "export", "train", "eval", "zoo", "cache", "probe", "dynamics", "traces", "presets", "app", "bench"]
+VERBS = [
+    "demo",
+    "generate",
+    "export",
+    "import",
+    "train",
+    "eval",
+    "zoo",
+    "cache",
+    "probe",
+    "dynamics",
+    "traces",
+    "presets",
+    "app",
+    "bench",
+]
 FUZZ_EXAMPLES = 200  # per verb
 
 

@@ -70,13 +70,20 @@ def test_bad_sources_get_named_errors(tmp_path):
         import_hf(tmp_path / "hf", tmp_path / "run")
 
 
-def test_import_never_replaces_a_model_already_there(tmp_path):
+def test_import_never_replaces_a_model_already_there_and_says_so_before_loading(tmp_path, monkeypatch):
+    from transformers import AutoConfig
+
     from workbench.storage.errors import OutputExists
 
     hf_llama(tmp_path / "hf")
     run = import_hf(tmp_path / "hf", tmp_path / "run")
     before = (run / "model.safetensors").read_bytes()
-    with pytest.raises(OutputExists):
+
+    def loading(*args, **kwargs):
+        raise AssertionError("the source was read before the output was checked")
+
+    monkeypatch.setattr(AutoConfig, "from_pretrained", loading)
+    with pytest.raises(OutputExists, match="already holds a model"):
         import_hf(tmp_path / "hf", run)
     assert (run / "model.safetensors").read_bytes() == before
 

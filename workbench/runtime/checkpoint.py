@@ -78,6 +78,14 @@ def load_weights(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
     return tensors, metadata
 
 
+def check_model_target(directory: Path, overwrite: bool = False) -> None:
+    """Refuse a ``directory`` that already holds a model (unless ``overwrite``): what ``save_model``
+    checks, for verbs that check it before long work."""
+    existing = [name for name in (WEIGHTS, CONFIG, "tokenizer.json") if (directory / name).exists()]
+    if existing and not overwrite:
+        raise OutputExists(f"{directory} already holds a model ({', '.join(existing)}): pass overwrite=True to replace it")
+
+
 def save_model(
     model: DecoderLM,
     directory: str | Path,
@@ -89,9 +97,7 @@ def save_model(
     """Save weights, config (``{"arch", "model", **extra}``) and tokenizer into ``directory``,
     holding it while they are written; a model already there is replaced only with ``overwrite``."""
     directory = Path(directory)
-    existing = [name for name in (WEIGHTS, CONFIG, "tokenizer.json") if (directory / name).exists()]
-    if existing and not overwrite:
-        raise OutputExists(f"{directory} already holds a model ({', '.join(existing)}): pass overwrite=True to replace it")
+    check_model_target(directory, overwrite)
     with hold(directory):
         save_weights(directory / WEIGHTS, model.state_dict(), {"arch": model.arch})
         config = {"arch": model.arch, "model": model.cfg.to_dict(), **(extra or {})}

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from models import BaselineLM, ModelConfig
-from workbench.runtime.checkpoint import save_model
+from workbench.runtime.checkpoint import check_model_target, save_model
 from workbench.runtime.config import config_errors
 from workbench.runtime.tokenizer import HFTokenizer, TokenizerBase
 from workbench.storage.errors import BadInput, MissingFile
@@ -101,6 +101,7 @@ def import_hf(source: str | Path, out_dir: str | Path, *, gguf_file: str | None 
 
     source = Path(source)
     where = str(source / gguf_file) if gguf_file else str(source)
+    check_model_target(Path(out_dir))  # before minutes of loading, not after
     if not source.is_dir() or (gguf_file and not (source / gguf_file).is_file()):
         raise MissingFile(f"no model at {where}")
     kwargs: dict = {"gguf_file": gguf_file} if gguf_file else {}
