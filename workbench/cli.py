@@ -217,6 +217,11 @@ def cmd_import(args) -> dict:
         f"imported {args.source} into {out}: d_model {model['d_model']}, {model['n_layers']} layers, "
         f"{model['n_heads']} heads ({model['n_kv_heads']} key/value), vocabulary {model['d_vocab']}"
     )
+    check = config["source"]["parity"]
+    print(
+        f"parity with transformers on {check['text_tokens']} tokens: max |logit difference| {check['max_abs_logit_diff']:.2e}, "
+        f"greedy next tokens {'identical' if check['argmax_agree'] else 'DIFFERENT'}"
+    )
     return {"out": str(out), **config}
 
 

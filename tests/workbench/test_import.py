@@ -38,6 +38,18 @@ def test_an_imported_llama_computes_what_transformers_computes(tmp_path, tie):
         torch.testing.assert_close(round_trip(ids).logits, hf(ids).logits, atol=1e-4, rtol=0)
     source = json.loads((run / "config.json").read_text())["source"]
     assert source["path"] == str((tmp_path / "hf").resolve()) and source["gguf_file"] is None
+    # the recorded parity is the difference computed here on the same text
+    from workbench.runtime.importing import PARITY_TEXT
+
+    ids = torch.tensor([tokenizer.encode(PARITY_TEXT)])
+    with torch.no_grad():
+        diff = (model(ids) - hf(ids).logits).abs().max().item()
+    assert source["parity"] == {
+        "text_tokens": ids.shape[1],
+        "max_abs_logit_diff": pytest.approx(diff, abs=1e-6),
+        "argmax_agree": True,
+    }
+    assert 0 < diff < 1e-4
 
 
 @pytest.mark.parametrize(
@@ -135,3 +147,12 @@ def test_the_real_smollm2_imports_with_transformers_parity(tmp_path):
         torch.testing.assert_close(model(ids), hf(ids).logits, atol=1e-4, rtol=0)
         want = hf.generate(ids, max_new_tokens=32, min_new_tokens=32, do_sample=False, eos_token_id=None, pad_token_id=0)
     assert generate(model, ids, max_new_tokens=32).new_tokens.tolist() == want[:, ids.shape[1] :].tolist()
+    parity = json.loads((tmp_path / "run" / "config.json").read_text())["source"]["parity"]
+    assert parity["max_abs_logit_diff"] < 1e-4 and parity["argmax_agree"] and "greedy next tokens identical" in out
+    # the README's two commands: import, then a chat prompt through the run's own template
+    code, out, err = cli(
+        ["generate", str(tmp_path / "run"), "--chat", "--prompt", "What is 12 plus 30?", "--max-new-tokens", "8"]
+    )
+    assert code in (0, None) and out.startswith("[standard] 'What is 12 plus 30?' -> '"), err
+    system = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+    assert tokenizer.chat_prompt("hi") == system + "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"

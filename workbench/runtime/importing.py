@@ -122,8 +122,30 @@ def import_hf(source: str | Path, out_dir: str | Path, *, gguf_file: str | None 
     )
     if tokenizer.id_limit > cfg.d_vocab:
         raise BadInput(f"{where}: the tokenizer has ids up to {tokenizer.id_limit - 1}, the model's vocabulary is {cfg.d_vocab}")
-    record = {"path": str(source.resolve()), "gguf_file": gguf_file, "sha256": _digest(source / gguf_file) if gguf_file else None}
-    return save_model(model.eval(), out_dir, tokenizer, {"source": record})
+    record = {
+        "path": str(source.resolve()),
+        "gguf_file": gguf_file,
+        "sha256": _digest(source / gguf_file) if gguf_file else None,
+        "parity": parity(model.eval(), hf.eval(), tokenizer),
+    }
+    return save_model(model, out_dir, tokenizer, {"source": record})
+
+
+PARITY_TEXT = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May."
+
+
+@torch.no_grad()
+def parity(model: BaselineLM, hf, tokenizer: TokenizerBase, text: str = PARITY_TEXT) -> dict:
+    """The imported model against the ``transformers`` model it came from, on ``text``: the largest
+    absolute logit difference (fp32) and whether their greedy next tokens agree at every position.
+    The import records it, so every imported run says how exactly it reproduces its source."""
+    ids = torch.tensor([tokenizer.encode(text)])
+    ours, theirs = model(ids).float(), hf(ids).logits.float()
+    return {
+        "text_tokens": ids.shape[1],
+        "max_abs_logit_diff": float((ours - theirs).abs().max()),
+        "argmax_agree": bool(torch.equal(ours.argmax(-1), theirs.argmax(-1))),
+    }
 
 
 def _digest(path: Path) -> str:
