@@ -7,15 +7,18 @@ import contextlib
 import html
 import os
 from pathlib import Path
+from typing import Literal, overload
 
 import streamlit as st
 from streamlit.runtime.scriptrunner_utils.exceptions import ScriptControlException
 
 from workbench.runs import RunInfo, exposure_warning, find_run_dirs, list_runs, within_root
 from workbench.runtime.checkpoint import load_model
+from workbench.runtime.tokenizer import TokenizerBase, tokenizer_of
 
 ROOT_KEY, INPUT_KEY, REFUSED_KEY = "runs_root", "runs_root_input", "runs_root_refused"
 RUN_FILES = ("config.json", "model.safetensors", "metrics.jsonl", "results/eval.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "config.json")  # config.json: d_vocab is checked against it
 
 
 def app_root() -> Path:
@@ -112,21 +115,85 @@ def model(run: RunInfo):
     return model_at(run.path)
 
 
+@st.cache_resource(show_spinner=False, max_entries=16)
+def _tokenizer(path: str, version: tuple) -> TokenizerBase:
+    return tokenizer_of(path)
+
+
+def tokenizer_at(path: str | Path) -> TokenizerBase:
+    """The tokenizer of the run at ``path`` (the character one of the zoo, or an imported model's
+    BPE), loaded once per version of its files: every page encodes and decodes with it."""
+    return _tokenizer(str(path), stamp(Path(path), TOKENIZER_FILES))
+
+
+def tokenizer(run: RunInfo) -> TokenizerBase:
+    """``tokenizer_at`` the run; one that cannot be read stops the page with an error element."""
+    try:
+        return tokenizer_at(run.path)
+    except Exception as err:  # noqa: BLE001 - shown, not raised, like every failure of a computation
+        st.error(f"Reading the tokenizer of {run.name} failed: {type(err).__name__}: {err}")
+        st.stop()
+
+
+def tokenizer_summary(tok: TokenizerBase) -> str:
+    """One line naming a tokenizer: its kind, vocabulary size and whether it has a chat template."""
+    kind = "character-level" if tok.kind == "char" else "Hugging Face (subword)"
+    return f"{kind}, {tok.vocab_size:,} ids" + (", chat template" if tok.chat_template else "")
+
+
+def pieces(tok: TokenizerBase, text: str) -> list[str]:
+    """``text`` as the tokenizer splits it, each token decoded alone (subwords, not characters)."""
+    return [tok.decode([i], skip_special=False) for i in tok.encode(text)]
+
+
+@overload
 def pick_run(
     label: str,
     *,
     archs: tuple[str, ...] | None = None,
+    needs: str = "",
+    key: str,
+    multiple: Literal[False] = False,
+    default: list[str] | None = None,
+    max_selections: int | None = None,
+) -> RunInfo | None: ...
+
+
+@overload
+def pick_run(
+    label: str,
+    *,
+    archs: tuple[str, ...] | None = None,
+    needs: str = "",
+    key: str,
+    multiple: Literal[True],
+    default: list[str] | None = None,
+    max_selections: int | None = None,
+) -> list[RunInfo]: ...
+
+
+def pick_run(
+    label: str,
+    *,
+    archs: tuple[str, ...] | None = None,
+    needs: str = "",
     key: str,
     multiple: bool = False,
     default: list[str] | None = None,
     max_selections: int | None = None,
-):
-    """A run chooser over the usable runs (of ``archs``); None (or []) with a message if there are none."""
-    usable = [r for r in runs() if r.usable and (archs is None or r.arch in archs)]
+) -> RunInfo | None | list[RunInfo]:
+    """A run chooser over the usable runs (of ``archs``); None (or []) with a message if there are
+    none, which names the usable runs of other architectures and why the page cannot use them (``needs``)."""
+    every = [r for r in runs() if r.usable]
+    usable = [r for r in every if archs is None or r.arch in archs]
     if not usable:
         kinds = " or ".join(archs) if archs else "any"
+        why = f": {needs}" if needs else ""
+        others = (
+            f" Usable runs here, of other architectures: {', '.join(f'{r.name} ({r.arch})' for r in every)}." if every else ""
+        )
         st.info(
-            f"No usable {kinds} runs under {runs_root()}. Train the zoo from the Runs page, or point the sidebar at a runs directory."
+            f"No usable {kinds} runs under {runs_root()}{why}.{others} Train the zoo from the Runs page, or point the sidebar at a runs directory."
         )
         return [] if multiple else None
     names = [r.name for r in usable]
@@ -163,13 +230,25 @@ def shown_errors(what: str):
         st.error(f"{what} failed: {type(err).__name__}: {err}")
 
 
+def show_text(text: str) -> None:
+    """``text`` verbatim in a code box (leading and trailing newlines kept: a chat prompt ends with one)."""
+    st.code(f"\n{text}\n", language=None, wrap_lines=True)  # st.code drops one newline at each end
+
+
+def _visible(char: str) -> str:
+    """A character as a token box shows it: space, newline and other control characters as symbols."""
+    if char in " \n":
+        return "␣" if char == " " else "⏎"
+    return chr(0x2400 + ord(char)) if ord(char) < 32 else char  # Unicode's control pictures: ␉ for a tab
+
+
 def token_strip(tokens: list[str], rows: dict[str, list[float | None]], shade: str | None = None) -> str:
     """HTML: each token in a box with the rows' values under it; boxes shaded by row ``shade``."""
     values = [v for v in rows.get(shade, []) if v is not None] if shade else []
     lo, hi = (min(values), max(values)) if values else (0.0, 1.0)
     cells = []
     for i, tok in enumerate(tokens):
-        shown = {"\n": "⏎", " ": "␣", "<eos>": "⟂"}.get(tok, tok)
+        shown = "⟂" if tok == "<eos>" else "".join(map(_visible, tok))  # subwords hold spaces and newlines too
         v = rows[shade][i] if shade and i < len(rows[shade]) else None
         alpha = 0.08 + 0.6 * ((v - lo) / (hi - lo) if v is not None and hi > lo else 0.0)
         numbers = "".join(

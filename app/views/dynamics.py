@@ -20,6 +20,8 @@ st.caption(
 chosen = pick_run(
     "FBT runs (two: side by side)",
     archs=("fbt",),
+    needs="these analyses follow the carried state an FBT model feeds back, which baseline runs "
+    "(imported pretrained models included) and HD runs do not have",
     key="dyn_runs",
     multiple=True,
     default=find(runs(), "fbt", "fbt-no3pass"),

@@ -1,18 +1,28 @@
-"""Playground: one prompt under each regime, per-token state norms and gates, and interventions."""
+"""Playground: one prompt under each regime, per-token state norms and gates, and interventions.
+The prompt is encoded, and every generated token decoded, with the run's own tokenizer (subwords for
+an imported model, whose prompt can also go through its chat template)."""
 
 import pandas as pd
 import streamlit as st
 
-from app.state import find, model, pick_run, runs, shown_errors, token_strip
+from app.state import find, model, pick_run, runs, show_text, shown_errors, token_strip, tokenizer, tokenizer_summary
 from workbench.dynamics.study import DEFAULT_PROMPT
-from workbench.runtime.tokenizer import load_tokenizer
 from workbench.studies.playground import Intervention, inspect_generation
 
 st.title("Playground")
 run = pick_run("Run", key="pg_run", default=find(runs(), "fbt"))
 if run is None:
     st.stop()
+tok = tokenizer(run)
+st.caption(f"Tokenizer: {tokenizer_summary(tok)}. Each box below is one generated token.")
 prompt = st.text_area("Prompt", DEFAULT_PROMPT, key="pg_prompt", height=80)
+chat = bool(tok.chat_template) and st.checkbox(
+    "Chat format",
+    value=False,
+    key="pg_chat",
+    help="Send the prompt as a user's turn through the tokenizer's chat template, with the assistant's turn opened "
+    "(what an instruct model was trained to continue).",
+)
 c1, c2, c3 = st.columns(3)
 is_fbt, is_hd = run.arch == "fbt", run.arch == "hd"
 regimes = c1.multiselect(
@@ -51,23 +61,26 @@ if st.button("Generate", key="pg_generate", type="primary"):
     else:
         outs = []
         with shown_errors("Generation"):
-            tokenizer = load_tokenizer(run.path)
+            sent = tok.chat_prompt(prompt, f"{run.name}'s tokenizer") if chat and prompt else prompt
             variants = [intervention] + ([Intervention()] if compare and intervention != Intervention() else [])
             for regime in regimes:
                 for v in variants:
                     outs.append(
                         inspect_generation(
                             model(run),
-                            prompt,
+                            sent,
                             regime=regime,
                             passes=int(passes),
                             max_new_tokens=max_new,
                             intervention=v,
-                            tokenizer=tokenizer,
+                            tokenizer=tok,
                         )
                     )
         st.session_state["playground"] = outs
 
+if st.session_state.get("playground") and st.session_state["playground"][0]["prompt"] != prompt:
+    with st.expander("Prompt sent to the model"):  # chat formatted (or edited since)
+        show_text(st.session_state["playground"][0]["prompt"])
 for out in st.session_state.get("playground", []):
     iv = out["intervention"]
     label = (
@@ -80,6 +93,7 @@ for out in st.session_state.get("playground", []):
     if any(g is not None for g in out["gate_mean"]):
         rows |= {"gate": out["gate_mean"], "||W_U h||": out["value_norm"]}
     st.html(token_strip(out["tokens"], rows, shade="||h||"))
+    show_text(out["text"])
 if st.session_state.get("playground"):
     curves = pd.DataFrame(
         {

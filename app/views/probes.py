@@ -4,7 +4,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from app.state import find, pick_run, runs, shown_errors, writable
+from app.state import find, pick_run, runs, shown_errors, tokenizer, tokenizer_summary, writable
 from workbench.data.tasks import LABELS
 from workbench.probing.study import default_hooks, probe_study
 from workbench.storage.files import read_json
@@ -14,6 +14,12 @@ st.caption("Does recurrent (K-pass) prefill expose a global state at the bottom 
 run = pick_run("Run", key="probe_run", default=find(runs(), "fbt"))
 if run is None:
     st.stop()
+tok = tokenizer(run)
+if tok.kind != "char":
+    st.caption(
+        f"{run.name} reads subword tokens ({tokenizer_summary(tok)}): the task texts are encoded with its tokenizer and "
+        "each token takes the label of the character it ends at (a token ending inside a character is not probed)."
+    )
 
 targets = sorted(label for labels in LABELS.values() for label in labels)
 c1, c2, c3 = st.columns(3)

@@ -1,9 +1,12 @@
-"""Runs: what is under the runs directory, training curves, eval tables; trains a zoo when empty."""
+"""Runs: what is under the runs directory, training curves, eval tables, each model's size,
+tokenizer and (for an imported model) source; trains a zoo when empty."""
+
+from pathlib import Path
 
 import pandas as pd
 import streamlit as st
 
-from app.state import runs, runs_root, shown_errors, writable
+from app.state import model, runs, runs_root, shown_errors, tokenizer_at, tokenizer_summary, writable
 from workbench.training.zoo import SCALES, member_names, train_zoo
 
 st.title("Runs")
@@ -55,6 +58,20 @@ def final_loss(r):
     return r.metrics[-1].get("loss_pass1", r.metrics[-1].get("loss")) if r.metrics else None
 
 
+def source_of(r) -> dict | None:
+    """The source record of an imported model (``workbench import`` writes it into config.json)."""
+    source = r.config.get("source")
+    return source if isinstance(source, dict) else None
+
+
+def origin(r) -> str | None:
+    """Where a run's weights come from: trained here, or imported from a model directory (or GGUF file)."""
+    if not r.config:  # unreadable: the error says why
+        return None
+    source = source_of(r)
+    return f"imported: {source.get('gguf_file') or Path(str(source.get('path'))).name}" if source else "trained"
+
+
 def eval_cell(r, task="chain"):
     acc = ((r.eval or {}).get("tasks", {}).get(task) or {}).get("accuracy", {})
     return acc.get("standard")
@@ -65,6 +82,7 @@ table = pd.DataFrame(
         {
             "run": r.name,
             "arch": r.arch,
+            "origin": origin(r),
             "preset": r.config.get("preset"),
             "task": r.config.get("data", {}).get("task"),
             "steps": r.steps,
@@ -80,10 +98,15 @@ st.dataframe(table, hide_index=True)
 
 names = [r.name for r in found]
 run = {r.name: r for r in found}[st.selectbox("Run", names, key="run")]
-curves, evaluation, config, files = st.tabs(["Training curves", "Eval", "Config", "Results files"])
+source = source_of(run)
+curves, about, evaluation, config, files = st.tabs(["Training curves", "Model", "Eval", "Config", "Results files"])
 
 with curves:
-    if not run.metrics:
+    if not run.metrics and source:
+        st.info(
+            f"{run.name} was imported (`workbench import`), not trained here: no training curves. The Model tab shows its source."
+        )
+    elif not run.metrics:
         st.info("No metrics.jsonl lines yet.")
     else:
         df = pd.DataFrame(run.metrics)
@@ -101,6 +124,32 @@ with curves:
         left, right = st.columns(2)
         left.line_chart(df, x="step", y="lr", height=200)
         right.line_chart(df, x="step", y="tokens_per_s", height=200)
+
+with about:
+    if not run.usable:
+        st.info(f"{run.name} cannot be used: {run.error}")
+    else:
+        shape = run.config["model"]
+        with shown_errors(f"Loading {run.name}"):
+            n_params = sum(p.numel() for p in model(run).parameters())
+            left, mid, right = st.columns(3)
+            left.metric("Parameters", f"{n_params / 1e6:.1f}M" if n_params >= 1e6 else f"{n_params:,}")
+            mid.metric("Layers x d_model", f"{shape['n_layers']} x {shape['d_model']}")
+            right.metric("Context (n_ctx)", f"{shape['n_ctx']:,}")
+        tok = None
+        with shown_errors(f"Reading the tokenizer of {run.name}"):
+            tok = tokenizer_at(run.path)
+            st.markdown(f"**Tokenizer**: {tokenizer_summary(tok)} (the model's d_vocab is {shape['d_vocab']:,}).")
+        if source:
+            st.markdown(
+                f"**Imported from** `{source.get('path')}`"
+                + (f", GGUF file `{source['gguf_file']}`" if source.get("gguf_file") else "")
+            )
+            if source.get("sha256"):
+                st.caption(f"sha256 {source['sha256']}")
+        if tok is not None and tok.chat_template:
+            with st.expander("Chat template"):
+                st.code(tok.chat_template, language="jinja2")
 
 with evaluation:
     if not run.eval:

@@ -10,7 +10,14 @@ from workbench.studies.streams import attention_mass, stream_logit_lens, stream_
 
 st.title("Streams (Hidden Decoding)")
 st.caption("Each token enters as n streams; only the last is read out. Do the streams specialise, or stay copies?")
-run = pick_run("HD run", archs=("hd",), key="st_run", default=find(runs(), "hd4"))
+run = pick_run(
+    "HD run",
+    archs=("hd",),
+    needs="these analyses compare the n embedding streams of a Hidden Decoding model; baseline runs "
+    "(imported pretrained models included) and FBT runs have one stream",
+    key="st_run",
+    default=find(runs(), "hd4"),
+)
 if run is None:
     st.stop()
 c1, c2, c3 = st.columns(3)

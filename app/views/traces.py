@@ -1,16 +1,21 @@
 """Trace lengths: the same problems under each model and regime; lengths, accuracy, and one
-problem's traces side by side with the carried-state norm under every token."""
+problem's traces side by side with the carried-state norm under every token. Each run encodes with
+its own tokenizer (an instruct model's prompt can go through its chat template); runs with different
+tokenizers are compared in characters, since their token counts do not compare."""
 
 import altair as alt
 import pandas as pd
 import streamlit as st
 
-from app.state import find, model, pick_run, runs, shown_errors, token_strip
-from workbench.runtime.tokenizer import load_tokenizer
-from workbench.studies.traces import problems, run_traces, summarise
+from app.state import find, model, pick_run, pieces, runs, show_text, shown_errors, token_strip, tokenizer, tokenizer_summary
+from workbench.studies.traces import CHAT_INSTRUCTION, chat_problem, problems, run_traces, summarise
+
+UNITS = {"tokens": "trace_tokens", "characters": "trace_chars"}
 
 st.title("Trace lengths")
-st.caption("How long does each model and regime reason before it answers (tokens before ####), and how often is it right?")
+st.caption(
+    "How long does each model and regime reason before it answers (what it writes before ####), and how often is it right?"
+)
 chosen = pick_run(
     "Models (the first one's standard regime is the paired reference)",
     key="tr_runs",
@@ -19,6 +24,8 @@ chosen = pick_run(
 )
 if not chosen:
     st.stop()
+tokenizers = {run.name: tokenizer(run) for run in chosen}
+templated = [name for name, tok in tokenizers.items() if tok.chat_template]
 c1, c2, c3, c4 = st.columns(4)
 regimes = c1.multiselect(
     "FBT regimes",
@@ -30,7 +37,21 @@ regimes = c1.multiselect(
 passes = c2.number_input("Fused prefill K", min_value=1, max_value=64, value=2, key="tr_passes")
 difficulties = c3.multiselect("Difficulties (steps)", [1, 2, 3, 4, 5, 6], default=[1, 2, 3, 4], key="tr_difficulty")
 n_problems = c4.number_input("Problems", min_value=1, max_value=2000, value=24, step=8, key="tr_n")
-max_new = st.slider("Token budget per trace", 16, 256, 160, key="tr_budget")
+max_new = st.slider(
+    "Token budget per trace", 16, 256, 160, key="tr_budget", help="In each run's own tokens (a subword holds several characters)."
+)
+chat = bool(templated) and st.checkbox(
+    "Chat format",
+    value=False,
+    key="tr_chat",
+    help=f"Prompt {', '.join(templated)} through the chat template: the question and the instruction "
+    f"{CHAT_INSTRUCTION!r} as a user's turn."
+    + (
+        f" {', '.join(n for n in tokenizers if n not in templated)} (no chat template) keep the completion format."
+        if len(templated) < len(tokenizers)
+        else ""
+    ),
+)
 
 if st.button("Compare", key="tr_compare", type="primary"):
     if not regimes or not difficulties:
@@ -40,20 +61,35 @@ if st.button("Compare", key="tr_compare", type="primary"):
             examples = problems("chain", int(n_problems), sorted(difficulties))
             jobs = [(r, g) for r in chosen for g in (regimes if r.arch == "fbt" else ["standard"])]
             bar = st.progress(0.0)
+            as_chat = {name: chat and name in templated for name in tokenizers}
             rows = []
             for i, (run, regime) in enumerate(jobs):
                 bar.progress(i / len(jobs), text=f"{run.name} / {regime}")
-                tokenizer = load_tokenizer(run.path)
+                tok = tokenizers[run.name]
                 rows += [
-                    {"model": run.name, "regime": regime, **row}
-                    for row in run_traces(model(run), examples, regime, int(passes), tokenizer, max_new_tokens=max_new)
+                    # pieces: the trace as the run's tokenizer splits it (re-encoded, as trace_tokens counts it)
+                    {"model": run.name, "regime": regime, "format": "chat" if as_chat[run.name] else "completion", **row}
+                    | {"pieces": pieces(tok, row["text"])}
+                    for row in run_traces(
+                        model(run), examples, regime, int(passes), tok, max_new_tokens=max_new, chat=as_chat[run.name]
+                    )
                 ]
             bar.progress(1.0, text="done")
             reference = (chosen[0].name, "standard")
+            mixed = len({tok.tokenizer.to_str() for tok in tokenizers.values()}) > 1
+            st.session_state["tr_unit"] = "characters" if mixed else "tokens"
             st.session_state["traces"] = {
                 "rows": rows,
                 "summary": summarise(rows, reference),
                 "prompts": {i: ex.prompt for i, ex in enumerate(examples)},
+                "chat_prompts": {
+                    name: {i: chat_problem(ex, tokenizers[name]) for i, ex in enumerate(examples)}
+                    for name in tokenizers
+                    if as_chat[name]
+                },
+                "tokenizers": {name: tokenizer_summary(tok) for name, tok in tokenizers.items()},
+                "mixed": mixed,
+                "eos": {name: tok.decode([tok.eos_id], skip_special=False) for name, tok in tokenizers.items()},
             }
             status.update(label=f"{len(rows)} traces on {len(examples)} problems", state="complete")
 
@@ -64,19 +100,36 @@ if not study:
 
 rows = pd.DataFrame(study["rows"])
 rows["run"] = rows["model"] + "/" + rows["regime"]
-shown = st.selectbox("Difficulty shown", ["all"] + sorted(rows["difficulty"].unique().tolist()), key="tr_show")
+if study["mixed"]:
+    st.info(
+        "The runs use different tokenizers ("
+        + "; ".join(f"{name}: {what}" for name, what in study["tokenizers"].items())
+        + "): their token counts do not compare, so trace lengths are shown in characters."
+    )
+c1, c2 = st.columns(2)
+shown = c1.selectbox("Difficulty shown", ["all"] + sorted(rows["difficulty"].unique().tolist()), key="tr_show")
+unit = c2.radio(
+    "Trace length in",
+    list(UNITS),
+    horizontal=True,
+    key="tr_unit",
+    help="Tokens of each run's own tokenizer, or characters: the unit that compares runs whose tokenizers differ.",
+)
+length = UNITS[unit]
 view = rows if shown == "all" else rows[rows["difficulty"] == shown]
 
 table = (
     view.groupby("run")
     .agg(
         problems=("problem_id", "size"),
-        mean_trace=("trace_tokens", "mean"),
-        median_trace=("trace_tokens", "median"),
+        prompt=("format", "first"),
+        mean_trace=(length, "mean"),
+        median_trace=(length, "median"),
         accuracy=("correct", "mean"),
         unfinished=("finished", lambda s: 1 - s.mean()),
     )
     .reset_index()
+    .rename(columns={"mean_trace": f"mean trace ({unit})", "median_trace": f"median trace ({unit})"})
 )
 st.dataframe(table, hide_index=True)
 paired = study["summary"]["paired"]
@@ -87,8 +140,8 @@ if paired:
             [
                 {
                     "comparison": k,
-                    "Δ trace tokens": v["trace_tokens"]["mean"],
-                    "CI": f"[{v['trace_tokens']['ci_low']:+.1f}, {v['trace_tokens']['ci_high']:+.1f}]",
+                    f"Δ trace {unit}": v[length]["mean"],
+                    "CI": f"[{v[length]['ci_low']:+.1f}, {v[length]['ci_high']:+.1f}]",
                     "Δ accuracy": v["accuracy"]["mean"],
                 }
                 for k, v in paired.items()
@@ -104,7 +157,7 @@ with left:
         alt.Chart(view)
         .mark_bar(opacity=0.6)
         .encode(
-            x=alt.X("trace_tokens:Q", bin=alt.Bin(maxbins=30), title="tokens before ####"),
+            x=alt.X(f"{length}:Q", bin=alt.Bin(maxbins=30), title=f"{unit} before ####"),
             y=alt.Y("count():Q", stack=None),
             color="run:N",
         ),
@@ -112,14 +165,12 @@ with left:
     )
 with right:
     st.markdown("**Accuracy vs mean trace length** (one point per difficulty)")
-    by_d = (
-        rows.groupby(["run", "difficulty"]).agg(mean_trace=("trace_tokens", "mean"), accuracy=("correct", "mean")).reset_index()
-    )
+    by_d = rows.groupby(["run", "difficulty"]).agg(mean_trace=(length, "mean"), accuracy=("correct", "mean")).reset_index()
     st.altair_chart(
         alt.Chart(by_d)
         .mark_line(point=True)
         .encode(
-            x=alt.X("mean_trace:Q", title="mean trace tokens"),
+            x=alt.X("mean_trace:Q", title=f"mean trace {unit}"),
             y=alt.Y("accuracy:Q", scale=alt.Scale(domain=[0, 1])),
             color="run:N",
             tooltip=["run", "difficulty", "mean_trace", "accuracy"],
@@ -135,9 +186,15 @@ pid = st.selectbox(
     format_func=lambda i: f"#{i} (difficulty {int(rows[rows['problem_id'] == i]['difficulty'].iloc[0])})",
 )
 st.code(study["prompts"][pid], language=None)
+for name, prompts in study["chat_prompts"].items():
+    with st.expander(f"Prompt sent to {name} (chat format)"):
+        show_text(prompts[pid])
 for _, r in rows[rows["problem_id"] == pid].iterrows():
     verdict = ":green[correct]" if r["correct"] else ":red[wrong]"
-    st.markdown(f"**{r['run']}**: {verdict}, answer {r['answer']}, {r['trace_tokens']} trace tokens")
-    tokens = list(r["text"]) + (["<eos>"] if r["finished"] else [])
+    st.markdown(
+        f"**{r['run']}**: {verdict}, answer {r['answer']}, {r['trace_tokens']} trace tokens "
+        f"({r['trace_chars']} characters)" + (", chat format" if r["format"] == "chat" else "")
+    )
+    tokens = list(r["pieces"]) + ([study["eos"][r["model"]]] if r["finished"] else [])
     norms = r["state_norms"] if isinstance(r["state_norms"], list) else []
     st.html(token_strip(tokens, {"||h||": norms[: len(tokens)]} if norms else {}, shade="||h||" if norms else None))

@@ -301,3 +301,160 @@ def test_app_verb_warns_on_stderr_before_starting_when_the_address_is_not_loopba
             f"training and write files under {tmp_path.resolve()}"
         ]
         assert lines == (expected if warned else []), (address, lines)
+
+
+# An imported pretrained model (`workbench import`): a baseline run whose tokenizer is a byte-level BPE
+# with a chat template. Every page encodes and decodes with it; the FBT and HD pages say why it is not offered.
+
+
+@pytest.fixture(scope="module")
+def with_imported(micro_zoo, tmp_path_factory):
+    """A runs directory holding a tiny imported model (``smol``, 300 BPE ids) beside the micro zoo's
+    character-level ``baseline``."""
+    from pretrained import imported_run
+
+    root = tmp_path_factory.mktemp("imported") / "runs"
+    shutil.copytree(micro_zoo / "baseline", root / "baseline")
+    shutil.move(imported_run(tmp_path_factory.mktemp("hf")), root / "smol")
+    return root
+
+
+def strip_tokens(strip: str) -> list[str]:
+    """The tokens of a ``token_strip``, each as its box's title holds it."""
+    import html
+    import re
+
+    return [html.unescape(t) for t in re.findall(r"<div title='([^']*)'", strip)]
+
+
+def test_runs_page_shows_an_imported_model_by_its_source_size_and_tokenizer(monkeypatch, with_imported):
+    import pandas as pd
+
+    from workbench.runtime.checkpoint import load_model
+
+    at = open_page(monkeypatch, with_imported)
+    table = at.dataframe[0].value.set_index("run")
+    assert set(table["status"]) == {"ok"} and table.loc["baseline", "origin"] == "trained"
+    assert table.loc["smol", "origin"] == "imported: hf" and pd.isna(table.loc["smol", "steps"])
+    at.selectbox(key="run").set_value("smol").run()
+    assert_clean(at)
+    assert not errors(at)
+    assert any("was imported" in i.value and "no training curves" in i.value for i in at.info)
+    shown = " ".join(m.value for m in at.markdown)
+    assert "Hugging Face (subword), 300 ids, chat template" in shown and "d_vocab is 300" in shown
+    source = json.loads((with_imported / "smol" / "config.json").read_text())["source"]
+    assert f"**Imported from** `{source['path']}`" in shown
+    n_params = sum(p.numel() for p in load_model(with_imported / "smol").parameters())
+    assert {m.label: m.value for m in at.metric}["Parameters"] == f"{n_params:,}"  # under a million: every digit
+    assert "<|im_start|>" in at.code[0].value  # the chat template
+
+
+def test_probes_page_probes_an_imported_model_with_standard_prefill(monkeypatch, with_imported):
+    from workbench.probing.study import default_hooks
+
+    at = open_page(monkeypatch, with_imported, "probes")
+    at.selectbox(key="probe_run").set_value("smol").run()
+    assert "probe_passes" not in [m.key for m in at.multiselect]  # a baseline has no recurrent prefill
+    assert any("subword tokens" in c.value for c in at.caption)
+    at.number_input(key="probe_n").set_value(40)
+    at.button(key="probe_train").click().run()
+    assert_clean(at)
+    assert not errors(at)
+    rows = at.dataframe[0].value
+    assert list(rows["hook"]) == default_hooks(2) and set(rows["regime"]) == {"standard"}
+    assert (rows["n_test"] > 0).all() and [m.label for m in at.metric] == ["standard"]
+    assert (with_imported / "smol" / "results" / "probe_memory.json").is_file()
+
+
+def test_playground_chat_format_changes_the_prompt_ids_and_decodes_with_the_bpe(monkeypatch, with_imported):
+    import workbench.studies.playground as playground
+    from workbench.dynamics.study import DEFAULT_PROMPT
+    from workbench.runtime.tokenizer import load_tokenizer
+
+    calls = []
+
+    def spy(model, prompt_ids, **kwargs):
+        out = playground_generate(model, prompt_ids, **kwargs)
+        calls.append((list(prompt_ids[0]), out.completions()[0]))
+        return out
+
+    playground_generate = playground.generate
+    monkeypatch.setattr(playground, "generate", spy)
+    bpe = load_tokenizer(with_imported / "smol")
+    at = open_page(monkeypatch, with_imported, "playground")
+    assert at.selectbox(key="pg_run").value == "baseline"
+    assert "pg_chat" not in [c.key for c in at.checkbox]  # the character tokenizer has no chat template
+    at.selectbox(key="pg_run").set_value("smol").run()
+    assert at.checkbox(key="pg_chat").value is False
+    at.slider(key="pg_new").set_value(8)
+    for chat in (False, True):
+        at.checkbox(key="pg_chat").set_value(chat)
+        at.button(key="pg_generate").click().run()
+        assert_clean(at)
+        assert not errors(at)
+        prompt_ids, new = calls[-1]
+        sent = bpe.chat_prompt(DEFAULT_PROMPT) if chat else DEFAULT_PROMPT
+        assert prompt_ids == bpe.encode(sent)
+        # what is drawn is the BPE's decoding: one box per generated subword, and the text
+        assert strip_tokens(at.get("html")[0].proto.body) == [bpe.decode([i], skip_special=False) for i in new]
+        assert at.code[-1].value == bpe.decode(new)
+    assert calls[0][0] != calls[1][0] and bpe.decode(calls[1][0], skip_special=False).startswith("<|im_start|>user\n")
+    assert at.code[0].value == bpe.chat_prompt(DEFAULT_PROMPT)  # the prompt sent, shown
+
+
+def test_traces_page_prompts_an_imported_model_in_chat_format_and_compares_in_characters(monkeypatch, with_imported):
+    import workbench.studies.traces as traces
+    from workbench.runtime.tokenizer import load_tokenizer
+
+    prompts = {}
+
+    def spy(model, prompt_ids, **kwargs):
+        prompts.setdefault(model.cfg.d_vocab, []).extend(map(list, prompt_ids))
+        return traces_generate(model, prompt_ids, **kwargs)
+
+    traces_generate = traces.generate
+    monkeypatch.setattr(traces, "generate", spy)
+    bpe = load_tokenizer(with_imported / "smol")
+    at = open_page(monkeypatch, with_imported, "traces")
+    at.multiselect(key="tr_runs").set_value(["baseline"]).run()
+    assert "tr_chat" not in [c.key for c in at.checkbox]
+    at.multiselect(key="tr_runs").set_value(["smol", "baseline"]).run()
+    assert at.checkbox(key="tr_chat").value is False
+    at.checkbox(key="tr_chat").check()
+    at.number_input(key="tr_n").set_value(4)
+    at.slider(key="tr_budget").set_value(16)
+    at.button(key="tr_compare").click().run()
+    assert_clean(at)
+    assert not errors(at)
+    # smol got chat-formatted prompts in its own ids; the character-level baseline the completion format
+    assert len(prompts[300]) == len(prompts[128]) == 4
+    assert all(bpe.decode(ids, skip_special=False).startswith("<|im_start|>user\nStart with") for ids in prompts[300])
+    study = at.session_state["traces"]
+    assert {r["model"]: r["format"] for r in study["rows"]} == {"smol": "chat", "baseline": "completion"}
+    summary = at.dataframe[0].value.set_index("run")
+    assert sorted(summary.index) == ["baseline/standard", "smol/standard"] and set(summary["problems"]) == {4}
+    assert summary.loc["smol/standard", "prompt"] == "chat" and "mean trace (characters)" in summary
+    assert at.radio(key="tr_unit").value == "characters"
+    assert any("different tokenizers" in i.value and "Hugging Face (subword)" in i.value for i in at.info)
+    smol = [r for r in study["rows"] if r["model"] == "smol"]
+    assert summary.loc["smol/standard", "mean trace (characters)"] == pytest.approx(
+        sum(r["trace_chars"] for r in smol) / len(smol)
+    )
+    # the one-problem view splits smol's trace into its subwords, and shows the prompt it was sent
+    strips = [h.proto.body for h in at.get("html")]
+    first = next(r for r in smol if r["problem_id"] == 0)
+    assert len(strips) == 2
+    expected = [bpe.decode([i], skip_special=False) for i in bpe.encode(first["text"])]
+    assert any(strip_tokens(s)[: len(expected)] == expected for s in strips)
+    assert any("<|im_start|>user" in c.value for c in at.code)
+    at.radio(key="tr_unit").set_value("tokens").run()
+    assert_clean(at)
+    assert "mean trace (tokens)" in at.dataframe[0].value
+
+
+def test_dynamics_and_streams_pages_say_why_an_imported_model_is_not_offered(monkeypatch, with_imported):
+    for page, needs in [("dynamics", "carried state"), ("streams", "embedding streams")]:
+        at = open_page(monkeypatch, with_imported, page)
+        assert not errors(at)
+        [info] = [i.value for i in at.info]
+        assert needs in info and "imported pretrained models" in info and "smol (baseline)" in info, info

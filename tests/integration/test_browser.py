@@ -6,6 +6,7 @@ app then serves a copy of ``$WORKBENCH_BROWSER_RUNS`` instead of the micro zoo).
 Needs ``/usr/bin/chromium`` (``apt-get install chromium``; never a browser download). Without it
 the test is skipped, unless ``WORKBENCH_REQUIRE_BROWSER=1`` (set by CI), where it fails."""
 
+import contextlib
 import os
 import shutil
 import socket
@@ -37,10 +38,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def server(micro_zoo, tmp_path):
-    source = Path(os.environ.get("WORKBENCH_BROWSER_RUNS") or micro_zoo)
-    runs = shutil.copytree(source, tmp_path / "runs")
+@contextlib.contextmanager
+def serving(runs: Path, tmp_path: Path):
+    """``workbench app`` over ``runs`` on a free port, up and answering; its URL."""
     port = free_port()
     log = (tmp_path / "server.log").open("w")
     proc = subprocess.Popen(
@@ -61,18 +61,45 @@ def server(micro_zoo, tmp_path):
             proc.kill()
             pytest.fail(f"workbench app did not come up: {(tmp_path / 'server.log').read_text()[-2000:]}")
         time.sleep(0.5)
-    yield url
-    os.killpg(proc.pid, 15)
-    proc.wait(timeout=30)
-    log.close()
+    try:
+        yield url
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(timeout=30)
+        log.close()
 
 
-def test_every_page_in_chromium(server, tmp_path):
+@pytest.fixture
+def server(micro_zoo, tmp_path):
+    source = Path(os.environ.get("WORKBENCH_BROWSER_RUNS") or micro_zoo)
+    with serving(shutil.copytree(source, tmp_path / "runs"), tmp_path) as url:
+        yield url
+
+
+def require_chromium() -> None:
     if not Path(CHROMIUM).exists():
         if os.environ.get("WORKBENCH_REQUIRE_BROWSER") == "1":
             pytest.fail(f"{CHROMIUM} is missing (apt-get install -y chromium)")
         pytest.skip(f"{CHROMIUM} is missing (apt-get install -y chromium)")
-    from playwright.sync_api import expect, sync_playwright
+
+
+def settled(page, text: str, timeout_s: float = 240) -> None:
+    """Wait for ``text`` and for the script run to finish; fail on an exception element."""
+    from playwright.sync_api import expect
+
+    expect(page.get_by_text(text, exact=False).first).to_be_visible(timeout=timeout_s * 1000)
+    page.wait_for_function(  # the script run has finished (the attribute Streamlit's own e2e tests read)
+        "() => document.querySelector('[data-testid=\"stApp\"]')?.getAttribute('data-test-script-state') === 'notRunning'",
+        timeout=timeout_s * 1000,
+    )
+    page.wait_for_timeout(500)
+    exceptions = page.locator('[data-testid="stException"]')
+    assert exceptions.count() == 0, exceptions.first.inner_text()
+
+
+def test_every_page_in_chromium(server, tmp_path):
+    require_chromium()
+    from playwright.sync_api import sync_playwright
 
     shots = [tmp_path / "screenshots"] + (
         [Path(os.environ["WORKBENCH_SCREENSHOTS"])] if os.environ.get("WORKBENCH_SCREENSHOTS") else []
@@ -84,16 +111,8 @@ def test_every_page_in_chromium(server, tmp_path):
         browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
         page = browser.new_page(viewport={"width": 1400, "height": 1800})
 
-        def settle(text: str, timeout_s: float = 240) -> None:
-            """Wait for ``text`` and for the script run to finish; fail on an exception element."""
-            expect(page.get_by_text(text, exact=False).first).to_be_visible(timeout=timeout_s * 1000)
-            page.wait_for_function(  # the script run has finished (the attribute Streamlit's own e2e tests read)
-                "() => document.querySelector('[data-testid=\"stApp\"]')?.getAttribute('data-test-script-state') === 'notRunning'",
-                timeout=timeout_s * 1000,
-            )
-            page.wait_for_timeout(500)
-            exceptions = page.locator('[data-testid="stException"]')
-            assert exceptions.count() == 0, exceptions.first.inner_text()
+        def settle(text: str) -> None:
+            settled(page, text)
 
         def fill(label: str, value: str) -> None:
             page.get_by_label(label).fill(value)
@@ -140,3 +159,28 @@ def test_every_page_in_chromium(server, tmp_path):
     assert sorted(f.name for f in shots[0].iterdir()) == sorted(
         f"{n}.png" for n in ["runs", "probes", "dynamics", "traces", "streams", "playground"]
     )
+
+
+def test_the_playground_generates_from_an_imported_model_in_chat_format(tmp_path):
+    """An imported pretrained model (a byte-level BPE with a chat template) alone in the runs
+    directory: the Playground offers its chat format and generates through it."""
+    require_chromium()
+    from playwright.sync_api import sync_playwright
+    from pretrained import imported_run
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    shutil.move(imported_run(tmp_path / "import"), runs / "smol")
+    with serving(runs, tmp_path) as url, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+        page = browser.new_page(viewport={"width": 1400, "height": 1800})
+        page.goto(f"{url}/playground")
+        settled(page, "Hugging Face (subword), 300 ids, chat template")
+        page.get_by_text("Chat format").click()
+        settled(page, "Generate")
+        page.get_by_role("button", name="Generate").click()
+        settled(page, "Prompt sent to the model")
+        page.get_by_text("Prompt sent to the model").click()
+        settled(page, "<|im_start|>user")
+        page.screenshot(path=str(tmp_path / "playground-imported.png"), full_page=True)
+        browser.close()

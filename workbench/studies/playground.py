@@ -17,7 +17,7 @@ import torch
 from models import DecoderLM
 from workbench.runtime.activations import ActivationRecorder
 from workbench.runtime.decoding import generate
-from workbench.runtime.tokenizer import CharTokenizer
+from workbench.runtime.tokenizer import CharTokenizer, TokenizerBase
 from workbench.storage.errors import BadInput
 
 
@@ -60,7 +60,7 @@ def inspect_generation(
     passes: int | str = 2,
     max_new_tokens: int = 48,
     intervention: Intervention | None = None,
-    tokenizer: CharTokenizer | None = None,
+    tokenizer: TokenizerBase | None = None,
     stop_at_eos: bool = True,
 ) -> dict:
     """Greedy generation of one prompt; per generated token: its text, the norm of the state that
