@@ -35,6 +35,19 @@ DOCS_COMMANDS = {
     "probe_fbt_memory.json": ["workbench probe runs/cpu/fbt --target memory --passes 2,3"],
     "probe_fbt_running_sum.json": ["workbench probe runs/cpu/fbt --target running_sum --passes 2,3"],
     "probe_hd4_memory.json": ["workbench probe runs/cpu/hd4 --target memory"],
+    "smollm2_import.json": ["workbench import smollm2 runs/smollm2 --json docs/results/smollm2_import.json"],
+    "smollm2_traces_chain.json": [
+        "workbench traces runs/smollm2 --chat --n-problems 200 --max-new-tokens 160 --out runs/smollm2/traces-chain"
+    ],
+    "smollm2_traces_gsm8k.json": [
+        "workbench traces runs/smollm2 --chat --task gsm8k-jsonl:../shared/data/gsm8k/train.jsonl --n-problems 300 "
+        "--difficulty 1..16 --max-new-tokens 256 --out runs/smollm2/traces-gsm8k"
+    ],
+    "smollm2_probe_value.json": [
+        "workbench probe runs/smollm2 --target value --n-sequences 200 --hooks blocks.0.hook_resid_pre "
+        "blocks.0.hook_resid_post blocks.4.hook_resid_post blocks.9.hook_resid_post blocks.14.hook_resid_post "
+        "blocks.19.hook_resid_post blocks.24.hook_resid_post blocks.29.hook_resid_post --out docs/results/smollm2_probe_value.json"
+    ],
     "traces_cpu_summary.json": [
         "workbench traces runs/cpu/fbt runs/cpu/baseline runs/cpu/hd2 runs/cpu/hd4 --task chain "
         "--regimes standard,soft,fused --passes 2 --n-problems 1000 --difficulty 1..4 --out runs/cpu/traces"
@@ -600,6 +613,118 @@ def bench_page(results: Path) -> str:
     )
 
 
+# ---------------------------------------------------------------- pretrained
+
+
+def pretrained_traces_table(studies: list[dict]) -> str:
+    rows = []
+    for summary in studies:
+        for key, g in summary["groups"].items():
+            rows.append(
+                [
+                    f"`{summary['task'].split(':')[0]}`",
+                    f"`{key}`",
+                    str(g["n"]),
+                    fixed(g["accuracy"], 3),
+                    fixed(g["answered"], 3),
+                    fixed(g["accuracy_last_number"], 3),
+                    fixed(g["unfinished"], 3),
+                    fixed(g["mean_trace"], 1),
+                    fixed(g["mean_trace_chars"], 1),
+                    fixed(summary["timing"][key]["problems_per_s"], 2),
+                ]
+            )
+    return table(
+        [
+            "task",
+            "run/regime",
+            "problems",
+            "accuracy (#### rule)",
+            "wrote ####",
+            "last number right",
+            "unfinished",
+            "mean trace (tokens)",
+            "mean trace (characters)",
+            "problems/s",
+        ],
+        rows,
+    )
+
+
+def pretrained_difficulty_table(summary: dict) -> str:
+    rows = [
+        [f"`{key}`", d, str(v["n"]), fixed(v["accuracy"], 3), fixed(v["unfinished"], 3), fixed(v["mean_trace"], 1)]
+        for key, g in summary["groups"].items()
+        for d, v in g["by_difficulty"].items()
+    ]
+    return table(["run/regime", "steps", "problems", "accuracy", "unfinished", "mean trace (tokens)"], rows)
+
+
+def pretrained_page(results: Path) -> str:
+    imported = read(results, "smollm2_import.json")
+    chain, gsm8k = read(results, "smollm2_traces_chain.json"), read(results, "smollm2_traces_gsm8k.json")
+    probe = read(results, "smollm2_probe_value.json")
+    model, parity = imported["model"], imported["source"]["parity"]
+    instruction = chain["chat"]["instruction"] if chain.get("chat") else None
+    body = [
+        "## The imported model",
+        "",
+        table(
+            ["d_model", "layers", "heads (key/value)", "d_mlp", "vocabulary", "context", "tied", "source sha256"],
+            [
+                [
+                    str(model["d_model"]),
+                    str(model["n_layers"]),
+                    f"{model['n_heads']} ({model['n_kv_heads']})",
+                    str(model["d_mlp"]),
+                    f"{model['d_vocab']:,}",
+                    f"{model['n_ctx']:,}",
+                    str(model["tie_embeddings"]).lower(),
+                    f"`{imported['source']['sha256'][:16]}...`",
+                ]
+            ],
+        ),
+        f"Parity with `transformers` (recorded by the import, fp32, {parity['text_tokens']} tokens of text): "
+        f"max |logit difference| {sci(parity['max_abs_logit_diff'])}, greedy next tokens "
+        f"{'identical at every position' if parity['argmax_agree'] else 'different'}.",
+        "",
+        "## Trace studies (chat format)",
+        "",
+        f"Every problem is a user turn of the model's chat template: the question and the instruction {instruction!r}"
+        if instruction
+        else "Completion format.",
+        "The `####` rule is GSM8K's; `last number right` is a lenient diagnostic (the last number of the text is the answer).",
+        "",
+        pretrained_traces_table([chain, gsm8k]),
+        "### By difficulty: `chain` (steps of the problem)",
+        "",
+        pretrained_difficulty_table(chain),
+        "### By difficulty: GSM8K (`<<...>>` steps of the reference solution)",
+        "",
+        pretrained_difficulty_table(gsm8k),
+        f"## Probe: the `{probe['target']}` label of `{probe['task']}` ({probe['n_sequences']} held-out sequences)",
+        "",
+        table(
+            ["hook", "accuracy", "chance", "control accuracy", "selectivity", "train / test rows"],
+            [
+                [
+                    f"`{r['hook']}`",
+                    fixed(r["accuracy"], 3),
+                    fixed(r["chance"], 3),
+                    fixed(r["control_accuracy"], 3),
+                    small(r["selectivity"]),
+                    f"{r['n_train']} / {r['n_test']}",
+                ]
+                for r in probe["rows"]
+            ],
+        ),
+    ]
+    sources = ["smollm2_import.json", "smollm2_traces_chain.json", "smollm2_traces_gsm8k.json", "smollm2_probe_value.json"]
+    return frame(
+        "SmolLM2-135M-Instruct, imported (measured)", [(n, read(results, n)) for n in sources], "\n".join(body), [], results
+    )
+
+
 # ---------------------------------------------------------------- index and driver
 
 PAGES: dict[str, tuple[str, Callable[[Path], str]]] = {
@@ -608,6 +733,7 @@ PAGES: dict[str, tuple[str, Callable[[Path], str]]] = {
     "dynamics.md": ("feedback-map stability", dynamics_page),
     "traces.md": ("trace lengths", traces_page),
     "bench.md": ("speed ratios", bench_page),
+    "pretrained.md": ("SmolLM2-135M-Instruct imported: parity, traces, a probe", pretrained_page),
 }
 
 
