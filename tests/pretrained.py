@@ -20,7 +20,10 @@ SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CONFIG = {
     "bos_token": "<|im_start|>",
     "eos_token": {"content": "<|im_end|>", "lstrip": False},  # tokenizer_config.json writes either form
-    "chat_template": "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}",
+    "chat_template": (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    ),
 }
 
 

@@ -147,9 +147,10 @@ def cmd_generate(args) -> dict:
 
     model = resolve_model(args.model)
     tok = _tokenizer_for(args.model)
-    prompts = [tok.encode(p) for p in args.prompt]  # training streams carry no BOS
+    texts = [tok.chat_prompt(p, f"{args.model}'s tokenizer (--chat)") for p in args.prompt] if args.chat else args.prompt
+    prompts = [tok.encode(p) for p in texts]  # training streams carry no BOS; a chat template writes its own
     silent = tok.silent_ids(model.cfg.d_vocab)
-    result = {"model": args.model, "prompts": args.prompt, "generations": {}, "silent_tokens": {}}
+    result = {"model": args.model, "prompts": args.prompt, "chat": args.chat, "generations": {}, "silent_tokens": {}}
     for regime in args.regime.split(","):
         try:
             out = generate(
@@ -307,6 +308,7 @@ def cmd_cache(args) -> dict:
         args.out,
         prefill=args.prefill,
         passes=args.passes,
+        tokenizer=_tokenizer_for(args.run),
         overwrite=args.overwrite,
         on_estimate=lambda e: print(f"storing about {e['rows']:,} rows, {e['bytes'] / 2**30:.2f} GiB, in {args.out}", flush=True),
     )
@@ -387,6 +389,7 @@ def cmd_traces(args) -> dict:
         max_new_tokens=args.max_new_tokens,
         overwrite=args.overwrite,
         engine=args.engine,
+        chat=args.chat,
     )
     for key, g in summary["groups"].items():
         print(
@@ -468,6 +471,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", action="append", required=True, help="prompt text (repeatable: a batch)")
     p.add_argument("--regime", default="standard", help="comma-separated: standard,soft,fused")
     p.add_argument("--passes", type=_passes, default=1, help="K of the fused regime's K-pass prefill, or 'exact'")
+    p.add_argument("--chat", action="store_true", help="format each prompt as a user turn with the run's chat template")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-k", type=int, default=None)
@@ -576,6 +580,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-problems", type=int, default=200)
     p.add_argument("--difficulty", type=_difficulty_range, default=[1, 2, 3, 4], help="steps, e.g. 1..4")
     p.add_argument("--max-new-tokens", type=int, default=160)
+    p.add_argument("--chat", action="store_true", help="prompt through each run's chat template (instruct models)")
     p.add_argument("--seed", type=_seed, default=0)
     p.add_argument("--out", required=True)
     _engine_argument(p)

@@ -5,6 +5,7 @@ import pandas as pd
 import streamlit as st
 
 from app.state import find, model_at, pick_run, runs, shown_errors, stamp
+from workbench.runtime.tokenizer import load_tokenizer
 from workbench.studies.streams import attention_mass, stream_logit_lens, stream_norms, stream_similarity, task_windows
 
 st.title("Streams (Hidden Decoding)")
@@ -25,7 +26,7 @@ if seq_len > n_ctx:
 @st.cache_data(show_spinner="Running the model...", max_entries=16)
 def analyse(path: str, version: tuple, task: str, n: int, length: int) -> dict:
     m = model_at(path)
-    x = task_windows(task, n, length)
+    x = task_windows(task, n, length, tokenizer=load_tokenizer(path))
     return {
         "similarity": stream_similarity(m, x).numpy(),
         "mass": attention_mass(m, x),

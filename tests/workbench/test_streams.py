@@ -6,6 +6,7 @@ from helpers import tokens
 
 from models import expand_streams
 from workbench import build_model
+from workbench.runtime.tokenizer import CharTokenizer
 from workbench.studies.streams import attention_mass, stream_logit_lens, stream_similarity
 
 
@@ -44,11 +45,11 @@ def test_stream_norms_start_equal_for_replicated_streams_and_windows_are_held_ou
 
     base = build_model("baseline", "debug", n_layers=2)
     hd = expand_streams(base, 3, cross_layers=(1,))
-    x = task_windows("flipflop", 4, 16)
+    x = task_windows("flipflop", 4, 16, tokenizer=CharTokenizer())
     assert x.shape == (4, 16) and x.dtype == torch.long
     norms = stream_norms(hd, x)
     assert norms.shape == (3, 3)
     torch.testing.assert_close(norms[0], norms[0, :1].expand(3))  # E_k replicated: equal inputs
     torch.testing.assert_close(norms[1], norms[1, :1].expand(3))  # intra-stream block 0 keeps them equal
     with pytest.raises(ValueError, match="seq_len=1"):
-        task_windows("flipflop", 4, 1)
+        task_windows("flipflop", 4, 1, tokenizer=CharTokenizer())

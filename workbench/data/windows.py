@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from workbench.data.tasks import Example
-from workbench.runtime.tokenizer import CharTokenizer
+from workbench.runtime.tokenizer import TokenizerBase
 
 
 @dataclass
@@ -22,7 +22,7 @@ class TokenStream:
     source: np.ndarray  # [n_tokens] int32: index of the example each token belongs to
 
     @classmethod
-    def from_examples(cls, examples: list[Example], tokenizer: CharTokenizer) -> TokenStream:
+    def from_examples(cls, examples: list[Example], tokenizer: TokenizerBase) -> TokenStream:
         ids, source = [], []
         for i, ex in enumerate(examples):
             row = tokenizer.encode(ex.text) + [tokenizer.eos_id]

@@ -4,7 +4,9 @@ per-position labels, to a Hugging Face ``datasets`` (Arrow) dataset on disk.
 One row per (sequence, position, pass, stream). Columns: ``seq``, ``pos``, ``pass``, ``stream``,
 ``token``, ``label.<name>`` for every label the task has (-1 where undefined), and one
 ``act.<hook>`` float32 vector column per hook. Batches are written as they are computed, so
-memory does not grow with the number of sequences.
+memory does not grow with the number of sequences. Tasks label characters; a token takes the label
+of the character it ends at (``TokenizerBase.encode_labelled``), so the rows of a character-level
+run and of a run with a subword tokenizer are labelled by the same rule.
 
 Prefill regimes:
 - ``standard``: one plain pass (every architecture);
@@ -35,7 +37,7 @@ from models import DecoderLM, NonFiniteActivation, unstack_streams
 from workbench.data.tasks import Example
 from workbench.runtime.activations import ActivationRecorder, resolve_hook_names
 from workbench.runtime.decoding import NonFinite, check_passes, guarded
-from workbench.runtime.tokenizer import CharTokenizer
+from workbench.runtime.tokenizer import CharTokenizer, TokenizerBase
 from workbench.storage.errors import BadInput, MissingFile
 from workbench.storage.files import fsync, read_json, write_json
 from workbench.storage.outputs import claim
@@ -80,20 +82,26 @@ def _per_position(act: torch.Tensor, hook: str, n_streams: int, n_tokens: int) -
     return act.reshape(act.shape[0], n_tokens, n_streams, -1).float()
 
 
-def _batches(examples: list[Example], tokenizer: CharTokenizer, batch_size: int, n_ctx: int):
-    """(first index, examples, tokens [batch, width], real [batch, width]) per batch, right-padded."""
+def _batches(examples: list[Example], tokenizer: TokenizerBase, batch_size: int, n_ctx: int, label_names: list[str]):
+    """(first index, examples, tokens [batch, width], real [batch, width], labels {name: [batch,
+    width]}) per batch, right-padded; per-character labels become per-token ones by the tokenizer's
+    alignment rule (``encode_labelled``), -1 where undefined."""
     for start in range(0, len(examples), batch_size):
         chunk = examples[start : start + batch_size]
-        seqs = [tokenizer.encode(ex.text) for ex in chunk]
-        width = max(map(len, seqs))
+        encoded = [tokenizer.encode_labelled(ex.text, ex.labels) for ex in chunk]
+        width = max(len(seq) for seq, _ in encoded)
         if width > n_ctx:
             raise BadInput(f"an example of {width} tokens is longer than the context n_ctx={n_ctx}")
         tokens = torch.zeros(len(chunk), width, dtype=torch.long)
         real = torch.zeros(len(chunk), width, dtype=torch.bool)
-        for i, seq in enumerate(seqs):
+        labels = {name: np.full((len(chunk), width), -1, dtype=np.int64) for name in label_names}
+        for i, (seq, per_token) in enumerate(encoded):
             tokens[i, : len(seq)] = torch.tensor(seq)
             real[i, : len(seq)] = True
-        yield start, chunk, tokens, real
+            for name, table in labels.items():
+                if name in per_token:
+                    table[i, : len(per_token[name])] = per_token[name]
+        yield start, chunk, tokens, real, labels
 
 
 def _record(model: DecoderLM, hooks: list[str], tokens: Tensor, prefill: str, passes, what: str) -> list[Tensor]:
@@ -121,7 +129,7 @@ def store_estimate(
     *,
     prefill: str = "standard",
     passes: int | str = 1,
-    tokenizer: CharTokenizer | None = None,
+    tokenizer: TokenizerBase | None = None,
 ) -> dict:
     """Rows and bytes the store will take, from the token counts and one example's activations
     (what ``cache_activations`` checks against the free disk space before writing)."""
@@ -135,7 +143,7 @@ def store_estimate(
         i = lengths.index(max(lengths))
         raise BadInput(f"example {i} of {lengths[i]} tokens is longer than the context n_ctx={model.cfg.n_ctx}")
     positions = sum(lengths)
-    _, _, tokens, _ = next(_batches(examples[:1], tokenizer, 1, model.cfg.n_ctx))
+    _, _, tokens, _, _ = next(_batches(examples[:1], tokenizer, 1, model.cfg.n_ctx, []))
     acts = _record(model, hooks, tokens.to(model.embed.W_E.device), prefill, passes, "sequence 0")
     n_passes = acts[0].shape[0]
     labels = {name for ex in examples for name in ex.labels}
@@ -154,7 +162,7 @@ def cache_activations(
     prefill: str = "standard",
     passes: int | str = 1,
     batch_size: int = 32,
-    tokenizer: CharTokenizer | None = None,
+    tokenizer: TokenizerBase | None = None,
     overwrite: bool = False,
     on_estimate: Callable[[dict], None] | None = None,
 ) -> Path:
@@ -182,7 +190,7 @@ def cache_activations(
     n = model.n_streams
     with claim(out_dir, "store", overwrite=overwrite) as out:
         shards, n_rows = [], 0
-        for start, chunk, tokens, real in _batches(examples, tokenizer, batch_size, model.cfg.n_ctx):
+        for start, chunk, tokens, real, labels in _batches(examples, tokenizer, batch_size, model.cfg.n_ctx, label_names):
             per_pass = _record(
                 model, hooks, tokens.to(model.embed.W_E.device), prefill, passes, f"sequences {start}..{start + len(chunk) - 1}"
             )
@@ -196,11 +204,7 @@ def cache_activations(
                 "token": np.repeat(tokens[b_idx, t_idx].numpy(), n_passes * n),
             }
             for name in label_names:
-                table = np.full(tuple(tokens.shape), -1, dtype=np.int64)
-                for i, ex in enumerate(chunk):
-                    if name in ex.labels:
-                        table[i, : len(ex.labels[name])] = ex.labels[name]
-                columns[f"label.{name}"] = np.repeat(table[b_idx.numpy(), t_idx.numpy()], n_passes * n)
+                columns[f"label.{name}"] = np.repeat(labels[name][b_idx.numpy(), t_idx.numpy()], n_passes * n)
             for hook, act in zip(hooks, per_pass):
                 # act: [n_passes, batch, pos, streams, d] -> rows in (seq, pos, pass, stream) order
                 rows = act[:, b_idx, t_idx].permute(1, 0, 2, 3).reshape(-1, act.shape[-1]).numpy()

@@ -18,6 +18,7 @@ from workbench.data.tasks import LABELS, TaskConfig
 from workbench.probing.probes import save_probe, train_probe
 from workbench.probing.store import cache_activations, hook_names, load_store
 from workbench.runtime.checkpoint import load_model
+from workbench.runtime.tokenizer import tokenizer_of
 from workbench.storage.errors import BadInput, OutputExists
 from workbench.storage.files import atomic_write, fsync, read_json, write_json
 from workbench.storage.outputs import hold, staging_in
@@ -71,7 +72,7 @@ def probe_study(
     if not 3 <= n_sequences <= MAX_SEQUENCES:
         raise BadInput(f"n_sequences={n_sequences}: expected 3..{MAX_SEQUENCES:,} (train, validation and test split by sequence)")
     run_dir = Path(run_dir)
-    model = load_model(run_dir)
+    model, tokenizer = load_model(run_dir), tokenizer_of(run_dir)
     hooks = hook_names(model, hooks or default_hooks(model.cfg.n_layers))  # patterns become the names the store has
     task = TARGET_TASK[target]
     results_dir = run_dir / "results"
@@ -91,7 +92,9 @@ def probe_study(
         staging = held.enter_context(staging_in(results_dir))
         for prefill, k in sweep:
             report(done / total, f"caching activations: {prefill} prefill, K={k}")
-            store_dir = cache_activations(model, examples, hooks, staging / f"store-{prefill}-{k}", prefill=prefill, passes=k)
+            store_dir = cache_activations(
+                model, examples, hooks, staging / f"store-{prefill}-{k}", prefill=prefill, passes=k, tokenizer=tokenizer
+            )
             ds, meta = load_store(store_dir, verify=False)  # written just now by this process
             table = ds.select_columns(["seq", "pass", "stream", "token", f"label.{target}"]).with_format("numpy")[:]
             labels = table[f"label.{target}"]

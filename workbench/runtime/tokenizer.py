@@ -38,6 +38,7 @@ class TokenizerBase:
     bos_id: int | None
     eos_id: int
     unk_id: int | None
+    chat_template: str | None = None  # a Jinja template, as Hugging Face instruct tokenizers carry
 
     @property
     def vocab_size(self) -> int:
@@ -51,6 +52,21 @@ class TokenizerBase:
     def encode(self, text: str, bos: bool = False) -> list[int]:
         ids = self.tokenizer.encode(text, add_special_tokens=False).ids
         return [self.bos_id, *ids] if (bos and self.bos_id is not None) else ids
+
+    def encode_labelled(self, text: str, labels: dict[str, list[int]]) -> tuple[list[int], dict[str, list[int]]]:
+        """``encode(text)`` and its per-token labels from per-character ``labels`` (-1: undefined).
+        The alignment rule: a token takes the label of the character it ends at. A token that ends
+        inside a character a later token also ends at (a byte of a multi-byte character) gets -1, as
+        does a token ending past a label list's end; labels of characters no token ends at are not
+        kept. For the character tokenizer this is the identity."""
+        encoding = self.tokenizer.encode(text, add_special_tokens=False)
+        ends = [end for _, end in encoding.offsets]
+        last = [j + 1 == len(ends) or ends[j + 1] != end for j, end in enumerate(ends)]
+        aligned = {
+            name: [values[end - 1] if (is_last and 0 < end <= len(values)) else -1 for end, is_last in zip(ends, last)]
+            for name, values in labels.items()
+        }
+        return encoding.ids, aligned
 
     def decode(self, ids: Iterable, skip_special: bool = True) -> str:
         """Text of ``ids`` (ints, or a 1-d tensor of them)."""
@@ -80,6 +96,20 @@ class TokenizerBase:
                 + (f" (and {len(lost) - 5} more kinds)" if len(lost) > 5 else "")
             )
         return self.encode(text, bos)
+
+    def chat_prompt(self, prompt: str, where: str = "the tokenizer") -> str:
+        """``prompt`` as a user's turn rendered by the chat template, with the assistant's turn
+        opened: the text an instruct model was trained to continue. Rendered by ``transformers``
+        (``apply_chat_template``), so it is the text Hugging Face tools would build."""
+        if not self.chat_template:
+            raise BadInput(f"{where} has no chat template: chat formatting is for instruct models' tokenizers")
+        from transformers import PreTrainedTokenizerFast
+
+        specials = {f"{name}_token": token for name, token in getattr(self, "special_tokens", {}).items()}
+        wrapped = PreTrainedTokenizerFast(tokenizer_object=self.tokenizer, chat_template=self.chat_template, **specials)
+        text = wrapped.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+        assert isinstance(text, str)  # tokenize=False renders text
+        return text
 
     def silent_ids(self, d_vocab: int) -> frozenset[int]:
         """The ids below ``d_vocab`` that decode to the empty string: the special tokens and ids the

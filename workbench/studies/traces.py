@@ -2,7 +2,8 @@
 it is right, on the same problems.
 
 One row per (model, regime, problem): ``problem_id``, ``difficulty``, ``trace_tokens`` (generated
-tokens before the ``####`` marker; all of them when there is none), ``total_tokens`` (up to and
+tokens before the ``####`` marker; all of them when there is none), ``trace_chars`` (the same text
+in characters: the unit to compare runs whose tokenizers differ), ``total_tokens`` (up to and
 including <eos>), ``answer``, ``correct``, ``finished`` (false when the budget ran out before
 <eos>), ``silent_tokens`` (generated ids before <eos> that decode to nothing: pad, other specials,
 ids past the vocabulary; ``text`` cannot show them), the generated ``text`` and, for FBT, the
@@ -56,8 +57,24 @@ def problems(task: str, n: int, difficulties: list[int], seed: int = 0) -> list[
 
 def trace_length(text: str, tokenizer: TokenizerBase) -> int:
     """Tokens of ``text`` before the answer marker (all of them when there is none)."""
+    return len(tokenizer.encode(_before_marker(text)))
+
+
+def _before_marker(text: str) -> str:
     cut = text.find(MARKER)
-    return len(tokenizer.encode(text if cut < 0 else text[:cut]))
+    return text if cut < 0 else text[:cut]
+
+
+CHAT_INSTRUCTION = (
+    "Solve it step by step. Then write the final answer as a number on its own line after '####', like this:\n#### 42"
+)
+
+
+def chat_problem(example: Example, tokenizer: TokenizerBase) -> str:
+    """The prompt of an instruct model: the question (without the ``Q:``/``A:`` frame of the
+    completion format) and ``CHAT_INSTRUCTION``, as a user turn of the tokenizer's chat template."""
+    question = example.prompt.removeprefix("Q: ").removesuffix("\nA:").strip()
+    return tokenizer.chat_prompt(f"{question}\n\n{CHAT_INSTRUCTION}", "the run's tokenizer (chat format)")
 
 
 def run_traces(
@@ -71,10 +88,12 @@ def run_traces(
     batch_size: int = 64,
     engine: str = "eager",
     compact: bool = True,
+    chat: bool = False,
 ) -> list[dict]:
     """Greedy generation on every problem under ``regime``; rows in problem order. ``engine`` as in
-    ``generate``; ``compact``: problems that finished leave their batch (same tokens, less work)."""
-    prompts = [tokenizer.encode(ex.prompt) for ex in examples]
+    ``generate``; ``compact``: problems that finished leave their batch (same tokens, less work);
+    ``chat``: prompt an instruct model through its chat template (``chat_problem``)."""
+    prompts = [tokenizer.encode(chat_problem(ex, tokenizer) if chat else ex.prompt) for ex in examples]
     silent = tokenizer.silent_ids(model.cfg.d_vocab)
     order = sorted(range(len(examples)), key=lambda i: len(prompts[i]))  # similar lengths share a batch
     rows: dict[int, dict] = {}
@@ -107,6 +126,7 @@ def run_traces(
                 "problem_id": i,
                 "difficulty": examples[i].difficulty,
                 "trace_tokens": trace_length(text, tokenizer),
+                "trace_chars": len(_before_marker(text)),
                 "total_tokens": n,
                 "answer": answer,
                 "correct": is_correct(examples[i], text),
@@ -169,10 +189,13 @@ def summarise(rows: list[dict], reference: tuple[str, str]) -> dict:
             "by_difficulty": per_difficulty,
             "accuracy_at_matched_length": matched,
         }
-        if all("silent_tokens" in r for r in sel):  # rows from run_traces
+        if all("silent_tokens" in r and "trace_chars" in r for r in sel):  # rows from run_traces
             silent = sum(r["silent_tokens"] for r in sel)
             groups[f"{model}/{regime}"].update(
-                silent_tokens=silent, silent_rate=silent / max(sum(r["total_tokens"] - r["finished"] for r in sel), 1)
+                silent_tokens=silent,
+                silent_rate=silent / max(sum(r["total_tokens"] - r["finished"] for r in sel), 1),
+                mean_trace_chars=statistics.fmean(r["trace_chars"] for r in sel),
+                answered=statistics.fmean(r["answer"] is not None for r in sel),  # wrote '#### <number>'
             )
     ref = {r["problem_id"]: r for r in rows if (r["model"], r["regime"]) == reference}
     paired = {}
@@ -184,10 +207,12 @@ def summarise(rows: list[dict], reference: tuple[str, str]) -> dict:
             key=lambda r: r["problem_id"],
         )
         a = [ref[r["problem_id"]] for r in sel]
-        paired[f"{model}/{regime} - {reference[0]}/{reference[1]}"] = {
+        paired[key := f"{model}/{regime} - {reference[0]}/{reference[1]}"] = {
             "trace_tokens": paired_bootstrap([x["trace_tokens"] for x in a], [x["trace_tokens"] for x in sel]),
             "accuracy": paired_bootstrap([float(x["correct"]) for x in a], [float(x["correct"]) for x in sel]),
         }
+        if all("trace_chars" in x for x in a + sel):  # the unit that compares runs with different tokenizers
+            paired[key]["trace_chars"] = paired_bootstrap([x["trace_chars"] for x in a], [x["trace_chars"] for x in sel])
     return {"reference": "/".join(reference), "groups": groups, "paired": paired}
 
 
@@ -205,14 +230,18 @@ def trace_study(
     batch_size: int = 64,
     overwrite: bool = False,
     engine: str = "eager",
+    chat: bool = False,
 ) -> dict:
     """Every run under every regime on the same problems, into ``out_dir`` (``summary.json``,
     ``traces.csv``, ``traces.png``): a new or empty directory, or a previous trace study there,
-    replaced only with ``overwrite``."""
+    replaced only with ``overwrite``. ``chat``: every run is prompted through its chat template."""
     out_dir = Path(out_dir)
     examples = problems(task, n_problems, list(difficulties), seed)
     if not examples:
         raise BadInput(f"no problems of difficulty {list(difficulties)} in {task!r}")
+    if chat:  # before any generation: every run must have a template
+        for run in runs:
+            tokenizer_of(run).chat_prompt("", f"{run}'s tokenizer (--chat)")
     with claim(out_dir, "traces", overwrite=overwrite) as out:
         rows, timing = [], {}
         for run in runs:
@@ -230,6 +259,7 @@ def trace_study(
                     max_new_tokens=max_new_tokens,
                     batch_size=batch_size,
                     engine=engine,
+                    chat=chat,
                 ):
                     rows.append({"model": name, "regime": regime, **row})
                 seconds = time.perf_counter() - started
@@ -240,6 +270,7 @@ def trace_study(
             "passes": passes,
             "n_problems": len(examples),
             "difficulties": list(difficulties),
+            "chat": {"instruction": CHAT_INSTRUCTION} if chat else None,
             "timing": timing,
             **summarise(rows, reference),
         }
