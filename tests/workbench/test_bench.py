@@ -316,6 +316,9 @@ def test_smollm2_report_on_an_imported_run(tmp_path):
     every pair, the decode engines, and the two cache processes' peaks."""
     from pretrained import imported_run
 
+    from workbench.data.splits import heldout_task
+    from workbench.runtime.tokenizer import load_tokenizer
+
     run = imported_run(tmp_path)
     out = tmp_path / "bench.json"
     main(
@@ -347,6 +350,10 @@ def test_smollm2_report_on_an_imported_run(tmp_path):
     e = entries["smollm2_cache_peak_rss"]
     small, large = e["runs"]
     assert (small["target_tokens"], large["target_tokens"]) == (1_000, 10_000)
-    assert small["tokens"] >= 1_000 and large["tokens"] >= 10_000 and 0 < small["peak_rss_mib"]
+    assert 0 < small["peak_rss_mib"] and small["sequences"] < large["sequences"]
+    tokenizer = load_tokenizer(run)
+    for r in (small, large):  # the store encodes with the run's tokenizer: the rows are the texts' tokens
+        texts = [ex.text for ex in heldout_task("chain", r["sequences"], 0)]
+        assert r["tokens"] == sum(len(tokenizer.encode(t)) for t in texts) >= r["target_tokens"]
     assert e["ratio"] == pytest.approx(large["peak_rss_mib"] / small["peak_rss_mib"])
     assert "spread" not in e and e["target"] == "<= 1.1"

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,13 +58,9 @@ TEXT = (
     "have died in vain -- that this nation, under God, shall have a new birth of freedom -- and that government of "
     "the people, by the people, for the people, shall not perish from the earth."
 )
-# The decode key's prompt: what SmolLM2's chat template renders for one user message (its default
-# system message included), with the generation prompt
-CHAT_PROMPT = (
-    "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
-    "<|im_start|>user\nWhat is the capital of France, and what is it known for?<|im_end|>\n"
-    "<|im_start|>assistant\n"
-)
+# The decode key's prompt: a user's turn, rendered by the run's chat template (SmolLM2's adds its
+# default system message and opens the assistant's turn); as plain text when the run has none
+QUESTION = "What is the capital of France, and what is it known for?"
 
 
 @dataclass
@@ -115,22 +111,22 @@ def text_ids(tokenizer: TokenizerBase, n: int) -> torch.Tensor:
 
 
 def chat_ids(tokenizer: TokenizerBase) -> torch.Tensor:
-    return torch.tensor([tokenizer.encode(CHAT_PROMPT)])
+    """``QUESTION`` as the run's chat template renders it (plain when it has none), batch 1: [1, pos]."""
+    text = tokenizer.chat_prompt(QUESTION) if tokenizer.chat_template else QUESTION
+    return torch.tensor([tokenizer.encode(text)])
 
 
-class _quiet_transformers:
+@contextmanager
+def _quiet_transformers():
     """No progress bars from transformers while loading and saving (the bench prints its own lines)."""
+    from transformers.utils import logging as hf_logging
 
-    def __enter__(self):
-        from transformers.utils import logging as hf_logging
-
-        self.was_enabled = hf_logging.is_progress_bar_enabled()
-        hf_logging.disable_progress_bar()
-
-    def __exit__(self, *exc):
-        from transformers.utils import logging as hf_logging
-
-        if self.was_enabled:
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
             hf_logging.enable_progress_bar()
 
 
@@ -157,7 +153,7 @@ def forward_sides(m: Imported, n: int) -> dict[str, Callable[[], torch.Tensor]]:
 
 
 def decode_sides(m: Imported, new: int, engines: tuple[str, ...] = ENGINES) -> dict[str, Callable[[], torch.Tensor]]:
-    """Greedy cached decoding of ``new`` tokens after ``CHAT_PROMPT``, eos disabled on both sides
+    """Greedy cached decoding of ``new`` tokens after ``chat_ids``, eos disabled on both sides
     so each makes exactly ``new``: ``transformers`` (``generate``, its dynamic cache) and our
     ``generate`` on each of ``engines``; each side returns the new tokens [1, new]."""
     hf = hf_llama(m.export)
@@ -248,6 +244,7 @@ def decode_vs_hf(m: Imported, sizes: dict, reps: int) -> dict:
         same_tokens=same[DEFAULT_ENGINE],
         tokens=new,
         prompt_tokens=prompt,
+        chat_template=bool(m.tokenizer.chat_template),
         model=m.described(),
         note=(
             f"t_ours / t_transformers with our default engine ({DEFAULT_ENGINE}); the other engines, timed in the same"
