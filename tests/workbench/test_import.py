@@ -7,7 +7,7 @@ import os
 
 import pytest
 import torch
-from pretrained import hf_llama
+from pretrained import CORPUS, hf_llama
 
 from workbench import generate, load_model
 from workbench.runtime.importing import import_hf
@@ -156,3 +156,13 @@ def test_the_real_smollm2_imports_with_transformers_parity(tmp_path):
     assert code in (0, None) and out.startswith("[standard] 'What is 12 plus 30?' -> '"), err
     system = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
     assert tokenizer.chat_prompt("hi") == system + "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    # Past a short prompt 1e-4 can be below fp32's floor: on 512 tokens of GSM8K text the two fp32
+    # implementations differed by 1.3e-4 while each was 1.6-1.7e-3 from an fp64 evaluation (docs/
+    # pretrained.md). What holds at any length: ours is much closer to transformers than transformers
+    # is to fp64 (here 7.1e-5 vs 2.0e-4; a wrong eps or rotary base gives differences far above both).
+    long = torch.tensor([tokenizer.encode(" ".join(CORPUS))[:256]])
+    with torch.no_grad():
+        ours, theirs = model(long), hf(long).logits
+        exact = model.double()(long)
+    assert long.shape[1] == 256 and torch.equal(ours.argmax(-1), theirs.argmax(-1))
+    assert (ours - theirs).abs().max() < 0.5 * (theirs.double() - exact).abs().max()
