@@ -81,6 +81,49 @@ def test_final_answer_parsing(text, want):
     assert parse_final_answer(text) == want
 
 
+def gsm8k_official(completion: str) -> str:
+    """GSM8K's published extraction rule, written out here from its description: the first
+    '#### ' (one space) followed by -?[0-9.,]+, stripped, commas removed; '[invalid]' otherwise."""
+    found = re.search(r"#### (\-?[0-9\.\,]+)", completion)
+    return found.group(1).strip().replace(",", "") if found else "[invalid]"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "#### 72",
+        "####72",  # no space: invalid
+        "####  72",  # two spaces: invalid
+        "#### 72.",  # a trailing dot stays: "72." is not "72"
+        "#### 72.\n",
+        "The answer is 72.\n#### 72",
+        "#### 1,234,567",
+        "#### -3",
+        "#### - 3",
+        "#### -",
+        "#### .5",
+        "#### 1.2.3",
+        "#### ,",
+        "#### \u0667\u0662",  # Arabic-Indic digits: invalid
+        "#### \uff17\uff12",  # fullwidth digits: invalid
+        "#### 72 dollars\n#### 73",
+        "##### 72",  # five hashes contain '#### '
+        "#### $72",
+        "",
+    ],
+)
+def test_the_answer_rule_is_gsm8ks_official_extraction(text):
+    official = gsm8k_official(text)
+    assert parse_final_answer(text) == (None if official == "[invalid]" else official)
+
+
+def test_a_trailing_dot_or_a_missing_space_is_wrong_as_in_gsm8k():
+    ex = gsm8k_example("How many?", "12*6=<<12*6=72>>72\n#### 72")
+    assert ex.answer == "72" and is_correct(ex, "#### 72")
+    for wrong in ("#### 72.", "####72", "####  72", "#### \u0667\u0662"):
+        assert not is_correct(ex, wrong), wrong
+
+
 def test_gsm8k_jsonl_and_text_files(tmp_path):
     path = tmp_path / "gsm.jsonl"
     rows = [{"question": "What is 2+3?", "answer": "2+3=<<2+3=5>>5\n#### 5"}, {"question": "q", "answer": "no answer"}]

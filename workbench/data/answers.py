@@ -8,18 +8,18 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from workbench.data.tasks import Example
 
-_FINAL = re.compile(r"####\s*(.*)")
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+# GSM8K's official extraction (openai/grade-school-math, dataset.py): "#### " with exactly one space,
+# then an optional minus and ASCII digits, dots and commas; commas are removed, nothing else is.
+_FINAL = re.compile(r"#### (-?[0-9.,]+)")
+_NUMBER = re.compile(r"-?[0-9][0-9,]*(?:\.[0-9]+)?")
 
 
 def parse_final_answer(text: str) -> str | None:
-    """The number after the first ``####`` (commas removed), or None when there is none or it
-    is not numeric. Text after the number on the same line is ignored."""
+    """The answer after the first ``#### `` by GSM8K's official rule, commas removed, or None where
+    that rule finds none. So ``####72`` (no space), ``####  72`` (two) and non-ASCII digits give
+    None, and ``#### 72.`` gives ``72.``, which is not ``72``: the scores are GSM8K's own."""
     match = _FINAL.search(text)
-    if not match:
-        return None
-    number = _NUMBER.match(match.group(1).strip())
-    return number.group(0).replace(",", "") if number else None
+    return match.group(1).replace(",", "") if match else None
 
 
 def last_number(text: str) -> str | None:
