@@ -407,6 +407,14 @@ def cmd_traces(args) -> dict:
             f"{key}: length {t['mean']:+.1f} [{t['ci_low']:+.1f}, {t['ci_high']:+.1f}]  "
             f"accuracy {a['mean']:+.3f} [{a['ci_low']:+.3f}, {a['ci_high']:+.3f}]"
         )
+    for name, skipped in summary["skipped"].items():
+        if skipped["n"]:
+            print(
+                f"{name}: skipped {skipped['n']} of {summary['n_problems']} problems ({skipped['rule']}): {skipped['problem_ids']}"
+            )
+    for name, lost in summary["lost_characters"].items():
+        if lost:
+            print(f"{name}: its tokenizer cannot represent {lost} prompt characters (per problem: lost_characters in traces.csv)")
     print(f"wrote {Path(args.out) / 'summary.json'}, traces.csv, traces.png")
     return summary
 
@@ -583,7 +591,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--regimes", default="standard,soft,fused", help="FBT regimes (other models: standard)")
     p.add_argument("--passes", type=_passes, default=2, help="K of the fused regime's prefill, or 'exact'")
     p.add_argument("--n-problems", type=int, default=200)
-    p.add_argument("--difficulty", type=_difficulty_range, default=[1, 2, 3, 4], help="steps, e.g. 1..4")
+    p.add_argument(
+        "--difficulty", type=_difficulty_range, default=None, help="steps, e.g. 1..4 (default: 1..4 for chain, any for a file)"
+    )
     p.add_argument("--max-new-tokens", type=int, default=160)
     p.add_argument("--chat", action="store_true", help="prompt through each run's chat template (instruct models)")
     p.add_argument("--seed", type=_seed, default=0)

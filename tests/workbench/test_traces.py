@@ -2,13 +2,14 @@
 
 import csv
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from workbench import build_model, save_model
 from workbench.runtime.tokenizer import CharTokenizer
-from workbench.studies.traces import paired_bootstrap, problems, summarise, trace_length
+from workbench.studies.traces import paired_bootstrap, problems, summarise, trace_length, trace_study
 
 
 def test_trace_length_counts_tokenizer_tokens_before_the_marker():
@@ -37,7 +38,9 @@ def test_problems_are_deterministic_and_spread_over_difficulties(tmp_path):
     assert sorted({e.difficulty for e in a}) == [1, 3] and sum(e.difficulty == 1 for e in a) == 15
     path = tmp_path / "gsm.jsonl"
     path.write_text(json.dumps({"question": "2+2?", "answer": "2+2=<<2+2=4>>4\n#### 4"}) + "\n")
-    assert [e.answer for e in problems(f"gsm8k-jsonl:{path}", 10, [], 0)] == ["4"]
+    assert [e.answer for e in problems(f"gsm8k-jsonl:{path}", 1, None, 0)] == ["4"]
+    with pytest.raises(ValueError, match="has 1 problems; n_problems=10 asks for more"):
+        problems(f"gsm8k-jsonl:{path}", 10, None, 0)
     with pytest.raises(ValueError, match="unknown trace task 'gsm8k'"):
         problems("gsm8k", 3, [1], 0)
 
@@ -100,3 +103,53 @@ def test_trace_cli_is_deterministic_and_writes_every_output(tmp_path, capsys):
     summary = json.loads((tmp_path / "a" / "summary.json").read_text())
     assert summary["reference"] == "fbt/standard" and "hd/standard - fbt/standard" in summary["paired"]
     assert (tmp_path / "a" / "traces.png").is_file() and "problems/s" in capsys.readouterr().out
+
+
+SAMPLE = Path(__file__).resolve().parents[1] / "data" / "gsm8k_sample.jsonl"  # real GSM8K problems (MIT)
+
+
+def test_real_gsm8k_problems_each_get_the_whole_budget_or_are_skipped_and_listed(tmp_path):
+    """The shipped GSM8K sample holds prompts of 102-991 characters and non-ASCII characters. With
+    n_ctx=512 and a 64-token budget, every problem that fits generates until <eos> or exactly 64
+    tokens, whatever shares its batch; the two that do not fit are skipped and listed; characters the
+    character tokenizer cannot represent are counted per problem."""
+    run = save_model(build_model("baseline", "debug", n_ctx=512), tmp_path / "run")
+    task = f"gsm8k-jsonl:{SAMPLE}"
+    summary = trace_study([str(run)], tmp_path / "t", task=task, n_problems=43, max_new_tokens=64, batch_size=64)
+    examples = problems(task, 43, None)
+    lengths = [len(ex.prompt) for ex in examples]  # characters = tokens for the character tokenizer
+    too_long = [i for i, n in enumerate(lengths) if n + 64 > 512]
+    assert len(too_long) == 2 and summary["skipped"]["run"] == {
+        "n": 2,
+        "problem_ids": too_long,
+        "rule": "prompt + max_new_tokens=64 > n_ctx=512",
+    }
+    with (tmp_path / "t" / "traces.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert sorted(int(r["problem_id"]) for r in rows) == [i for i in range(43) if i not in too_long]
+    assert all(r["finished"] == "True" or int(r["total_tokens"]) == 64 for r in rows)
+    lost = {int(r["problem_id"]): int(r["lost_characters"]) for r in rows}
+    char = CharTokenizer()
+    assert lost == {i: sum(char.lost_characters(examples[i].prompt).values()) for i in lost}
+    assert sum(lost.values()) == summary["lost_characters"]["run"] > 0  # ’ and ñ in the sample
+    assert summary["difficulties"] == "any" and summary["n_problems"] == 43
+
+
+def test_a_run_that_fits_no_problem_is_refused_before_any_work(tmp_path):
+    from helpers import assert_usage_error, cli
+
+    run = save_model(build_model("baseline", "debug"), tmp_path / "run")  # n_ctx=128: no GSM8K prompt fits
+    assert_usage_error(
+        ["traces", str(run), "--task", f"gsm8k-jsonl:{SAMPLE}", "--n-problems", "5", "--out", str(tmp_path / "t")],
+        "no problem fits",
+        "n_ctx=128",
+    )
+    assert not (tmp_path / "t").exists()
+    wide = save_model(build_model("baseline", "debug", n_ctx=512), tmp_path / "wide")
+    code, out, err = cli(
+        ["traces", str(wide), "--task", f"gsm8k-jsonl:{SAMPLE}", "--n-problems", "43"]
+        + ["--max-new-tokens", "64", "--out", str(tmp_path / "t")]
+    )
+    assert code is None, err
+    assert "wide: skipped 2 of 43 problems (prompt + max_new_tokens=64 > n_ctx=512)" in out
+    assert "wide: its tokenizer cannot represent" in out

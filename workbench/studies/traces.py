@@ -39,16 +39,26 @@ MARKER = "####"
 MAX_PROBLEMS = 100_000
 
 
-def problems(task: str, n: int, difficulties: list[int], seed: int = 0) -> list[Example]:
-    """``chain`` problems spread evenly over ``difficulties`` (steps), or the first ``n`` problems
-    of a GSM8K-format JSONL file (``gsm8k-jsonl:PATH``; difficulty = its number of ``<<`` steps)."""
+CHAIN_DIFFICULTIES = [1, 2, 3, 4]  # chain's default; a GSM8K file's default is every problem
+
+
+def problems(task: str, n: int, difficulties: list[int] | None, seed: int = 0) -> list[Example]:
+    """``n`` problems: ``chain`` problems spread evenly over ``difficulties`` (steps; default
+    ``CHAIN_DIFFICULTIES``), or the first ``n`` problems of a GSM8K-format JSONL file
+    (``gsm8k-jsonl:PATH``) whose difficulty (its number of ``<<`` steps) is in ``difficulties``
+    (default: any). A file with fewer such problems is refused, saying how many it has."""
     if not 1 <= n <= MAX_PROBLEMS:
         raise BadInput(f"n_problems={n}: expected 1..{MAX_PROBLEMS:,} (every model and regime generates for each)")
     if task.startswith("gsm8k-jsonl:"):
-        examples = load_jsonl(task.split(":", 1)[1])[:n]
-        return [ex for ex in examples if ex.difficulty in difficulties] if difficulties else examples
+        path = task.split(":", 1)[1]
+        examples = [ex for ex in load_jsonl(path) if not difficulties or ex.difficulty in difficulties]
+        if len(examples) < n:
+            which = f" with difficulty in {difficulties}" if difficulties else ""
+            raise BadInput(f"{path} has {len(examples)} problems{which}; n_problems={n} asks for more")
+        return examples[:n]
     if task != "chain":
         raise BadInput(f"unknown trace task {task!r}: expected 'chain' or 'gsm8k-jsonl:PATH'")
+    difficulties = CHAIN_DIFFICULTIES if difficulties is None else difficulties
     if not difficulties or min(difficulties) < 1:
         raise BadInput(f"difficulties={difficulties!r}: expected step counts >= 1")
     rng = heldout_rng("traces", seed)
@@ -90,17 +100,21 @@ def run_traces(
     compact: bool = True,
     chat: bool = False,
 ) -> list[dict]:
-    """Greedy generation on every problem under ``regime``; rows in problem order. ``engine`` as in
-    ``generate``; ``compact``: problems that finished leave their batch (same tokens, less work);
-    ``chat``: prompt an instruct model through its chat template (``chat_problem``)."""
-    prompts = [tokenizer.encode(chat_problem(ex, tokenizer) if chat else ex.prompt) for ex in examples]
+    """Greedy generation under ``regime`` on every problem whose prompt leaves room for the whole
+    budget (prompt + ``max_new_tokens`` <= n_ctx): every problem gets the same budget, whatever
+    else shares its batch, and the others are skipped (``fitting`` names them). Rows in problem
+    order, each with ``lost_characters``: the prompt's characters the tokenizer cannot represent.
+    ``engine`` as in ``generate``; ``compact``: problems that finished leave their batch (same
+    tokens, less work); ``chat``: prompt an instruct model through its chat template."""
+    texts = [chat_problem(ex, tokenizer) if chat else ex.prompt for ex in examples]
+    prompts = [tokenizer.encode(text) for text in texts]
     silent = tokenizer.silent_ids(model.cfg.d_vocab)
-    order = sorted(range(len(examples)), key=lambda i: len(prompts[i]))  # similar lengths share a batch
+    fit = fitting(prompts, max_new_tokens, model.cfg.n_ctx)
+    order = sorted(fit, key=lambda i: len(prompts[i]))  # similar lengths share a batch
     rows: dict[int, dict] = {}
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
-        width = max(len(prompts[i]) for i in idx)
-        budget = min(max_new_tokens, model.cfg.n_ctx - width)
+        budget = max_new_tokens
         try:
             out = generate(
                 model,
@@ -133,10 +147,16 @@ def run_traces(
                 "last_number_correct": last_number(text) == examples[i].answer,  # diagnostic, see last_number
                 "finished": bool(out.finished[j]),
                 "silent_tokens": quiet[j],
+                "lost_characters": sum(tokenizer.lost_characters(texts[i]).values()),
                 "text": text,
                 "state_norms": [round(x, 4) for x in norms[j, :n].tolist()] if model.carries_state else None,
             }
-    return [rows[i] for i in range(len(examples))]
+    return [rows[i] for i in sorted(rows)]
+
+
+def fitting(prompts: list[list[int]], max_new_tokens: int, n_ctx: int) -> list[int]:
+    """Indices of the prompts that leave room for ``max_new_tokens`` in the context."""
+    return [i for i, p in enumerate(prompts) if len(p) + max_new_tokens <= n_ctx]
 
 
 def paired_bootstrap(a: ArrayLike, b: ArrayLike, n_resamples: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
@@ -226,7 +246,7 @@ def trace_study(
     regimes: Sequence[str] = ("standard", "soft", "fused"),
     passes: int | str = 2,
     n_problems: int = 200,
-    difficulties: Sequence[int] = (1, 2, 3, 4),
+    difficulties: Sequence[int] | None = None,
     seed: int = 0,
     max_new_tokens: int = 160,
     batch_size: int = 64,
@@ -236,19 +256,36 @@ def trace_study(
 ) -> dict:
     """Every run under every regime on the same problems, into ``out_dir`` (``summary.json``,
     ``traces.csv``, ``traces.png``): a new or empty directory, or a previous trace study there,
-    replaced only with ``overwrite``. ``chat``: every run is prompted through its chat template."""
+    replaced only with ``overwrite``. ``chat``: every run is prompted through its chat template.
+    Problems whose prompt leaves a run no room for ``max_new_tokens`` are skipped for that run and
+    listed in the summary (``skipped``); a run that can take none of them is refused before any work."""
     out_dir = Path(out_dir)
-    examples = problems(task, n_problems, list(difficulties), seed)
+    examples = problems(task, n_problems, None if difficulties is None else list(difficulties), seed)
     if not examples:
-        raise BadInput(f"no problems of difficulty {list(difficulties)} in {task!r}")
-    if chat:  # before any generation: every run must have a template
-        for run in runs:
-            tokenizer_of(run).chat_prompt("", f"{run}'s tokenizer (--chat)")
+        raise BadInput(f"no problems of difficulty {list(difficulties or [])} in {task!r}")
+    loaded, skipped = {}, {}
+    for run in runs:  # before any generation: templates, and room in every run's context
+        model, tokenizer = load_model(run), tokenizer_of(run)  # each run encodes the problems with its own
+        texts = [chat_problem(ex, tokenizer) if chat else ex.prompt for ex in examples]
+        lengths = [len(tokenizer.encode(text)) for text in texts]
+        n_ctx = model.cfg.n_ctx
+        fit = set(fitting([[0] * n for n in lengths], max_new_tokens, n_ctx))
+        if not fit:
+            raise BadInput(
+                f"no problem fits {run}: its shortest prompt is {min(lengths)} tokens, and with max_new_tokens="
+                f"{max_new_tokens} that exceeds its context n_ctx={n_ctx}"
+            )
+        name = Path(run).name
+        loaded[run] = (model, tokenizer)
+        skipped[name] = {
+            "n": len(examples) - len(fit),
+            "problem_ids": [i for i in range(len(examples)) if i not in fit],
+            "rule": f"prompt + max_new_tokens={max_new_tokens} > n_ctx={n_ctx}",
+        }
     with claim(out_dir, "traces", overwrite=overwrite) as out:
         rows, timing = [], {}
         for run in runs:
-            model = load_model(run)
-            tokenizer = tokenizer_of(run)  # each run encodes the problems with its own
+            model, tokenizer = loaded[run]
             name = Path(run).name
             for regime in regimes if model.carries_state else ["standard"]:
                 started = time.perf_counter()
@@ -265,13 +302,21 @@ def trace_study(
                 ):
                     rows.append({"model": name, "regime": regime, **row})
                 seconds = time.perf_counter() - started
-                timing[f"{name}/{regime}"] = {"seconds": round(seconds, 2), "problems_per_s": round(len(examples) / seconds, 2)}
+                done = len(examples) - skipped[name]["n"]
+                timing[f"{name}/{regime}"] = {"seconds": round(seconds, 2), "problems_per_s": round(done / seconds, 2)}
         reference = (Path(runs[0]).name, "standard")
+        lost = {  # per run, over the problems it generated for (every regime sees the same prompts)
+            name: sum(r["lost_characters"] for r in rows if r["model"] == name and r["regime"] == regime)
+            for name, regime in {r["model"]: r["regime"] for r in reversed(rows)}.items()
+        }
         summary = {
             "task": task,
             "passes": passes,
             "n_problems": len(examples),
-            "difficulties": list(difficulties),
+            "difficulties": "any" if difficulties is None and task != "chain" else list(difficulties or CHAIN_DIFFICULTIES),
+            "max_new_tokens": max_new_tokens,
+            "skipped": skipped,
+            "lost_characters": lost,
             "chat": {"instruction": CHAT_INSTRUCTION} if chat else None,
             "timing": timing,
             **summarise(rows, reference),
