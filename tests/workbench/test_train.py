@@ -158,3 +158,23 @@ def test_an_existing_run_is_never_overwritten(tmp_path):
     with pytest.raises(FileExistsError, match="--resume"):
         train(config("baseline", steps=2), tmp_path / "run", progress=False)
     assert (tmp_path / "run" / "model.safetensors").read_bytes() == before
+
+
+def test_eval_refuses_to_score_a_run_on_its_own_training_file(tmp_path):
+    """A run trained on ``jsonl:FILE`` used to be evaluated on FILE itself: its training examples."""
+    from pathlib import Path
+
+    from helpers import FAST, assert_usage_error, cli
+
+    sample = Path(__file__).resolve().parents[1] / "data" / "gsm8k_sample.jsonl"
+    sets = [a for s in FAST + ["train.steps=2", "train.seq_len=64"] for a in ("--set", s)]
+    code, _, err = cli(
+        ["train", "--arch", "baseline", "--preset", "debug", "--task", f"jsonl:{sample}"]
+        + ["--out", str(tmp_path / "run"), "--no-progress", *sets]
+    )
+    assert code is None, err
+    assert_usage_error(["eval", str(tmp_path / "run"), "--n", "4"], "would score its own training examples", str(sample))
+    same_file = f"jsonl:{sample.parent / '.' / sample.name}"  # the same file by another path
+    assert_usage_error(["eval", str(tmp_path / "run"), "--n", "4", "--task", same_file], "would score its own training")
+    code, _, err = cli(["eval", str(tmp_path / "run"), "--n", "4", "--task", "chain"])  # a held-out stream is fine
+    assert code is None, err

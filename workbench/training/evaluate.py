@@ -147,8 +147,23 @@ def evaluate_run(
     if not 1 <= n <= MAX_EXAMPLES:
         raise BadInput(f"n={n}: expected 1..{MAX_EXAMPLES:,} examples per task")
     check_passes(model, fused_passes)
+    for name in eval_tasks(task or cfg.data.task):
+        if _file_source(name) is not None and _file_source(name) == _file_source(cfg.data.task):
+            raise BadInput(
+                f"{run_dir} was trained on {cfg.data.task}: evaluating on it would score its own training "
+                "examples; pass --task with a held-out file (e.g. GSM8K's test split) or a synthetic task"
+            )
     with hold(run_dir / "results") if write else nullcontext():
         return _evaluate_run(run_dir, cfg, model, tokenizer, n, fused_passes, task, write)
+
+
+def _file_source(spec: str) -> tuple[str, str] | None:
+    """The file or dataset a task spec reads (``jsonl:``, ``text:``, ``hf:``), None for a synthetic
+    task (whose held-out stream never holds training problems)."""
+    kind, _, rest = spec.partition(":")
+    if kind in ("jsonl", "text") and rest:
+        return kind, str(Path(rest).resolve())
+    return (kind, rest) if kind == "hf" and rest else None
 
 
 def _evaluate_run(
