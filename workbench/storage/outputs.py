@@ -213,14 +213,25 @@ def listing(names: list[str], most: int = 4) -> str:
     return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
+def check_claim(directory: str | Path, kind: str, *, overwrite: bool = False) -> None:
+    """What ``claim`` refuses, checked without holding or creating anything: for verbs that check
+    their output before long preparation (``claim`` checks again once it holds the directory)."""
+    directory = Path(directory)
+    ancestor = directory.absolute().parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise NotADirectory(f"{ancestor} exists and is not a directory: {directory} cannot be made under it")
+    _check_target(directory, KINDS[kind], contents(directory), overwrite)
+
+
 @contextmanager
 def claim(directory: str | Path, kind: str, *, overwrite: bool = False) -> Iterator[Claim]:
     """Hold ``directory`` as a new output of ``kind`` (see the module docstring). Staging is
     removed when the block ends, published or not."""
     spec = KINDS[kind]
     directory = Path(directory)
-    found = contents(directory)  # refuse before creating anything
-    _check_target(directory, spec, found, overwrite)
+    check_claim(directory, kind, overwrite=overwrite)  # refuse before creating anything
     with hold(directory), staging_in(directory) as staging:
         found = contents(directory)
         _check_target(directory, spec, found, overwrite)

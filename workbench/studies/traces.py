@@ -33,7 +33,7 @@ from workbench.runtime.decoding import NonFinite, generate
 from workbench.runtime.tokenizer import TokenizerBase, tokenizer_of
 from workbench.storage.errors import BadInput
 from workbench.storage.files import write_json
-from workbench.storage.outputs import claim
+from workbench.storage.outputs import check_claim, claim
 
 MARKER = "####"
 MAX_PROBLEMS = 100_000
@@ -263,6 +263,7 @@ def trace_study(
     examples = problems(task, n_problems, None if difficulties is None else list(difficulties), seed)
     if not examples:
         raise BadInput(f"no problems of difficulty {list(difficulties or [])} in {task!r}")
+    check_claim(out_dir, "traces", overwrite=overwrite)  # the output first, then the runs
     loaded, skipped = {}, {}
     for run in runs:  # before any generation: templates, and room in every run's context
         model, tokenizer = load_model(run), tokenizer_of(run)  # each run encodes the problems with its own
