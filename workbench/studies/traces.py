@@ -109,19 +109,18 @@ def run_traces(
     texts = [chat_problem(ex, tokenizer) if chat else ex.prompt for ex in examples]
     prompts = [tokenizer.encode(text) for text in texts]
     silent = tokenizer.silent_ids(model.cfg.d_vocab)
-    fit = fitting(prompts, max_new_tokens, model.cfg.n_ctx)
+    fit = fitting([len(p) for p in prompts], max_new_tokens, model.cfg.n_ctx)
     order = sorted(fit, key=lambda i: len(prompts[i]))  # similar lengths share a batch
     rows: dict[int, dict] = {}
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
-        budget = max_new_tokens
         try:
             out = generate(
                 model,
                 [prompts[i] for i in idx],
                 regime=regime,
                 passes=passes,
-                max_new_tokens=budget,
+                max_new_tokens=max_new_tokens,
                 eos_token_id=tokenizer.eos_id,
                 pad_token_id=tokenizer.pad_id,
                 engine=engine,
@@ -154,9 +153,9 @@ def run_traces(
     return [rows[i] for i in sorted(rows)]
 
 
-def fitting(prompts: list[list[int]], max_new_tokens: int, n_ctx: int) -> list[int]:
+def fitting(prompt_lengths: list[int], max_new_tokens: int, n_ctx: int) -> list[int]:
     """Indices of the prompts that leave room for ``max_new_tokens`` in the context."""
-    return [i for i, p in enumerate(prompts) if len(p) + max_new_tokens <= n_ctx]
+    return [i for i, n in enumerate(prompt_lengths) if n + max_new_tokens <= n_ctx]
 
 
 def paired_bootstrap(a: ArrayLike, b: ArrayLike, n_resamples: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
@@ -260,17 +259,15 @@ def trace_study(
     Problems whose prompt leaves a run no room for ``max_new_tokens`` are skipped for that run and
     listed in the summary (``skipped``); a run that can take none of them is refused before any work."""
     out_dir = Path(out_dir)
-    examples = problems(task, n_problems, None if difficulties is None else list(difficulties), seed)
-    if not examples:
-        raise BadInput(f"no problems of difficulty {list(difficulties or [])} in {task!r}")
+    examples = problems(task, n_problems, None if difficulties is None else list(difficulties), seed)  # n, or an error
     check_claim(out_dir, "traces", overwrite=overwrite)  # the output first, then the runs
-    loaded, skipped = {}, {}
+    loaded, skipped = {}, {}  # loaded: each model once, kept for the generation below
     for run in runs:  # before any generation: templates, and room in every run's context
         model, tokenizer = load_model(run), tokenizer_of(run)  # each run encodes the problems with its own
         texts = [chat_problem(ex, tokenizer) if chat else ex.prompt for ex in examples]
         lengths = [len(tokenizer.encode(text)) for text in texts]
         n_ctx = model.cfg.n_ctx
-        fit = set(fitting([[0] * n for n in lengths], max_new_tokens, n_ctx))
+        fit = set(fitting(lengths, max_new_tokens, n_ctx))
         if not fit:
             raise BadInput(
                 f"no problem fits {run}: its shortest prompt is {min(lengths)} tokens, and with max_new_tokens="
@@ -284,13 +281,13 @@ def trace_study(
             "rule": f"prompt + max_new_tokens={max_new_tokens} > n_ctx={n_ctx}",
         }
     with claim(out_dir, "traces", overwrite=overwrite) as out:
-        rows, timing = [], {}
+        rows, timing, lost = [], {}, {}
         for run in runs:
             model, tokenizer = loaded[run]
             name = Path(run).name
             for regime in regimes if model.carries_state else ["standard"]:
                 started = time.perf_counter()
-                for row in run_traces(
+                produced = run_traces(
                     model,
                     examples,
                     regime,
@@ -300,16 +297,13 @@ def trace_study(
                     batch_size=batch_size,
                     engine=engine,
                     chat=chat,
-                ):
-                    rows.append({"model": name, "regime": regime, **row})
+                )
+                rows += [{"model": name, "regime": regime, **row} for row in produced]
+                lost[name] = sum(row["lost_characters"] for row in produced)  # the same prompts in every regime
                 seconds = time.perf_counter() - started
                 done = len(examples) - skipped[name]["n"]
                 timing[f"{name}/{regime}"] = {"seconds": round(seconds, 2), "problems_per_s": round(done / seconds, 2)}
         reference = (Path(runs[0]).name, "standard")
-        lost = {  # per run, over the problems it generated for (every regime sees the same prompts)
-            name: sum(r["lost_characters"] for r in rows if r["model"] == name and r["regime"] == regime)
-            for name, regime in {r["model"]: r["regime"] for r in reversed(rows)}.items()
-        }
         summary = {
             "task": task,
             "passes": passes,
