@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
@@ -62,6 +63,10 @@ class DecoderLM(HookedRootModule):
         self.numerics_guard = None  # set by models.guard_numerics
         self.compiled_mode: str | None = None  # the torch.compile mode of compiled steps, after compile_step()
         self.patterns_forced = False  # see compute_patterns
+        # Activation checkpointing: in training, keep only each block's input and recompute the
+        # block in backward (memory per block falls from its activations to one [batch, pos,
+        # d_model] tensor, for about one more forward of compute). Set by the training loop.
+        self.checkpoint_blocks = False
 
     def guard_scope(self):
         """The context a model call runs in: the numerics guard checks its records when the
@@ -170,8 +175,12 @@ class DecoderLM(HookedRootModule):
     def run_stack(self, x: Tensor, ctx: AttnContext) -> Tensor:
         """Run the blocks on input embeddings; return the final-normed state [batch, pos, d_model]."""
         cache = ctx.cache
+        recompute = self.checkpoint_blocks and self.training and cache is None and torch.is_grad_enabled()
         for i, block in enumerate(self.blocks):
-            x = block(x, ctx, cache.layers[i] if cache is not None else None)
+            if recompute:
+                x = checkpoint(block, x, ctx, None, use_reentrant=False)
+            else:
+                x = block(x, ctx, cache.layers[i] if cache is not None else None)
         return self.ln_final(x, ctx.sink)
 
     def stack_input(self, tokens: Tensor) -> Tensor:

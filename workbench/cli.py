@@ -216,6 +216,47 @@ def cmd_import(args) -> dict:
     return {"out": str(out), **config}
 
 
+def cmd_prepare(args) -> dict:
+    from workbench.data.prepared import prepare_corpus
+    from workbench.runtime.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(args.tokenizer)
+    bar = None
+
+    def progress(done: int) -> None:  # the bar opens once the sources are checked
+        nonlocal bar
+        if bar is None and not args.no_progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(desc=f"prepare {Path(args.out).name}", unit="doc", dynamic_ncols=True)
+        if bar is not None:
+            bar.update(done - bar.n)
+
+    try:
+        meta = prepare_corpus(
+            args.source,
+            tokenizer,
+            args.out,
+            tokenizer_source=str(Path(args.tokenizer).resolve()),
+            heldout_fraction=args.heldout,
+            seed=args.seed,
+            shard_tokens=args.shard_tokens,
+            overwrite=args.overwrite,
+            progress=progress,
+        )
+    finally:
+        if bar is not None:
+            bar.close()
+    train, heldout = meta["splits"]["train"], meta["splits"]["heldout"]
+    lost = meta["lost_characters"]
+    print(
+        f"prepared {args.out}: train {train['documents']:,} documents, {train['tokens']:,} tokens; "
+        f"held out {heldout['documents']:,} documents, {heldout['tokens']:,} tokens ({meta['dtype']}); "
+        f"{lost['total']} characters in {lost['documents']} documents the tokenizer cannot represent"
+    )
+    return {"out": str(args.out), **meta}
+
+
 def cmd_demo(args) -> dict:
     from workbench.demo import run_demo
 
@@ -506,10 +547,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", dest="json_out", help="write the result as JSON here")
     p.set_defaults(func=cmd_import)
 
+    p = sub.add_parser("prepare", help="tokenize JSONL / text / a saved dataset into memory-mapped token shards")
+    p.add_argument("source", nargs="+", help="JSONL (GSM8K question/answer, or text), plain text, or a save_to_disk dataset")
+    p.add_argument(
+        "--tokenizer", required=True, help="a run directory (or any directory with tokenizer.json) whose tokenizer to use"
+    )
+    p.add_argument(
+        "--out", required=True, help="the corpus directory to write (new, empty, or a previous corpus with --overwrite)"
+    )
+    p.add_argument("--heldout", type=float, default=0.05, help="fraction of documents held out for eval (default 0.05)")
+    p.add_argument("--seed", type=_seed, default=0, help="seed of the held-out rule")
+    p.add_argument("--shard-tokens", type=int, default=1 << 26, help="tokens per shard (default 2^26)")
+    p.add_argument("--overwrite", action="store_true", help="replace a previous prepared corpus there (never anything else)")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--json", dest="json_out", help="also write the metadata here")
+    p.set_defaults(func=cmd_prepare)
+
     p = sub.add_parser("train", help="train a baseline, FBT or HD model into a run directory")
     p.add_argument("--arch", choices=["baseline", "fbt", "hd"], default="baseline")
-    p.add_argument("--preset", default="debug")
-    p.add_argument("--task", default=None, help="chain | modsum | flipflop | mix | jsonl:PATH | text:PATH | hf:NAME")
+    p.add_argument("--preset", default=None, help="model sizes (default debug; with --init-from: the source run's)")
+    p.add_argument(
+        "--task", default=None, help="chain | modsum | flipflop | mix | jsonl:PATH | text:PATH | hf:NAME | prepared:DIR"
+    )
     p.add_argument("--out", required=True, help="run directory, e.g. runs/NAME")
     p.add_argument(
         "--set",
@@ -518,7 +577,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECTION.FIELD=VALUE",
         help="typed override, e.g. train.lr=3e-4, model.d_model=96, fbt.three_pass_fraction=0 (repeatable)",
     )
-    p.add_argument("--init-from", default=None, help="continue from this run's weights (e.g. HD from a baseline)")
+    p.add_argument(
+        "--init-from", default=None, help="continue from this run's weights and tokenizer (e.g. FBT or HD from an imported model)"
+    )
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     p.add_argument("--stop-after", type=int, default=None, help="stop after N steps this session (resume later)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

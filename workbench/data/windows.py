@@ -7,6 +7,7 @@ step, or splitting a step's batch over several processes, sees exactly the same 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -33,17 +34,28 @@ class TokenStream:
     def __len__(self) -> int:
         return len(self.ids)
 
+    def take(self, starts: np.ndarray, width: int) -> np.ndarray:
+        """Windows [len(starts), width] of the stream (as ``CorpusSplit.take``)."""
+        return self.ids[np.asarray(starts)[:, None] + np.arange(width)]
+
 
 def step_generator(seed: int, step: int, purpose: int = 0) -> torch.Generator:
     """A generator that depends only on (seed, step, purpose): the same on every process."""
     return torch.Generator().manual_seed((seed * 1_000_003 + step) * 7 + purpose)
 
 
-def batch_windows(stream: TokenStream, seed: int, step: int, batch_size: int, seq_len: int) -> tuple[Tensor, Tensor]:
+class Windows(Protocol):
+    """A token stream batches are cut from: ``TokenStream`` or a prepared corpus's ``CorpusSplit``."""
+
+    def __len__(self) -> int: ...
+
+    def take(self, starts: np.ndarray, width: int) -> np.ndarray: ...
+
+
+def batch_windows(stream: Windows, seed: int, step: int, batch_size: int, seq_len: int) -> tuple[Tensor, Tensor]:
     """The global batch of ``step``: inputs and next-token targets, both [batch, seq_len]."""
     if len(stream) <= seq_len + 1:
         raise ValueError(f"the token stream has {len(stream)} tokens; seq_len={seq_len} needs more")
     starts = torch.randint(0, len(stream) - seq_len - 1, (batch_size,), generator=step_generator(seed, step))
-    idx = starts[:, None].numpy() + np.arange(seq_len + 1)
-    windows = torch.from_numpy(stream.ids[idx])
+    windows = torch.from_numpy(stream.take(starts.numpy(), seq_len + 1))
     return windows[:, :-1], windows[:, 1:]

@@ -15,6 +15,7 @@ names the kind (``workbench_tokenizer``); runs written before it existed hold th
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 from collections.abc import Iterable
 from pathlib import Path
@@ -44,6 +45,19 @@ class TokenizerBase:
     @property
     def vocab_size(self) -> int:
         return self.tokenizer.get_vocab_size()
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """SHA-256 of what decides the ids: the vocabulary, merges, normalisation and
+        pre-tokenisation (the ``tokenizers`` JSON without its truncation and padding settings,
+        keys sorted) and the special ids. Two tokenizers with the same fingerprint give the same
+        ids for every text."""
+        parts = {k: v for k, v in json.loads(self.tokenizer.to_str()).items() if k not in ("truncation", "padding")}
+        spec = {
+            "tokenizer": parts,
+            "special_ids": [self.pad_id, self.bos_id, self.eos_id, self.unk_id],
+        }
+        return hashlib.sha256(json.dumps(spec, sort_keys=True, ensure_ascii=True).encode()).hexdigest()
 
     @property
     def id_limit(self) -> int:

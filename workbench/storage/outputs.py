@@ -57,6 +57,7 @@ KINDS = {
     "traces": Kind("trace study", "a", "summary.json"),
     "export": Kind("Hugging Face export", "a", "workbench_export.json"),
     "demo": Kind("demo output", "a", "demo.json"),
+    "corpus": Kind("prepared corpus", "a", "corpus.json"),
 }
 
 _held: dict[Path, list] = {}  # resolved directory -> [thread id, nesting depth]

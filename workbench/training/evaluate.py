@@ -1,6 +1,7 @@
 """Validation loss and exact-match accuracy per task, for FBT per decoding regime.
 
-Per task (held-out examples: the held-out stream of the run's seed, independent of every training stream):
+Per task (held-out examples: the held-out stream of the run's seed, independent of every training
+stream; for a prepared corpus, ``prepared:DIR``, its held-out documents):
 - ``loss``: mean next-token loss over whole examples; ``standard`` (plain) for every model, and
   ``recurrent`` for FBT (feedback at every position: the exact sequential recurrence).
 - ``answer_loss[regime]``: mean loss of the completion tokens after the prompt, decoded under the
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 
 from models import DecoderLM, NonFiniteActivation
 from workbench.data.answers import is_correct
+from workbench.data.prepared import PreparedCorpus, corpus_dir, file_sha256, heldout_examples, source_hashes
 from workbench.data.splits import heldout_task
 from workbench.data.tasks import MAX_EXAMPLES, SYNTHETIC, Example, TaskConfig
 from workbench.runtime.checkpoint import load_model
@@ -104,6 +106,8 @@ def evaluate_examples(
     if model.carries_state:
         # prompt = the first token, so "soft" feeds back from position 1 on: the exact recurrence
         row["loss"]["recurrent"] = mean_nll("loss[recurrent]", "soft", [(w[:1], w[1:]) for w in wholes])
+    if not any(prompts):  # plain text (a prepared corpus's text documents): no answer to score
+        return row
     row["answer_loss"] = {r: mean_nll(f"answer_loss[{r}]", r, list(zip(prompts, completions))) for r in regimes}
     row["accuracy"], row["silent_tokens"] = {}, {}
     longest = max(len(c) for c in completions) + 8
@@ -148,13 +152,34 @@ def evaluate_run(
         raise BadInput(f"n={n}: expected 1..{MAX_EXAMPLES:,} examples per task")
     check_passes(model, fused_passes)
     for name in eval_tasks(task or cfg.data.task):
-        if _file_source(name) is not None and _file_source(name) == _file_source(cfg.data.task):
-            raise BadInput(
-                f"{run_dir} was trained on {cfg.data.task}: evaluating on it would score its own training "
-                "examples; pass --task with a held-out file (e.g. GSM8K's test split) or a synthetic task"
-            )
+        check_not_trained_on(run_dir, cfg.data.task, name)
     with hold(run_dir / "results") if write else nullcontext():
         return _evaluate_run(run_dir, cfg, model, tokenizer, n, fused_passes, task, write)
+
+
+def check_not_trained_on(run_dir: Path, trained: str, task: str) -> None:
+    """Refuse to evaluate a run on what it trained on: the same file or dataset, a file that went
+    into its prepared corpus, or another prepared corpus made from one of its training files (whose
+    held-out split was drawn by another rule). Its own corpus is fine: eval reads the held-out split."""
+    leak = _file_source(task) is not None and _file_source(task) == _file_source(trained)
+    ours, theirs = corpus_dir(trained), corpus_dir(task)
+    if not leak and (ours is not None or theirs is not None):
+        same_corpus = ours is not None and theirs is not None and ours.resolve() == theirs.resolve()
+        leak = not same_corpus and bool(_hashes(trained) & _hashes(task))
+    if leak:
+        raise BadInput(
+            f"{run_dir} was trained on {trained}: evaluating on {task} would score its own training "
+            "examples; pass --task with a held-out file (e.g. GSM8K's test split), its prepared corpus "
+            "(prepared:DIR, whose held-out split eval reads) or a synthetic task"
+        )
+
+
+def _hashes(spec: str) -> set[str]:
+    """SHA-256 of the files behind a task spec: a prepared corpus's sources, or a jsonl/text file."""
+    source = _file_source(spec)
+    if source is not None and source[0] in ("jsonl", "text") and Path(source[1]).is_file():
+        return {file_sha256(Path(source[1]))}
+    return source_hashes(spec)
 
 
 def _file_source(spec: str) -> tuple[str, str] | None:
@@ -173,8 +198,12 @@ def _evaluate_run(
     started = time.perf_counter()
     result = {"run": str(run_dir), "arch": cfg.arch, "fused_passes": fused_passes, "tasks": {}}
     for name in eval_tasks(task or cfg.data.task):
-        examples = heldout_task(name, n, cfg.train.seed, data)[:n]
-        fits = [ex for ex in examples if len(ex.text) + 1 + 8 <= model.cfg.n_ctx]
+        directory = corpus_dir(name)
+        if directory is not None:
+            examples = heldout_examples(PreparedCorpus.open(directory), tokenizer, n)
+        else:
+            examples = heldout_task(name, n, cfg.train.seed, data)[:n]
+        fits = [ex for ex in examples if len(tokenizer.encode(ex.text)) + 1 + 8 <= model.cfg.n_ctx]
         if not fits:
             raise BadInput(f"no {name!r} example fits the context n_ctx={model.cfg.n_ctx}")
         result["tasks"][name] = evaluate_examples(model, fits, tokenizer, fused_passes=fused_passes)

@@ -12,7 +12,7 @@ from pathlib import Path
 from models import ModelConfig
 from workbench.data.tasks import TASK_KINDS, TaskConfig
 from workbench.runtime.config import ARCHS, check_json_fields, check_section, config_from_dict, make_config, parse_override
-from workbench.storage.errors import BadInput
+from workbench.storage.errors import BadInput, MissingFile
 from workbench.storage.files import read_json
 
 
@@ -34,7 +34,9 @@ class TrainConfig:
     checkpoint_every: int = 100
     eval_examples: int = 64  # per task, for results/eval.json
     compile: bool = False
-    bf16: bool = True  # autocast to bfloat16 on CUDA (ignored on CPU)
+    bf16: bool = True  # autocast to bfloat16 on CUDA (on CPU only with cpu_bf16)
+    cpu_bf16: bool = False  # autocast to bfloat16 on CPU too (slower than fp32 on CPUs without bf16 units)
+    checkpoint_blocks: bool = False  # activation checkpointing: recompute each block in backward
     device: str = "auto"
 
     def __post_init__(self) -> None:
@@ -58,15 +60,20 @@ class TrainConfig:
 
 @dataclass
 class DataConfig(TaskConfig):
-    task: str = "mix"  # chain | modsum | flipflop | mix | jsonl:PATH | text:PATH | hf:NAME[:CONFIG]
+    task: str = "mix"  # chain | modsum | flipflop | mix | jsonl:PATH | text:PATH | hf:NAME[:CONFIG] | prepared:DIR
     n_train: int = 20000  # examples generated for training (synthetic tasks)
     n_val: int = 256  # unused (eval takes its size from --n); kept so earlier run configs load
 
     def __post_init__(self) -> None:
         super().__post_init__()
         kind = self.task.partition(":")[0]
-        if self.task not in TASK_KINDS and not (kind in ("jsonl", "text", "hf") and ":" in self.task):
-            raise BadInput(f"data field task={self.task!r}: expected one of {TASK_KINDS} or jsonl:PATH, text:PATH, hf:NAME")
+        if self.task not in TASK_KINDS and not (kind in ("jsonl", "text", "hf", "prepared") and self.task.partition(":")[2]):
+            raise BadInput(
+                f"data field task={self.task!r}: expected one of {TASK_KINDS} or jsonl:PATH, text:PATH, hf:NAME, prepared:DIR"
+            )
+
+
+FUSION_INITS = ("random", "regression")
 
 
 @dataclass
@@ -77,6 +84,10 @@ class FBTTrainConfig:
     prefix_max: float = 0.5  # each sequence stays plain before a random prefix of up to this fraction
     state_noise: float = 0.01  # std of Gaussian jitter on fed-back states
     detach: bool = False  # stop gradients into earlier passes (ablation)
+    # --init-from a baseline: "random" (the fusion's own init) or "regression" (W_U = 2 x the least-
+    # squares map from the carried state h_{t-1} to the next token's embedding e_t, W_G = 0, so the
+    # fused input starts as the state's best linear guess of the plain input; docs/training.md)
+    fusion_init: str = "regression"
 
     def __post_init__(self) -> None:
         check_section(self)
@@ -88,6 +99,8 @@ class FBTTrainConfig:
             raise BadInput(f"fbt field pass_weights={self.pass_weights!r}: expected 3 non-negative weights")
         if self.state_noise < 0:
             raise BadInput(f"fbt field state_noise={self.state_noise!r}: expected >= 0")
+        if self.fusion_init not in FUSION_INITS:
+            raise BadInput(f"fbt field fusion_init={self.fusion_init!r}: expected one of {FUSION_INITS}")
 
 
 @dataclass
@@ -135,12 +148,17 @@ class RunConfig:
 
 
 def make_run_config(
-    arch: str, preset: str, task: str | None = None, overrides: Sequence[str] = (), init_from: str | None = None
+    arch: str, preset: str | None, task: str | None = None, overrides: Sequence[str] = (), init_from: str | None = None
 ) -> RunConfig:
-    """Build and validate a run config; every error names the offending field."""
+    """Build and validate a run config; every error names the offending field. ``preset`` names
+    the model's sizes; ``None`` takes them from the run at ``init_from`` (continued pretraining of
+    an imported model: its backbone fields, ``--set model.*`` on top), or ``debug`` without one."""
     if arch not in ARCHS:
         raise BadInput(f"unknown architecture {arch!r}: expected one of {sorted(ARCHS)}")
     values: dict[str, dict] = {"model": {}, **{s: {} for s in SECTIONS}}
+    if preset is None and init_from is not None:
+        values["model"], preset = backbone_of(init_from), "init"
+    preset = preset or "debug"
     if task is not None:
         values["data"]["task"] = task
     for text in overrides:
@@ -150,7 +168,7 @@ def make_run_config(
     if arch == "hd" and "n_streams" not in values["model"]:
         hd = HDTrainConfig(**values["hd"])
         values["model"]["n_streams"] = hd.streams[0]
-    model = make_config(arch, preset, **values["model"])
+    model = make_config(arch, "debug" if preset == "init" else preset, **values["model"])
     sections = {s: cls(**values[s]) for s, cls in SECTIONS.items()}
     cfg = RunConfig(arch, preset, model, init_from=init_from, **sections)
     n_streams = getattr(model, "n_streams", 1)  # an HD config's field
@@ -161,6 +179,18 @@ def make_run_config(
     if cfg.train.seq_len > model.n_ctx:
         raise BadInput(f"train field seq_len={cfg.train.seq_len} is longer than the context model.n_ctx={model.n_ctx}")
     return cfg
+
+
+def backbone_of(run: str | Path) -> dict:
+    """The shared backbone fields (``models.ModelConfig``'s) of the model in the run at ``run``."""
+    path = Path(run) / "config.json"
+    if not path.is_file():
+        raise MissingFile(f"--init-from {run}: no run there (missing {path})")
+    model = read_json(path).get("model")
+    if not isinstance(model, dict):
+        raise BadInput(f"{path}: expected a 'model' object")
+    shared = {f.name for f in dataclasses.fields(ModelConfig)}
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in model.items() if k in shared}
 
 
 def run_config_from_dict(data: dict, source: str | Path | None = None) -> RunConfig:

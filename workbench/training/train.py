@@ -26,11 +26,12 @@ from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
 from models import DecoderLM, HDConfig, expand_streams
+from workbench.data.prepared import PreparedCorpus, corpus_dir
 from workbench.data.tasks import load_task
-from workbench.data.windows import TokenStream, batch_windows, step_generator
+from workbench.data.windows import TokenStream, Windows, batch_windows, step_generator
 from workbench.runtime.checkpoint import load_model, load_weights, model_from_weights, save_weights
 from workbench.runtime.config import model_from_config
-from workbench.runtime.tokenizer import CharTokenizer
+from workbench.runtime.tokenizer import CharTokenizer, TokenizerBase, tokenizer_of
 from workbench.storage.errors import BadInput, MissingFile, OutputBusy, OutputExists, WorkbenchError
 from workbench.storage.files import atomic_write, link_or_copy, read_json, remove_stale_temps, write_json
 from workbench.storage.outputs import contents, hold, listing
@@ -167,7 +168,7 @@ def carry_optimizer(old_model, old_opt, new_model, cfg: RunConfig) -> torch.opti
 # ---- checkpoints --------------------------------------------------------------------------
 
 
-def save_checkpoint(run_dir: Path, model: DecoderLM, opt, cfg: RunConfig, step: int, tokenizer: CharTokenizer) -> None:
+def save_checkpoint(run_dir: Path, model: DecoderLM, opt, cfg: RunConfig, step: int, tokenizer: TokenizerBase) -> None:
     """Write the step's weights and optimizer state into ``train_state/`` under names that carry the
     step, then commit them by writing ``train_state/state.json``; only then publish the run
     directory's ``model.safetensors`` (a hard link), ``config.json`` and tokenizer, and delete older
@@ -203,7 +204,7 @@ def save_checkpoint(run_dir: Path, model: DecoderLM, opt, cfg: RunConfig, step: 
     _publish(run_dir, cfg, model.cfg, files, tokenizer)
 
 
-def _publish(run_dir: Path, cfg: RunConfig, model_cfg, files: dict, tokenizer: CharTokenizer) -> None:
+def _publish(run_dir: Path, cfg: RunConfig, model_cfg, files: dict, tokenizer: TokenizerBase) -> None:
     """The run directory's files from the committed checkpoint ``files``; then delete older steps'
     files and the temporary files of writes a killed process left behind."""
     state_dir = run_dir / STATE_DIR
@@ -216,10 +217,13 @@ def _publish(run_dir: Path, cfg: RunConfig, model_cfg, files: dict, tokenizer: C
     remove_stale_temps(run_dir, ["model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json", "metrics.jsonl"])
 
 
-def load_checkpoint(run_dir: Path, cfg: RunConfig, device) -> tuple[DecoderLM, torch.optim.AdamW, int]:
+def load_checkpoint(
+    run_dir: Path, cfg: RunConfig, device, tokenizer: TokenizerBase | None = None
+) -> tuple[DecoderLM, torch.optim.AdamW, int]:
     """The model, optimizer and step committed by ``train_state/state.json``; every problem is an
-    error naming the file. The run directory's files are published again from it, in case the
-    process that wrote it was killed before it had published them."""
+    error naming the file. The run directory's files (with ``tokenizer``, default the run's own)
+    are published again from it, in case the process that wrote it was killed before it had
+    published them."""
     state_dir = run_dir / STATE_DIR
     state_path = state_dir / "state.json"
     state = read_json(state_path)
@@ -265,7 +269,7 @@ def load_checkpoint(run_dir: Path, cfg: RunConfig, device) -> tuple[DecoderLM, t
     except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as err:
         raise BadInput(f"the optimizer state in {opt_path} and {state_path} does not fit the model: {err}") from err
     if "weights" in state and (not dist.is_initialized() or dist.get_rank() == 0):
-        _publish(run_dir, cfg, model.cfg, files, CharTokenizer())
+        _publish(run_dir, cfg, model.cfg, files, tokenizer or tokenizer_of(run_dir))
     return model, opt, step
 
 
@@ -280,14 +284,46 @@ def _metadata_step(path: Path) -> int | None:
         raise BadInput(f"corrupt checkpoint {path}: {err}") from err
 
 
+# ---- data and tokenizer -------------------------------------------------------------------
+
+
+def run_tokenizer(cfg: RunConfig, run_dir: Path, resume: bool) -> TokenizerBase:
+    """The run's tokenizer: the one it saved (resume), else its ``init_from`` run's, else the
+    character tokenizer. Its ids must fit the model's vocabulary."""
+    if resume:
+        tokenizer = tokenizer_of(run_dir)
+    elif cfg.init_from:
+        tokenizer = tokenizer_of(cfg.init_from)
+    else:
+        tokenizer = CharTokenizer()
+    if tokenizer.id_limit > cfg.model.d_vocab:
+        raise BadInput(
+            f"model.d_vocab={cfg.model.d_vocab} is smaller than the run's {tokenizer.kind} tokenizer "
+            f"(ids up to {tokenizer.id_limit - 1})"
+        )
+    return tokenizer
+
+
+def training_stream(cfg: RunConfig, tokenizer: TokenizerBase) -> Windows:
+    """What training batches are cut from: a prepared corpus's train split (its tokenizer must be
+    the run's), or the task's examples tokenized by the run's tokenizer."""
+    directory = corpus_dir(cfg.data.task)
+    if directory is not None:
+        corpus = PreparedCorpus.open(directory)
+        corpus.check_tokenizer(tokenizer, "this run's tokenizer" + (f" (from {cfg.init_from})" if cfg.init_from else ""))
+        return corpus.split("train")
+    return TokenStream.from_examples(load_task(cfg.data.task, cfg.data.n_train, cfg.train.seed, cfg.data), tokenizer)
+
+
 # ---- initialisation -----------------------------------------------------------------------
 
 INIT_SOURCES = {"baseline": ("baseline",), "fbt": ("baseline", "fbt"), "hd": ("baseline", "hd")}
-SHAPE_FIELDS = ("d_vocab", "d_model", "n_layers", "n_heads", "d_mlp", "rope_base", "norm_eps")
+SHAPE_FIELDS = ("d_vocab", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_mlp", "rope_base", "norm_eps", "tie_embeddings")
 
 
 def init_from(path: str | Path, cfg: RunConfig, device) -> DecoderLM:
-    """A model for ``cfg`` whose shared weights come from the run at ``path``."""
+    """A model for ``cfg`` whose shared weights come from the run at ``path`` (an FBT model made
+    from a baseline has its fusion's own init; ``fit_fusion`` may replace it)."""
     source = load_model(path, device=device)
     if source.arch not in INIT_SOURCES[cfg.arch]:
         raise BadInput(
@@ -309,6 +345,76 @@ def init_from(path: str | Path, cfg: RunConfig, device) -> DecoderLM:
     if unexpected or any(not k.startswith("fusion.") for k in missing):
         raise BadInput(f"--init-from {path}: weights do not fit (missing {missing}, unexpected {unexpected})")
     return model
+
+
+def load_model_arch(run: str | Path) -> str | None:
+    """The architecture the run at ``run`` holds (its config.json's ``arch``)."""
+    return read_json(Path(run) / "config.json").get("arch")
+
+
+FIT_POSITIONS = 4  # x d_model: positions the regression init of the fusion is fitted on
+
+
+@torch.no_grad()
+def fit_fusion(model, stream: Windows, cfg: RunConfig) -> dict:
+    """The ``regression`` fusion init: with W_G = 0 the gate is 1/2 everywhere, and W_U = 2 W where
+    W (ridge least squares, fp64) maps the carried state h_{t-1} to the next token's embedding e_t
+    on ``FIT_POSITIONS * d_model`` positions of the training stream. The fused input u_t = W h_{t-1}
+    then starts as the state's best linear guess of the plain input e_t (with a tied readout h_{t-1}
+    already scores e_t highest). Returns the number of positions and the fit's R^2 on them."""
+    d, T = cfg.model.d_model, cfg.train.seq_len
+    rows = -(-FIT_POSITIONS * d // (T - 1))
+    gen = step_generator(cfg.train.seed, 0, purpose=5)  # not a training batch's windows
+    starts = torch.randint(0, len(stream) - T - 1, (rows,), generator=gen).numpy()
+    device = model.embed.W_E.device
+    gram = torch.zeros(d, d, dtype=torch.float64, device=device)
+    cross = torch.zeros(d, d, dtype=torch.float64, device=device)
+    e_sum = torch.zeros(d, dtype=torch.float64, device=device)
+    e_sq = 0.0
+    was_training = model.training
+    model.eval()
+    for chunk in range(0, rows, 8):
+        tokens = torch.from_numpy(stream.take(starts[chunk : chunk + 8], T)).to(device)
+        h = model.run_passes(tokens, 1)[0][:, :-1].reshape(-1, d).double()
+        e = model.input_table[tokens[:, 1:]].reshape(-1, d).double()
+        gram += h.T @ h
+        cross += h.T @ e
+        e_sum += e.sum(0)
+        e_sq += float(e.pow(2).sum())
+    model.train(was_training)
+    ridge = 1e-6 * gram.diagonal().mean()
+    W = torch.linalg.solve(gram + ridge * torch.eye(d, dtype=torch.float64, device=device), cross).T  # e ~ W h
+    n = rows * (T - 1)
+    residual = e_sq - 2 * float((W * cross.T).sum()) + float((W @ gram * W).sum())  # sum |e - W h|^2
+    total = e_sq - float(e_sum.pow(2).sum()) / n
+    model.fusion.W_U.weight.copy_(2 * W)
+    if model.fusion.W_G is not None:
+        model.fusion.W_G.weight.zero_()
+    else:  # the additive ablation: u = e + W_U h
+        model.fusion.W_U.weight.zero_()
+    return {"positions": n, "r2": 1 - residual / total}
+
+
+@torch.no_grad()
+def initial_losses(model, stream: Windows, cfg: RunConfig) -> dict:
+    """The loss of a model made by ``--init-from``, before any training, on step 0's batch: plain
+    next-token loss, and for FBT the loss with every position after the first fused with the
+    previous position's state (pass 2 of the K-pass objective, no prefix, no jitter)."""
+    x, y = batch_windows(stream, cfg.train.seed, 0, min(cfg.train.batch_size, 8), cfg.train.seq_len)
+    x, y = x.to(model.embed.W_E.device), y.to(model.embed.W_E.device)
+    was_training = model.training
+    model.eval()
+    try:
+        if model.carries_state:
+            plain, fused = model.run_passes(x, 2)
+            return {
+                "loss_plain": ntp_loss(model.readout(plain)[:, 1:], y[:, 1:]).item(),
+                "loss_fused": ntp_loss(model.readout(fused)[:, 1:], y[:, 1:]).item(),
+                "fusion_init": cfg.fbt.fusion_init,
+            }
+        return {"loss_plain": ntp_loss(model(x), y).item()}
+    finally:
+        model.train(was_training)
 
 
 # ---- the loop -----------------------------------------------------------------------------
@@ -380,7 +486,17 @@ def _trim_metrics(path: Path, before_step: int) -> None:
         atomic_write(path, lambda tmp: Path(tmp).write_text("".join(json.dumps(r) + "\n" for r in kept)))
 
 
-RUN_FILES = {"config.json", "metrics.jsonl", "model.safetensors", "tokenizer.json", "tokenizer_config.json", STATE_DIR, "results"}
+INIT_FILE = "init.json"  # a run made by --init-from: its losses before training (``initial_losses``)
+RUN_FILES = {
+    INIT_FILE,
+    "config.json",
+    "metrics.jsonl",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    STATE_DIR,
+    "results",
+}
 
 
 def check_new_run_dir(run_dir: Path) -> None:
@@ -441,25 +557,32 @@ def train(
         raise MissingFile(f"--resume: no checkpoint in {run_dir} (missing {STATE_DIR}/state.json)")
     if not resume:
         check_new_run_dir(run_dir)
-    stream = TokenStream.from_examples(load_task(cfg.data.task, cfg.data.n_train, t.seed, cfg.data), CharTokenizer())
+    tokenizer = run_tokenizer(cfg, run_dir, resume)
+    stream = training_stream(cfg, tokenizer)
     if len(stream) <= t.seq_len + 1:
         raise BadInput(f"task {cfg.data.task!r} gives {len(stream)} tokens, fewer than train.seq_len={t.seq_len}")
     if not resume:
-        fresh = (
-            init_from(cfg.init_from, cfg, device)
-            if cfg.init_from
-            else model_from_config(cfg.arch, cfg.model, seed=t.seed, device=device)
-        )
+        before = None
+        if cfg.init_from:
+            fresh = init_from(cfg.init_from, cfg, device)
+            before = {"init_from": cfg.init_from}
+            if cfg.arch == "fbt" and cfg.fbt.fusion_init == "regression" and load_model_arch(cfg.init_from) == "baseline":
+                before["fusion_fit"] = fit_fusion(fresh, stream, cfg)
+            before.update(initial_losses(fresh, stream, cfg))
+        else:
+            fresh = model_from_config(cfg.arch, cfg.model, seed=t.seed, device=device)
     with held_by_main_process(run_dir, rank_info, device):
         if resume:
             saved = load_run_config(run_dir / "config.json")
             if saved.arch != cfg.arch:
                 raise BadInput(f"--resume: {run_dir} holds an {saved.arch!r} run, not {cfg.arch!r}")
-            model, opt, start = load_checkpoint(run_dir, cfg, device)
+            model, opt, start = load_checkpoint(run_dir, cfg, device, tokenizer)
         else:
             check_new_run_dir(run_dir)  # again, now that it is held
             model, opt, start = fresh, make_optimizer(fresh, cfg), 0
-        return _train_loop(cfg, run_dir, rank_info, device, model, opt, start, stream, resume, progress, stop_after)
+            if before is not None and rank_info.main:
+                write_json(run_dir / INIT_FILE, before)
+        return _train_loop(cfg, run_dir, rank_info, device, model, opt, start, stream, tokenizer, resume, progress, stop_after)
 
 
 def _train_loop(
@@ -470,12 +593,12 @@ def _train_loop(
     model: DecoderLM,
     opt,
     start: int,
-    stream: TokenStream,
+    stream: Windows,
+    tokenizer: TokenizerBase,
     resume: bool,
     progress,
     stop_after,
 ) -> TrainResult:
-    tokenizer = CharTokenizer()
     t = cfg.train
     per_rank = t.batch_size // rank_info.world
     micro = per_rank // t.grad_accum
@@ -484,7 +607,9 @@ def _train_loop(
     if t.compile:
         for block in model.blocks:
             block.compile()
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if (device.type == "cuda" and t.bf16) else nullcontext()
+    bf16 = (device.type == "cuda" and t.bf16) or (device.type == "cpu" and t.cpu_bf16)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
+    model.checkpoint_blocks = t.checkpoint_blocks
     metrics_path = run_dir / "metrics.jsonl"
     if rank_info.main:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -506,6 +631,7 @@ def _train_loop(
         if grown is not model:
             opt = carry_optimizer(model, opt, grown, cfg)
             model = grown.train()
+            model.checkpoint_blocks = t.checkpoint_blocks
             if t.compile:
                 for block in model.blocks:
                     block.compile()
