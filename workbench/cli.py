@@ -323,20 +323,6 @@ def cmd_zoo(args) -> dict:
     return summary
 
 
-def peak_rss_mib() -> float:
-    """Peak resident memory of this process image. Linux's VmHWM, not ``ru_maxrss``: a process
-    started by a large parent inherits the parent's ``ru_maxrss`` at fork (e.g. under the bench)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return round(int(line.split()[1]) / 1024, 1)  # kB
-    except OSError:
-        pass
-    import resource
-
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # KiB on Linux
-
-
 def cmd_cache(args) -> dict:
     import time
 
@@ -359,6 +345,8 @@ def cmd_cache(args) -> dict:
         on_estimate=lambda e: print(f"storing about {e['rows']:,} rows, {e['bytes'] / 2**30:.2f} GiB, in {args.out}", flush=True),
     )
     meta = json.loads((out / "store.json").read_text())
+    from workbench.runtime.process import peak_rss_mib
+
     meta["peak_rss_mib"] = peak_rss_mib()
     meta["seconds"] = round(time.perf_counter() - started, 1)
     print(

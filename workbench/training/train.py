@@ -31,6 +31,7 @@ from workbench.data.tasks import load_task
 from workbench.data.windows import TokenStream, Windows, batch_windows, step_generator
 from workbench.runtime.checkpoint import load_model, load_weights, model_from_weights, save_weights
 from workbench.runtime.config import model_from_config
+from workbench.runtime.process import peak_rss_mib
 from workbench.runtime.tokenizer import CharTokenizer, TokenizerBase, tokenizer_of
 from workbench.storage.errors import BadInput, MissingFile, OutputBusy, OutputExists, WorkbenchError
 from workbench.storage.files import atomic_write, link_or_copy, read_json, remove_stale_temps, write_json
@@ -562,7 +563,7 @@ def train(
     if len(stream) <= t.seq_len + 1:
         raise BadInput(f"task {cfg.data.task!r} gives {len(stream)} tokens, fewer than train.seq_len={t.seq_len}")
     if not resume:
-        before = None
+        before: dict | None = None
         if cfg.init_from:
             fresh = init_from(cfg.init_from, cfg, device)
             before = {"init_from": cfg.init_from}
@@ -670,7 +671,14 @@ def _train_loop(
         done = step + 1
         if done % t.log_every == 0 or done == t.steps:
             now = time.perf_counter()
-            record = {"step": done, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tokens_since / (now - last_log), **info}
+            record = {
+                "step": done,
+                "lr": lr,
+                "grad_norm": grad_norm,
+                "tokens_per_s": tokens_since / (now - last_log),
+                "peak_rss_mib": peak_rss_mib(),
+                **info,
+            }
             last_log, tokens_since = now, 0
             if rank_info.main:
                 with metrics_path.open("a") as f:
