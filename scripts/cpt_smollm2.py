@@ -37,7 +37,7 @@ SCHEDULE = ["train.lr=1e-4", "train.warmup=5", "train.log_every=1", "train.check
 def workbench(*args: str, log: list, threads: int | None = None) -> float:
     cmd = [sys.executable, "-m", "workbench.cli", *args]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)} if threads else None
-    print(("OMP_NUM_THREADS=%d " % threads if threads else "") + "$ workbench " + shlex.join(args), flush=True)
+    print((f"OMP_NUM_THREADS={threads} " if threads else "") + "$ workbench " + shlex.join(args), flush=True)
     started = time.perf_counter()
     subprocess.run(cmd, check=True, cwd=ROOT, env=env)
     seconds = time.perf_counter() - started

@@ -247,14 +247,17 @@ def cmd_prepare(args) -> dict:
     finally:
         if bar is not None:
             bar.close()
+    from workbench.runtime.process import peak_rss_mib
+
     train, heldout = meta["splits"]["train"], meta["splits"]["heldout"]
     lost = meta["lost_characters"]
     print(
         f"prepared {args.out}: train {train['documents']:,} documents, {train['tokens']:,} tokens; "
         f"held out {heldout['documents']:,} documents, {heldout['tokens']:,} tokens ({meta['dtype']}); "
-        f"{lost['total']} characters in {lost['documents']} documents the tokenizer cannot represent"
+        f"{lost['total']} characters in {lost['documents']} documents the tokenizer cannot represent; "
+        f"{meta['seconds']}s, peak resident memory {peak_rss_mib()} MiB"
     )
-    return {"out": str(args.out), **meta}
+    return {"out": str(args.out), **meta, "peak_rss_mib": peak_rss_mib()}
 
 
 def cmd_demo(args) -> dict:

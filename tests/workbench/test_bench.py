@@ -20,6 +20,7 @@ from workbench.runtime.config import build_model
 from workbench.runtime.decoding import generate
 from workbench.runtime.tokenizer import CharTokenizer
 from workbench.studies.traces import problems
+from workbench.training.runconfig import make_run_config
 
 # a shape small enough for a test, of the kinds vs_hf_generate's SmolLM2 shape has
 TINY_SHAPE = dict(d_model=32, n_layers=2, n_heads=4, d_mlp=64, d_vocab=160, n_ctx=96, rope_base=1e5)
@@ -357,3 +358,30 @@ def test_smollm2_report_on_an_imported_run(tmp_path):
         assert r["tokens"] == sum(len(tokenizer.encode(t)) for t in texts) >= r["target_tokens"]
     assert e["ratio"] == pytest.approx(large["peak_rss_mib"] / small["peak_rss_mib"])
     assert "spread" not in e and e["target"] == "<= 1.1"
+
+
+def test_counted_train_flops_match_a_hand_count_for_each_architecture():
+    """Per token, forward + backward = 3 x the forward's 2 x (matrix entries used): the stack's
+    matrices once per FBT pass or HD stream, the readout once per supervised position (FBT: every
+    pass; HD: the last stream), FBT's two D x D fusion matrices once (pass 2). Attention's
+    QK^T and AV run in SDPA's fused kernel, which the counter does not see on CPU."""
+    from workbench.bench.train_steps import counted_train_flops
+    from workbench.training.train import make_strategy
+
+    B, T = 2, 16
+    x = torch.randint(0, 100, (B, T + 1))
+    for arch, extra, copies, readouts in [
+        ("baseline", [], 1, 1),
+        ("fbt", ["fbt.feedback_start=0"], 2, 2),
+        ("hd", ["hd.streams=2"], 2, 1),
+    ]:
+        cfg = make_run_config(
+            arch, "debug", "chain", [f"train.batch_size={B}", f"train.seq_len={T}", "fbt.three_pass_fraction=0", *extra]
+        )
+        model = build_model(arch, "debug", **({"n_streams": 2} if arch == "hd" else {})).train()
+        stack = sum(p.numel() for n, p in model.blocks.named_parameters() if p.dim() == 2)
+        d, V = model.cfg.d_model, model.cfg.d_vocab
+        fusion = 2 * d * d if arch == "fbt" else 0
+        expected = 6 * B * T * (copies * stack + readouts * d * V + fusion)
+        counted = counted_train_flops(lambda: make_strategy(cfg).loss(model, x[:, :-1], x[:, 1:], 5, slice(0, B))[0])
+        assert counted == expected, arch

@@ -74,6 +74,18 @@ def train_flops_per_token(model, seq: int) -> float:
     return 6 * n + 12 * model.cfg.n_layers * model.cfg.d_model * seq
 
 
+def counted_train_flops(loss: Callable[[], torch.Tensor]) -> int:
+    """FLOPs of ``loss()`` and its backward as torch's ``FlopCounterMode`` counts them: every matmul
+    executed, so FBT's passes and fusion and HD's streams are counted as they run. On CPU it does not
+    count the fused attention kernel (QK^T and attention-times-V): add ``12 L d_model T`` per token
+    and per pass or stream, as ``train_flops_per_token`` does."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        loss().backward()
+    return counter.get_total_flops()
+
+
 def matmul_flops(size: int = 1024) -> tuple[Callable, float]:
     a, b = torch.randn(size, size), torch.randn(size, size)
     return (lambda: a @ b), 2.0 * size**3
