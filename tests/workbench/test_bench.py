@@ -360,7 +360,11 @@ def test_smollm2_report_on_an_imported_run(tmp_path):
     assert "spread" not in e and e["target"] == "<= 1.1"
 
 
-def test_counted_train_flops_match_a_hand_count_for_each_architecture():
+@pytest.mark.parametrize(
+    "arch,extra,copies,readouts",
+    [("baseline", [], 1, 1), ("fbt", ["fbt.feedback_start=0"], 2, 2), ("hd", ["hd.streams=2"], 2, 1)],
+)
+def test_counted_train_flops_match_a_hand_count_for_each_architecture(arch, extra, copies, readouts):
     """Per token, forward + backward = 3 x the forward's 2 x (matrix entries used): the stack's
     matrices once per FBT pass or HD stream, the readout once per supervised position (FBT: every
     pass; HD: the last stream), FBT's two D x D fusion matrices once (pass 2). Attention's
@@ -370,18 +374,13 @@ def test_counted_train_flops_match_a_hand_count_for_each_architecture():
 
     B, T = 2, 16
     x = torch.randint(0, 100, (B, T + 1))
-    for arch, extra, copies, readouts in [
-        ("baseline", [], 1, 1),
-        ("fbt", ["fbt.feedback_start=0"], 2, 2),
-        ("hd", ["hd.streams=2"], 2, 1),
-    ]:
-        cfg = make_run_config(
-            arch, "debug", "chain", [f"train.batch_size={B}", f"train.seq_len={T}", "fbt.three_pass_fraction=0", *extra]
-        )
-        model = build_model(arch, "debug", **({"n_streams": 2} if arch == "hd" else {})).train()
-        stack = sum(p.numel() for n, p in model.blocks.named_parameters() if p.dim() == 2)
-        d, V = model.cfg.d_model, model.cfg.d_vocab
-        fusion = 2 * d * d if arch == "fbt" else 0
-        expected = 6 * B * T * (copies * stack + readouts * d * V + fusion)
-        counted = counted_train_flops(lambda: make_strategy(cfg).loss(model, x[:, :-1], x[:, 1:], 5, slice(0, B))[0])
-        assert counted == expected, arch
+    cfg = make_run_config(
+        arch, "debug", "chain", [f"train.batch_size={B}", f"train.seq_len={T}", "fbt.three_pass_fraction=0", *extra]
+    )
+    model = build_model(arch, "debug", **({"n_streams": 2} if arch == "hd" else {})).train()
+    stack = sum(p.numel() for n, p in model.blocks.named_parameters() if p.dim() == 2)
+    d, V = model.cfg.d_model, model.cfg.d_vocab
+    fusion = 2 * d * d if arch == "fbt" else 0
+    expected = 6 * B * T * (copies * stack + readouts * d * V + fusion)
+    counted = counted_train_flops(lambda: make_strategy(cfg).loss(model, x[:, :-1], x[:, 1:], 5, slice(0, B))[0])
+    assert counted == expected
