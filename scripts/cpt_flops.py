@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -21,6 +23,7 @@ from workbench.bench.train_steps import counted_train_flops
 from workbench.training.runconfig import make_run_config
 from workbench.training.train import init_from, make_strategy
 
+ROOT = Path(__file__).resolve().parents[1]
 H200_BF16_DENSE = 989e12  # FLOP/s, H200 SXM (the same tensor cores as H100 SXM)
 ASSUMED_MFU = 0.35
 RECIPES = {  # name: (tokens, sequence length, batch in sequences)
@@ -37,7 +40,10 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     torch.manual_seed(0)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
     result: dict = {
+        "command": "python scripts/cpt_flops.py " + " ".join(sys.argv[1:]),
+        "commit": commit,
         "counted_seq_len": args.seq,
         "h200_bf16_dense_flops": H200_BF16_DENSE,
         "assumed_mfu": ASSUMED_MFU,

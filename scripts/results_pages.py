@@ -48,6 +48,7 @@ DOCS_COMMANDS = {
         "blocks.0.hook_resid_post blocks.4.hook_resid_post blocks.9.hook_resid_post blocks.14.hook_resid_post "
         "blocks.19.hook_resid_post blocks.24.hook_resid_post blocks.29.hook_resid_post --out docs/results/smollm2_probe_value.json"
     ],
+    "smollm2_cpt.json": ["python scripts/cpt_smollm2.py --run runs/smollm2 --work /tmp/cpt-smollm2"],
     "traces_cpu_summary.json": [
         "workbench traces runs/cpu/fbt runs/cpu/baseline runs/cpu/hd2 runs/cpu/hd4 --task chain "
         "--regimes standard,soft,fused --passes 2 --n-problems 1000 --difficulty 1..4 --out runs/cpu/traces"
@@ -748,6 +749,135 @@ def pretrained_page(results: Path) -> str:
     )
 
 
+def curve_rows(curve: list[dict], keys: list[str], every: int = 5) -> list[list[str]]:
+    last = curve[-1]["step"]
+    return [
+        [str(r["step"])] + [fixed(r.get(k), 3) for k in keys] for r in curve if r["step"] in (1, last) or r["step"] % every == 0
+    ]
+
+
+def cpt_eval_table(runs: dict) -> str:
+    rows = []
+    for name, run in runs.items():
+        for row in run["eval"]["tasks"].values():
+            for regime, accuracy in row["accuracy"].items():
+                rows.append(
+                    [
+                        f"`{name}`",
+                        str(row["n"]),
+                        fixed(row["loss"]["standard"], 3),
+                        fixed(row["loss"].get("recurrent"), 3),
+                        f"`{regime}`",
+                        fixed(row["answer_loss"][regime], 3),
+                        fixed(accuracy, 3),
+                    ]
+                )
+    return table(
+        ["run", "held-out problems", "loss (plain)", "loss (recurrent)", "regime", "answer loss", "accuracy (#### rule)"], rows
+    )
+
+
+def cpt_page(results: Path) -> str:
+    cpt, flops = read(results, "smollm2_cpt.json"), read(results, "smollm2_cpt_flops.json")
+    corpus, fbt, hd = cpt["corpus"], cpt["runs"]["fbt"], cpt["runs"]["hd"]
+    body = [
+        "## The corpus",
+        "",
+        table(
+            ["split", "documents", "tokens"],
+            [[name, f"{split['documents']:,}", f"{split['tokens']:,}"] for name, split in corpus.items()],
+        ),
+        "## One train step at batch 4 x 256 (peak resident memory of the whole process)",
+        "",
+        "Each row is its own `workbench train --set train.steps=1` process: loading the 538 MB fp32 checkpoint, the",
+        "model, AdamW's two moments, gradients and the step's activations. tokens/s: that one step, on a shared machine.",
+        "",
+        table(
+            ["arch", "activation checkpointing", "CPU bf16 autocast", "peak RSS (MiB)", "tokens/s"],
+            [
+                [
+                    f"`{r['arch']}`",
+                    "yes" if r["checkpoint_blocks"] else "no",
+                    "yes" if r["cpu_bf16"] else "no",
+                    f"{r['peak_rss_mib']:,.0f}",
+                    fixed(r["tokens_per_s"], 1),
+                ]
+                for r in cpt["train_step_memory"]
+            ],
+        ),
+        "## Before training (`init.json`, step 0's batch)",
+        "",
+        table(
+            ["run", "loss, plain inputs", "loss, every position fused", "fusion init", "fit R^2 (positions)"],
+            [
+                [
+                    "`fbt`",
+                    fixed(fbt["init"]["loss_plain"], 3),
+                    fixed(fbt["init"]["loss_fused"], 3),
+                    f"`{fbt['init']['fusion_init']}`",
+                    f"{fixed(fbt['init']['fusion_fit']['r2'], 3)} ({fbt['init']['fusion_fit']['positions']:,})",
+                ],
+                ["`hd` (n=2)", fixed(hd["init"]["loss_plain"], 3), "", "", ""],
+            ],
+        ),
+        f"## Loss curves ({cpt['steps']} steps; every 5th step)",
+        "",
+        "### FBT (`loss` = pass 1 + pass 2 (+ pass 3 on a 3-pass step))",
+        "",
+        table(
+            ["step", "loss", "pass 1 (plain)", "pass 2 (fused)", "passes"],
+            curve_rows(fbt["curve"], ["loss", "loss_pass1", "loss_pass2", "passes"]),
+        ),
+        "### HD, n=2 streams",
+        "",
+        table(["step", "loss"], curve_rows(hd["curve"], ["loss"])),
+        "## Held-out eval (`workbench eval RUN --n 32`: the corpus's held-out GSM8K documents)",
+        "",
+        cpt_eval_table({"smollm2 (before CPT)": cpt["runs"]["baseline_before_cpt"], "fbt": fbt, "hd": hd}),
+        "## Resume",
+        "",
+        f"FBT, {cpt['resume']['steps']} steps in one process against 2 steps, stop, resume, 2 more "
+        f"({cpt['resume']['threads']} thread): {cpt['resume']['tensors']} tensors, "
+        f"{'identical bit for bit' if cpt['resume']['identical'] else 'max |difference| ' + sci(cpt['resume']['max_abs_diff'])}.",
+        "",
+        "## Commands (recorded in the JSON, with their wall time)",
+        "",
+        table(["command", "seconds"], [[code(c["command"]), fixed(c["seconds"], 1)] for c in cpt["commands"]]),
+        f"## Training FLOPs per token and one H200 (assumed MFU {flops['assumed_mfu']})",
+        "",
+        f"Counted by torch on one step at T={flops['counted_seq_len']} (every matmul; the fused attention kernel is added by",
+        "formula, 12 L d_model T per token per pass or stream). H200 SXM bf16 dense peak "
+        f"{flops['h200_bf16_dense_flops'] / 1e12:.0f} TFLOP/s.",
+        "",
+        table(
+            ["arch", "matmul GFLOP/token", "recipe", "tokens", "T", "batch", "steps", "PFLOP", "H200 time"],
+            [
+                [
+                    f"`{arch}`",
+                    fixed(row["matmul_flops_per_token"] / 1e9, 3),
+                    f"`{name}`",
+                    f"{r['tokens']:,}",
+                    str(r["seq_len"]),
+                    str(r["batch"]),
+                    f"{r['steps']:,}",
+                    fixed(r["flops"] / 1e15, 1),
+                    f"{r['h200_hours'] * 60:.1f} min",
+                ]
+                for arch, row in flops["archs"].items()
+                for name, r in row["recipes"].items()
+            ],
+        ),
+    ]
+    sources = ["smollm2_cpt.json", "smollm2_cpt_flops.json"]
+    return frame(
+        "SmolLM2-135M-Instruct, continued pretraining on GSM8K (measured)",
+        [(n, read(results, n)) for n in sources],
+        "\n".join(body),
+        [],
+        results,
+    )
+
+
 # ---------------------------------------------------------------- index and driver
 
 PAGES: dict[str, tuple[str, Callable[[Path], str]]] = {
@@ -757,6 +887,7 @@ PAGES: dict[str, tuple[str, Callable[[Path], str]]] = {
     "traces.md": ("trace lengths", traces_page),
     "bench.md": ("speed ratios", bench_page),
     "pretrained.md": ("SmolLM2-135M-Instruct imported: parity, traces, a probe", pretrained_page),
+    "cpt.md": ("SmolLM2-135M-Instruct continued on GSM8K as FBT and HD: memory, curves, eval, FLOPs", cpt_page),
 }
 
 

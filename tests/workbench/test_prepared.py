@@ -116,10 +116,11 @@ def test_text_files_and_saved_datasets_are_read_as_documents(tmp_path):
         ('{"question": "q", "answer": "#### 1"}\n{oops\n', "bad.jsonl:2: not JSON"),
         ('{"question": "q"}\n', "bad.jsonl:1: expected an object with 'question' and 'answer'"),
         ("[1, 2]\n", "bad.jsonl:1: expected an object"),
+        (b'{"text": "a"}\n\xff\xfe\n', "bad.jsonl:2: not UTF-8"),
     ],
 )
 def test_bad_sources_are_named_before_any_work(tmp_path, content, match):
-    (tmp_path / "bad.jsonl").write_text(content)
+    (tmp_path / "bad.jsonl").write_bytes(content if isinstance(content, bytes) else content.encode())
     sources = [SAMPLE, tmp_path / "bad.jsonl"]  # the good file first: nothing of it is written either
     with pytest.raises(BadInput, match=re.escape(match)):
         prepare_corpus(sources, CharTokenizer(), tmp_path / "c")

@@ -79,37 +79,35 @@ def _row_text(row: object, where: str) -> tuple[str, str]:
     raise BadInput(f"{where}: expected an object with 'question' and 'answer' (GSM8K) or 'text', got {found}")
 
 
-def _jsonl_documents(path: Path) -> Iterator[tuple[str, str]]:
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, line) of a UTF-8 file, read one line at a time."""
     with path.open("rb") as f:
         for i, raw in enumerate(f, 1):
             try:
-                line = raw.decode("utf-8")
+                yield i, raw.decode("utf-8")
             except UnicodeDecodeError as err:
-                raise BadInput(f"{path}:{i}: not UTF-8 ({err})") from err
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise BadInput(
-                    f"{path}:{i}: not JSON ({err.msg} at column {err.colno}); every line must be one JSON object"
-                ) from err
-            yield _row_text(row, f"{path}:{i}")
+                raise BadInput(f"{path}:{i}: not UTF-8 text ({err})") from err
+
+
+def _jsonl_documents(path: Path) -> Iterator[tuple[str, str]]:
+    for i, line in _lines(path):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise BadInput(f"{path}:{i}: not JSON ({err.msg} at column {err.colno}); every line must be one JSON object") from err
+        yield _row_text(row, f"{path}:{i}")
 
 
 def _text_documents(path: Path) -> Iterator[tuple[str, str]]:
     lines: list[str] = []
-    with path.open("rb") as f:
-        for i, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                raise BadInput(f"{path}:{i}: not UTF-8 text ({err})") from err
-            if line.strip():
-                lines.append(line)
-            elif lines:
-                yield "".join(lines).rstrip("\n"), "text"
-                lines = []
+    for _, line in _lines(path):
+        if line.strip():
+            lines.append(line)
+        elif lines:
+            yield "".join(lines).rstrip("\n"), "text"
+            lines = []
     if lines:
         yield "".join(lines).rstrip("\n"), "text"
 
