@@ -282,3 +282,18 @@ def test_the_regression_fusion_init_is_the_least_squares_map_and_its_losses_are_
         fused = model.run_passes(x, 2)[1]
         expected = torch.nn.functional.cross_entropy(model.readout(fused)[:, 1:].flatten(0, 1), y[:, 1:].flatten())
     assert losses["loss_fused"] == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_held_out_text_documents_are_scored_by_loss_only(tmp_path):
+    from workbench.runtime.config import build_model
+    from workbench.training.evaluate import evaluate_examples
+
+    (tmp_path / "t.txt").write_text("\n\n".join(f"paragraph {i}: the quick brown fox" for i in range(40)) + "\n")
+    prepare_corpus([tmp_path / "t.txt"], CharTokenizer(), tmp_path / "c", heldout_fraction=0.3)
+    held = heldout_examples(PreparedCorpus.open(tmp_path / "c"), CharTokenizer(), 5)
+    assert held and all(ex.task == "text" and not ex.prompt and ex.completion.startswith("paragraph") for ex in held)
+    row = evaluate_examples(build_model("fbt", "debug"), held, CharTokenizer())
+    assert set(row) == {"n", "loss"} and set(row["loss"]) == {"standard", "recurrent"}
+    with pytest.raises(BadInput, match="held-out documents: prepare it with --heldout > 0"):
+        prepare_corpus([tmp_path / "t.txt"], CharTokenizer(), tmp_path / "d", heldout_fraction=0)
+        heldout_examples(PreparedCorpus.open(tmp_path / "d"), CharTokenizer(), 5)
