@@ -53,67 +53,79 @@ def sets(values: list[str]) -> list[str]:
     return [arg for v in values for arg in ("--set", v)]
 
 
+PARTS = ("memory", "cpt", "resume")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gsm8k", default=str(ROOT.parent / "shared" / "data" / "gsm8k" / "train.jsonl"))
     parser.add_argument("--run", default=None, help="an imported SmolLM2 run (default: import one into WORK/smollm2)")
-    parser.add_argument("--work", default="/tmp/cpt-smollm2", help="a new directory for the corpus and runs")
+    parser.add_argument("--work", default="/tmp/cpt-smollm2", help="a directory for the corpus and runs")
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--parts", default=",".join(PARTS), help="some of memory,cpt,resume (the others are kept from --out)")
     parser.add_argument("--out", default=str(ROOT / "docs" / "results" / "smollm2_cpt.json"))
     args = parser.parse_args()
+    parts = args.parts.split(",")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
+    result: dict = json.loads(Path(args.out).read_text()) if set(parts) != set(PARTS) else {}
     log: list = []
     run = Path(args.run) if args.run else work / "smollm2"
-    if not args.run:
+    if not (run / "config.json").is_file():
         workbench("import", "smollm2", str(run), log=log)
     corpus = work / "gsm8k"
-    workbench("prepare", args.gsm8k, "--tokenizer", str(run), "--out", str(corpus), "--no-progress", log=log)
+    if not (corpus / "corpus.json").is_file():
+        workbench("prepare", args.gsm8k, "--tokenizer", str(run), "--out", str(corpus), "--no-progress", log=log)
     task = f"prepared:{corpus}"
-    result: dict = {"commit": _commit(), "machine": f"{platform.machine()}, {os.cpu_count()} cores", "steps": args.steps}
+    result.update({"commit": _commit(), "machine": f"{platform.machine()}, {os.cpu_count()} cores", "steps": args.steps})
     result["corpus"] = json.loads((corpus / "corpus.json").read_text())["splits"]
     for split in result["corpus"].values():
         split.pop("shards")
+    if "cpt" in parts:
+        result["runs"] = cpt(run, task, work, args.steps)
+    if "resume" in parts:
+        result["resume"] = resume(run, task, work, args.steps)
+    if "memory" in parts:
+        result["train_step_memory"] = memory(run, task, work)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
 
-    # one train step at batch 4 x 256, per architecture, with and without activation checkpointing
-    result["train_step_memory"] = []
-    variants = [(arch, recompute, False) for arch in ("baseline", "fbt", "hd") for recompute in (False, True)]
-    for arch, recompute, bf16 in variants + [("fbt", False, True)]:
-        out = work / f"step-{arch}-{recompute}-{bf16}"
-        extra = CPT.get(arch, []) + STEP + ["train.steps=1", "train.log_every=1"]
-        extra += [f"train.checkpoint_blocks={recompute}", f"train.cpu_bf16={bf16}"]
-        seconds = workbench(
-            "train",
-            "--arch",
-            arch,
-            "--init-from",
-            str(run),
-            "--task",
-            task,
-            "--out",
-            str(out),
-            *sets(extra),
-            "--no-progress",
-            log=log,
-        )
-        record = metrics(out)[-1]
-        result["train_step_memory"].append(
+
+def memory(run: Path, task: str, work: Path) -> dict:
+    """Peak resident memory of training at batch 4 x 256, per architecture, with and without
+    activation checkpointing: 3 steps, so the peak includes AdamW's moments (allocated by the
+    first step) and the activations of a later step."""
+    log: list = []
+    rows = []
+    for arch, recompute in [(arch, recompute) for arch in ("baseline", "fbt", "hd") for recompute in (False, True)]:
+        out = work / f"memory-{arch}-{recompute}"
+        extra = CPT.get(arch, []) + STEP + ["train.steps=3", "train.log_every=1", "train.checkpoint_every=1000"]
+        extra += [f"train.checkpoint_blocks={recompute}"]
+        args = ["train", "--arch", arch, "--init-from", str(run), "--task", task, "--out", str(out), *sets(extra)]
+        seconds = workbench(*args, "--no-progress", log=log)
+        records = metrics(out)
+        rows.append(
             {
                 "arch": arch,
                 "checkpoint_blocks": recompute,
-                "cpu_bf16": bf16,
-                "peak_rss_mib": record["peak_rss_mib"],
-                "tokens_per_s": record["tokens_per_s"],
+                "steps": 3,
+                "peak_rss_mib": records[-1]["peak_rss_mib"],
+                "peak_rss_mib_by_step": [r["peak_rss_mib"] for r in records],
+                "tokens_per_s": records[-1]["tokens_per_s"],
                 "process_seconds": round(seconds, 1),
             }
         )
+    return {"rows": rows, "commands": log}
 
-    # the CPT runs, then held-out eval
-    result["runs"] = {}
+
+def cpt(run: Path, task: str, work: Path, steps: int) -> dict:
+    """The CPT runs, their held-out eval, and the imported model's eval on the same documents."""
+    log: list = []
+    runs: dict = {}
     for arch in ("fbt", "hd"):
         out = work / f"cpt-{arch}"
-        extra = CPT[arch] + STEP + SCHEDULE + [f"train.steps={args.steps}"]
+        extra = CPT[arch] + STEP + SCHEDULE + [f"train.steps={steps}"]
         workbench(
             "train",
             "--arch",
@@ -129,41 +141,36 @@ def main() -> None:
             log=log,
         )
         workbench("eval", str(out), "--n", "32", log=log)
-        result["runs"][arch] = {
+        keep = ("step", "passes", "n_streams", "tokens_per_s", "peak_rss_mib")
+        runs[arch] = {
             "init": json.loads((out / "init.json").read_text()),
-            "curve": [
-                {
-                    k: r[k]
-                    for k in r
-                    if k.startswith("loss") or k in ("step", "passes", "n_streams", "tokens_per_s", "peak_rss_mib")
-                }
-                for r in metrics(out)
-            ],
+            "curve": [{k: r[k] for k in r if k.startswith("loss") or k in keep} for r in metrics(out)],
             "eval": json.loads((out / "results" / "eval.json").read_text()),
         }
     workbench("eval", str(run), "--task", task, "--n", "32", log=log)
-    result["runs"]["baseline_before_cpt"] = {"eval": json.loads((run / "results" / "eval.json").read_text())}
+    runs["baseline_before_cpt"] = {"eval": json.loads((run / "results" / "eval.json").read_text())}
+    return {**runs, "commands": log}
 
-    # resume: 4 steps in one go == 2 steps, stop, resume, 2 more (FBT; HD is the same loop, tested on a
-    # tiny model). One thread: with two, CPU kernels split reductions differently from run to run and
-    # two uninterrupted runs already differ in the last bits (the zoo issue #19 is about that).
-    extra = CPT["fbt"] + STEP + SCHEDULE + [f"train.steps={args.steps}", "train.checkpoint_every=2"]
+
+def resume(run: Path, task: str, work: Path, steps: int) -> dict:
+    """FBT: 4 steps in one go == 2 steps, stop, resume, 2 more (HD is the same loop, tested on a
+    tiny model). One thread: with two, CPU kernels split reductions differently from run to run and
+    two uninterrupted runs already differ in the last bits (the zoo issue #19 is about that)."""
+    log: list = []
+    extra = CPT["fbt"] + STEP + SCHEDULE + [f"train.steps={steps}", "train.checkpoint_every=2"]
     common = ["--arch", "fbt", "--init-from", str(run), "--task", task, *sets(extra), "--no-progress"]
     workbench("train", *common, "--out", str(work / "resume-a"), "--stop-after", "4", log=log, threads=1)
     workbench("train", *common, "--out", str(work / "resume-b"), "--stop-after", "2", log=log, threads=1)
-    resume = ["--resume", "--out", str(work / "resume-b"), "--stop-after", "2", "--no-progress"]
-    workbench("train", *resume, log=log, threads=1)
+    workbench("train", "--resume", "--out", str(work / "resume-b"), "--stop-after", "2", "--no-progress", log=log, threads=1)
     a, b = (load_file(str(work / name / "model.safetensors")) for name in ("resume-a", "resume-b"))
-    result["resume"] = {
+    return {
         "steps": 4,
         "threads": 1,
         "tensors": len(a),
         "identical": all(torch.equal(a[k], b[k]) for k in a),
         "max_abs_diff": max(float((a[k] - b[k]).abs().max()) for k in a),
+        "commands": log,
     }
-    result["commands"] = log
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
 
 
 def _commit() -> str:

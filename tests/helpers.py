@@ -149,5 +149,8 @@ def other_arch(p):
     edit_json(lambda c: c.update(arch={"baseline": "fbt", "fbt": "baseline", "hd": "fbt"}[c["arch"]]))(p)
 
 
+MACHINE_FIELDS = ("tokens_per_s", "peak_rss_mib")  # metrics fields that measure the machine, not the run
+
+
 def strip_timing(path: Path) -> list[dict]:
-    return [{k: v for k, v in json.loads(line).items() if k != "tokens_per_s"} for line in path.read_text().splitlines()]
+    return [{k: v for k, v in json.loads(line).items() if k not in MACHINE_FIELDS} for line in path.read_text().splitlines()]

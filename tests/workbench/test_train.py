@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import FAST
+from helpers import FAST, strip_timing
 from safetensors.torch import load_file
 
 from workbench.runtime.config import build_model
@@ -43,8 +43,7 @@ def test_resume_reaches_the_uninterrupted_weights(tmp_path, arch, extra):
     assert out.summary["resumed_from"] == 4
     a, b = weights(tmp_path / "straight"), weights(tmp_path / "split")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    strip = lambda p: [{k: v for k, v in json.loads(l).items() if k != "tokens_per_s"} for l in p.read_text().splitlines()]
-    assert strip(tmp_path / "straight" / "metrics.jsonl") == strip(tmp_path / "split" / "metrics.jsonl")
+    assert strip_timing(tmp_path / "straight" / "metrics.jsonl") == strip_timing(tmp_path / "split" / "metrics.jsonl")
 
 
 @pytest.mark.slow
@@ -54,7 +53,7 @@ def test_fbt_schedule_logs_per_pass_losses(tmp_path):
     rows = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["passes"] for r in rows] == [1, 1, 3, 3]
     assert "loss_pass3" in rows[-1] and "loss_pass2" not in rows[0]
-    assert all(set(r) >= {"step", "loss", "lr", "grad_norm", "tokens_per_s"} for r in rows)
+    assert all(set(r) >= {"step", "loss", "lr", "grad_norm", "tokens_per_s", "peak_rss_mib"} for r in rows)
 
 
 @pytest.mark.slow

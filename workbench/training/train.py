@@ -32,7 +32,7 @@ from workbench.data.windows import TokenStream, Windows, batch_windows, step_gen
 from workbench.runtime.checkpoint import load_model, load_weights, model_from_weights, save_weights
 from workbench.runtime.config import model_from_config
 from workbench.runtime.process import peak_rss_mib
-from workbench.runtime.tokenizer import CharTokenizer, TokenizerBase, tokenizer_of
+from workbench.runtime.tokenizer import CharTokenizer, TokenizerBase, load_tokenizer, tokenizer_of
 from workbench.storage.errors import BadInput, MissingFile, OutputBusy, OutputExists, WorkbenchError
 from workbench.storage.files import atomic_write, link_or_copy, read_json, remove_stale_temps, write_json
 from workbench.storage.outputs import contents, hold, listing
@@ -179,6 +179,8 @@ def save_checkpoint(run_dir: Path, model: DecoderLM, opt, cfg: RunConfig, step: 
     publishes them again)."""
     state_dir = run_dir / STATE_DIR
     state_dir.mkdir(parents=True, exist_ok=True)
+    if not all((state_dir / name).is_file() for name in TOKENIZER_FILES):  # it never changes: committed once
+        tokenizer.save(state_dir)
     meta = {"step": str(step)}
     files = {"weights": f"model-{step}.safetensors", "optimizer": f"optimizer-{step}.safetensors"}
     save_weights(state_dir / files["weights"], model.state_dict(), {"arch": model.arch, **meta})
@@ -213,7 +215,7 @@ def _publish(run_dir: Path, cfg: RunConfig, model_cfg, files: dict, tokenizer: T
     write_json(run_dir / "config.json", {**cfg.to_dict(), "model": model_cfg.to_dict()})
     tokenizer.save(run_dir, model_cfg.n_ctx)
     for path in state_dir.iterdir():
-        if path.is_file() and path.name not in ("state.json", *files.values()):
+        if path.is_file() and path.name not in ("state.json", *TOKENIZER_FILES, *files.values()):
             path.unlink()
     remove_stale_temps(run_dir, ["model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json", "metrics.jsonl"])
 
@@ -270,7 +272,7 @@ def load_checkpoint(
     except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as err:
         raise BadInput(f"the optimizer state in {opt_path} and {state_path} does not fit the model: {err}") from err
     if "weights" in state and (not dist.is_initialized() or dist.get_rank() == 0):
-        _publish(run_dir, cfg, model.cfg, files, tokenizer or tokenizer_of(run_dir))
+        _publish(run_dir, cfg, model.cfg, files, tokenizer or run_tokenizer(cfg, run_dir, resume=True))
     return model, opt, step
 
 
@@ -288,11 +290,16 @@ def _metadata_step(path: Path) -> int | None:
 # ---- data and tokenizer -------------------------------------------------------------------
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
 def run_tokenizer(cfg: RunConfig, run_dir: Path, resume: bool) -> TokenizerBase:
-    """The run's tokenizer: the one it saved (resume), else its ``init_from`` run's, else the
-    character tokenizer. Its ids must fit the model's vocabulary."""
-    if resume:
-        tokenizer = tokenizer_of(run_dir)
+    """The run's tokenizer: on resume, the one its checkpoints committed (``train_state/``; the
+    published copy beside the weights may be torn, and is rewritten from it); else its
+    ``init_from`` run's, else the character tokenizer. Its ids must fit the model's vocabulary."""
+    committed = run_dir / STATE_DIR
+    if resume and all((committed / name).is_file() for name in TOKENIZER_FILES):
+        tokenizer = load_tokenizer(committed)
     elif cfg.init_from:
         tokenizer = tokenizer_of(cfg.init_from)
     else:
