@@ -140,3 +140,16 @@ def test_unstack_streams_checks_its_input():
     assert torch.equal(unstack_streams(x, 3)[:, 1, 0], x[:, 3])
     with pytest.raises(ValueError, match="n_streams=4"):
         unstack_streams(x, 4)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_expanding_a_baseline_with_one_cross_stream_layer_keeps_its_function(n):
+    """Replicated tables make every stream the same until the one cross-stream layer; there the last
+    stream attends to n copies of each earlier key (the same softmax weights), and later layers are
+    intra-stream: the last stream computes the baseline exactly (up to round-off). So continued
+    pretraining of HD starts at the baseline's loss."""
+    baseline = build_model("baseline", "debug", seed=5, n_layers=4)
+    hd = expand_streams(baseline, n, cross_layers=(2,))
+    toks = tokens(2, 12)
+    with torch.no_grad():
+        torch.testing.assert_close(hd(toks), baseline(toks), atol=1e-5, rtol=0)
