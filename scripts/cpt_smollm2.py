@@ -28,6 +28,7 @@ from safetensors.torch import load_file
 ROOT = Path(__file__).resolve().parents[1]
 STEP = ["train.batch_size=4", "train.seq_len=256"]  # the issue's 4 x 256 train step
 CPT = {
+    "baseline": [],  # the control: plain continued pretraining on the same batches
     "fbt": ["fbt.feedback_start=0"],  # the pretrained model is the single-pass phase: feedback from the first CPT step
     "hd": ["hd.streams=2"],
 }
@@ -53,7 +54,7 @@ def sets(values: list[str]) -> list[str]:
     return [arg for v in values for arg in ("--set", v)]
 
 
-PARTS = ("memory", "cpt", "resume")
+PARTS = ("cpt", "control", "resume", "memory")
 
 
 def main() -> None:
@@ -62,7 +63,9 @@ def main() -> None:
     parser.add_argument("--run", default=None, help="an imported SmolLM2 run (default: import one into WORK/smollm2)")
     parser.add_argument("--work", default="/tmp/cpt-smollm2", help="a directory for the corpus and runs")
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--parts", default=",".join(PARTS), help="some of memory,cpt,resume (the others are kept from --out)")
+    parser.add_argument(
+        "--parts", default=",".join(PARTS), help="some of " + ",".join(PARTS) + " (the others are kept from --out)"
+    )
     parser.add_argument("--out", default=str(ROOT / "docs" / "results" / "smollm2_cpt.json"))
     args = parser.parse_args()
     parts = args.parts.split(",")
@@ -78,12 +81,18 @@ def main() -> None:
     if not (corpus / "corpus.json").is_file():
         workbench("prepare", args.gsm8k, "--tokenizer", str(run), "--out", str(corpus), "--no-progress", log=log)
     task = f"prepared:{corpus}"
-    result.update({"commit": _commit(), "machine": f"{platform.machine()}, {os.cpu_count()} cores", "steps": args.steps})
+    commit = _commit()
+    result.update({"commit": commit, "machine": f"{platform.machine()}, {os.cpu_count()} cores", "steps": args.steps})
+    result["part_commits"] = {**result.get("part_commits", {}), **{part: commit for part in parts}}
     result["corpus"] = json.loads((corpus / "corpus.json").read_text())["splits"]
     for split in result["corpus"].values():
         split.pop("shards")
     if "cpt" in parts:
-        result["runs"] = cpt(run, task, work, args.steps)
+        result["runs"] = {**result.get("runs", {}), **cpt(run, task, work, args.steps, ("fbt", "hd"))}
+    if "control" in parts:
+        control = cpt(run, task, work, args.steps, ("baseline",), before=False)
+        result.setdefault("runs", {})["baseline"] = control["baseline"]
+        result["runs"]["control_commands"] = control["commands"]
     if "resume" in parts:
         result["resume"] = resume(run, task, work, args.steps)
     if "memory" in parts:
@@ -119,11 +128,12 @@ def memory(run: Path, task: str, work: Path) -> dict:
     return {"rows": rows, "commands": log}
 
 
-def cpt(run: Path, task: str, work: Path, steps: int) -> dict:
-    """The CPT runs, their held-out eval, and the imported model's eval on the same documents."""
+def cpt(run: Path, task: str, work: Path, steps: int, archs: tuple[str, ...], before: bool = True) -> dict:
+    """The CPT runs of ``archs``, their held-out eval, and (``before``) the imported model's eval on
+    the same documents."""
     log: list = []
     runs: dict = {}
-    for arch in ("fbt", "hd"):
+    for arch in archs:
         out = work / f"cpt-{arch}"
         extra = CPT[arch] + STEP + SCHEDULE + [f"train.steps={steps}"]
         workbench(
@@ -147,8 +157,9 @@ def cpt(run: Path, task: str, work: Path, steps: int) -> dict:
             "curve": [{k: r[k] for k in r if k.startswith("loss") or k in keep} for r in metrics(out)],
             "eval": json.loads((out / "results" / "eval.json").read_text()),
         }
-    workbench("eval", str(run), "--task", task, "--n", "32", log=log)
-    runs["baseline_before_cpt"] = {"eval": json.loads((run / "results" / "eval.json").read_text())}
+    if before:
+        workbench("eval", str(run), "--task", task, "--n", "32", log=log)
+        runs["baseline_before_cpt"] = {"eval": json.loads((run / "results" / "eval.json").read_text())}
     return {**runs, "commands": log}
 
 

@@ -779,9 +779,9 @@ def cpt_eval_table(runs: dict) -> str:
 
 def cpt_page(results: Path) -> str:
     cpt, flops = read(results, "smollm2_cpt.json"), read(results, "smollm2_cpt_flops.json")
-    corpus, fbt, hd = cpt["corpus"], cpt["runs"]["fbt"], cpt["runs"]["hd"]
+    corpus, fbt, hd, control = cpt["corpus"], cpt["runs"]["fbt"], cpt["runs"]["hd"], cpt["runs"]["baseline"]
     memory = cpt["train_step_memory"]
-    commands = cpt["runs"]["commands"] + cpt["resume"]["commands"] + memory["commands"]
+    commands = cpt["runs"]["commands"] + cpt["runs"]["control_commands"] + cpt["resume"]["commands"] + memory["commands"]
     body = [
         "## The corpus",
         "",
@@ -820,6 +820,7 @@ def cpt_page(results: Path) -> str:
                     f"{fixed(fbt['init']['fusion_fit']['r2'], 3)} ({fbt['init']['fusion_fit']['positions']:,})",
                 ],
                 ["`hd` (n=2)", fixed(hd["init"]["loss_plain"], 3), "", "", ""],
+                ["`baseline` (the control)", fixed(control["init"]["loss_plain"], 3), "", "", ""],
             ],
         ),
         f"## Loss curves ({cpt['steps']} steps; every 5th step)",
@@ -833,9 +834,14 @@ def cpt_page(results: Path) -> str:
         "### HD, n=2 streams",
         "",
         table(["step", "loss"], curve_rows(hd["curve"], ["loss"])),
+        "### The control: plain continued pretraining of the baseline on the same batches",
+        "",
+        table(["step", "loss"], curve_rows(control["curve"], ["loss"])),
         "## Held-out eval (`workbench eval RUN --n 32`: the corpus's held-out GSM8K documents)",
         "",
-        cpt_eval_table({"smollm2 (before CPT)": cpt["runs"]["baseline_before_cpt"], "fbt": fbt, "hd": hd}),
+        cpt_eval_table(
+            {"smollm2 (before CPT)": cpt["runs"]["baseline_before_cpt"], "baseline CPT": control, "fbt": fbt, "hd": hd}
+        ),
         "## Resume",
         "",
         f"FBT, {cpt['resume']['steps']} steps in one process against 2 steps, stop, resume, 2 more "
