@@ -295,10 +295,24 @@ def cmd_train(args) -> dict:
 
     if args.resume:
         cfg = load_run_config(Path(args.out) / "config.json")
-        if args.set or args.init_from:
-            raise BadInput("--resume continues the saved config; --set and --init-from are not allowed with it")
+        given = [
+            flag
+            for flag, value in (
+                ("--set", args.set),
+                ("--init-from", args.init_from),
+                ("--task", args.task),
+                ("--preset", args.preset),
+            )
+            if value
+        ]
+        if given:
+            raise BadInput(
+                f"--resume continues the saved config of {args.out}; {', '.join(given)} cannot change it (leave them out)"
+            )
+        if args.arch is not None and args.arch != cfg.arch:
+            raise BadInput(f"--resume: {args.out} holds an {cfg.arch!r} run, not --arch {args.arch!r}")
     else:
-        cfg = make_run_config(args.arch, args.preset, args.task, args.set, init_from=args.init_from)
+        cfg = make_run_config(args.arch or "baseline", args.preset, args.task, args.set, init_from=args.init_from)
     summary = train(cfg, args.out, resume=args.resume, progress=not args.no_progress, stop_after=args.stop_after).summary
     print(f"trained {cfg.arch} to step {summary['steps']} in {summary['seconds']:.1f}s -> {args.out}")
     return summary
@@ -555,7 +569,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_prepare)
 
     p = sub.add_parser("train", help="train a baseline, FBT or HD model into a run directory")
-    p.add_argument("--arch", choices=["baseline", "fbt", "hd"], default="baseline")
+    p.add_argument("--arch", choices=["baseline", "fbt", "hd"], default=None, help="default baseline; with --resume, the run's")
     p.add_argument("--preset", default=None, help="model sizes (default debug; with --init-from: the source run's)")
     p.add_argument(
         "--task", default=None, help="chain | modsum | flipflop | mix | jsonl:PATH | text:PATH | hf:NAME | prepared:DIR"

@@ -136,3 +136,32 @@ def test_app_without_streamlit_names_the_extra(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "streamlit" else real(name, *a))
     assert_usage_error(["app", "--runs", "."], "streamlit is not installed", "pip install -e '.[app]'")
+
+
+def test_resume_refuses_flags_it_would_ignore(tmp_path):
+    """--resume continues the saved config: a --task, --preset, --set, --init-from or another
+    --arch used to be ignored silently; each is now named before anything is touched."""
+    from helpers import FAST, assert_usage_error
+
+    run = tmp_path / "run"
+    main(
+        [
+            "train",
+            "--arch",
+            "fbt",
+            "--out",
+            str(run),
+            *[a for s in [*FAST, "train.steps=2"] for a in ("--set", s)],
+            "--no-progress",
+        ]
+    )
+    before = (run / "model.safetensors").read_bytes()
+    for extra, named in [
+        (["--task", "chain"], "--task"),
+        (["--preset", "tiny"], "--preset"),
+        (["--set", "train.lr=1e-4"], "--set"),
+        (["--arch", "hd"], "holds an 'fbt' run, not --arch 'hd'"),
+    ]:
+        assert_usage_error(["train", "--resume", "--out", str(run), *extra], named)
+    assert (run / "model.safetensors").read_bytes() == before
+    main(["train", "--resume", "--arch", "fbt", "--out", str(run), "--no-progress"])  # the same arch is fine
