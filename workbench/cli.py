@@ -250,14 +250,14 @@ def cmd_prepare(args) -> dict:
     from workbench.runtime.process import peak_rss_mib
 
     train, heldout = meta["splits"]["train"], meta["splits"]["heldout"]
-    lost = meta["lost_characters"]
+    lost, peak = meta["lost_characters"], peak_rss_mib()
     print(
         f"prepared {args.out}: train {train['documents']:,} documents, {train['tokens']:,} tokens; "
         f"held out {heldout['documents']:,} documents, {heldout['tokens']:,} tokens ({meta['dtype']}); "
         f"{lost['total']} characters in {lost['documents']} documents the tokenizer cannot represent; "
-        f"{meta['seconds']}s, peak resident memory {peak_rss_mib()} MiB"
+        f"{meta['seconds']}s, peak resident memory {peak} MiB"
     )
-    return {"out": str(args.out), **meta, "peak_rss_mib": peak_rss_mib()}
+    return {"out": str(args.out), **meta, "peak_rss_mib": peak}
 
 
 def cmd_demo(args) -> dict:

@@ -396,10 +396,7 @@ def fit_fusion(model, stream: Windows, cfg: RunConfig) -> dict:
     residual = e_sq - 2 * float((W * cross.T).sum()) + float((W @ gram * W).sum())  # sum |e - W h|^2
     total = e_sq - float(e_sum.pow(2).sum()) / n
     model.fusion.W_U.weight.copy_(2 * W)
-    if model.fusion.W_G is not None:
-        model.fusion.W_G.weight.zero_()
-    else:  # the additive ablation: u = e + W_U h
-        model.fusion.W_U.weight.zero_()
+    model.fusion.W_G.weight.zero_()
     return {"positions": n, "r2": 1 - residual / total}
 
 
@@ -574,7 +571,8 @@ def train(
         if cfg.init_from:
             fresh = init_from(cfg.init_from, cfg, device)
             before = {"init_from": cfg.init_from}
-            if cfg.arch == "fbt" and cfg.fbt.fusion_init == "regression" and load_model_arch(cfg.init_from) == "baseline":
+            glu = getattr(cfg.model, "fusion", None) == "glu"  # FBT; the additive ablation keeps its own init
+            if glu and cfg.fbt.fusion_init == "regression" and load_model_arch(cfg.init_from) == "baseline":
                 before["fusion_fit"] = fit_fusion(fresh, stream, cfg)
             before.update(initial_losses(fresh, stream, cfg))
         else:
