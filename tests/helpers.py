@@ -149,7 +149,7 @@ def other_arch(p):
     edit_json(lambda c: c.update(arch={"baseline": "fbt", "fbt": "baseline", "hd": "fbt"}[c["arch"]]))(p)
 
 
-MACHINE_FIELDS = ("tokens_per_s", "peak_rss_mib")  # metrics fields that measure the machine, not the run
+MACHINE_FIELDS = ("tokens_per_s", "tflops_per_s", "mfu", "peak_rss_mib")  # metrics fields that measure the machine, not the run
 
 
 def strip_timing(path: Path) -> list[dict]:

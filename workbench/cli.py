@@ -290,15 +290,14 @@ def _passes(text: str) -> int | str:
 
 
 def cmd_train(args) -> dict:
-    from workbench.training.runconfig import load_run_config, make_run_config
+    from workbench.training.runconfig import load_run_config, make_run_config, with_execution_overrides
     from workbench.training.train import train
 
     if args.resume:
-        cfg = load_run_config(Path(args.out) / "config.json")
+        cfg = with_execution_overrides(load_run_config(Path(args.out) / "config.json"), args.set or [])
         given = [
             flag
             for flag, value in (
-                ("--set", args.set),
                 ("--init-from", args.init_from),
                 ("--task", args.task),
                 ("--preset", args.preset),

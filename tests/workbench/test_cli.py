@@ -140,7 +140,8 @@ def test_app_without_streamlit_names_the_extra(monkeypatch):
 
 def test_resume_refuses_flags_it_would_ignore(tmp_path):
     """--resume continues the saved config: a --task, --preset, --set, --init-from or another
-    --arch used to be ignored silently; each is now named before anything is touched."""
+    --arch used to be ignored silently; each is now named before anything is touched. --set of a
+    field that says how the run executes (engine, device, compile, checkpointing) is allowed."""
     from helpers import FAST, assert_usage_error
 
     run = tmp_path / "run"
@@ -159,9 +160,11 @@ def test_resume_refuses_flags_it_would_ignore(tmp_path):
     for extra, named in [
         (["--task", "chain"], "--task"),
         (["--preset", "tiny"], "--preset"),
-        (["--set", "train.lr=1e-4"], "--set"),
+        (["--set", "train.lr=1e-4"], "--set train.lr would change what the run computes"),
         (["--arch", "hd"], "holds an 'fbt' run, not --arch 'hd'"),
     ]:
         assert_usage_error(["train", "--resume", "--out", str(run), *extra], named)
     assert (run / "model.safetensors").read_bytes() == before
     main(["train", "--resume", "--arch", "fbt", "--out", str(run), "--no-progress"])  # the same arch is fine
+    main(["train", "--resume", "--set", "train.checkpoint_blocks=true", "--out", str(run), "--no-progress"])  # how it runs
+    assert json.loads((run / "config.json").read_text())["train"]["checkpoint_blocks"] is True  # recorded

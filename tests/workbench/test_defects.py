@@ -156,18 +156,7 @@ def test_k_passes_make_exactly_the_positions_below_p_plus_k_minus_one_exact(p):
             assert exact == [t < p + K - 1 for t in range(9)], (p, K, err)
 
 
-# ---- 4. bench: the PaLM FLOP count and CUDA-synchronised timing ------------------------------------
-
-
-def test_train_flops_per_token_is_palm_6n_plus_12_l_d_t_on_a_hand_counted_model():
-    from workbench.bench import train_flops_per_token
-
-    model = build_model("baseline", "debug")  # d_model 32, 2 layers, d_mlp 96, d_vocab 128
-    # by hand: tied embedding 128*32 = 4096; per block Q, K, V, O 4*32*32 = 4096, SwiGLU 3*32*96 = 9216,
-    # two RMSNorm gains 2*32 = 64; final norm 32: N = 4096 + 2 * 13376 + 32 = 30880
-    assert sum(p.numel() for p in model.parameters()) == 30880
-    # 6 N + 12 * n_layers * d_model * seq (PaLM appendix B: 6N + 12 L H Q T, H Q = d_model) at seq 64
-    assert train_flops_per_token(model, 64) == 6 * 30880 + 12 * 2 * 32 * 64 == 234432
+# ---- 4. bench: CUDA-synchronised timing (the FLOP count: test_flops.py) ------------------------------------
 
 
 def test_bench_time_runs_on_cpu_without_touching_cuda():

@@ -250,10 +250,9 @@ def poisoned(step: int, where: str):
 
     def make(cfg):
         strategy = real(cfg)
-        prepare = strategy.prepare
+        loss = strategy.loss
 
-        def poisoned(model, s):
-            model = prepare(model, s)
+        def poisoned(model, x, y, s, rows):
             if s == step:
                 p = next(model.parameters())
                 if where == "parameter":
@@ -261,9 +260,9 @@ def poisoned(step: int, where: str):
                         p.view(-1)[0] = float("nan")
                 else:
                     p.register_hook(lambda g: g * float("inf"))
-            return model
+            return loss(model, x, y, s, rows)
 
-        strategy.prepare = poisoned
+        strategy.loss = poisoned
         return strategy
 
     with pytest.MonkeyPatch.context() as patch:

@@ -16,7 +16,7 @@ to eager code at dynamo's recompile limit.
 from workbench.bench.decode import eos_at_varying_steps, projection_stacks, vs_hf_generate
 from workbench.bench.suite import SIZES, machine, run_bench
 from workbench.bench.timing import ENGINE, TARGETS, entry, measure, paired
-from workbench.bench.train_steps import train_flops_per_token
+from workbench.training.flops import train_flops_per_token
 
 __all__ = [
     "ENGINE",

@@ -29,9 +29,10 @@ from workbench.bench.decode import (
 )
 from workbench.bench.pretrained import pretrained_entries
 from workbench.bench.timing import TARGETS, engine_paired, entry, paired
-from workbench.bench.train_steps import _fbt_train_step, _hd_model, _plain_train_step, _vs_hf, matmul_flops, train_flops_per_token
+from workbench.bench.train_steps import _fbt_train_step, _hd_model, _plain_train_step, _vs_hf, matmul_flops
 from workbench.runtime.config import build_model
 from workbench.storage.errors import BadInput
+from workbench.training.flops import train_flops_per_token
 
 SIZES = {  # per preset: decode lengths, train batch, store positions, and the new keys' sizes
     "debug": {
@@ -238,7 +239,7 @@ def run_bench(
             what_b="baseline train step",
             reps=reps,
             ratio=mfu,
-            note=f"{flops / 1e9:.2f} GFLOP per step (PaLM: 6N + 12 n_layers d_model seq per token)",
+            note=f"{flops / 1e9:.2f} GFLOP per step (workbench.training.flops: 6 x matrix entries + 12 n_layers d_model seq per token)",
         )
         e["achieved_gflops"] = flops / e["b"]["median_s"] / 1e9
         e["matmul_gflops"] = mm_flops / e["a"]["median_s"] / 1e9

@@ -63,22 +63,11 @@ def _hd_model(preset: str, n: int, dense: bool, seed: int = 0):
     return build_model("hd", preset, seed=seed, n_streams=n, cross_layers=tuple(range(n_layers)) if dense else None)
 
 
-def train_flops_per_token(model, seq: int) -> float:
-    """Training FLOPs per token by the PaLM convention (Chowdhery et al. 2022, appendix B; the
-    same 6N as Kaplan et al. and Chinchilla): 6 N for the parameter matmuls (forward 2N, backward
-    4N) plus 12 L H Q T for attention (QK^T and attention-times-V, 2 * 2 * T * H * Q FLOPs per
-    token per layer forward, tripled for the backward), with H Q = d_model and T = ``seq``; the
-    causal mask's saving is not subtracted. N counts every parameter once: the tied embedding is
-    the readout matmul, the RMSNorm gains a rounding error."""
-    n = sum(p.numel() for p in model.parameters())
-    return 6 * n + 12 * model.cfg.n_layers * model.cfg.d_model * seq
-
-
 def counted_train_flops(loss: Callable[[], torch.Tensor]) -> int:
     """FLOPs of ``loss()`` and its backward as torch's ``FlopCounterMode`` counts them: every matmul
     executed, so FBT's passes and fusion and HD's streams are counted as they run. On CPU it does not
-    count the fused attention kernel (QK^T and attention-times-V): add ``12 L d_model T`` per token
-    and per pass or stream, as ``train_flops_per_token`` does."""
+    count the fused attention kernel (QK^T and attention-times-V) unless SDPA runs its math backend
+    (``torch.nn.attention.sdpa_kernel``); ``workbench.training.flops`` adds it by formula."""
     from torch.utils.flop_counter import FlopCounterMode
 
     with FlopCounterMode(display=False) as counter:

@@ -14,6 +14,7 @@ from workbench.data.tasks import TASK_KINDS, TaskConfig
 from workbench.runtime.config import ARCHS, check_json_fields, check_section, config_from_dict, make_config, parse_override
 from workbench.storage.errors import BadInput, MissingFile
 from workbench.storage.files import read_json
+from workbench.training.parallel import PARALLEL
 
 
 @dataclass
@@ -38,9 +39,15 @@ class TrainConfig:
     cpu_bf16: bool = False  # autocast to bfloat16 on CPU too (slower than fp32 on CPUs without bf16 units)
     checkpoint_blocks: bool = False  # activation checkpointing: recompute each block in backward
     device: str = "auto"
+    parallel: str = "ddp"  # under torchrun: ddp (DistributedDataParallel) or fsdp (FSDP2 fully_shard)
+    peak_tflops: float = 0.0  # the MFU's denominator per process; 0: the GPU's dense bf16 peak, none on CPU
 
     def __post_init__(self) -> None:
         check_section(self)
+        if self.parallel not in PARALLEL:
+            raise BadInput(f"train field parallel={self.parallel!r}: expected one of {PARALLEL}")
+        if not (self.peak_tflops >= 0 and math.isfinite(self.peak_tflops)):
+            raise BadInput(f"train field peak_tflops={self.peak_tflops!r}: expected a finite number >= 0")
         for name in ("steps", "batch_size", "seq_len", "grad_accum", "log_every", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise BadInput(f"train field {name}={getattr(self, name)!r}: expected an integer >= 1")
@@ -179,6 +186,24 @@ def make_run_config(
     if cfg.train.seq_len > model.n_ctx:
         raise BadInput(f"train field seq_len={cfg.train.seq_len} is longer than the context model.n_ctx={model.n_ctx}")
     return cfg
+
+
+# how a run executes, not what it computes (to rounding): a resume may change these with --set
+EXECUTION_FIELDS = ("train.parallel", "train.device", "train.compile", "train.checkpoint_blocks", "train.peak_tflops")
+
+
+def with_execution_overrides(cfg: RunConfig, overrides: Sequence[str]) -> RunConfig:
+    """``cfg`` (a saved run's) with ``--set`` overrides of ``EXECUTION_FIELDS`` only; any other
+    field is refused by name, since a resume continues what the run computes."""
+    train = dataclasses.asdict(cfg.train)
+    for text in overrides:
+        key, value = parse_override(cfg.arch, text, SECTIONS)
+        if key not in EXECUTION_FIELDS:
+            raise BadInput(
+                f"--resume: --set {key} would change what the run computes; only {', '.join(EXECUTION_FIELDS)} may change"
+            )
+        train[key.partition(".")[2]] = value
+    return dataclasses.replace(cfg, train=TrainConfig(**train))
 
 
 def backbone_of(run: str | Path) -> dict:

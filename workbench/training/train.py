@@ -1,9 +1,9 @@
 """One training loop for every architecture.
 
 The loop knows nothing of FBT passes or HD streams: a ``Strategy`` turns a batch into a loss
-(and, for HD, grows the model at stage boundaries). Data parallel runs under ``torchrun``: each
-process takes its rows of the step's global batch and gradients are all-reduced (gloo on CPU,
-NCCL on CUDA), so N processes reach the same weights as one process with the same global batch.
+(and, for HD, grows the model at stage boundaries). Data parallel runs under ``torchrun`` on
+PyTorch's engines (``parallel.py``: DDP or FSDP2): each process takes its rows of the step's
+global batch, so N processes reach the weights of one process accumulating the same rows.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import time
 from collections.abc import Callable
 from contextlib import ExitStack, contextmanager, nullcontext
@@ -36,7 +35,9 @@ from workbench.runtime.tokenizer import CharTokenizer, TokenizerBase, load_token
 from workbench.storage.errors import BadInput, MissingFile, OutputBusy, OutputExists, WorkbenchError
 from workbench.storage.files import atomic_write, link_or_copy, read_json, remove_stale_temps, write_json
 from workbench.storage.outputs import contents, hold, listing
+from workbench.training.flops import peak_flops, train_flops_per_token
 from workbench.training.metrics import read_metrics
+from workbench.training.parallel import Dist, Engine, setup_distributed
 from workbench.training.runconfig import RunConfig, load_run_config
 
 logger = logging.getLogger(__name__)
@@ -62,9 +63,17 @@ class Strategy:
     def __init__(self, cfg: RunConfig):
         self.cfg = cfg
 
+    def grows(self, model: DecoderLM, step: int) -> bool:
+        """Whether ``prepare`` changes the model at ``step``."""
+        return False
+
     def prepare(self, model: DecoderLM, step: int) -> DecoderLM:
         """The model to train at ``step`` (HD returns a grown model at a stage boundary)."""
         return model
+
+    def flops_per_token(self, model: DecoderLM, step: int) -> float:
+        """Training FLOPs per token of ``step`` (``flops.train_flops_per_token``)."""
+        return train_flops_per_token(model, self.cfg.train.seq_len)
 
     def loss(self, model, x: Tensor, y: Tensor, step: int, rows: slice) -> tuple[Tensor, dict]:
         loss = ntp_loss(model(x), y)
@@ -82,6 +91,10 @@ class FBTStrategy(Strategy):
             return 1
         u = torch.rand((), generator=step_generator(train.seed, step, purpose=1))
         return 3 if float(u) < fbt.three_pass_fraction else 2
+
+    def flops_per_token(self, model, step):
+        K = self.passes(step)  # the stack and the readout once per pass, the fusion in passes 2..K
+        return train_flops_per_token(model, self.cfg.train.seq_len, copies=K, readouts=K, fusions=K - 1)
 
     def loss(self, model, x, y, step, rows):
         fbt, train = self.cfg.fbt, self.cfg.train
@@ -109,6 +122,9 @@ class HDStrategy(Strategy):
     """Progressive expansion n = streams[0] -> streams[1] -> ... at ``expand_at`` steps, each by
     cyclic replication of the embedding tables; last-stream or all-stream supervision."""
 
+    def grows(self, model, step):
+        return self.cfg.stage(step) != model.n_streams
+
     def prepare(self, model, step):
         n = self.cfg.stage(step)
         if n == model.n_streams:
@@ -123,6 +139,12 @@ class HDStrategy(Strategy):
         else:
             loss = ntp_loss(model(x), y)
         return loss, {"loss": loss.item(), "n_streams": model.n_streams}
+
+    def flops_per_token(self, model, step):
+        n, T, cfg = model.n_streams, self.cfg.train.seq_len, cast(HDConfig, model.cfg)
+        keys = [n * T if layer in (cfg.cross_layers or ()) else T for layer in range(cfg.n_layers)]  # a window is a mask
+        readouts = n if self.cfg.hd.supervise == "all" else 1
+        return train_flops_per_token(model, T, copies=n, readouts=readouts, keys_per_layer=keys)
 
 
 def make_strategy(cfg: RunConfig) -> Strategy:
@@ -436,44 +458,6 @@ class TrainResult:
     summary: dict
 
 
-@dataclass
-class Dist:
-    rank: int = 0
-    world: int = 1
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-
-def setup_distributed(device_pref: str) -> tuple[Dist, torch.device]:
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    use_cuda = device_pref == "cuda" or (device_pref == "auto" and torch.cuda.is_available())
-    if world > 1:
-        if not dist.is_initialized():
-            dist.init_process_group("nccl" if use_cuda else "gloo")
-        rank = dist.get_rank()
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        device = torch.device(f"cuda:{local}") if use_cuda else torch.device("cpu")
-        return Dist(rank, world), device
-    return Dist(), torch.device("cuda" if use_cuda else device_pref if device_pref != "auto" else "cpu")
-
-
-def all_reduce_grads(model: DecoderLM, world: int) -> None:
-    """Average gradients over processes. Parameters without a gradient (the fusion in a
-    single-pass step) keep none, as in a single process, so AdamW skips them everywhere; every
-    process runs the same pass count, so they agree on which those are."""
-    params = [p for p in model.parameters() if p.grad is not None]
-    flat = torch.cat([cast(Tensor, p.grad).flatten() for p in params])
-    dist.all_reduce(flat)
-    flat /= world
-    offset = 0
-    for p in params:
-        n = p.numel()
-        p.grad = flat[offset : offset + n].view_as(p).clone()
-        offset += n
-
-
 def _mean_across(values: dict, world: int, device) -> dict:
     if world == 1:
         return values
@@ -609,13 +593,15 @@ def _train_loop(
     per_rank = t.batch_size // rank_info.world
     micro = per_rank // t.grad_accum
     strategy = make_strategy(cfg)
-    model.train()
-    if t.compile:
-        for block in model.blocks:
-            block.compile()
     bf16 = (device.type == "cuda" and t.bf16) or (device.type == "cpu" and t.cpu_bf16)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
-    model.checkpoint_blocks = t.checkpoint_blocks
+
+    def new_optimizer(m: DecoderLM) -> torch.optim.AdamW:
+        return make_optimizer(m, cfg)
+
+    engine = Engine(t.parallel, rank_info, device, bf16=bf16, compile=t.compile, checkpoint_blocks=t.checkpoint_blocks)
+    model, step_loss, opt = engine.shard(model, opt, strategy, new_optimizer)
+    peak = peak_flops(device, t.peak_tflops)
     metrics_path = run_dir / "metrics.jsonl"
     if rank_info.main:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -629,18 +615,14 @@ def _train_loop(
         from tqdm.auto import tqdm
 
         bar = tqdm(total=t.steps, initial=start, desc=f"{cfg.arch} {run_dir.name}", unit="step", dynamic_ncols=True)
-    last_log, tokens_since, started = time.perf_counter(), 0, time.perf_counter()
+    last_log, tokens_since, flops_since, started = time.perf_counter(), 0, 0.0, time.perf_counter()
     record: dict = {}
     end = t.steps if stop_after is None else min(t.steps, start + stop_after)
     for step in range(start, end):
-        grown = strategy.prepare(model, step)
-        if grown is not model:
-            opt = carry_optimizer(model, opt, grown, cfg)
-            model = grown.train()
-            model.checkpoint_blocks = t.checkpoint_blocks
-            if t.compile:
-                for block in model.blocks:
-                    block.compile()
+        if strategy.grows(model, step):  # on the unsharded model; the grown one is sharded again
+            plain, plain_opt = engine.gather(model, opt, new_optimizer)
+            grown = strategy.prepare(plain, step)
+            model, step_loss, opt = engine.shard(grown, carry_optimizer(plain, plain_opt, grown, cfg), strategy, new_optimizer)
         lr = lr_at(cfg, step)
         for group in opt.param_groups:
             group["lr"] = lr
@@ -649,13 +631,12 @@ def _train_loop(
         for m in range(t.grad_accum):
             first = rank_info.rank * per_rank + m * micro
             rows = slice(first, first + micro)
-            with autocast:
-                loss, info = strategy.loss(model, x_all[rows].to(device), y_all[rows].to(device), step, rows)
-            (loss / t.grad_accum).backward()
+            with engine.no_sync(step_loss, last_micro=m == t.grad_accum - 1):
+                with autocast:
+                    loss, info = step_loss(x_all[rows].to(device), y_all[rows].to(device), step, rows)
+                (loss / t.grad_accum).backward()
             parts.append(info)
-        if rank_info.world > 1:
-            all_reduce_grads(model, rank_info.world)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip))
+        grad_norm = engine.clip_grad_norm(model, t.grad_clip)
         info = {k: sum(p[k] for p in parts) / len(parts) if isinstance(parts[0][k], float) else parts[0][k] for k in parts[0]}
         info = _mean_across(info, rank_info.world, device)
         if not (math.isfinite(info["loss"]) and math.isfinite(grad_norm)):
@@ -673,6 +654,7 @@ def _train_loop(
         opt.step()
         opt.zero_grad(set_to_none=True)
         tokens_since += t.batch_size * t.seq_len
+        flops_since += strategy.flops_per_token(model, step) * t.batch_size * t.seq_len
         done = step + 1
         if done % t.log_every == 0 or done == t.steps:
             now = time.perf_counter()
@@ -680,11 +662,13 @@ def _train_loop(
                 "step": done,
                 "lr": lr,
                 "grad_norm": grad_norm,
-                "tokens_per_s": tokens_since / (now - last_log),
+                "tokens_per_s": tokens_since / (now - last_log),  # all processes' tokens
+                "tflops_per_s": flops_since / (now - last_log) / 1e12,  # all processes' FLOPs (flops.py)
+                **({"mfu": flops_since / (now - last_log) / (peak * rank_info.world)} if peak else {}),
                 "peak_rss_mib": peak_rss_mib(),
                 **info,
             }
-            last_log, tokens_since = now, 0
+            last_log, tokens_since, flops_since = now, 0, 0.0
             if rank_info.main:
                 with metrics_path.open("a") as f:
                     f.write(json.dumps(record) + "\n")
@@ -694,10 +678,13 @@ def _train_loop(
             bar.update(1)
         if report is not None:
             report(done, t.steps, record if record.get("step") == done else None)
-        if rank_info.main and (done % t.checkpoint_every == 0 or done == t.steps):
-            save_checkpoint(run_dir, model, opt, cfg, done, tokenizer)
+        if done % t.checkpoint_every == 0 or done == t.steps:  # gathered by every process, written by rank 0
+            plain, plain_opt = engine.gather(model, opt, new_optimizer)
+            if rank_info.main:
+                save_checkpoint(run_dir, plain, plain_opt, cfg, done, tokenizer)
     if bar is not None:
         bar.close()
+    model = engine.gather(model, opt, new_optimizer)[0]
     if rank_info.world > 1:
         dist.barrier()
     summary = {
