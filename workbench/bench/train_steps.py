@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from collections.abc import Callable
 
@@ -15,14 +16,19 @@ from workbench.training.train import FBTStrategy
 
 
 def _train_step(model, loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], sizes: dict, seed: int = 0) -> Callable:
-    """One optimiser step on a fixed random batch: ``loss(x, y)``, backward, AdamW."""
+    """One optimiser step on a fixed random batch: ``loss(x, y)``, backward, AdamW; on the model's
+    device, in bf16 autocast on CUDA (as training runs there)."""
+    device = next(model.parameters()).device
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     g = torch.Generator().manual_seed(seed)
-    x = torch.randint(4, 100, (sizes["batch"], sizes["seq"]), generator=g)
-    y = torch.randint(4, 100, (sizes["batch"], sizes["seq"]), generator=g)
+    x = torch.randint(4, 100, (sizes["batch"], sizes["seq"]), generator=g).to(device)
+    y = torch.randint(4, 100, (sizes["batch"], sizes["seq"]), generator=g).to(device)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
 
     def step():
-        loss(x, y).backward()
+        with autocast:
+            value = loss(x, y)
+        value.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
@@ -40,10 +46,10 @@ class _FixedPasses(FBTStrategy):
         return self.fixed
 
 
-def _fbt_train_step(preset: str, sizes: dict, passes: int) -> Callable:
+def _fbt_train_step(preset: str, sizes: dict, passes: int, device: str = "cpu") -> Callable:
     """The training loop's FBT loss with ``passes`` passes."""
     cfg = make_run_config("fbt", preset, "chain", [f"train.batch_size={sizes['batch']}", f"train.seq_len={sizes['seq']}"])
-    model = build_model("fbt", preset)
+    model = build_model("fbt", preset, device=device)
     strategy = _FixedPasses(cfg, passes)
     return _train_step(model, lambda x, y: strategy.loss(model, x, y, 0, slice(0, sizes["batch"]))[0], sizes)
 
@@ -58,9 +64,11 @@ def _plain_train_step(model, sizes: dict, hf: bool = False) -> Callable:
     return _train_step(model, loss, sizes)
 
 
-def _hd_model(preset: str, n: int, dense: bool, seed: int = 0):
+def _hd_model(preset: str, n: int, dense: bool, seed: int = 0, device: str = "cpu"):
     n_layers = PRESETS[preset]["n_layers"]
-    return build_model("hd", preset, seed=seed, n_streams=n, cross_layers=tuple(range(n_layers)) if dense else None)
+    return build_model(
+        "hd", preset, seed=seed, n_streams=n, cross_layers=tuple(range(n_layers)) if dense else None, device=device
+    )
 
 
 def counted_train_flops(loss: Callable[[], torch.Tensor]) -> int:
