@@ -402,9 +402,16 @@ def cmd_probe(args) -> dict:
         overwrite=args.overwrite,
     )
     for row in report["rows"]:
+        mdl = (
+            f"  MDL {row['mdl_bits'] / 1000:.2f} kbit, compression {row['compression']:.2f} (control {row['control_compression']:.2f})"
+            if row.get("mdl_bits") is not None
+            else ""
+        )
+        low = row["rank_sweep"][0] if row.get("rank_sweep") else None
+        rank = f"  rank {low['rank']}: acc {low['accuracy']:.3f} control {low['control_accuracy']:.3f}" if low is not None else ""
         print(
             f"{row['hook']:28s} {row['prefill']:9s} K={str(row['passes']):5s} stream {row['stream']}  "
-            f"acc {row['accuracy']:.3f}  control {row['control_accuracy']:.3f}  chance {row['chance']:.3f}"
+            f"acc {row['accuracy']:.3f}  control {row['control_accuracy']:.3f}  chance {row['chance']:.3f}{mdl}{rank}"
         )
     print(f"figure: {report['figure']}")
     return report
@@ -424,14 +431,17 @@ def cmd_dynamics(args) -> dict:
         n_starts=args.starts,
         max_passes=args.max_passes,
         fp_steps=args.fp_steps,
+        tangents=args.tangents,
     )
     for name, r in report["runs"].items():
         lyap = " ".join(f"T={t}: {v:+.3f}" for t, v in r["lyapunov"].items())
+        tangent = " ".join(f"T={t}: {v[0]:+.3f}" for t, v in r["lyapunov_tangent"].items())
         rho = " ".join(f"{s['spectral_radius']:.2f}" for s in r["spectra"])
         fps = [(len(f["points"]), sum(p["stable"] for p in f["points"])) for f in r["fixed_points"]]
         print(
             f"{name}: {r['horizon']} steps{' (' + r['stopped'] + ')' if r['stopped'] else ''}; "
-            f"final ||h|| {r['per_step']['state_norm'][-1]:.2f}; Lyapunov {lyap}; spectral radius along rollout {rho}; "
+            f"final ||h|| {r['per_step']['state_norm'][-1]:.2f}; Lyapunov (perturbation) {lyap}; "
+            f"leading Lyapunov exponent (tangent) {tangent}; spectral radius along rollout {rho}; "
             f"fixed points (found, stable) {fps}"
         )
     print(f"figures: {', '.join(report['figures'])}")
@@ -659,7 +669,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fixed-points", type=int, default=2, help="rollout steps at which fixed points are sought")
     p.add_argument("--starts", type=int, default=16, help="fixed-point starts per step")
     p.add_argument("--max-passes", type=int, default=8, help="K-pass convergence up to this many passes")
-    p.add_argument("--fp-steps", type=int, default=200, help="fixed-point finder: Adam steps (then half as many L-BFGS)")
+    p.add_argument("--fp-steps", type=int, default=50, help="fixed-point finder: damped Newton iterations per start")
+    p.add_argument("--tangents", type=int, default=4, help="leading Lyapunov exponents from tangent vectors (1..64)")
     p.add_argument("--out", required=True, help="output directory (JSON and figures)")
     p.add_argument("--overwrite", action="store_true", help="replace a previous dynamics study there (never anything else)")
     p.add_argument("--json", dest="json_out", help="also write a pointer JSON here")

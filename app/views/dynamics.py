@@ -37,7 +37,7 @@ with st.expander("Spectra and fixed points"):
     d1, d2, d3 = st.columns(3)
     n_spectra = d1.number_input("Steps with a spectrum", 1, 12, 4, key="dyn_spectra")
     n_starts = d2.number_input("Fixed-point starts", 2, 64, 8, key="dyn_starts")
-    fp_steps = d3.number_input("Fixed-point Adam steps", 20, 1000, 100, key="dyn_fp_steps")
+    fp_steps = d3.number_input("Fixed-point Newton iterations", 2, 500, 50, key="dyn_fp_steps")
 prompt = st.text_area("Prompt", DEFAULT_PROMPT, key="dyn_prompt", height=68)
 if not prompt:
     st.error("The prompt is empty: the rollout continues a prompt.")
@@ -77,9 +77,19 @@ for col, (name, (r, states)) in zip(columns, results.items()):
         st.subheader(name)
         if r["stopped"]:
             st.warning(f"Rollout stopped: {r['stopped']}")
-        lyap = r["lyapunov"]
+        lyap, tangent = r["lyapunov"], r.get("lyapunov_tangent", {})
         for box, (T, value) in zip(st.columns(len(lyap)), lyap.items()):
-            box.metric(f"λ({T})", f"{value:+.3f}", help="finite-time Lyapunov exponent: log growth of a perturbation per step")
+            box.metric(
+                f"λ({T})",
+                f"{tangent[T][0]:+.3f}" if T in tangent else f"{value:+.3f}",
+                delta=f"perturbation {value:+.3f}" if T in tangent else None,
+                delta_color="off",
+                help="leading Lyapunov exponent over T steps from tangent vectors (JVPs, renormalised: no round-off "
+                "floor); below it, the finite-perturbation estimate log(||δh_T|| / ||δh_0||) / T, the nonlinear measure",
+            )
+        if tangent:
+            last = list(tangent)[-1]
+            st.caption(f"leading {len(tangent[last])} exponents at T={last}: " + ", ".join(f"{v:+.3f}" for v in tangent[last]))
         last = r["kpass"]["rows"][-1]
         st.metric(
             f"K-pass relative residual at K={last['passes']}",
@@ -134,15 +144,23 @@ for col, (name, (r, states)) in zip(columns, results.items()):
         )
         layers = traj
         if fps:
-            fp = pd.DataFrame(fps).assign(kind=lambda d: np.where(d["stable"], "stable", "unstable"))
+            fp = pd.DataFrame(fps).rename(columns={"label": "kind"})
             layers = traj + alt.Chart(fp).mark_point(shape="diamond", size=160, filled=True).encode(
                 x="pc1:Q", y="pc2:Q", color=alt.value("red"), shape="kind:N", tooltip=["step", "kind", "spectral_radius"]
             )
         st.altair_chart(layers.properties(height=300), width="stretch")
         for f in r["fixed_points"]:
+            kinds = ", ".join(p.get("label", "stable" if p["stable"] else "unstable") for p in f["points"])
+            missed = f.get("unconverged", {})
             st.caption(
-                f"step {f['step']}: {len(f['points'])} fixed point(s) from {f.get('n_starts', n_starts)} starts"
+                f"step {f['step']}: {len(f['points'])} fixed point(s) ({kinds or 'none'}) from {f.get('n_starts', n_starts)} starts"
                 + (" (path independent)" if f["path_independent"] else "")
+                + (
+                    f"; {missed['n']} start(s) did not converge ({missed['still_improving']} still improving: "
+                    "more iterations may find more)"
+                    if missed.get("n")
+                    else ""
+                )
             )
 
         st.markdown("**K-pass convergence** to the exact recurrence")

@@ -52,9 +52,7 @@ def test_a_contracting_feedback_map_has_one_stable_fixed_point_from_every_start(
     starts = torch.cat(
         [h_prev[None], torch.zeros(1, 32, dtype=torch.float64), 3 * torch.randn(2, 32, dtype=torch.float64, generator=gen)]
     )
-    points, report = find_fixed_points(
-        F, starts, start_kinds=["previous", "zeros", "random", "random"], steps=150, polish_iters=60
-    )
+    points, report = find_fixed_points(F, starts, start_kinds=["previous", "zeros", "random", "random"])
     assert len(points) == 1 and points[0].n_starts == 4 and points[0].stable  # path independent
     with torch.no_grad():
         assert float((F(points[0].state[None])[0] - points[0].state).norm()) < 1e-8
@@ -154,6 +152,8 @@ def test_dynamics_cli_compares_runs_and_writes_figures(tmp_path, capsys):
     r = report["runs"]["fbt0"]
     assert r["horizon"] == 150 and r["slid_at"]  # past n_ctx=128: the window slid
     assert set(r["lyapunov"]) == {"1", "10", "100"} and len(r["spectra"]) == 2
+    assert set(r["lyapunov_tangent"]) == set(r["lyapunov"]) and all(len(v) == 4 for v in r["lyapunov_tangent"].values())
+    assert all(p["label"] in ("stable", "marginal", "saddle", "unstable") for f in r["fixed_points"] for p in f["points"])
     assert len(r["spectra"][0]["eigenvalues"]) == 32 and len(r["kpass"]["rows"]) == 3
     for name in ("rollout", "spectra", "fixed_points", "kpass"):
         assert (tmp_path / "out" / f"{name}.png").is_file()
@@ -170,3 +170,20 @@ def test_fixed_points_share_the_states_pca_coordinates():
     P, points = state_pca(X, [{"step": 3, "points": [{"state": X[7].tolist(), "stable": True, "spectral_radius": 0.5}]}])
     assert P.shape == (50, 2)
     torch.testing.assert_close(torch.tensor([points[0]["pc1"], points[0]["pc2"]], dtype=torch.float64), P[7])
+
+
+def test_tangent_growth_along_a_rollout_is_the_exact_jacobians_volume_growth(fbt64):
+    """With k = D tangent vectors, the QR log-growths of one step sum to log |det J_t| (the volume
+    the step maps a unit cube to), J_t the exact Jacobian (reverse mode, ``jacobian``) of that
+    step's feedback map at the soft state, rebuilt from the prefix alone; the leading one is at
+    most log ||J_t||_2."""
+    prompt, forced = tokens(1, 4)[0].tolist(), tokens(1, 6, seed=3)[0].tolist()
+    D = fbt64.cfg.d_model
+    roll = rollout(fbt64, prompt, 6, tokens=forced, perturb_at=2, tangents=D)
+    assert roll.tangent_log_growth is not None and roll.tangent_log_growth.shape == (4, D)
+    for i, t in enumerate(range(2, 6)):
+        cache, h_prev = prefill_context(fbt64, prompt + forced[:t], plain=len(prompt))
+        J = jacobian(feedback_map(fbt64, cache, forced[t]), h_prev)
+        logdet = float(torch.linalg.slogdet(J).logabsdet)
+        assert abs(float(roll.tangent_log_growth[i].sum()) - logdet) < 1e-8
+        assert float(roll.tangent_log_growth[i, 0]) <= float(torch.linalg.matrix_norm(J, 2).log()) + 1e-10

@@ -14,6 +14,7 @@ from workbench.dynamics.maps import (
     perturbation_growth,
     spectral_norm,
     spectral_radius,
+    tangent_lyapunov,
 )
 
 
@@ -84,3 +85,172 @@ def test_contraction_fixed_point_found_and_outliers_dropped():
     G = lambda h: 2.0 * h + 1.0  # a single, unstable fixed point at -1
     points, report = find_fixed_points(G, torch.tensor([[-0.5], [3.0]], dtype=torch.float64))
     assert [round(float(p.state[0]), 6) for p in points] == [-1.0] and not points[0].stable
+
+
+# ---- fixed points: damped Newton from independent starts -------------------------------------
+
+
+def affine_contraction(D: int, seed: int = 0):
+    """F(h) = A h + b, A non-normal with eigenvalues in [0.05, 0.9]: one stable fixed point
+    (I - A)^-1 b."""
+    gen = torch.Generator().manual_seed(seed)
+    Q = torch.randn(D, D, generator=gen, dtype=torch.float64) / D**0.5 + 2 * torch.eye(D, dtype=torch.float64)
+    A = Q @ torch.diag(torch.linspace(0.9, 0.05, D, dtype=torch.float64)) @ torch.linalg.inv(Q)
+    b = torch.randn(D, generator=gen, dtype=torch.float64)
+    return (lambda h: h @ A.T + b), torch.linalg.solve(torch.eye(D, dtype=torch.float64) - A, b)
+
+
+@pytest.mark.parametrize("D", [128, 512])
+def test_an_affine_contraction_at_width_128_and_512_has_its_one_fixed_point_found_from_every_start(D):
+    F, want = affine_contraction(D)
+    starts = torch.randn(8, D, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 3
+    points, report = find_fixed_points(F, starts)
+    assert report["n_converged"] == 8 and len(points) == 1 and points[0].n_starts == 8
+    assert points[0].label == "stable" and abs(points[0].spectral_radius - 0.9) < 1e-6
+    torch.testing.assert_close(points[0].state, want, atol=1e-9, rtol=0)
+
+
+def cubic_2d(h):
+    """x + 0.3 (x - x^3) in each coordinate: fixed points {-1, 0, 1}^2, F'(+-1) = 0.4, F'(0) = 1.3."""
+    return h + 0.3 * (h - h**3)
+
+
+def expected_cubic_label(x: float, y: float) -> str:
+    outside = [abs(c) < 0.5 for c in (x, y)]  # the 0 coordinate has |F'| = 1.3
+    return "unstable" if all(outside) else "saddle" if any(outside) else "stable"
+
+
+def test_the_2d_cubic_map_has_all_9_fixed_points_found_and_labelled():
+    grid = torch.linspace(-1.6, 1.6, 7, dtype=torch.float64)
+    starts = torch.cartesian_prod(grid, grid)
+    points, report = find_fixed_points(cubic_2d, starts)
+    found = {(round(float(p.state[0]), 9), round(float(p.state[1]), 9)): p.label for p in points}
+    want = {(float(x), float(y)): expected_cubic_label(x, y) for x in (-1, 0, 1) for y in (-1, 0, 1)}
+    assert found == want
+    assert report["n_converged"] == sum(p.n_starts for p in points)
+
+
+def test_starts_are_solved_independently():
+    """The same points and the same convergence whether a start is solved alone or with 48 others
+    (one shared optimiser used to couple them)."""
+    grid = torch.linspace(-1.6, 1.6, 7, dtype=torch.float64)
+    starts = torch.cartesian_prod(grid, grid)
+    together, _ = find_fixed_points(cubic_2d, starts)
+    alone = [find_fixed_points(cubic_2d, s[None])[0] for s in starts]
+    assert sum(len(a) for a in alone) == sum(p.n_starts for p in together)
+    for a in alone:
+        assert any(torch.allclose(a[0].state, p.state, atol=1e-10, rtol=0) for p in together)
+
+
+def tanh_root(w: float) -> float:
+    """The positive root of h = tanh(w h), w > 1, by bisection."""
+    lo, hi = 1e-6, 1.0
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if math.tanh(w * mid) > mid else (lo, mid)
+    return (lo + hi) / 2
+
+
+def test_a_tanh_rnn_has_its_known_fixed_points_and_labels():
+    """F(h) = tanh(W h), W = diag(2, 2, 0.5): coordinates 1, 2 in {-r, 0, r} with r = tanh(2 r) and
+    coordinate 3 = 0: 9 points; F' = 2 (1 - r^2) ~ 0.17 at +-r, 2 at 0, and 0.5 in coordinate 3."""
+    W = torch.diag(torch.tensor([2.0, 2.0, 0.5], dtype=torch.float64))
+    F = lambda h: torch.tanh(h @ W.T)
+    r = tanh_root(2.0)
+    starts = torch.randn(64, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    points, _ = find_fixed_points(F, starts)
+    found = {tuple(round(float(c), 8) for c in p.state): p.label for p in points}
+    want = {}
+    for x in (-r, 0.0, r):
+        for y in (-r, 0.0, r):
+            want[(round(x, 8), round(y, 8), 0.0)] = "stable" if x and y else "saddle"
+    assert found == want
+    stable = [p for p in points if p.label == "stable"]
+    assert all(abs(p.spectral_radius - 0.5) < 1e-9 for p in stable)  # coordinate 3's 0.5 dominates 2 (1 - r^2)
+
+
+@pytest.mark.parametrize(
+    "F,D,closest",
+    [
+        (lambda h: h + 0.5 * torch.exp(-h.pow(2).sum(-1, keepdim=True)), 2, 0.0),  # the residual vanishes only at infinity
+        (lambda h: h + 0.1 * (h**2 + 1e-7), 1, 1e-8),  # a near-ghost: a fold that just missed, min residual 1e-8 at 0
+    ],
+    ids=["vanishing-at-infinity", "near-ghost"],
+)
+def test_maps_without_fixed_points_report_none(F, D, closest):
+    """Far out, h + 0.5 exp(-|h|^2) rounds to h exactly: F(h) - h = 0 there without a root, and
+    such points (J - I rounds to 0 too) are refused. The ghost's residual never falls below its
+    gap, 1e-8, which the absolute tolerance (~1e-11 x the map's step) does not forgive."""
+    starts = torch.randn(16, D, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    points, report = find_fixed_points(F, starts)
+    assert points == [] and report["n_converged"] == 0 and report["unconverged"]["n"] == 16
+    assert report["unconverged"]["residual_quantiles"][0] >= closest * (1 - 1e-6)
+
+
+def test_a_marginal_fixed_point_is_labelled_marginal():
+    """F(h) = h - h^3: F'(0) = 1, the point is neither stable nor unstable. The residual -h^3 has a
+    triple root, which Newton approaches linearly and resolves only to ~tolerance^(1/3): ~1e-4."""
+    F = lambda h: h - h**3
+    points, _ = find_fixed_points(F, torch.tensor([[0.5], [-0.3]], dtype=torch.float64), max_iter=200)
+    assert len(points) == 1 and points[0].label == "marginal" and not points[0].stable
+    assert abs(float(points[0].state[0])) < 1e-4
+
+
+def test_the_report_tells_a_small_budget_from_no_fixed_point():
+    """Stopped early, the starts are still improving (more iterations would converge); given the
+    budget, they converge."""
+    W = torch.diag(torch.tensor([2.0, 2.0, 0.5], dtype=torch.float64))
+    F = lambda h: torch.tanh(h @ W.T)
+    starts = torch.randn(8, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 3
+    _, short = find_fixed_points(F, starts, max_iter=2)
+    assert short["n_converged"] < 8 and short["unconverged"]["still_improving"] > 0
+    _, full = find_fixed_points(F, starts)
+    assert full["n_converged"] == 8 and full["unconverged"]["n"] == 0
+
+
+# ---- Lyapunov exponents from tangent vectors ---------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_tangent_lyapunov_of_a_uniform_contraction_has_no_round_off_floor(dtype):
+    """F(h) = 0.5 h + 1: lambda = log 0.5 = -0.693 at every T. Differencing two trajectories
+    reaches round-off within tens of steps (the difference becomes exactly 0: lambda = -inf);
+    tangent vectors never subtract nearby states."""
+    F = lambda h: 0.5 * h + 1.0
+    h0 = torch.zeros(4, dtype=dtype)
+    lam = tangent_lyapunov(F, h0, steps=200, k=2)
+    assert torch.allclose(lam, torch.full_like(lam, math.log(0.5)), atol=1e-6, rtol=0)
+    floor = lyapunov_from_growth(perturbation_growth(F, h0, steps=60))
+    assert math.isinf(float(floor[-1]))  # the finite-perturbation estimate's floor, in fp32 and fp64
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_tangent_lyapunov_of_a_non_normal_contraction(dtype):
+    """A = [[0.5, 10], [0, 0.25]]: exponents log 0.5 and log 0.25; the transient (the eigenvector
+    basis's condition, ~40) fades as log(40) / T: < 0.01 at T = 1000."""
+    A = torch.tensor([[0.5, 10.0], [0.0, 0.25]], dtype=dtype)
+    lam = tangent_lyapunov(lambda h: h @ A.T, torch.ones(2, dtype=dtype), steps=1000, k=2)
+    assert abs(float(lam[-1, 0]) - math.log(0.5)) < 0.01 and abs(float(lam[-1, 1]) - math.log(0.25)) < 0.01
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_tangent_lyapunov_with_a_complex_dominant_pair(dtype):
+    """A rotation by 0.7 rad scaled by 0.95, and 0.2 on the third axis, conjugated by a random
+    matrix (non-normal): exponents log 0.95 (twice: the pair) and log 0.2."""
+    r, theta = 0.95, 0.7
+    block = torch.tensor(
+        [[r * math.cos(theta), -r * math.sin(theta), 0.0], [r * math.sin(theta), r * math.cos(theta), 0.0], [0.0, 0.0, 0.2]],
+        dtype=torch.float64,
+    )
+    S = torch.randn(3, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64) + 2 * torch.eye(3, dtype=torch.float64)
+    A = (S @ block @ torch.linalg.inv(S)).to(dtype)
+    lam = tangent_lyapunov(lambda h: h @ A.T, torch.ones(3, dtype=dtype), steps=2000, k=3)
+    want = [math.log(r), math.log(r), math.log(0.2)]
+    assert all(abs(float(a) - b) < 0.01 for a, b in zip(lam[-1], want)), lam[-1]
+
+
+def test_tangent_lyapunov_of_a_nonlinear_map_at_its_stable_point():
+    """Along a trajectory that settles on the stable fixed point 1 of x + 0.3 (x - x^3), the
+    exponent tends to log F'(1) = log 0.4."""
+    lam = tangent_lyapunov(cubic_2d, torch.tensor([0.7, 1.4], dtype=torch.float64), steps=2000, k=2)
+    assert abs(float(lam[-1, 0]) - math.log(0.4)) < 0.01 and abs(float(lam[-1, 1]) - math.log(0.4)) < 0.01

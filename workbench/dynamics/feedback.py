@@ -22,9 +22,11 @@ from typing import cast
 
 import torch
 from torch import Tensor
+from torch.func import jvp
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from models import DecoderLM, FullBandwidthLM, NonFiniteActivation, guard_numerics
+from workbench.dynamics.maps import tangent_basis, tangent_qr
 from workbench.runtime.activations import ActivationRecorder
 from workbench.runtime.decoding import check_passes, guarded, model_check
 from workbench.storage.errors import BadInput, WorkbenchError
@@ -89,6 +91,8 @@ class Rollout:
     logit_entropy: Tensor  # [steps] entropy of the next-token distribution, in nats
     standard_distance: Tensor  # [steps] ||h_t - h_t(standard)|| on the same tokens
     perturbation_ratio: Tensor | None  # [steps - t0] ||dh_t|| / ||dh_t0|| when perturbed
+    # [steps - t0, k] log-growth of k tangent directions per step (Benettin, QR), with ``tangents``
+    tangent_log_growth: Tensor | None = None
     slid_at: list[int] = field(default_factory=list)  # steps at which the window slid
     stopped: str | None = None  # why the rollout ended early, if it did
 
@@ -109,10 +113,15 @@ def rollout(
     eps: float = 1e-3,
     context_rule: str = "slide",
     seed: int = 0,
+    tangents: int = 0,
 ) -> Rollout:
     """``soft`` decoding of ``horizon`` steps after ``prompt`` (greedy, or teacher-forced on
     ``tokens``), next to a ``standard`` rollout on the same tokens and, with ``perturb_at``, a
-    perturbed copy of the carried state at that step. A non-finite activation (a norm input, a
+    perturbed copy of the carried state at that step. With ``tangents`` = k, k tangent vectors of
+    the soft rollout's state are pushed through each step's feedback map F_t by JVPs from that
+    step (or step 0) on and re-orthonormalised (``workbench.dynamics.maps.tangent_qr``): the
+    cumulative mean of their log-growth is the k leading Lyapunov exponents along the rollout,
+    with no round-off floor. A non-finite activation (a norm input, a
     logit, the carried state that ``ln_final`` makes) raises ``RolloutDiverged`` naming the step
     and the site."""
     feedback_model(model)
@@ -135,7 +144,9 @@ def rollout(
     cache = model.make_cache()
     fuse = torch.tensor([[True], [False], [True]][:n], device=device)
     out = {k: [] for k in ("state", "input", "gate_mean", "gate_entropy", "logit_entropy", "standard", "ratio")}
-    fed, slid, stopped, d0, kept = [], [], None, None, []
+    fed, slid, stopped, d0, kept, growth = [], [], None, None, [], []
+    t0 = perturb_at or 0
+    Q = tangent_basis(model.cfg.d_model, tangents, model.embed.W_E.dtype, device, seed) if tangents else None
     names = ["blocks.0.hook_resid_pre"] + (["fusion.hook_gate"] if model.fusion.W_G is not None else [])
     step = nxt = None  # where a non-finite activation arose: the prefill, or a step (and its token)
     try:
@@ -160,6 +171,14 @@ def rollout(
                     h[2] = h[0] + eps * delta / delta.norm()
                     cache.state = h
                     d0 = float((h[2] - h[0]).norm())
+                if Q is not None and step >= t0:  # J_t q for each tangent q, on the soft row (rows are independent)
+                    F, JQ = feedback_map(model, cache, nxt), []
+                    for q in Q:
+                        tangent = torch.zeros_like(h)
+                        tangent[0] = q
+                        JQ.append(jvp(F, (h,), (tangent,))[1][0])
+                    Q, logs = tangent_qr(torch.stack(JQ))
+                    growth.append(logs.double().cpu())
                 with ActivationRecorder(model, names) as rec:
                     h = model.final_states(torch.full((n, 1), nxt, device=device), fuse_mask=fuse, cache=cache)[:, -1]
                 u = rec.calls("blocks.0.hook_resid_pre")[-1].value[0, -1]
@@ -192,6 +211,7 @@ def rollout(
         t("logit_entropy"),
         t("standard"),
         t("ratio") if d0 is not None else None,
+        torch.stack(growth) if growth else None,
         slid,
         stopped,
     )

@@ -1,7 +1,7 @@
 """Analyses of a map F: R^D -> R^D given as a batched function ``F(h: [batch, D]) -> [batch, D]``:
 Jacobian spectra (power iteration on JVP/VJP, exact eigenvalues for small D, Hutchinson Frobenius
-norm), fixed points (minimise 0.5 ||F(h) - h||^2 from many starts, deduplicate, classify), and
-finite-time Lyapunov estimates. Nothing here knows about transformers: the FBT feedback map is one
+norm), fixed points (damped Newton with the exact Jacobian from many independent starts,
+deduplicate, classify), and Lyapunov exponents (tangent vectors, and finite perturbations). Nothing here knows about transformers: the FBT feedback map is one
 such F (``workbench.dynamics.feedback``), and the tests use maps with known answers.
 """
 
@@ -114,6 +114,38 @@ def lyapunov_from_growth(ratios: Tensor) -> Tensor:
     return ratios.double().log() / steps
 
 
+def tangent_qr(JQ: Tensor) -> tuple[Tensor, Tensor]:
+    """One Benettin step: the propagated tangent vectors JQ [k, D] (rows) re-orthonormalised by QR;
+    returns the new orthonormal rows [k, D] and log |R_ii| [k] (the growth of each direction)."""
+    Q, R = torch.linalg.qr(JQ.T)
+    return Q.T, torch.diagonal(R).abs().log()
+
+
+def tangent_basis(D: int, k: int, dtype: torch.dtype, device=None, seed: int = 0) -> Tensor:
+    """k random orthonormal tangent vectors [k, D] to start the Benettin iteration from."""
+    v = torch.randn(D, k, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return torch.linalg.qr(v)[0].T.to(dtype=dtype, device=device)
+
+
+def tangent_lyapunov(F: Map, h0: Tensor, steps: int, k: int = 1, seed: int = 0) -> Tensor:
+    """The k leading Lyapunov exponents of the trajectory h_{t+1} = F(h_t) from h0, by Benettin's
+    method: k tangent vectors pushed forward with JVPs (exact J_t v, never formed) and
+    re-orthonormalised by QR every step; lambda_i(T) = (1/T) sum_{t<T} log |R_ii(t)|. Returns
+    [steps, k]: row T-1 holds lambda_1..k(T). Unlike differencing two trajectories
+    (``perturbation_growth``), nothing here subtracts nearby states, so there is no round-off floor:
+    a contraction by 0.5 per step reads log 0.5 at every T, in fp32 as in fp64."""
+    D = h0.numel()
+    Q = tangent_basis(D, k, h0.dtype, h0.device, seed)
+    h = h0.detach()[None]
+    logs = torch.zeros(steps, k, dtype=torch.float64)
+    for t in range(steps):
+        h_next, JQ = jvp(F, (h.expand(k, D).clone(),), (Q,))[:2]
+        Q, growth = tangent_qr(JQ.detach())
+        logs[t] = growth.double()
+        h = h_next[:1].detach()
+    return logs.cumsum(0) / torch.arange(1, steps + 1, dtype=torch.float64)[:, None]
+
+
 def perturbation_growth(F: Map, h0: Tensor, steps: int, eps: float = 1e-4, seed: int = 0) -> Tensor:
     """||F^t(h0 + d) - F^t(h0)|| / ||d|| for t = 1..steps, for an autonomous map (a fixed token
     and context). Model rollouts, whose tokens change, use ``workbench.dynamics.feedback``."""
@@ -128,15 +160,46 @@ def perturbation_growth(F: Map, h0: Tensor, steps: int, eps: float = 1e-4, seed:
     return torch.tensor(out, dtype=torch.float64)
 
 
+LABELS = ("stable", "marginal", "saddle", "unstable")
+
+
 @dataclass
 class FixedPoint:
     state: Tensor  # [D]
     residual: float  # ||F(h*) - h*||
     eigenvalues: Tensor  # complex, by decreasing modulus (empty when D is too large to compute)
     spectral_radius: float
-    stable: bool  # spectral radius < 1
+    stable: bool  # label == "stable"
     n_starts: int  # how many starts converged here
     start_kinds: list[str] = field(default_factory=list)
+    # stable: spectral radius < 1 - marginal_tol; marginal: within marginal_tol of 1; saddle: some
+    # |eigenvalue| above 1 + marginal_tol and some below 1 - marginal_tol; unstable: the rest
+    # (every |eigenvalue| >= 1 - marginal_tol, or the eigenvalues were not computed)
+    label: str = "stable"
+
+
+def batched_jacobians(F: Map, h: Tensor, max_rows: int = 8192) -> Tensor:
+    """dF/dh [n, D, D] at every state of h [n, D], exactly: ``jacobian``'s one batched forward and
+    backward for several states at once (D rows per state, at most ``max_rows`` rows per call)."""
+    n, D = h.shape
+    per_call = max(1, max_rows // D)
+    out = []
+    for chunk in h.detach().split(per_call):
+        m = len(chunk)
+        H = chunk[:, None, :].expand(m, D, D).reshape(m * D, D).clone().requires_grad_(True)
+        with torch.enable_grad():
+            Y = F(H).reshape(m, D, D)
+            (J,) = torch.autograd.grad(torch.diagonal(Y, dim1=1, dim2=2).sum(), H)
+        out.append(J.reshape(m, D, D))
+    return torch.cat(out)
+
+
+def _residual_tolerances(dtype: torch.dtype) -> tuple[float, float]:
+    """(rtol on the residual relative to the map's typical step, xtol on the last Newton step
+    relative to 1 + ||h||): about eps^(2/3) and eps^(1/3), what a quadratically converging
+    iteration reaches with room to spare."""
+    eps = torch.finfo(dtype).eps
+    return 10 * eps ** (2 / 3), 10 * eps ** (1 / 3)
 
 
 def find_fixed_points(
@@ -144,47 +207,93 @@ def find_fixed_points(
     starts: Tensor,
     *,
     start_kinds: list[str] | None = None,
-    steps: int = 500,
-    lr: float = 0.05,
-    tol: float = 1e-6,
+    max_iter: int = 100,
+    rtol: float | None = None,
+    xtol: float | None = None,
     dedup: float = 1e-3,
-    polish_iters: int = 200,
+    marginal_tol: float = 1e-3,
     exact_eig_max_dim: int = 512,
+    max_rows: int = 8192,
 ) -> tuple[list[FixedPoint], dict]:
-    """Minimise 0.5 ||F(h) - h||^2 jointly from every start [n, D] (Adam, then keep the runs whose
-    residual relative to ||h|| is below ``tol``), merge points closer than ``dedup`` (relative),
-    and classify each by the eigenvalues of dF/dh. Runs that did not converge (outliers, escapes
-    to infinity) are counted in the report, never returned as fixed points."""
+    """Fixed points h* = F(h*) from every start [n, D], each solved on its own (batched; nothing
+    is shared between starts) by Levenberg-Marquardt, a damped Newton iteration on the residual
+    r(h) = F(h) - h with the exact Jacobian: step = -(J_r^T J_r + mu I)^-1 J_r^T r, mu divided by
+    10 after a step that lowers ||r|| and multiplied by 10 (step rejected) after one that does
+    not, so it is Newton near a root and gradient descent far from one.
+
+    A start converged when ||r|| <= rtol x the map's typical step (the median ||F(h0) - h0|| over
+    the starts: an absolute tolerance in the map's own units) and the undamped Newton step there is
+    <= xtol x (1 + ||h||): a residual that only vanishes at infinity or a near-miss of a fold
+    (a ghost) leaves Newton steps that do not shrink. Converged points closer than ``dedup``
+    (relative) merge; each is labelled from the eigenvalues of dF/dh (``FixedPoint.label``).
+    The report says, for the starts that did not converge, how far they got (their residuals)
+    and how many were still improving at the end (a larger ``max_iter`` may find more) or had
+    stalled (no fixed point within reach of them)."""
     kinds = start_kinds or ["given"] * len(starts)
-    h = starts.detach().clone().requires_grad_(True)
-
-    def objective() -> Tensor:
-        return 0.5 * (F(h) - h).pow(2).sum()  # the starts are independent: a sum of their losses
-
-    # Adam with a decaying step finds the basin from far starts; L-BFGS then polishes to tolerance
-    adam = torch.optim.Adam([h], lr=lr)
-    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(adam, steps, eta_min=lr * 1e-3)
-    for _ in range(steps):
-        adam.zero_grad()
-        objective().backward()
-        adam.step()
-        schedule.step()
-    lbfgs = torch.optim.LBFGS(
-        [h], lr=1.0, max_iter=polish_iters, tolerance_grad=1e-14, tolerance_change=1e-16, line_search_fn="strong_wolfe"
-    )
-
-    def closure() -> Tensor:
-        lbfgs.zero_grad()
-        loss = objective()
-        loss.backward()
-        return loss
-
-    lbfgs.step(closure)
-    h = h.detach()
+    default_rtol, default_xtol = _residual_tolerances(starts.dtype)
+    rtol, xtol = rtol or default_rtol, xtol or default_xtol
+    h = starts.detach().clone()
+    n, D = h.shape
+    eye = torch.eye(D, dtype=h.dtype, device=h.device)
     with torch.no_grad():
-        residual = (F(h) - h).norm(dim=-1)
-        scale = h.norm(dim=-1).clamp(min=1.0)
-    converged = (residual / scale < tol) & torch.isfinite(residual)
+        r = F(h) - h
+    norm = r.norm(dim=-1)
+    finite = torch.isfinite(norm)
+    typical = float(norm[finite].median()) if finite.any() else 0.0
+    atol = rtol * max(typical, float(torch.finfo(h.dtype).eps))
+    mu = torch.full((n,), 1e-3, dtype=h.dtype, device=h.device)
+    history = [norm.clone()]
+    last_step = torch.full((n,), float("inf"), dtype=h.dtype, device=h.device)
+
+    def settled() -> Tensor:  # a small residual and a small last step (a fading residual keeps stepping)
+        return (norm <= atol) & (last_step <= xtol * (1 + h.norm(dim=-1)))
+
+    active = finite & ~settled()
+    for _ in range(max_iter):
+        idx = torch.nonzero(active).flatten()
+        if not len(idx):
+            break
+        Jr = batched_jacobians(F, h[idx], max_rows) - eye
+        JtJ, Jtr = Jr.transpose(1, 2) @ Jr, (Jr.transpose(1, 2) @ r[idx, :, None])[..., 0]
+        # damping relative to J_r's own scale (Marquardt), so it stays Newton near a singular root
+        scale = (torch.diagonal(JtJ, dim1=1, dim2=2).mean(-1)).clamp(min=torch.finfo(h.dtype).tiny)
+        step = -torch.linalg.solve(JtJ + (mu[idx] * scale)[:, None, None] * eye, Jtr)
+        trial = h[idx] + step
+        with torch.no_grad():
+            r_trial = F(trial) - trial
+        n_trial = r_trial.norm(dim=-1)
+        better = torch.isfinite(n_trial) & ((n_trial < norm[idx]) | (n_trial == 0))
+        accept = idx[better]
+        h[accept], r[accept], norm[accept] = trial[better], r_trial[better], n_trial[better]
+        last_step[accept] = step[better].norm(dim=-1)
+        mu[accept] = (mu[accept] / 10).clamp(min=1e-15)
+        mu[idx[~better]] *= 10
+        history.append(norm.clone())
+        stuck = idx[~better][mu[idx[~better]] > 1e15]  # no descent direction left at any damping
+        active[stuck] = False
+        active &= ~settled()
+    # the undamped Newton step at each final point (least squares where J_r is singular): its size
+    # tells a root from a residual that fades without one; taken where it helps, it polishes the
+    # point to round-off, so a point does not depend on the tolerance its batch of starts set
+    newton = torch.full((n,), float("inf"), dtype=h.dtype, device=h.device)
+    flat_at = torch.zeros(n, dtype=torch.bool, device=h.device)
+    small = torch.nonzero(torch.isfinite(norm) & (norm <= atol)).flatten()
+    if len(small):
+        J = batched_jacobians(F, h[small], max_rows)
+        Jr = J - eye
+        step = torch.linalg.lstsq(Jr, -r[small, :, None]).solution[..., 0]
+        # where F is the identity to working precision (J - I rounds to 0), F(h) - h rounds to 0 too
+        # whether or not a root is there (h + 0.5 exp(-|h|^2) far out): nothing can be resolved
+        flat = Jr.abs().amax((1, 2)) <= 4 * torch.finfo(h.dtype).eps * J.abs().amax((1, 2))
+        newton[small] = torch.where(flat, float("inf"), step.norm(dim=-1))
+        flat_at[small] = flat
+        converged_here = newton[small] <= xtol * (1 + h[small].norm(dim=-1))
+        with torch.no_grad():
+            polished = h[small] + step
+            n_polished = (F(polished) - polished).norm(dim=-1)
+        better = converged_here & torch.isfinite(n_polished) & (n_polished < norm[small])
+        h[small[better]], norm[small[better]] = polished[better], n_polished[better]
+    converged = torch.isfinite(norm) & (norm <= atol) & (newton <= xtol * (1 + h.norm(dim=-1)))
     points: list[FixedPoint] = []
     for i in torch.nonzero(converged).flatten().tolist():
         for p in points:
@@ -193,13 +302,44 @@ def find_fixed_points(
                 p.start_kinds.append(kinds[i])
                 break
         else:
-            ev = eigenvalues(F, h[i]) if h.shape[-1] <= exact_eig_max_dim else torch.empty(0, dtype=torch.complex128)
+            ev = eigenvalues(F, h[i]) if D <= exact_eig_max_dim else torch.empty(0, dtype=torch.complex128)
             rho = float(ev.abs().max()) if len(ev) else spectral_radius(F, h[i])
-            points.append(FixedPoint(h[i].clone(), float(residual[i]), ev, rho, rho < 1.0, 1, [kinds[i]]))
+            label = fixed_point_label(ev, rho, marginal_tol)
+            points.append(FixedPoint(h[i].clone(), float(norm[i]), ev, rho, label == "stable", 1, [kinds[i]], label))
+    missed = ~converged
+    tail = history[max(0, len(history) - 1 - max(1, len(history) // 10))]  # the residuals a tenth of the budget ago
+    improving = missed & torch.isfinite(norm) & (norm < 0.5 * tail)
+    residuals = norm[missed]
     report = {
-        "n_starts": len(starts),
+        "n_starts": n,
         "n_converged": int(converged.sum()),
         "n_fixed_points": len(points),
-        "max_residual_unconverged": float(residual[~converged].max()) if (~converged).any() else 0.0,
+        "iterations": len(history) - 1,
+        "atol": atol,
+        "typical_step": typical,
+        "unconverged": {
+            "n": int(missed.sum()),
+            "still_improving": int(improving.sum()),
+            "flat": int((missed & flat_at).sum()),  # ended where F is the identity to working precision
+            "residual_quantiles": [
+                float(q)
+                for q in residuals.nan_to_num(float("inf")).quantile(torch.tensor([0.0, 0.5, 1.0], dtype=residuals.dtype))
+            ]
+            if len(residuals)
+            else [],
+        },
+        "max_residual_unconverged": float(residuals.max()) if len(residuals) else 0.0,
     }
     return points, report
+
+
+def fixed_point_label(ev: Tensor, rho: float, marginal_tol: float = 1e-3) -> str:
+    """``FixedPoint.label`` from the eigenvalues ``ev`` of dF/dh (empty: unknown) and the spectral
+    radius ``rho``."""
+    if abs(rho - 1) <= marginal_tol:
+        return "marginal"
+    if rho < 1:
+        return "stable"
+    if len(ev) and float(ev.abs().min()) < 1 - marginal_tol:
+        return "saddle"
+    return "unstable"

@@ -30,7 +30,8 @@ def check_params(
     n_fixed: int = 2,
     n_starts: int = 16,
     max_passes: int = 8,
-    fp_steps: int = 200,
+    fp_steps: int = 50,
+    tangents: int = 4,
     **_,
 ) -> None:
     """Reject settings the analyses cannot use, naming each, before any work (or output) starts."""
@@ -42,6 +43,7 @@ def check_params(
         ("starts", n_starts, 2 <= n_starts <= 4096, "2..4096 (the previous state and zeros come first)"),
         ("max_passes", max_passes, 2 <= max_passes <= 256, "2..256"),
         ("fp_steps", fp_steps, 2 <= fp_steps <= 100_000, "2..100,000"),
+        ("tangents", tangents, 1 <= tangents <= 64, "1..64 leading exponents"),
     ]
     for name, value, ok, expected in rules:
         if not ok:
@@ -69,7 +71,8 @@ def analyse_run(
     n_fixed: int = 2,
     n_starts: int = 16,
     max_passes: int = 8,
-    fp_steps: int = 200,
+    fp_steps: int = 50,
+    tangents: int = 4,
     seed: int = 0,
 ) -> DynamicsResult:
     """Every feedback-map analysis of the FBT run in ``run_dir`` (see ``dynamics_study``)."""
@@ -81,6 +84,7 @@ def analyse_run(
         n_starts=n_starts,
         max_passes=max_passes,
         fp_steps=fp_steps,
+        tangents=tangents,
     )
     from workbench.runtime.decoding import check_passes
 
@@ -98,10 +102,11 @@ def analyse_run(
                 f"in the checkpoint's own dtype ({str(model.embed.W_E.dtype).removeprefix('torch.')}): {err}"
             ) from err
     model = model.double()
-    roll = rollout(model, ids, horizon, perturb_at=perturb_at, seed=seed)
-    ratios = roll.perturbation_ratio
-    assert ratios is not None  # perturb_at is set, so the rollout measured the perturbation
+    roll = rollout(model, ids, horizon, perturb_at=perturb_at, seed=seed, tangents=min(tangents, model.cfg.d_model))
+    ratios, growth = roll.perturbation_ratio, roll.tangent_log_growth
+    assert ratios is not None and growth is not None  # perturb_at and tangents are set
     lyap = lyapunov_from_growth(ratios)
+    tangent = growth.cumsum(0) / torch.arange(1, len(growth) + 1, dtype=torch.float64)[:, None]  # [T, k]
     horizons = [T for T in (1, 10, 100, 1000, 10_000) if T <= len(lyap)]
     # spectra (and fixed points) at steps whose context fits the window without sliding
     reach = min(len(roll.tokens), model.cfg.n_ctx - len(ids) - 1)
@@ -131,7 +136,7 @@ def analyse_run(
                 ]
             )
             kinds = ["previous", "zeros"] + ["near-rollout"] * (n_starts - 2)
-            points, report = find_fixed_points(F, starts, start_kinds=kinds, steps=fp_steps, polish_iters=fp_steps // 2)
+            points, report = find_fixed_points(F, starts, start_kinds=kinds, max_iter=fp_steps)
             fixed.append(
                 {
                     "step": t,
@@ -141,6 +146,7 @@ def analyse_run(
                             "residual": p.residual,
                             "spectral_radius": p.spectral_radius,
                             "stable": p.stable,
+                            "label": p.label,
                             "n_starts": p.n_starts,
                             "start_kinds": sorted(set(p.start_kinds)),
                             "distance_to_rollout_state": float((p.state - h_prev).norm()),
@@ -167,9 +173,11 @@ def analyse_run(
             "logit_entropy": roll.logit_entropy.tolist(),
             "standard_distance": roll.standard_distance.tolist(),
             "perturbation_ratio": ratios.tolist(),
+            "tangent_log_growth": growth[:, 0].tolist(),  # the leading direction's log-growth per step
         },
         "perturb_at": perturb_at,
-        "lyapunov": {str(T): float(lyap[T - 1]) for T in horizons},
+        "lyapunov": {str(T): float(lyap[T - 1]) for T in horizons},  # finite perturbation (nonlinear; has a floor)
+        "lyapunov_tangent": {str(T): tangent[T - 1].tolist() for T in horizons},  # k leading exponents, no floor
         "spectra": spectra,
         "fixed_points": fixed,
         "kpass": conv,
@@ -178,6 +186,7 @@ def analyse_run(
 
 
 FIGURES = ("rollout.png", "spectra.png", "fixed_points.png", "kpass.png")
+FIXED_POINT_MARKERS = {"stable": ("*", "red"), "marginal": ("D", "orange"), "saddle": ("x", "black"), "unstable": ("+", "black")}
 
 
 def dynamics_study(runs: list[str], out_dir: str | Path, *, overwrite: bool = False, **kwargs) -> dict:
@@ -219,6 +228,7 @@ def state_pca(states: torch.Tensor, fixed_points: list[dict]) -> tuple[torch.Ten
                     "pc1": float(q[0]),
                     "pc2": float(q[1]),
                     "stable": p["stable"],
+                    "label": p.get("label", "stable" if p["stable"] else "unstable"),  # studies before labels
                     "spectral_radius": p["spectral_radius"],
                 }
             )
@@ -234,14 +244,14 @@ def plot_dynamics(results: dict, states: dict, out_dir: Path) -> list[str]:
     for name, r in results.items():
         axes[0].plot(r["per_step"]["state_norm"], label=f"{name} ||h||")
         axes[0].plot(r["per_step"]["input_norm"], ls=":", label=f"{name} ||u||")
-        axes[1].semilogy(
-            range(r["perturb_at"], r["perturb_at"] + len(r["per_step"]["perturbation_ratio"])),
-            r["per_step"]["perturbation_ratio"],
-            label=name,
-        )
+        steps = range(r["perturb_at"], r["perturb_at"] + len(r["per_step"]["perturbation_ratio"]))
+        line = axes[1].semilogy(steps, r["per_step"]["perturbation_ratio"], label=f"{name} perturbation")[0]
+        if "tangent_log_growth" in r["per_step"]:  # the linearised growth: exp of the summed log-growth
+            tangent = torch.tensor(r["per_step"]["tangent_log_growth"]).cumsum(0).exp()
+            axes[1].semilogy(steps[: len(tangent)], tangent, ls=":", color=line.get_color(), label=f"{name} tangent")
         axes[2].plot(r["per_step"]["standard_distance"], label=name)
     axes[0].set(xlabel="step", title="norms (dotted: fused input)")
-    axes[1].set(xlabel="step", title="perturbation growth ||dh_t|| / ||dh_t0||")
+    axes[1].set(xlabel="step", title="growth ||dh_t|| / ||dh_t0|| (dotted: tangent)")
     axes[1].axhline(1.0, color="grey", ls="--")
     axes[2].set(xlabel="step", title="||h_t(soft) - h_t(standard)||")
     for ax in axes:
@@ -268,8 +278,12 @@ def plot_dynamics(results: dict, states: dict, out_dir: Path) -> list[str]:
         P, points = state_pca(states[name], r["fixed_points"])
         ax.scatter(P[:, 0], P[:, 1], s=3, c=range(len(P)), cmap="viridis")
         for p in points:
-            ax.scatter(p["pc1"], p["pc2"], marker="*" if p["stable"] else "x", s=120, color="red" if p["stable"] else "black")
-        ax.set(title=f"{name}: states (PCA), fixed points (* stable, x unstable)")
+            marker, color = FIXED_POINT_MARKERS[p["label"]]
+            ax.scatter(p["pc1"], p["pc2"], marker=marker, s=120, color=color)
+        ax.set(title=f"{name}: states (PCA), fixed points", xlabel="PC 1", ylabel="PC 2")
+        for label, (marker, color) in FIXED_POINT_MARKERS.items():
+            ax.scatter([], [], marker=marker, color=color, label=label)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     paths.append(_save(fig, out_dir / "fixed_points.png"))
 
