@@ -15,7 +15,7 @@ import numpy as np
 
 from workbench.data.splits import heldout_examples
 from workbench.data.tasks import LABELS, TaskConfig
-from workbench.probing.probes import save_probe, train_probe
+from workbench.probing.probes import RANKS, save_probe, train_probe
 from workbench.probing.store import cache_activations, hook_names, load_store
 from workbench.runtime.checkpoint import load_model
 from workbench.runtime.tokenizer import tokenizer_of
@@ -62,11 +62,16 @@ def probe_study(
     max_rows: int = 20000,
     overwrite: bool = False,
     progress: Callable[[float, str], None] | None = None,
+    mdl: bool = True,
+    ranks: Sequence[int] = RANKS,
 ) -> dict:
     """Run the sweep on the model in ``run_dir``; writes ``results/probe_<target>.json`` (and a
     figure, and the probe weights under ``results/probes/<target>/``), holding ``results/`` while it
     works. A previous sweep's outputs are replaced only with ``overwrite``. ``progress(fraction,
-    what)`` is called before each activation caching and after each probe."""
+    what)`` is called before each activation caching and after each probe. ``mdl`` and ``ranks``
+    go to ``train_probe``: every row carries the online codelength (``mdl_bits``,
+    ``control_mdl_bits``, ``uniform_bits``, ``compression``, ``control_compression``; None with
+    ``mdl=False``) and the rank sweep (``rank_sweep``; empty with ``ranks=()``)."""
     if target not in TARGET_TASK:
         raise BadInput(f"unknown probe target {target!r}: expected one of {sorted(TARGET_TASK)}")
     if not 3 <= n_sequences <= MAX_SEQUENCES:
@@ -105,7 +110,9 @@ def probe_study(
                     keep = np.sort(rng.choice(keep, max_rows, replace=False))
                 for hook in hooks:
                     X = ds.select_columns([f"act.{hook}"]).select(keep).with_format("numpy")[:][f"act.{hook}"]
-                    result = train_probe(X, labels[keep], table["seq"][keep], table["token"][keep], seed=seed)
+                    result = train_probe(
+                        X, labels[keep], table["seq"][keep], table["token"][keep], seed=seed, mdl=mdl, ranks=ranks
+                    )
                     name = f"{hook}__{prefill}-{k}" + (f"__s{stream}" if meta["n_streams"] > 1 else "")
                     save_probe(
                         result,
@@ -128,6 +135,12 @@ def probe_study(
                             "n_test": result.n_test,
                             "C": result.reg,
                             "converged": result.converged,
+                            "mdl_bits": result.mdl_bits,
+                            "control_mdl_bits": result.control_mdl_bits,
+                            "uniform_bits": result.uniform_bits,
+                            "compression": result.compression,
+                            "control_compression": result.control_compression,
+                            "rank_sweep": result.rank_sweep,
                         }
                     )
                     done += 1
