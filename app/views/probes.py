@@ -105,7 +105,36 @@ st.caption(
     "Grey dashed: chance (majority class). Dashed lines: the control task (token identity labels); "
     "selectivity = probe minus control accuracy."
 )
+capacity = [c for c in ("compression", "control_compression", "mdl_bits", "uniform_bits") if c in rows and rows[c].notna().any()]
+if "rank_sweep" in rows and rows["rank_sweep"].map(bool).any():  # the lowest rank's accuracies (probes of limited capacity)
+    low = rows["rank_sweep"].map(lambda sweep: sweep[0] if sweep else {})
+    rows = rows.assign(
+        lowest_rank=low.map(lambda e: e.get("rank")),
+        rank_accuracy=low.map(lambda e: e.get("accuracy")),
+        rank_control=low.map(lambda e: e.get("control_accuracy")),
+    )
+    capacity += ["lowest_rank", "rank_accuracy", "rank_control"]
+if capacity:
+    st.caption(
+        "Capacity-controlled measures (the control task above is memorised by full probes): compression = "
+        "uniform code / online code (Voita & Titov's MDL; ~1: the labels are not predicted), for the real and the "
+        "control labels; the lowest-rank probe's accuracy on the real and the control labels (Hewitt & Liang)."
+    )
 st.dataframe(
-    rows[["hook", "layer", "regime", "accuracy", "control_accuracy", "selectivity", "chance", "n_train", "n_test", "converged"]],
+    rows[
+        [
+            "hook",
+            "layer",
+            "regime",
+            "accuracy",
+            "control_accuracy",
+            "selectivity",
+            *capacity,
+            "chance",
+            "n_train",
+            "n_test",
+            "converged",
+        ]
+    ],
     hide_index=True,
 )
