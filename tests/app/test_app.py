@@ -102,6 +102,8 @@ def test_probes_page_trains_and_draws_the_layer0_comparison(monkeypatch, zoo):
     labels = [m.label for m in at.metric]
     assert labels == ["standard", "recurrent K=2", "recurrent K=exact"]
     assert len(charts(at)) == 1
+    shown = set(at.dataframe[-1].value.columns)  # the capacity-controlled measures next to accuracy
+    assert {"compression", "control_compression", "rank_accuracy", "rank_control"} <= shown, shown
     # another target: nothing saved for it yet
     at.selectbox(key="probe_target").set_value("running_sum").run()
     assert not at.metric and any("No saved probes for running_sum" in i.value for i in at.info)
