@@ -154,3 +154,15 @@ MACHINE_FIELDS = ("tokens_per_s", "tflops_per_s", "mfu", "peak_rss_mib")  # metr
 
 def strip_timing(path: Path) -> list[dict]:
     return [{k: v for k, v in json.loads(line).items() if k not in MACHINE_FIELDS} for line in path.read_text().splitlines()]
+
+
+def gaussian_rows(n_seq=120, per_seq=20, d=16, seed=0, n_types=50):
+    """Probe inputs: X [n_seq * per_seq, d] standard normal, sequence ids, random token ids, and the
+    generator (for labels drawn after them)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n_seq * per_seq, d))
+    groups = np.repeat(np.arange(n_seq), per_seq)
+    tokens = rng.integers(0, n_types, size=len(X))
+    return X, groups, tokens, rng

@@ -5,6 +5,7 @@ import math
 
 import numpy as np
 import pytest
+from helpers import gaussian_rows
 from threadpoolctl import threadpool_limits
 
 from workbench.probing.probes import MDL_C_GRID, online_blocks, online_codelength, sweep_ranks, train_probe
@@ -17,12 +18,8 @@ def _one_blas_thread():
         yield
 
 
-def gaussian(n_seq=150, per_seq=20, d=64, seed=0, n_types=50):
-    rng = np.random.default_rng(seed)
-    X = rng.normal(size=(n_seq * per_seq, d))
-    groups = np.repeat(np.arange(n_seq), per_seq)
-    tokens = rng.integers(0, n_types, size=len(X))
-    return X, groups, tokens, rng
+def gaussian(**sizes):
+    return gaussian_rows(**{"n_seq": 150, "d": 64, **sizes})
 
 
 def by_rank(result):

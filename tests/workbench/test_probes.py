@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from helpers import gaussian_rows
 
 from workbench import build_model, run_with_pass_cache
 from workbench.data.tasks import synthetic_examples
@@ -13,12 +14,8 @@ from workbench.probing.store import cache_activations, load_store
 from workbench.runtime.tokenizer import CharTokenizer
 
 
-def planted(n_seq=120, per_seq=20, d=16, seed=0, n_types=50):
-    rng = np.random.default_rng(seed)
-    X = rng.normal(size=(n_seq * per_seq, d))
-    groups = np.repeat(np.arange(n_seq), per_seq)
-    tokens = rng.integers(0, n_types, size=len(X))
-    return X, groups, tokens, rng
+def planted(**sizes):
+    return gaussian_rows(**sizes)
 
 
 def test_probe_recovers_a_planted_linear_direction():
