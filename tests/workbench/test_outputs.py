@@ -165,10 +165,11 @@ def staging_left_by(out: Path, pid: int, host: str | None = None) -> Path:
     return path
 
 
-def test_only_a_staging_directory_a_writer_made_is_ever_removed(tmp_path):
-    """Leftover staging is removed only when it is provably a dead writer's: ``.staging-PID``, a
-    real directory, holding the staging mark whose record names that PID on this host, and no such
-    process alive. A user's look-alikes, and a live or foreign writer's, survive a claim untouched."""
+def test_no_writer_removes_a_staging_directory_it_did_not_make(tmp_path, caplog):
+    """A killed writer's leftover staging (``.staging-PID``, a real directory, holding the staging
+    mark whose record names that PID on this host, no such process alive) is named in a warning and
+    kept: the next writer did not create it. A user's look-alikes, and a live or foreign writer's,
+    are neither removed nor named; the new output is published beside them all."""
     out = tmp_path / "dyn"
     with claim(out, "dynamics") as first:
         (first.staging / "dynamics.json").write_text("{}")
@@ -185,10 +186,12 @@ def test_only_a_staging_directory_a_writer_made_is_ever_removed(tmp_path):
     shutil.copytree(killed, elsewhere)
     (out / ".staging-54321").symlink_to(elsewhere)  # a link to a marked directory elsewhere
     WRONG["faults_injected"] += 1
-    with claim(out, "dynamics", overwrite=True) as again:
-        assert not killed.exists()
+    with caplog.at_level("WARNING", logger="workbench.storage.outputs"), claim(out, "dynamics", overwrite=True) as again:
         (again.staging / "dynamics.json").write_text('{"new": 1}')
         again.publish()
+    assert (killed / "dynamics.json").read_text() == "{}" and (killed / STAGING_MARK).is_file()
+    named = [r.getMessage() for r in caplog.records if ".staging-" in r.getMessage()]
+    assert len(named) == 1 and named[0].startswith(f"{killed}: left by 'workbench dynamics'"), named
     assert (out / ".staging-12345" / "data.txt").read_text() == "mine" and (out / ".staging-keep").is_dir()
     assert (elsewhere / STAGING_MARK).is_file() and (out / ".staging-54321").is_symlink()
     assert all((p / STAGING_MARK).is_file() for p in (alive, foreign, renamed))
@@ -445,7 +448,7 @@ def test_a_staging_directory_swapped_under_its_writer_is_left_alone(tmp_path):
     assert (writer.staging / "data.txt").read_text() == "mine"
 
 
-def test_a_killed_cache_leaves_only_staging_that_the_next_writer_removes(tmp_path):
+def test_a_killed_cache_leaves_only_staging_that_the_next_writer_keeps(tmp_path):
     store = tmp_path / "store"
     argv = [
         "cache",
@@ -471,7 +474,10 @@ def test_a_killed_cache_leaves_only_staging_that_the_next_writer_removes(tmp_pat
     with pytest.raises(FileNotFoundError, match="no activation store"):
         load_store(store)
     assert cli(argv[:-4] + ["--n-sequences", "8", "--out", str(store)])[0] is None  # no --overwrite needed: nothing was published
-    assert sorted(p.name for p in store.iterdir()) == [LOCK, "shard-00000.arrow", "store.json"]
+    # the killed writer's staging is kept, not the next writer's to delete, and does not block it
+    assert sorted(p.name for p in store.iterdir()) == sorted([LOCK, "shard-00000.arrow", "store.json", f".staging-{proc.pid}"])
+    assert (store / f".staging-{proc.pid}" / "shard-00001.arrow").is_file()
+    load_store(store)
 
 
 def test_save_model_replaces_a_model_only_when_asked(tmp_path):

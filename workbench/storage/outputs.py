@@ -11,7 +11,8 @@ create.
   be new, empty, or a previous output of the same kind (recognised by its metadata file), which is
   replaced only with ``overwrite``. Files are written into a hidden staging directory inside it and
   published by ``publish()``, metadata file last, so a reader never sees a half-written output and a
-  killed writer leaves only its staging directory, which the next holder removes.
+  killed writer leaves only its staging directory. No process removes another's staging directory:
+  the next holder names a dead writer's leftover in a warning and leaves it for the user to delete.
 - Runs, zoos and a run's ``results/`` keep their own rules (resume, refresh) and use ``hold``.
 """
 
@@ -242,15 +243,21 @@ def claim(directory: str | Path, kind: str, *, overwrite: bool = False) -> Itera
 @contextmanager
 def staging_in(directory: Path) -> Iterator[Path]:
     """A fresh staging directory inside ``directory``, which the caller holds, removed when the
-    block ends. What a killed writer left is removed first, but only a directory that is provably
-    one (``_staging_record``) whose writer is dead on this host: no one else can be using it while
-    we hold the lock, and nothing a user made there matches. Our own is removed only if it is still
-    the directory we made, with the mark we wrote."""
+    block ends, and only if it is still the directory this process made, with the mark it wrote.
+    What a killed writer left (provably one, ``_staging_record``, its writer dead on this host) is
+    named in a warning and left in place: this process did not create it, so it does not delete it
+    (staging directories are bookkeeping, so a leftover never blocks a writer)."""
     host = socket.gethostname()
     for leftover in Path(directory).iterdir():
         record = _staging_record(leftover)
         if record is not None and record.get("host") == host and not _alive(record["pid"]):
-            _remove_staging(leftover, _identity(leftover), record)
+            logger.warning(
+                "%s: left by %r (PID %s, no longer running), which was killed while writing; it is not "
+                "published and not used: delete it to reclaim its space",
+                leftover,
+                record.get("command"),
+                record["pid"],
+            )
     path = Path(directory) / f"{STAGING}{os.getpid()}"
     path.mkdir()  # never an existing directory: mkdir fails on one
     made = _identity(path)
@@ -273,9 +280,10 @@ def _identity(path: Path) -> tuple[int, int] | None:
 
 
 def _remove_staging(path: Path, identity: tuple[int, int] | None, record: dict) -> bool:
-    """Remove ``path``, the only ``rmtree`` in the workbench, and only if it is still the very
-    directory that was checked (same device and inode: not a look-alike renamed or swapped in since)
-    and still carries the staging mark ``record`` that proves a verb made it. Returns whether it did."""
+    """Remove ``path``, the only ``rmtree`` in the workbench, called only on the staging directory
+    this process made (``staging_in``), and only if it is still the very directory that was made
+    (same device and inode: not a look-alike renamed or swapped in since) and still carries the mark
+    ``record`` this process wrote. Returns whether it did."""
     if identity is None or _identity(path) != identity or _staging_record(path) != record:
         return False
     shutil.rmtree(path, ignore_errors=True)
