@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from workbench.bench.suite import DEVICE_KEYS, run_bench
+from workbench.demo import cache_parity
 from workbench.runtime.checkpoint import load_model
 from workbench.storage.errors import BadInput
 from workbench.training.flops import peak_flops
@@ -42,20 +43,6 @@ SHAPES = {  # preset, batch, seq, steps, log_every (the last interval is the mea
     "gpu": ("gpu", 16, 1024, 60, 20),
     "dry": ("debug", 4, 32, 4, 2),
 }
-
-
-def cache_parity(model, tokens: torch.Tensor) -> float:
-    """Largest |logit| difference between one full forward over ``tokens`` and the same positions
-    decoded with the key/value cache (a prefill, then one token per step), in fp32."""
-    kw = {"fuse_mask": torch.zeros_like(tokens, dtype=torch.bool)} if model.carries_state else {}
-    split = tokens.shape[1] // 2
-    with torch.no_grad():
-        full = model(tokens, **kw)
-        cache = model.make_cache()
-        parts = [model(tokens[:, :split], cache=cache, **{k: v[:, :split] for k, v in kw.items()})]
-        for t in range(split, tokens.shape[1]):
-            parts.append(model(tokens[:, t : t + 1], cache=cache, **{k: v[:, t : t + 1] for k, v in kw.items()}))
-    return float((torch.cat(parts, dim=1) - full).abs().max())
 
 
 def gpu_check(*, dry: bool = False, progress: Callable[[str], None] = lambda line: None) -> dict:
@@ -97,7 +84,7 @@ def gpu_check(*, dry: bool = False, progress: Callable[[str], None] = lambda lin
             }
             model = load_model(Path(tmp) / name, device=device)  # as saved, uncompiled, fp32
             tokens = torch.randint(4, 100, (2, min(64, seq)), generator=torch.Generator().manual_seed(0)).to(device)
-            parity[name] = cache_parity(model, tokens)
+            parity[name] = cache_parity(model, tokens, split=tokens.shape[1] // 2)  # prefill, then one token a step
             del model
     step = {name: 1 / r["tokens_per_s"] for name, r in runs.items()}  # seconds per token: the steps' batches are equal
     measured = {

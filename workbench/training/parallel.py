@@ -21,6 +21,7 @@ the same way: gather, grow, carry the moments, shard the grown model.
 from __future__ import annotations
 
 import os
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -152,8 +153,6 @@ class Engine:
 
     def no_sync(self, step_loss: nn.Module, last_micro: bool):
         """DDP all-reduces once per step, after the last micro-batch."""
-        from contextlib import nullcontext
-
         if isinstance(step_loss, nn.parallel.DistributedDataParallel) and not last_micro:
             return step_loss.no_sync()
         return nullcontext()

@@ -618,6 +618,7 @@ def _train_loop(
     last_log, tokens_since, flops_since, started = time.perf_counter(), 0, 0.0, time.perf_counter()
     record: dict = {}
     end = t.steps if stop_after is None else min(t.steps, start + stop_after)
+    saved = None  # the unsharded model the last step checkpointed, if it did
     for step in range(start, end):
         if strategy.grows(model, step):  # on the unsharded model; the grown one is sharded again
             plain, plain_opt = engine.gather(model, opt, new_optimizer)
@@ -678,13 +679,14 @@ def _train_loop(
             bar.update(1)
         if report is not None:
             report(done, t.steps, record if record.get("step") == done else None)
+        saved = None
         if done % t.checkpoint_every == 0 or done == t.steps:  # gathered by every process, written by rank 0
-            plain, plain_opt = engine.gather(model, opt, new_optimizer)
+            saved, plain_opt = engine.gather(model, opt, new_optimizer)
             if rank_info.main:
-                save_checkpoint(run_dir, plain, plain_opt, cfg, done, tokenizer)
+                save_checkpoint(run_dir, saved, plain_opt, cfg, done, tokenizer)
     if bar is not None:
         bar.close()
-    model = engine.gather(model, opt, new_optimizer)[0]
+    model = saved if saved is not None else engine.gather(model, opt, new_optimizer)[0]  # the last step's, unsharded
     if rank_info.world > 1:
         dist.barrier()
     summary = {
