@@ -436,12 +436,14 @@ def cmd_dynamics(args) -> dict:
     for name, r in report["runs"].items():
         lyap = " ".join(f"T={t}: {v:+.3f}" for t, v in r["lyapunov"].items())
         tangent = " ".join(f"T={t}: {v[0]:+.3f}" for t, v in r["lyapunov_tangent"].items())
+        full = " ".join(f"T={t}: {v[0]:+.3f}" for t, v in r["lyapunov_tangent_full"].items())
         rho = " ".join(f"{s['spectral_radius']:.2f}" for s in r["spectra"])
         fps = [(len(f["points"]), sum(p["stable"] for p in f["points"])) for f in r["fixed_points"]]
         print(
             f"{name}: {r['horizon']} steps{' (' + r['stopped'] + ')' if r['stopped'] else ''}; "
             f"final ||h|| {r['per_step']['state_norm'][-1]:.2f}; Lyapunov (perturbation) {lyap}; "
-            f"leading Lyapunov exponent (tangent) {tangent}; spectral radius along rollout {rho}; "
+            f"leading Lyapunov exponent (tangent through F_t) {tangent}; (tangent through the whole step) {full}; "
+            f"spectral radius along rollout {rho}; "
             f"fixed points (found, stable) {fps}"
         )
     print(f"figures: {', '.join(report['figures'])}")

@@ -77,19 +77,27 @@ for col, (name, (r, states)) in zip(columns, results.items()):
         st.subheader(name)
         if r["stopped"]:
             st.warning(f"Rollout stopped: {r['stopped']}")
-        lyap, tangent = r["lyapunov"], r.get("lyapunov_tangent", {})
+        lyap, tangent, full = r["lyapunov"], r.get("lyapunov_tangent", {}), r.get("lyapunov_tangent_full", {})
         for box, (T, value) in zip(st.columns(len(lyap)), lyap.items()):
             box.metric(
                 f"λ({T})",
                 f"{tangent[T][0]:+.3f}" if T in tangent else f"{value:+.3f}",
-                delta=f"perturbation {value:+.3f}" if T in tangent else None,
+                delta=(f"whole step {full[T][0]:+.3f} · " if T in full else "") + f"perturbation {value:+.3f}"
+                if T in tangent
+                else None,
                 delta_color="off",
-                help="leading Lyapunov exponent over T steps from tangent vectors (JVPs, renormalised: no round-off "
-                "floor); below it, the finite-perturbation estimate log(||δh_T|| / ||δh_0||) / T, the nonlinear measure",
+                help="leading Lyapunov exponent over T steps from tangent vectors through the feedback maps F_t (the "
+                "context frozen; JVPs, renormalised: no round-off floor); below it, the same through the whole decoding "
+                "step (the tangent also in the cached keys and values) and the finite-perturbation estimate "
+                "log(||δh_T|| / ||δh_0||) / T, the nonlinear measure",
             )
         if tangent:
             last = list(tangent)[-1]
-            st.caption(f"leading {len(tangent[last])} exponents at T={last}: " + ", ".join(f"{v:+.3f}" for v in tangent[last]))
+            st.caption(
+                f"leading {len(tangent[last])} exponents at T={last}: through F_t "
+                + ", ".join(f"{v:+.3f}" for v in tangent[last])
+                + ("; through the whole step " + ", ".join(f"{v:+.3f}" for v in full[last]) if last in full else "")
+            )
         last = r["kpass"]["rows"][-1]
         st.metric(
             f"K-pass relative residual at K={last['passes']}",

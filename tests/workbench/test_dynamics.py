@@ -152,7 +152,9 @@ def test_dynamics_cli_compares_runs_and_writes_figures(tmp_path, capsys):
     r = report["runs"]["fbt0"]
     assert r["horizon"] == 150 and r["slid_at"]  # past n_ctx=128: the window slid
     assert set(r["lyapunov"]) == {"1", "10", "100"} and len(r["spectra"]) == 2
-    assert set(r["lyapunov_tangent"]) == set(r["lyapunov"]) and all(len(v) == 4 for v in r["lyapunov_tangent"].values())
+    for key in ("lyapunov_tangent", "lyapunov_tangent_full"):
+        assert set(r[key]) == set(r["lyapunov"]) and all(len(v) == 4 for v in r[key].values())
+    assert r["lyapunov_tangent_full"]["1"] == pytest.approx(r["lyapunov_tangent"]["1"], abs=1e-12)  # no cached tangent yet
     assert all(p["label"] in ("stable", "marginal", "saddle", "unstable") for f in r["fixed_points"] for p in f["points"])
     assert len(r["spectra"][0]["eigenvalues"]) == 32 and len(r["kpass"]["rows"]) == 3
     for name in ("rollout", "spectra", "fixed_points", "kpass"):
@@ -187,3 +189,19 @@ def test_tangent_growth_along_a_rollout_is_the_exact_jacobians_volume_growth(fbt
         logdet = float(torch.linalg.slogdet(J).logabsdet)
         assert abs(float(roll.tangent_log_growth[i].sum()) - logdet) < 1e-8
         assert float(roll.tangent_log_growth[i, 0]) <= float(torch.linalg.matrix_norm(J, 2).log()) + 1e-10
+
+
+def test_full_step_tangent_is_the_perturbation_curves_linearisation(fbt64):
+    """The full set's first tangent starts along the perturbation and goes where the perturbation
+    goes (through the carried state and the keys and values each step writes), so in fp64 its
+    growth exp(sum of log-growths) equals the finite perturbation's ||dh_t|| / ||dh_t0|| up to
+    O(eps), past a window slide too; the frozen set agrees with it only at the first step (the
+    cache holds no tangent yet) and not after."""
+    prompt, forced = tokens(1, 4)[0].tolist(), tokens(1, 140, seed=3)[0].tolist()
+    roll = rollout(fbt64, prompt, 140, tokens=forced, perturb_at=2, eps=1e-7, tangents=3)
+    full, frozen, ratio = roll.tangent_full_log_growth, roll.tangent_log_growth, roll.perturbation_ratio
+    assert full is not None and frozen is not None and ratio is not None and roll.slid_at
+    assert full.shape == frozen.shape == (138, 3)
+    torch.testing.assert_close(full[:, 0].cumsum(0).exp(), ratio, rtol=1e-5, atol=0)
+    torch.testing.assert_close(full[0], frozen[0], rtol=0, atol=1e-12)
+    assert (full[1:, 0] - frozen[1:, 0]).abs().max() > 1e-3

@@ -15,6 +15,7 @@ from workbench.dynamics.maps import (
     spectral_norm,
     spectral_radius,
     tangent_lyapunov,
+    tangent_qr,
 )
 
 
@@ -254,3 +255,14 @@ def test_tangent_lyapunov_of_a_nonlinear_map_at_its_stable_point():
     exponent tends to log F'(1) = log 0.4."""
     lam = tangent_lyapunov(cubic_2d, torch.tensor([0.7, 1.4], dtype=torch.float64), steps=2000, k=2)
     assert abs(float(lam[-1, 0]) - math.log(0.4)) < 0.01 and abs(float(lam[-1, 1]) - math.log(0.4)) < 0.01
+
+
+def test_the_renormalising_map_sends_the_tangents_to_their_orthonormal_rows():
+    """M @ JQ is the new orthonormal basis (so whatever else a tangent carries can be mixed alike),
+    M is lower triangular, and its diagonal is 1 / |R_ii| up to sign: the same growths."""
+    JQ = torch.randn(3, 7, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    Q, logs, M = tangent_qr(JQ, with_map=True)
+    torch.testing.assert_close(M @ JQ, Q, rtol=0, atol=1e-12)
+    torch.testing.assert_close(Q @ Q.T, torch.eye(3, dtype=torch.float64), rtol=0, atol=1e-12)
+    assert torch.equal(M, M.tril())
+    torch.testing.assert_close(M.diagonal().abs().log(), -logs, rtol=0, atol=1e-12)

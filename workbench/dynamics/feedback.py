@@ -17,12 +17,13 @@ every relative distance the model sees stays below n_ctx), ``"stop"`` stops with
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import cast
 
 import torch
 from torch import Tensor
-from torch.func import jvp
+from torch.autograd import forward_ad
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from models import DecoderLM, FullBandwidthLM, NonFiniteActivation, guard_numerics
@@ -91,8 +92,11 @@ class Rollout:
     logit_entropy: Tensor  # [steps] entropy of the next-token distribution, in nats
     standard_distance: Tensor  # [steps] ||h_t - h_t(standard)|| on the same tokens
     perturbation_ratio: Tensor | None  # [steps - t0] ||dh_t|| / ||dh_t0|| when perturbed
-    # [steps - t0, k] log-growth of k tangent directions per step (Benettin, QR), with ``tangents``
+    # [steps - t0, k] log-growth of k tangent directions per step (Benettin, QR), with ``tangents``:
+    # through each step's feedback map F_t (the context frozen), and through the whole decoding
+    # step (the tangent also lives in the keys and values the step writes, and acts from there)
     tangent_log_growth: Tensor | None = None
+    tangent_full_log_growth: Tensor | None = None
     slid_at: list[int] = field(default_factory=list)  # steps at which the window slid
     stopped: str | None = None  # why the rollout ended early, if it did
 
@@ -100,6 +104,24 @@ class Rollout:
 def _binary_entropy(p: Tensor) -> Tensor:
     p = p.clamp(1e-7, 1 - 1e-7)
     return -(p * p.log() + (1 - p) * (1 - p).log())
+
+
+def _renormalise_tangents(h: Tensor, cache, frozen: slice, full: slice) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    """One Benettin step for the rollout's two tangent sets, whose carried-state parts are the
+    tangent of ``h`` [rows, D] in rows ``frozen`` and ``full``: each set re-orthonormalised by QR;
+    the cached keys' and values' tangents set to zero in the frozen rows (the next step sees the
+    context fixed) and, in the full rows, mixed by the same triangular map as their states (a
+    tangent is a state and its cache together). Returns the dual state and the two log-growths."""
+    primal, tangent = forward_ad.unpack_dual(h)
+    tangent = tangent.clone()
+    tangent[frozen], log_frozen = tangent_qr(tangent[frozen])
+    tangent[full], log_full, M = tangent_qr(tangent[full], with_map=True)
+    for layer in cache.layers:
+        for kv in (layer.k, layer.v):
+            cached = forward_ad.unpack_dual(kv).tangent[:, :, : layer.length]  # [rows, heads, pos, d_head]
+            cached[frozen] = 0
+            cached[full] = (M @ cached[full].flatten(1)).view_as(cached[full])
+    return forward_ad.make_dual(primal, tangent), (log_frozen.double().cpu(), log_full.double().cpu())
 
 
 @torch.no_grad()
@@ -117,13 +139,21 @@ def rollout(
 ) -> Rollout:
     """``soft`` decoding of ``horizon`` steps after ``prompt`` (greedy, or teacher-forced on
     ``tokens``), next to a ``standard`` rollout on the same tokens and, with ``perturb_at``, a
-    perturbed copy of the carried state at that step. With ``tangents`` = k, k tangent vectors of
-    the soft rollout's state are pushed through each step's feedback map F_t by JVPs from that
-    step (or step 0) on and re-orthonormalised (``workbench.dynamics.maps.tangent_qr``): the
-    cumulative mean of their log-growth is the k leading Lyapunov exponents along the rollout,
-    with no round-off floor. A non-finite activation (a norm input, a
-    logit, the carried state that ``ln_final`` makes) raises ``RolloutDiverged`` naming the step
-    and the site."""
+    perturbed copy of the carried state at that step.
+
+    With ``tangents`` = k, two sets of k tangent vectors of the soft state start at that step (or
+    step 0), the first along the perturbation, and are carried by forward-mode derivatives in
+    extra batch rows that follow the soft row's tokens: one set through each step's feedback map
+    F_t alone (the keys and values of earlier steps held fixed: the products of the Jacobians whose
+    fixed points ``find_fixed_points`` studies), one through the whole decoding step, where a
+    tangent also lives in the keys and values each step writes and acts on every later step from
+    there (the linearisation of the perturbation curve). Both are re-orthonormalised each step
+    by QR on their carried-state part (``tangent_qr``; the full set's cached part is transformed
+    alike, so it stays the tangent of the same directions): the cumulative mean of their log-growth
+    is the k leading Lyapunov exponents along the rollout, with no round-off floor.
+
+    A non-finite activation (a norm input, a logit, the carried state that ``ln_final`` makes)
+    raises ``RolloutDiverged`` naming the step and the site."""
     feedback_model(model)
     if context_rule not in CONTEXT_RULES:
         raise BadInput(f"context_rule={context_rule!r}: expected one of {CONTEXT_RULES}")
@@ -135,22 +165,29 @@ def rollout(
         raise BadInput(f"teacher-forced rollout needs {horizon} tokens, got {len(tokens)}")
     if perturb_at is not None and not 0 <= perturb_at < horizon:
         raise BadInput(f"perturb_at={perturb_at}: expected a step in [0, {horizon})")
-    device = model.embed.W_E.device
-    n = 3 if perturb_at is not None else 2  # rows: soft, standard, perturbed soft
-    ids = torch.tensor([prompt] * n, device=device)
-    model_check(model.check_tokens, ids)
+    if not 0 <= tangents <= model.cfg.d_model:
+        raise BadInput(f"tangents={tangents}: expected 0..d_model={model.cfg.d_model}")
+    device, dtype, D = model.embed.W_E.device, model.embed.W_E.dtype, model.cfg.d_model
+    n = 3 if perturb_at is not None else 2  # rows: soft, standard, perturbed soft; then the tangents
+    frozen, full = slice(n, n + tangents), slice(n + tangents, n + 2 * tangents)
+    rows = n + 2 * tangents
     if tokens is not None and (bad := [t for t in tokens[:horizon] if not 0 <= t < model.cfg.d_vocab]):
         raise BadInput(f"token id {bad[0]} is outside the vocabulary [0, {model.cfg.d_vocab})")
+    ids = torch.tensor([prompt] * rows, device=device)
+    model_check(model.check_tokens, ids)
     cache = model.make_cache()
-    fuse = torch.tensor([[True], [False], [True]][:n], device=device)
+    fuse = torch.ones(rows, 1, dtype=torch.bool, device=device)
+    fuse[1] = False
     out = {k: [] for k in ("state", "input", "gate_mean", "gate_entropy", "logit_entropy", "standard", "ratio")}
     fed, slid, stopped, d0, kept, growth = [], [], None, None, [], []
     t0 = perturb_at or 0
-    Q = tangent_basis(model.cfg.d_model, tangents, model.embed.W_E.dtype, device, seed) if tangents else None
+    direction = torch.randn(D, generator=torch.Generator().manual_seed(seed), dtype=torch.float32).to(device, dtype)
+    direction = direction / direction.norm()
     names = ["blocks.0.hook_resid_pre"] + (["fusion.hook_gate"] if model.fusion.W_G is not None else [])
     step = nxt = None  # where a non-finite activation arose: the prefill, or a step (and its token)
     try:
-        with guard_numerics(model):
+        # forward-mode derivatives go through attention's math kernel (the fused CPU ones have none)
+        with guard_numerics(model), forward_ad.dual_level(), sdpa_kernel(SDPBackend.MATH) if tangents else nullcontext():
             h = model.prefill(ids, regime="soft", cache=cache)[:, -1]
             for step in range(horizon):
                 nxt = None  # not chosen yet: the readout below may be what fails
@@ -164,36 +201,37 @@ def rollout(
                     cache.slide(cache.capacity // 2)
                     slid.append(step)
                 if perturb_at == step:
-                    delta = torch.randn(h.shape[-1], generator=torch.Generator().manual_seed(seed), dtype=torch.float32).to(
-                        device, h.dtype
-                    )
                     h = h.clone()
-                    h[2] = h[0] + eps * delta / delta.norm()
+                    h[2] = h[0] + eps * direction
                     cache.state = h
                     d0 = float((h[2] - h[0]).norm())
-                if Q is not None and step >= t0:  # J_t q for each tangent q, on the soft row (rows are independent)
-                    F, JQ = feedback_map(model, cache, nxt), []
-                    for q in Q:
-                        tangent = torch.zeros_like(h)
-                        tangent[0] = q
-                        JQ.append(jvp(F, (h,), (tangent,))[1][0])
-                    Q, logs = tangent_qr(torch.stack(JQ))
-                    growth.append(logs.double().cpu())
+                if tangents and step == t0:  # the first direction is the perturbation's
+                    start = tangent_basis(D, tangents, dtype, device, seed)
+                    start = tangent_qr(torch.cat((direction[None], start[:-1])))[0]
+                    tangent = torch.zeros_like(h)
+                    tangent[frozen], tangent[full] = start, start
+                    h = cache.state = forward_ad.make_dual(h, tangent)
                 with ActivationRecorder(model, names) as rec:
-                    h = model.final_states(torch.full((n, 1), nxt, device=device), fuse_mask=fuse, cache=cache)[:, -1]
+                    h = model.final_states(torch.full((rows, 1), nxt, device=device), fuse_mask=fuse, cache=cache)[:, -1]
+                if tangents and step >= t0:
+                    h, logs = _renormalise_tangents(h, cache, frozen, full)
+                    cache.state = h
+                    growth.append(logs)
+                hp = forward_ad.unpack_dual(h).primal
+                h0 = hp[0]
                 u = rec.calls("blocks.0.hook_resid_pre")[-1].value[0, -1]
                 fed.append(nxt)
-                kept.append(h[0].float().cpu())
-                out["state"].append(float(h[0].norm()))
+                kept.append(h0.float().cpu())
+                out["state"].append(float(h0.norm()))
                 out["input"].append(float(u.norm()))
                 if "fusion.hook_gate" in names:
                     gate = rec.calls("fusion.hook_gate")[-1].value[0, -1].float()
                     out["gate_mean"].append(float(gate.mean()))
                     out["gate_entropy"].append(float(_binary_entropy(gate).mean()))
                 out["logit_entropy"].append(float(-(logp.exp() * logp).sum()))
-                out["standard"].append(float((h[0] - h[1]).norm()))
+                out["standard"].append(float((h0 - hp[1]).norm()))
                 if d0 is not None:
-                    out["ratio"].append(float((h[2] - h[0]).norm()) / d0)
+                    out["ratio"].append(float((hp[2] - h0).norm()) / d0)
     except NonFiniteActivation as err:
         if step is None:
             raise RolloutDiverged(f"{err.what} in the prompt's prefill (before step 0)") from err
@@ -211,7 +249,8 @@ def rollout(
         t("logit_entropy"),
         t("standard"),
         t("ratio") if d0 is not None else None,
-        torch.stack(growth) if growth else None,
+        torch.stack([g for g, _ in growth]) if growth else None,
+        torch.stack([g for _, g in growth]) if growth else None,
         slid,
         stopped,
     )

@@ -103,10 +103,11 @@ def analyse_run(
             ) from err
     model = model.double()
     roll = rollout(model, ids, horizon, perturb_at=perturb_at, seed=seed, tangents=min(tangents, model.cfg.d_model))
-    ratios, growth = roll.perturbation_ratio, roll.tangent_log_growth
-    assert ratios is not None and growth is not None  # perturb_at and tangents are set
+    ratios, growth, full = roll.perturbation_ratio, roll.tangent_log_growth, roll.tangent_full_log_growth
+    assert ratios is not None and growth is not None and full is not None  # perturb_at and tangents are set
     lyap = lyapunov_from_growth(ratios)
-    tangent = growth.cumsum(0) / torch.arange(1, len(growth) + 1, dtype=torch.float64)[:, None]  # [T, k]
+    mean = lambda g: g.cumsum(0) / torch.arange(1, len(g) + 1, dtype=torch.float64)[:, None]  # [T, k]
+    tangent, tangent_full = mean(growth), mean(full)
     horizons = [T for T in (1, 10, 100, 1000, 10_000) if T <= len(lyap)]
     # spectra (and fixed points) at steps whose context fits the window without sliding
     reach = min(len(roll.tokens), model.cfg.n_ctx - len(ids) - 1)
@@ -174,10 +175,14 @@ def analyse_run(
             "standard_distance": roll.standard_distance.tolist(),
             "perturbation_ratio": ratios.tolist(),
             "tangent_log_growth": growth[:, 0].tolist(),  # the leading direction's log-growth per step
+            "tangent_full_log_growth": full[:, 0].tolist(),  # the same through the whole step
         },
         "perturb_at": perturb_at,
         "lyapunov": {str(T): float(lyap[T - 1]) for T in horizons},  # finite perturbation (nonlinear; has a floor)
-        "lyapunov_tangent": {str(T): tangent[T - 1].tolist() for T in horizons},  # k leading exponents, no floor
+        # k leading exponents from tangent vectors (no floor): through the feedback maps F_t (the
+        # context frozen), and through the whole decoding step (the tangent also in the cache)
+        "lyapunov_tangent": {str(T): tangent[T - 1].tolist() for T in horizons},
+        "lyapunov_tangent_full": {str(T): tangent_full[T - 1].tolist() for T in horizons},
         "spectra": spectra,
         "fixed_points": fixed,
         "kpass": conv,
@@ -246,12 +251,13 @@ def plot_dynamics(results: dict, states: dict, out_dir: Path) -> list[str]:
         axes[0].plot(r["per_step"]["input_norm"], ls=":", label=f"{name} ||u||")
         steps = range(r["perturb_at"], r["perturb_at"] + len(r["per_step"]["perturbation_ratio"]))
         line = axes[1].semilogy(steps, r["per_step"]["perturbation_ratio"], label=f"{name} perturbation")[0]
-        if "tangent_log_growth" in r["per_step"]:  # the linearised growth: exp of the summed log-growth
-            tangent = torch.tensor(r["per_step"]["tangent_log_growth"]).cumsum(0).exp()
-            axes[1].semilogy(steps[: len(tangent)], tangent, ls=":", color=line.get_color(), label=f"{name} tangent")
+        for key, ls, what in (("tangent_log_growth", ":", "F_t tangent"), ("tangent_full_log_growth", "--", "full tangent")):
+            if key in r["per_step"]:  # the linearised growth: exp of the summed log-growth
+                tangent = torch.tensor(r["per_step"][key]).cumsum(0).exp()
+                axes[1].semilogy(steps[: len(tangent)], tangent, ls=ls, color=line.get_color(), label=f"{name} {what}")
         axes[2].plot(r["per_step"]["standard_distance"], label=name)
     axes[0].set(xlabel="step", title="norms (dotted: fused input)")
-    axes[1].set(xlabel="step", title="growth ||dh_t|| / ||dh_t0|| (dotted: tangent)")
+    axes[1].set(xlabel="step", title="growth ||dh_t|| / ||dh_t0|| (dotted: F_t tangent; dashed: full)")
     axes[1].axhline(1.0, color="grey", ls="--")
     axes[2].set(xlabel="step", title="||h_t(soft) - h_t(standard)||")
     for ax in axes:
