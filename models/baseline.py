@@ -35,7 +35,10 @@ class Embed(nn.Module):
         self.W_E = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model))  # [d_vocab, d_model]
 
     def forward(self, tokens: Tensor) -> Tensor:
-        return self.W_E[tokens]
+        # F.embedding, not W_E[tokens]: the same rows, but indexing's backward (index_put_ with
+        # accumulation) adds repeated tokens' rows across CPU threads in arrival order, so two
+        # identical training steps differed; embedding's backward is deterministic
+        return nn.functional.embedding(tokens, self.W_E)
 
 
 class DecoderLM(HookedRootModule):

@@ -60,8 +60,11 @@ class StreamEmbed(nn.Module):
         self.W_E = nn.Parameter(torch.empty(cfg.n_streams, cfg.d_vocab, cfg.d_model))  # [n_streams, d_vocab, d_model]
 
     def forward(self, tokens: Tensor) -> Tensor:
-        # [batch, pos] -> [batch, pos, n_streams, d_model]
-        return self.W_E[:, tokens].movedim(0, 2)
+        # [batch, pos] -> [batch, pos, n_streams, d_model]; one lookup in the stacked tables
+        # (F.embedding for its deterministic backward: see models.baseline.Embed)
+        n, vocab, d = self.W_E.shape
+        rows = tokens[..., None] + vocab * torch.arange(n, device=tokens.device)
+        return nn.functional.embedding(rows, self.W_E.reshape(n * vocab, d))
 
 
 def unstack_streams(act: Tensor, n_streams: int) -> Tensor:

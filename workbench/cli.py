@@ -388,6 +388,7 @@ def cmd_cache(args) -> dict:
 
 
 def cmd_probe(args) -> dict:
+    from workbench.probing.probes import RANKS
     from workbench.probing.study import probe_study
 
     report = probe_study(
@@ -400,6 +401,8 @@ def cmd_probe(args) -> dict:
         seed=args.seed,
         out=args.out,
         overwrite=args.overwrite,
+        mdl=not args.no_mdl,
+        ranks=RANKS if args.ranks is None else args.ranks,
     )
     for row in report["rows"]:
         mdl = (
@@ -530,6 +533,18 @@ def _seed(text: str) -> int:
     return seed
 
 
+def _rank_list(text: str) -> list[int]:
+    if text.strip().lower() == "none":
+        return []
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated ranks >= 1 or 'none', got {text!r}")
+    return values
+
+
 def _pass_list(text: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
@@ -654,6 +669,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-exact", action="store_true", help="skip the exact-recurrence prefill")
     p.add_argument("--n-sequences", type=int, default=400)
     p.add_argument("--seed", type=_seed, default=0)
+    p.add_argument("--no-mdl", action="store_true", help="skip the online-code description lengths (the slowest measure)")
+    p.add_argument(
+        "--ranks",
+        type=_rank_list,
+        default=None,
+        help="ranks of the capacity-limited probes, e.g. 1,2,4 (default 1,2,4,8,16); 'none' skips them",
+    )
     p.add_argument("--out", default=None, help="default RUN/results/probe_<target>.json")
     p.add_argument(
         "--overwrite",

@@ -137,6 +137,38 @@ def test_probe_study_sweeps_hooks_and_regimes(tmp_path):
     assert row["n_train"] > row["n_test"] > 0
     assert (run / "results" / "probe_running_sum.png").is_file()
     assert len(list((run / "results" / "probes" / "running_sum").glob("*.safetensors"))) == 9
+    assert row["mdl_bits"] > 0 and row["rank_sweep"]  # the capacity measures are on by default
+    main(
+        [
+            "probe",
+            str(run),
+            "--target",
+            "running_sum",
+            "--passes",
+            "2",
+            "--n-sequences",
+            "30",
+            "--no-mdl",
+            "--ranks",
+            "none",
+            "--overwrite",
+        ]
+    )
+    row = json.loads((run / "results" / "probe_running_sum.json").read_text())["rows"][0]
+    assert row["mdl_bits"] is None and row["rank_sweep"] == [] and row["accuracy"] >= 0
+
+
+def test_probe_rank_option_shows_the_default_and_refuses_bad_ranks(capsys):
+    from workbench.cli import build_parser
+    from workbench.probing.probes import RANKS
+
+    parser = build_parser()
+    probe = next(a for a in parser._subparsers._group_actions[0].choices["probe"]._actions if a.dest == "ranks")
+    assert f"default {','.join(map(str, RANKS))}" in probe.help
+    assert parser.parse_args(["probe", "R", "--target", "memory", "--ranks", "1,4"]).ranks == [1, 4]
+    with pytest.raises(SystemExit):
+        parser.parse_args(["probe", "R", "--target", "memory", "--ranks", "0,2"])
+    assert "expected comma-separated ranks >= 1 or 'none', got '0,2'" in capsys.readouterr().err
 
 
 def test_probe_and_cache_errors_list_valid_names(tmp_path, capsys):

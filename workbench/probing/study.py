@@ -12,6 +12,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from workbench.data.splits import heldout_examples
 from workbench.data.tasks import LABELS, TaskConfig
@@ -110,9 +111,12 @@ def probe_study(
                     keep = np.sort(rng.choice(keep, max_rows, replace=False))
                 for hook in hooks:
                     X = ds.select_columns([f"act.{hook}"]).select(keep).with_format("numpy")[:][f"act.{hook}"]
-                    result = train_probe(
-                        X, labels[keep], table["seq"][keep], table["token"][keep], seed=seed, mdl=mdl, ranks=ranks
-                    )
+                    # one BLAS thread: these solves are small, and on a shared machine every extra
+                    # thread only contends (the sweep ran 10-40x slower with all of them)
+                    with threadpool_limits(1, user_api="blas"):
+                        result = train_probe(
+                            X, labels[keep], table["seq"][keep], table["token"][keep], seed=seed, mdl=mdl, ranks=ranks
+                        )
                     name = f"{hook}__{prefill}-{k}" + (f"__s{stream}" if meta["n_streams"] > 1 else "")
                     save_probe(
                         result,
