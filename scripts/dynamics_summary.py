@@ -28,6 +28,7 @@ def summarise_run(r: dict) -> dict:
         "slid_at": r["slid_at"],
         "lyapunov": r["lyapunov"],
         "lyapunov_tangent": r["lyapunov_tangent"],
+        "lyapunov_tangent_full": r.get("lyapunov_tangent_full"),
         "min_ratio": ratio[low],
         "argmin_ratio_step": t0 + low,
         "first_step_ratio_above_1": None if back is None else t0 + back,
@@ -52,9 +53,10 @@ def main() -> None:
     parser.add_argument("study", type=Path, help="a dynamics.json written by workbench dynamics")
     parser.add_argument("--command", required=True, help="the workbench dynamics command that wrote it")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--commit", help="the commit the study ran at (default: HEAD now)")
     args = parser.parse_args()
     study = json.loads(args.study.read_text())
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    commit = args.commit or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
     summary = {
         "command": args.command,
         "commit": commit,

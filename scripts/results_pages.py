@@ -399,7 +399,7 @@ def dynamics_table(summary: dict) -> str:
         *(
             [
                 (
-                    "leading Lyapunov exponent from tangent vectors, lambda_1(T), T = " + " / ".join(horizons),
+                    "leading Lyapunov exponent from tangent vectors through F_t (context frozen), lambda_1(T), T = " + " / ".join(horizons),
                     lambda r: " / ".join(small(r["lyapunov_tangent"][t][0]) for t in horizons),
                 ),
                 (
@@ -408,6 +408,20 @@ def dynamics_table(summary: dict) -> str:
                 ),
             ]
             if "lyapunov_tangent" in first
+            else []
+        ),
+        *(
+            [
+                (
+                    "the same through the whole decoding step (tangent in the cache too), T = " + " / ".join(horizons),
+                    lambda r: " / ".join(small(r["lyapunov_tangent_full"][t][0]) for t in horizons),
+                ),
+                (
+                    f"leading {len(first['lyapunov_tangent_full'][horizons[-1]])} exponents at T = {horizons[-1]} (whole step)",
+                    lambda r: ", ".join(small(v) for v in r["lyapunov_tangent_full"][horizons[-1]]),
+                ),
+            ]
+            if first.get("lyapunov_tangent_full")
             else []
         ),
         ("smallest perturbation ratio (step)", lambda r: f"{sci(r['min_ratio'])} ({r['argmin_ratio_step']})"),
@@ -444,7 +458,9 @@ def dynamics_page(results: Path) -> str:
         "",
         "Perturbation ratio = ||dh_t|| / ||dh_t0|| between the rollout and its perturbed copy (a finite",
         "perturbation of 1e-3: the nonlinear measure, with a round-off floor); tangent exponents: Benettin's",
-        "method, k tangent vectors pushed through each step's Jacobian by JVPs and re-orthonormalised (no floor).",
+        "method, k tangent vectors pushed forward by forward-mode derivatives and re-orthonormalised (no floor),",
+        "through each step's feedback map F_t (the context frozen) and through the whole decoding step (the",
+        "tangent also in the cached keys and values: the linearisation of the perturbation curve).",
         "Fixed points: damped Newton with the exact Jacobian from each start independently; labels from the",
         "eigenvalues of dF/dh (stable, marginal within 1e-3 of the unit circle, saddle, unstable).",
         "",
