@@ -56,7 +56,9 @@ def main() -> None:
     parser.add_argument("--commit", help="the commit the study ran at (default: HEAD now)")
     args = parser.parse_args()
     study = json.loads(args.study.read_text())
-    commit = args.commit or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    commit = (
+        args.commit or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    )
     summary = {
         "command": args.command,
         "commit": commit,

@@ -35,6 +35,13 @@ DOCS_COMMANDS = {
     "probe_fbt_memory.json": ["workbench probe runs/cpu/fbt --target memory --passes 2,3"],
     "probe_fbt_running_sum.json": ["workbench probe runs/cpu/fbt --target running_sum --passes 2,3"],
     "probe_hd4_memory.json": ["workbench probe runs/cpu/hd4 --target memory"],
+    "capacity_fbt_memory.json": [
+        "workbench zoo --preset cpu --out runs/cpu --only fbt --only fbt-no3pass",
+        "workbench probe runs/cpu/fbt --target memory --passes 2,3 --out docs/results/capacity_fbt_memory.json",
+    ],
+    "capacity_fbt_running_sum.json": [
+        "workbench probe runs/cpu/fbt --target running_sum --passes 2,3 --out docs/results/capacity_fbt_running_sum.json"
+    ],
     "smollm2_import.json": ["workbench import smollm2 runs/smollm2 --json docs/results/smollm2_import.json"],
     "smollm2_traces_chain.json": [
         "workbench traces runs/smollm2 --chat --n-problems 200 --max-new-tokens 160 --out runs/smollm2/traces-chain"
@@ -353,8 +360,52 @@ def probes_page(results: Path) -> str:
             "",
             probe_protocol_table(group).rstrip("\n"),
         ]
+    capacity = [(path.name, read(results, path.name)) for path in sorted(results.glob("capacity_*.json"))]
+    if capacity:
+        body += capacity_section(capacity)
     figures = [figure for name, sweep in sweeps for figure in figures_of(name, sweep)]
-    return frame("Layer-0 probe study on the CPU zoo (measured)", sweeps, "\n".join(body), figures, results)
+    return frame("Layer-0 probe study on the CPU zoo (measured)", sweeps + capacity, "\n".join(body), figures, results)
+
+
+def capacity_section(sweeps: list[tuple[str, dict]]) -> list[str]:
+    """Online-code compression and rank-1 probes by depth, per target and prefill regime."""
+    body = [
+        "",
+        "## Capacity-controlled measures: online-code MDL and rank-limited probes",
+        "",
+        "On the retrained `fbt` that the dynamics page studies (not the model of the tables above).",
+        "Compression = uniform-code bits / online-code bits of the training split's labels (1 = the",
+        "activations tell nothing; the layer-0 standard row is the token embedding, the token-only",
+        "reference); the control labels are a function of the token, so their compression measures how",
+        "readable token identity is. Rank 1: accuracy of a logistic probe on the one direction that",
+        "keeps most of the full probe's logits, real / control.",
+    ]
+    for _, sweep in sweeps:
+        groups: dict[str, list[dict]] = {}
+        for row in sweep["rows"]:
+            groups.setdefault(prefill_label(row), []).append(row)
+        depths = sorted({row["layer"] for row in sweep["rows"]})
+        by = lambda rows, f: {row["layer"]: f(row) for row in rows}
+        first_rank = lambda row: row["rank_sweep"][0] if row.get("rank_sweep") else None
+        rows = []
+        for prefill, found in groups.items():
+            comp = by(found, lambda r: r.get("compression"))
+            control = by(found, lambda r: r.get("control_compression"))
+            rank = by(found, first_rank)
+            rows.append([prefill, "compression"] + [fixed(comp.get(d), 2) for d in depths])
+            rows.append([prefill, "control compression"] + [fixed(control.get(d), 1) for d in depths])
+            rows.append(
+                [prefill, "rank 1: real / control"]
+                + [f"{rank[d]['accuracy']:.3f} / {rank[d]['control_accuracy']:.3f}" if rank.get(d) else "" for d in depths]
+            )
+        chance = span([row["chance"] for row in sweep["rows"]], 3)
+        body += [
+            "",
+            f"### `{sweep['target']}` (task `{sweep['task']}`; {sweep['n_sequences']} held-out sequences; chance {chance})",
+            "",
+            table(["prefill", "measure"] + [depth(d) for d in depths], rows).rstrip("\n"),
+        ]
+    return body
 
 
 # ---------------------------------------------------------------- dynamics
@@ -399,7 +450,8 @@ def dynamics_table(summary: dict) -> str:
         *(
             [
                 (
-                    "leading Lyapunov exponent from tangent vectors through F_t (context frozen), lambda_1(T), T = " + " / ".join(horizons),
+                    "leading Lyapunov exponent from tangent vectors through F_t (context frozen), lambda_1(T), T = "
+                    + " / ".join(horizons),
                     lambda r: " / ".join(small(r["lyapunov_tangent"][t][0]) for t in horizons),
                 ),
                 (

@@ -347,7 +347,9 @@ def cmd_eval(args) -> dict:
 def cmd_zoo(args) -> dict:
     from workbench.training.zoo import train_zoo
 
-    summary = train_zoo(args.preset, args.out, progress=not args.no_progress, only=args.only)
+    summary = train_zoo(
+        args.preset, args.out, progress=not args.no_progress, only=args.only, seeds=args.seeds, threads=args.threads
+    )
     for name, row in summary["models"].items():
         print(f"{name:12s} trained in {row['train_seconds']}s")
     print(f"wrote {Path(args.out) / 'zoo.json'}")
@@ -644,6 +646,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", choices=["micro", "cpu"], default="micro")
     p.add_argument("--out", default="runs")
     p.add_argument("--only", action="append", default=None, help="train only this member (repeatable)")
+    p.add_argument("--seeds", type=int, default=1, help="train every member at training seeds 0..N-1 (default 1)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=2,
+        help="torch threads while training (default 2; recorded: the same count trains the same model)",
+    )
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--json", dest="json_out", help="also write the summary here")
     p.set_defaults(func=cmd_zoo)

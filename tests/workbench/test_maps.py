@@ -15,7 +15,7 @@ from workbench.dynamics.maps import (
     spectral_norm,
     spectral_radius,
     tangent_lyapunov,
-    tangent_qr,
+    tangent_qr_map,
 )
 
 
@@ -261,7 +261,7 @@ def test_the_renormalising_map_sends_the_tangents_to_their_orthonormal_rows():
     """M @ JQ is the new orthonormal basis (so whatever else a tangent carries can be mixed alike),
     M is lower triangular, and its diagonal is 1 / |R_ii| up to sign: the same growths."""
     JQ = torch.randn(3, 7, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    Q, logs, M = tangent_qr(JQ, with_map=True)
+    Q, logs, M = tangent_qr_map(JQ)
     torch.testing.assert_close(M @ JQ, Q, rtol=0, atol=1e-12)
     torch.testing.assert_close(Q @ Q.T, torch.eye(3, dtype=torch.float64), rtol=0, atol=1e-12)
     assert torch.equal(M, M.tril())

@@ -87,14 +87,14 @@ def test_the_dynamics_cli_reports_a_rollout_that_diverges_past_the_context(tmp_p
 
     def diverging(path, *args, **kwargs):
         model = real(path, *args, **kwargs)
-        model.add_hook("fusion.hook_value", inf_at_step(168), is_permanent=True)
+        model.add_hook("fusion.hook_value", inf_at_step(90), is_permanent=True)
         return model
 
     monkeypatch.setattr(study, "load_model", diverging)
     COUNTS["faults_injected"] += 1
     # the default prompt is 62 tokens, so the 128-token window slides at step 66, before the fault; the
-    # hook's first 8 calls are the own-dtype check's soft steps, then one per fp64 rollout step and, from
-    # --perturb-at 5 on, one more for the tangent vector's JVP before it: call 169 is step 82's own
+    # hook's first 8 calls are the own-dtype check's soft steps, then one per fp64 rollout step (the
+    # tangents ride in the same call as extra rows): call 91 is step 82's
     assert_usage_error(
         [
             "dynamics",

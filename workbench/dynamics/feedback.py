@@ -27,7 +27,7 @@ from torch.autograd import forward_ad
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from models import DecoderLM, FullBandwidthLM, NonFiniteActivation, guard_numerics
-from workbench.dynamics.maps import tangent_basis, tangent_qr
+from workbench.dynamics.maps import tangent_basis, tangent_qr, tangent_qr_map
 from workbench.runtime.activations import ActivationRecorder
 from workbench.runtime.decoding import check_passes, guarded, model_check
 from workbench.storage.errors import BadInput, WorkbenchError
@@ -113,12 +113,15 @@ def _renormalise_tangents(h: Tensor, cache, frozen: slice, full: slice) -> tuple
     context fixed) and, in the full rows, mixed by the same triangular map as their states (a
     tangent is a state and its cache together). Returns the dual state and the two log-growths."""
     primal, tangent = forward_ad.unpack_dual(h)
+    assert tangent is not None  # the rollout made h dual at the first tangent step
     tangent = tangent.clone()
     tangent[frozen], log_frozen = tangent_qr(tangent[frozen])
-    tangent[full], log_full, M = tangent_qr(tangent[full], with_map=True)
+    tangent[full], log_full, M = tangent_qr_map(tangent[full])
     for layer in cache.layers:
         for kv in (layer.k, layer.v):
-            cached = forward_ad.unpack_dual(kv).tangent[:, :, : layer.length]  # [rows, heads, pos, d_head]
+            whole = forward_ad.unpack_dual(kv).tangent
+            assert whole is not None  # every step since the first tangent step wrote dual keys and values
+            cached = whole[:, :, : layer.length]  # [rows, heads, pos, d_head]
             cached[frozen] = 0
             cached[full] = (M @ cached[full].flatten(1)).view_as(cached[full])
     return forward_ad.make_dual(primal, tangent), (log_frozen.double().cpu(), log_full.double().cpu())

@@ -114,17 +114,19 @@ def lyapunov_from_growth(ratios: Tensor) -> Tensor:
     return ratios.double().log() / steps
 
 
-def tangent_qr(JQ: Tensor, with_map: bool = False):
+def tangent_qr(JQ: Tensor) -> tuple[Tensor, Tensor]:
     """One Benettin step: the propagated tangent vectors JQ [k, D] (rows) re-orthonormalised by QR;
-    returns the new orthonormal rows [k, D], log |R_ii| [k] (the growth of each direction) and,
-    ``with_map``, the lower-triangular M [k, k] with M @ JQ = the new rows (to transform whatever
-    else the tangents carry alike)."""
+    returns the new orthonormal rows [k, D] and log |R_ii| [k] (the growth of each direction)."""
     Q, R = torch.linalg.qr(JQ.T)
-    logs = torch.diagonal(R).abs().log()
-    if not with_map:
-        return Q.T, logs
+    return Q.T, torch.diagonal(R).abs().log()
+
+
+def tangent_qr_map(JQ: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``tangent_qr`` and the lower-triangular M [k, k] with M @ JQ = the new rows, to transform
+    whatever else the tangents carry alike."""
+    Q, R = torch.linalg.qr(JQ.T)
     eye = torch.eye(R.shape[0], dtype=R.dtype, device=R.device)
-    return Q.T, logs, torch.linalg.solve_triangular(R.T, eye, upper=False)
+    return Q.T, torch.diagonal(R).abs().log(), torch.linalg.solve_triangular(R.T, eye, upper=False)
 
 
 def tangent_basis(D: int, k: int, dtype: torch.dtype, device=None, seed: int = 0) -> Tensor:

@@ -17,6 +17,7 @@ from workbench.runtime.tokenizer import tokenizer_of
 from workbench.storage.errors import BadInput
 from workbench.storage.files import write_json
 from workbench.storage.outputs import claim
+from workbench.storage.provenance import source_commit
 
 MAX_HORIZON = 100_000  # states are kept for every step: 100k steps of d_model 1024 in float32 is 400 MB
 DEFAULT_PROMPT = "Q: Start with 12. Add 7. Multiply by 3. What is the result?\nA:"
@@ -211,7 +212,7 @@ def dynamics_study(runs: list[str], out_dir: str | Path, *, overwrite: bool = Fa
         results = {name: f.report for name, f in found.items()}
         states = {name: f.states for name, f in found.items()}
         figures = [str(out_dir / Path(f).name) for f in plot_dynamics(results, states, out.staging)]
-        report = {"runs": results, "figures": figures}
+        report = {"runs": results, "figures": figures, "commit": source_commit()}
         write_json(out.staging / "dynamics.json", report)
         out.publish(replaces=FIGURES)
     return report

@@ -23,6 +23,7 @@ from workbench.runtime.tokenizer import tokenizer_of
 from workbench.storage.errors import BadInput, OutputExists
 from workbench.storage.files import atomic_write, fsync, read_json, write_json
 from workbench.storage.outputs import hold, staging_in
+from workbench.storage.provenance import source_commit
 
 MAX_SEQUENCES = 100_000
 TARGET_TASK = {label: task for task, labels in LABELS.items() for label in labels}
@@ -155,6 +156,7 @@ def probe_study(
             "target": target,
             "task": task,
             "n_sequences": n_sequences,
+            "commit": source_commit(),
             "rows": rows,
         }
         # publish: the probe weights as one directory swap, then the figure, then the report last

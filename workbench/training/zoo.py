@@ -4,6 +4,13 @@ the same data order, so FBT and the baseline see equal data.
 
 ``micro`` finishes in well under 2 minutes on 2 CPU cores (tests, CI); ``cpu`` in under 25 and
 gives models good enough for the studies to show something.
+
+With ``seeds`` = n every member is trained at training seeds 0..n-1 (``train.seed``: the
+initialisation and the batch order; the task data stay the same), seed k > 0 in ``NAME-seedK``;
+``zoo.json`` then also gives each member's evaluation across seeds as a mean with a 95% interval.
+Training runs with a fixed number of torch threads (``threads``, recorded): on one machine a
+member is then bitwise the same every time it is trained (a different thread count changes the
+order of floating-point sums, so it gives a different, equally valid, model).
 """
 
 from __future__ import annotations
@@ -12,12 +19,19 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
 from workbench.storage.errors import BadInput, OutputExists
 from workbench.storage.files import read_json, write_json
 from workbench.storage.outputs import hold
+from workbench.storage.provenance import source_commit
 from workbench.training.evaluate import evaluate_run
+from workbench.training.intervals import seed_interval
 from workbench.training.runconfig import load_run_config, make_run_config
 from workbench.training.train import check_new_run_dir, train
+
+THREADS = 2  # the zoo's default torch thread count: the reference machine's cores
+MAX_SEEDS = 10
 
 SCALES = {
     "micro": {
@@ -54,18 +68,27 @@ SCALES = {
 }
 
 
-def members(scale: str, out: Path) -> list[tuple[str, str, list[str], str | None]]:
+def seed_name(name: str, seed: int) -> str:
+    """The directory of member ``name`` at training seed ``seed`` (seed 0 keeps the plain name)."""
+    return name if seed == 0 else f"{name}-seed{seed}"
+
+
+def members(scale: str, out: Path, seed: int = 0) -> list[tuple[str, str, list[str], str | None]]:
     if scale not in SCALES:
         raise BadInput(f"unknown zoo preset {scale!r}: expected one of {sorted(SCALES)}")
     s = SCALES[scale]
     steps, hd_steps = [f"train.steps={s['steps']}"], [f"train.steps={s['hd_steps']}"]
-    base = str(out / "baseline")
+    seeded = [f"train.seed={seed}"] if seed else []
+    base = str(out / seed_name("baseline", seed))
     return [
-        ("baseline", "baseline", steps, None),
-        ("fbt", "fbt", steps, None),
-        ("fbt-no3pass", "fbt", steps + ["fbt.three_pass_fraction=0"], None),
-        ("hd2", "hd", hd_steps + ["hd.streams=2", "hd.expand_at=0"], base),
-        ("hd4", "hd", hd_steps + ["hd.streams=2,4", f"hd.expand_at=0,{s['hd_steps'] // 2}"], base),
+        (seed_name(name, seed), arch, seeded + overrides, init)
+        for name, arch, overrides, init in [
+            ("baseline", "baseline", steps, None),
+            ("fbt", "fbt", steps, None),
+            ("fbt-no3pass", "fbt", steps + ["fbt.three_pass_fraction=0"], None),
+            ("hd2", "hd", hd_steps + ["hd.streams=2", "hd.expand_at=0"], base),
+            ("hd4", "hd", hd_steps + ["hd.streams=2,4", f"hd.expand_at=0,{s['hd_steps'] // 2}"], base),
+        ]
     ]
 
 
@@ -74,49 +97,99 @@ def member_names(scale: str = "micro") -> list[str]:
 
 
 def train_zoo(
-    scale: str = "micro", out: str | Path = "runs", *, progress: bool | Callable = True, only: list[str] | None = None
+    scale: str = "micro",
+    out: str | Path = "runs",
+    *,
+    progress: bool | Callable = True,
+    only: list[str] | None = None,
+    seeds: int = 1,
+    threads: int = THREADS,
 ) -> dict:
-    """Train (or resume) and evaluate the zoo; returns and writes ``zoo.json`` under ``out``.
-    ``progress``: True for tqdm bars, or ``progress(name, step, total, record)`` after every step.
-    The zoo directory is held while it trains; a member directory that holds anything but that
-    member's own run (same config) is left alone and stops the zoo before any training."""
+    """Train (or resume) and evaluate the zoo at training seeds 0..``seeds``-1 with ``threads``
+    torch threads; returns and writes ``zoo.json`` under ``out``. ``only`` names members (plain
+    names: every seed of them is trained). ``progress``: True for tqdm bars, or
+    ``progress(name, step, total, record)`` after every step. The zoo directory is held while it
+    trains; a member directory that holds anything but that member's own run (same config) is left
+    alone and stops the zoo before any training."""
     unknown = sorted(set(only or []) - set(member_names(scale)))
     if unknown:
         raise BadInput(f"unknown zoo member(s) {unknown}: expected some of {member_names(scale)}")
+    if not 1 <= seeds <= MAX_SEEDS:
+        raise BadInput(f"seeds={seeds}: expected 1..{MAX_SEEDS} training seeds")
+    if threads < 1:
+        raise BadInput(f"threads={threads}: expected an integer >= 1")
     out = Path(out)
     plan = []
-    for name, arch, overrides, init in members(scale, out):
-        if not only or name in only:
-            plan.append(
-                (name, make_run_config(arch, SCALES[scale]["preset"], "mix", SCALES[scale]["common"] + overrides, init_from=init))
-            )
-    for name, cfg in plan:  # before anything is written
+    for seed in range(seeds):
+        for (name, arch, overrides, init), plain in zip(members(scale, out, seed), member_names(scale)):
+            if not only or plain in only:
+                cfg = make_run_config(arch, SCALES[scale]["preset"], "mix", SCALES[scale]["common"] + overrides, init_from=init)
+                plan.append((name, plain, seed, cfg))
+    for name, _, _, cfg in plan:  # before anything is written
         check_member(out / name, cfg)
     with hold(out):
-        summary = {"scale": scale, "models": {}}
+        summary = {"scale": scale, "seeds": seeds, "threads": threads, "torch": torch.__version__, "models": {}}
         if (out / "zoo.json").exists():  # a partial re-run (``only``) keeps the other members' entries
             previous = read_json(out / "zoo.json")
             if previous.get("scale") == scale and isinstance(previous.get("models"), dict):
                 summary["models"].update(previous["models"])
-        for name, cfg in plan:
-            run = out / name
-            check_member(run, cfg)
-            started = time.perf_counter()
-            resume = (run / "train_state" / "state.json").is_file()
-            report = (
-                (lambda step, total, record, name=name: progress(name, step, total, record)) if callable(progress) else progress
-            )
-            result = train(cfg, run, resume=resume, progress=report)
-            seconds = time.perf_counter() - started
-            evaluation = evaluate_run(run)
-            summary["models"][name] = {
-                "train_seconds": round(seconds, 1),
-                "eval_seconds": evaluation["seconds"],
-                "resumed_from": result.summary["resumed_from"],
-                "tasks": evaluation["tasks"],
-            }
-            write_json(out / "zoo.json", summary)  # after every member: a stopped zoo keeps what it finished
+                summary["seeds"] = max(seeds, int(previous.get("seeds", 1)))
+        summary["commit"] = source_commit()
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            for name, plain, seed, cfg in plan:
+                run = out / name
+                check_member(run, cfg)
+                started = time.perf_counter()
+                resume = (run / "train_state" / "state.json").is_file()
+                report = (
+                    (lambda step, total, record, name=name: progress(name, step, total, record))
+                    if callable(progress)
+                    else progress
+                )
+                result = train(cfg, run, resume=resume, progress=report)
+                seconds = time.perf_counter() - started
+                evaluation = evaluate_run(run)
+                summary["models"][name] = {
+                    "member": plain,
+                    "seed": seed,
+                    "train_seconds": round(seconds, 1),
+                    "eval_seconds": evaluation["seconds"],
+                    "resumed_from": result.summary["resumed_from"],
+                    "tasks": evaluation["tasks"],
+                }
+                summary["across_seeds"] = across_seeds(summary["models"])
+                write_json(out / "zoo.json", summary)  # after every member: a stopped zoo keeps what it finished
+        finally:
+            torch.set_num_threads(before)
     return summary
+
+
+def across_seeds(models: dict) -> dict:
+    """Per member trained at two or more seeds: its seeds' run names and, for every evaluated
+    quantity (task -> loss / answer_loss / accuracy -> regime), the mean with a 95% interval."""
+    groups: dict[str, list[tuple[int, str]]] = {}
+    for name, row in models.items():
+        groups.setdefault(row.get("member", name), []).append((int(row.get("seed", 0)), name))
+    result = {}
+    for member, runs in sorted(groups.items()):
+        if len(runs) < 2:
+            continue
+        names = [name for _, name in sorted(runs)]
+        tasks = {}
+        for task in models[names[0]]["tasks"]:
+            measures = {}
+            for measure in ("loss", "answer_loss", "accuracy"):
+                regimes = models[names[0]]["tasks"][task].get(measure, {})
+                measures[measure] = {
+                    regime: seed_interval([models[n]["tasks"][task][measure][regime] for n in names])
+                    for regime in regimes
+                    if all(regime in models[n]["tasks"].get(task, {}).get(measure, {}) for n in names)
+                }
+            tasks[task] = measures
+        result[member] = {"runs": names, "seeds": [seed for seed, _ in sorted(runs)], "tasks": tasks}
+    return result
 
 
 def check_member(run: Path, cfg) -> None:

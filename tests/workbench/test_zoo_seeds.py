@@ -1,0 +1,61 @@
+"""The zoo at several training seeds: bitwise reproducible for a fixed thread count, seeds that
+differ, and the across-seed intervals computed from the members' own evaluations."""
+
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from workbench.storage.files import read_json
+from workbench.training.intervals import seed_interval
+from workbench.training.zoo import THREADS, across_seeds, seed_name, train_zoo
+
+
+def test_seed_interval_is_the_student_t_interval():
+    """n = 3 values 1, 2, 3: mean 2, sample sd 1, half-width t(0.975, 2) / sqrt(3), where with 2
+    degrees of freedom the t quantile has the closed form (2p - 1) sqrt(2 / (4 p (1 - p)))."""
+    r = seed_interval([1.0, 2.0, 3.0])
+    assert r["mean"] == 2.0 and r["sd"] == 1.0 and r["n"] == 3
+    assert math.isclose(r["high"] - 2.0, 0.95 * math.sqrt(2 / (4 * 0.975 * 0.025)) / math.sqrt(3), rel_tol=1e-12)
+    assert math.isclose(2.0 - r["low"], r["high"] - 2.0, rel_tol=1e-12)
+    one = seed_interval([0.25])
+    assert one["low"] == one["high"] == one["mean"] == 0.25
+    with pytest.raises(ValueError, match="finite values"):
+        seed_interval([1.0, float("nan")])
+
+
+def test_across_seeds_groups_a_members_seeds_and_skips_single_seed_members():
+    row = lambda member, seed, acc: {"member": member, "seed": seed, "tasks": {"chain": {"accuracy": {"standard": acc}}}}
+    models = {
+        "fbt": row("fbt", 0, 0.25),
+        "fbt-seed1": row("fbt", 1, 0.5),
+        "fbt-seed2": row("fbt", 2, 0.75),
+        "hd2": row("hd2", 0, 0.1),
+    }
+    result = across_seeds(models)
+    assert set(result) == {"fbt"} and result["fbt"]["runs"] == ["fbt", "fbt-seed1", "fbt-seed2"]
+    cell = result["fbt"]["tasks"]["chain"]["accuracy"]["standard"]
+    assert cell["values"] == [0.25, 0.5, 0.75] and cell["mean"] == 0.5 and cell["low"] < 0.25 < 0.75 < cell["high"]
+
+
+@pytest.mark.slow
+def test_a_zoo_member_is_bitwise_the_same_when_trained_again_and_differs_across_seeds(tmp_path):
+    threads = torch.get_num_threads()
+    a = train_zoo("micro", tmp_path / "a", progress=False, only=["fbt"], seeds=2)
+    train_zoo("micro", tmp_path / "b", progress=False, only=["fbt"], seeds=2)
+    assert torch.get_num_threads() == threads  # restored
+    assert set(a["models"]) == {"fbt", seed_name("fbt", 1)} == {"fbt", "fbt-seed1"}
+    for name in a["models"]:  # (the files' bytes may differ: safetensors writes its metadata in hash order)
+        wa, wb = (load_file(tmp_path / x / name / "model.safetensors") for x in "ab")
+        assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    w0, w1 = (load_file(tmp_path / "a" / n / "model.safetensors")["embed.W_E"] for n in ("fbt", "fbt-seed1"))
+    assert not torch.equal(w0, w1)
+    zoo = read_json(tmp_path / "a" / "zoo.json")
+    assert zoo["seeds"] == 2 and zoo["threads"] == THREADS == 2 and zoo["torch"] == torch.__version__
+    assert (
+        zoo["models"]["fbt-seed1"]["seed"] == 1 and read_json(tmp_path / "a" / "fbt-seed1" / "config.json")["train"]["seed"] == 1
+    )
+    cell = zoo["across_seeds"]["fbt"]["tasks"]["chain"]["loss"]["standard"]
+    losses = [zoo["models"][n]["tasks"]["chain"]["loss"]["standard"] for n in ("fbt", "fbt-seed1")]
+    assert cell["values"] == losses and math.isclose(cell["mean"], sum(losses) / 2)
