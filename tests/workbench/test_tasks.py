@@ -9,6 +9,7 @@ from workbench.data.answers import is_correct, parse_final_answer
 from workbench.data.tasks import TaskConfig, gsm8k_example, load_jsonl, load_task, load_text, synthetic_examples
 from workbench.data.windows import TokenStream, batch_windows
 from workbench.runtime.tokenizer import CharTokenizer
+from workbench.storage.errors import BadInput
 
 
 @pytest.mark.parametrize("task", ["chain", "modsum", "flipflop", "mix"])
@@ -169,3 +170,37 @@ def test_last_number_is_the_final_number_of_prose_answers():
     assert last_number("from 3 down to -4") == "-4"
     assert last_number("#### 72") == "72"
     assert last_number("no digits here") is None
+
+
+def test_mixed_verbosity_writes_each_problem_its_own_way_and_keeps_the_problems():
+    """With chain_merge_weights = (1, 1) each answer line writes one or two steps, drawn per line:
+    examples mix written and merged steps, the arithmetic and answers stay right, the problems
+    are exactly those of every-step verbosity, and a problem is always written the same way."""
+    cfg = TaskConfig(chain_merge_weights=(1, 1), chain_max_steps=4)
+    mixed = synthetic_examples("chain", 200, 3, cfg)
+    verbose = synthetic_examples("chain", 200, 3, TaskConfig(chain_max_steps=4))
+    assert [e.prompt for e in mixed] == [e.prompt for e in verbose] and [e.answer for e in mixed] == [e.answer for e in verbose]
+    assert [e.completion for e in synthetic_examples("chain", 200, 3, cfg)] == [e.completion for e in mixed]
+    shapes = set()
+    for ex in mixed:
+        steps = re.findall(r"<<([^=]+)=(-?\d+)>>(-?\d+)", ex.completion)
+        assert all(eval(expr) == int(v) == int(w) for expr, v, w in steps)  # noqa: S307 (our own digits)
+        assert -(-ex.difficulty // 2) <= len(steps) <= ex.difficulty and steps[-1][1] == ex.answer
+        ops = [len(re.findall(r"[+*]|(?<=\d)-", expr)) for expr, _, _ in steps]  # steps written in each line
+        assert sum(ops) == ex.difficulty and set(ops) <= {1, 2}
+        shapes.add(tuple(ops))
+    assert any(1 in s and 2 in s for s in shapes)  # some examples both write and merge
+    assert sum(len(e.completion) for e in mixed) < sum(len(e.completion) for e in verbose)
+
+
+@pytest.mark.parametrize("weights", [(0, 0), (1, -1), tuple([1.0] * 9)])
+def test_bad_merge_weights_are_refused_by_name(weights):
+    with pytest.raises(BadInput, match=r"data field chain_merge_weights=.*expected \(\) or 1\.\.8 non-negative weights"):
+        TaskConfig(chain_merge_weights=weights)
+
+
+def test_merge_weights_come_from_the_command_line_and_are_recorded():
+    from workbench.training.runconfig import make_run_config
+
+    cfg = make_run_config("baseline", "debug", "chain", ["data.chain_merge_weights=3,1"])
+    assert cfg.to_dict()["data"]["chain_merge_weights"] in ([3.0, 1.0], (3.0, 1.0))

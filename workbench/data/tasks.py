@@ -66,6 +66,9 @@ class TaskConfig:
 
     chain_max_steps: int = 4
     chain_merge: int = 1  # steps written per answer line (verbosity: 1 = every step)
+    # mixed verbosity: weights of writing 1, 2, ... steps in one answer line, drawn line by line
+    # (from the problem itself, so the problems are those of any fixed verbosity); () = chain_merge
+    chain_merge_weights: tuple[float, ...] = ()
     chain_max_operand: int = 20
     modsum_p: int = 7
     modsum_min_len: int = 4
@@ -84,6 +87,14 @@ class TaskConfig:
                 self.mix_weights = value
                 if len(value) != 3 or any(w < 0 for w in value) or sum(value) <= 0:
                     raise BadInput(f"data field mix_weights={value!r}: expected 3 non-negative weights with a positive sum")
+            elif f.name == "chain_merge_weights":
+                value = tuple(float(w) for w in value)
+                self.chain_merge_weights = value
+                if value and (len(value) > 8 or any(not w >= 0 for w in value) or not 0 < sum(value) < float("inf")):
+                    raise BadInput(
+                        f"data field chain_merge_weights={value!r}: expected () or 1..8 non-negative weights "
+                        "(of writing 1, 2, ... steps per line) with a positive sum"
+                    )
             elif not isinstance(value, int) or value < 1:
                 raise BadInput(f"data field {f.name}={value!r}: expected an integer >= 1")
         if not 2 <= self.modsum_p <= 10:
@@ -126,14 +137,31 @@ def _apply(a: int, op: str, b: int) -> int:
     return a + b if op == "+" else a - b if op == "-" else a * b
 
 
-def chain_example(start: int, steps: list[tuple[str, int]], merge: int) -> Example:
+def merge_sizes(start: int, steps: list[tuple[str, int]], weights: tuple[float, ...]) -> list[int]:
+    """How many steps each answer line writes, drawn line by line from ``weights`` (of 1, 2, ...
+    steps) with a generator seeded by the problem itself: the same problem is always written the
+    same way, and drawing takes nothing from the stream the problems come from."""
+    rng = random.Random(f"chain-merge|{start}|{steps}")
+    sizes, left = [], len(steps)
+    while left:
+        size = min(rng.choices(range(1, len(weights) + 1), weights)[0], left)
+        sizes.append(size)
+        left -= size
+    return sizes
+
+
+def chain_example(start: int, steps: list[tuple[str, int]], merge: int | list[int]) -> Example:
+    """The problem and its GSM8K-style answer; ``merge``: steps per answer line, one number for
+    every line or one per line (summing to the number of steps)."""
     question = f"Start with {start}. " + " ".join(f"{_WORDS[op]} {b}." for op, b in steps) + " What is the result?"
     prompt = f"Q: {question}\nA:"
+    sizes = merge if isinstance(merge, list) else [merge] * -(-len(steps) // merge)
+    bounds = [sum(sizes[:k]) for k in range(len(sizes) + 1)]
     lines, values = [], []
     value = start
-    for i in range(0, len(steps), merge):
+    for i, end in zip(bounds, bounds[1:]):
         expr = str(value)
-        for j, (op, b) in enumerate(steps[i : i + merge]):
+        for j, (op, b) in enumerate(steps[i:end]):
             expr = f"({expr}){op}{b}" if j > 0 and op == "*" and any(o != "*" for o, _ in steps[i : i + j]) else f"{expr}{op}{b}"
             value = _apply(value, op, b)
         lines.append(f"{expr}=<<{expr}={value}>>{value}")
@@ -156,7 +184,8 @@ def chain_example(start: int, steps: list[tuple[str, int]], merge: int) -> Examp
 def make_chain(rng: random.Random, cfg: TaskConfig, n_steps: int | None = None) -> Example:
     n_steps = n_steps or rng.randint(1, cfg.chain_max_steps)
     start, steps = chain_steps(rng, n_steps, cfg.chain_max_operand)
-    return chain_example(start, steps, cfg.chain_merge)
+    merge = merge_sizes(start, steps, cfg.chain_merge_weights) if cfg.chain_merge_weights else cfg.chain_merge
+    return chain_example(start, steps, merge)
 
 
 # ---- modsum, flipflop ----------------------------------------------------------------------
