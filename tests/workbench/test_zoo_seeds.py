@@ -59,3 +59,15 @@ def test_a_zoo_member_is_bitwise_the_same_when_trained_again_and_differs_across_
     cell = zoo["across_seeds"]["fbt"]["tasks"]["chain"]["loss"]["standard"]
     losses = [zoo["models"][n]["tasks"]["chain"]["loss"]["standard"] for n in ("fbt", "fbt-seed1")]
     assert cell["values"] == losses and math.isclose(cell["mean"], sum(losses) / 2)
+
+
+def test_competence_compares_standard_accuracy_with_each_target():
+    from workbench.training.zoo import competence
+
+    tasks = {"chain": {"accuracy": {"standard": 0.5, "soft": 0.9}}, "modsum": {"accuracy": {"standard": 0.79}}}
+    c = competence(tasks, {"chain": 0.5, "modsum": 0.8, "flipflop": 0.95})
+    assert [c["tasks"][t]["reached"] for t in ("chain", "modsum", "flipflop")] == [True, False, False]
+    assert c["tasks"]["flipflop"]["accuracy"] is None and not c["qualified"]
+    assert competence(tasks, {"chain": 0.5})["qualified"]
+    micro = competence(tasks, None)
+    assert micro["plumbing_check"] and not micro["qualified"]

@@ -33,6 +33,13 @@ from workbench.training.train import check_new_run_dir, train
 THREADS = 2  # the zoo's default torch thread count: the reference machine's cores
 MAX_SEEDS = 10
 
+# Competence: held-out accuracy (``standard`` regime) each member must reach on each task before
+# a study's reading rests on it. The ``micro`` zoo trains for seconds and is a plumbing check: it
+# has no targets and its results say nothing about the effects studied. ``cpu`` states what the
+# studies need: correct chain traces to compare lengths, a running sum the model computes for the
+# probes to find, and a memory it keeps.
+TARGETS = {"micro": None, "cpu": {"chain": 0.5, "modsum": 0.8, "flipflop": 0.95}}
+
 SCALES = {
     "micro": {
         "preset": "debug",
@@ -158,12 +165,26 @@ def train_zoo(
                     "eval_seconds": evaluation["seconds"],
                     "resumed_from": result.summary["resumed_from"],
                     "tasks": evaluation["tasks"],
+                    "competence": competence(evaluation["tasks"], TARGETS[scale]),
                 }
                 summary["across_seeds"] = across_seeds(summary["models"])
                 write_json(out / "zoo.json", summary)  # after every member: a stopped zoo keeps what it finished
         finally:
             torch.set_num_threads(before)
     return summary
+
+
+def competence(tasks: dict, targets: dict | None) -> dict:
+    """Whether a member reached ``targets`` (task -> held-out accuracy in the ``standard`` regime):
+    per task the target, the accuracy and ``reached``, and ``qualified`` = every task reached.
+    Without targets (the ``micro`` zoo) the member is a plumbing check and never qualifies."""
+    if targets is None:
+        return {"plumbing_check": True, "qualified": False, "tasks": {}}
+    rows = {}
+    for task, target in targets.items():
+        accuracy = tasks.get(task, {}).get("accuracy", {}).get("standard")
+        rows[task] = {"target": target, "accuracy": accuracy, "reached": accuracy is not None and accuracy >= target}
+    return {"plumbing_check": False, "qualified": all(r["reached"] for r in rows.values()), "tasks": rows}
 
 
 def across_seeds(models: dict) -> dict:
@@ -188,7 +209,13 @@ def across_seeds(models: dict) -> dict:
                     if all(regime in models[n]["tasks"].get(task, {}).get(measure, {}) for n in names)
                 }
             tasks[task] = measures
-        result[member] = {"runs": names, "seeds": [seed for seed, _ in sorted(runs)], "tasks": tasks}
+        qualified = sum(bool(models[n].get("competence", {}).get("qualified")) for n in names)
+        result[member] = {
+            "runs": names,
+            "seeds": [seed for seed, _ in sorted(runs)],
+            "qualified_seeds": qualified,
+            "tasks": tasks,
+        }
     return result
 
 
