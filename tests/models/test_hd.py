@@ -153,3 +153,48 @@ def test_expanding_a_baseline_with_one_cross_stream_layer_keeps_its_function(n):
     toks = tokens(2, 12)
     with torch.no_grad():
         torch.testing.assert_close(hd(toks), baseline(toks), atol=1e-5, rtol=0)
+
+
+def _logit_gap(small, big, toks) -> float:
+    with torch.no_grad():
+        return float((big(toks) - small(toks)).abs().max())
+
+
+# (what the expansion is, the expansion, does it keep the function)
+EXPANSIONS = [
+    ("1 -> 2, one cross layer", lambda m: expand_streams(m, 2, cross_layers=(1,)), True),
+    ("1 -> 4, one cross layer", lambda m: expand_streams(m, 4, cross_layers=(1,)), True),
+    ("1 -> 2, cross layer at the bottom", lambda m: expand_streams(m, 2, cross_layers=(0,)), True),
+    ("1 -> 2, two cross layers", lambda m: expand_streams(m, 2, cross_layers=(0, 1)), False),
+    ("1 -> 2, interleaved positions", lambda m: expand_streams(m, 2, cross_layers=(1,), positions="interleaved"), False),
+    ("1 -> 2, cross window of 3 positions", lambda m: expand_streams(m, 2, cross_layers=(1,), cross_window=3), False),
+    ("1 -> 2, sum readout", lambda m: expand_streams(m, 2, cross_layers=(1,), readout="sum"), False),
+]
+
+
+@pytest.mark.parametrize("what,expand,keeps", EXPANSIONS, ids=[e[0] for e in EXPANSIONS])
+def test_cyclic_replication_keeps_the_smaller_models_function_only_with_one_cross_layer(what, expand, keeps):
+    """Replicated streams compute the same states up to the cross-stream layer. There the last
+    stream of token i sees every stream of tokens <= i, i.e. each of the smaller model's keys
+    n times over with the same value, so its softmax gives the same weights and the same output;
+    after it, intra-stream layers keep the last stream to itself. So the expanded model's logits
+    equal the smaller model's (to round-off, in fp64). A second cross layer reads the earlier
+    streams, which the first one made differ (stream 0 of token i sees only one copy of token i);
+    interleaved positions give the copies different rotary phases; a window cuts copies unevenly;
+    a sum readout adds the other streams: then the function changes."""
+    torch.manual_seed(0)
+    base = build_model("baseline", "debug", seed=3).double()
+    gap = _logit_gap(base, expand(base), tokens(2, 24))
+    assert (gap < 1e-12) if keeps else (gap > 1e-4), (what, gap)
+
+
+def test_expanding_an_hd_model_keeps_its_function_when_the_new_n_is_a_multiple():
+    """2 -> 4 replicates each old stream twice (E_3 <- E_1, E_4 <- E_2): the same argument; 2 -> 3
+    (E_3 <- E_1) repeats only stream 1, so token i's copies are weighted unevenly."""
+    base = build_model("baseline", "debug", seed=3).double()
+    hd2 = expand_streams(base, 2, cross_layers=(1,))
+    with torch.no_grad():
+        hd2.embed.W_E[1] += 0.5 * torch.randn_like(hd2.embed.W_E[1])  # a 2-stream model whose streams differ
+    toks = tokens(2, 24)
+    assert _logit_gap(hd2, expand_streams(hd2, 4), toks) < 1e-12
+    assert _logit_gap(hd2, expand_streams(hd2, 3), toks) > 1e-4
