@@ -84,6 +84,22 @@ def test_hd_continues_from_a_baseline_and_expands_cyclically(tmp_path):
     assert out.model.n_streams == 4
     saved = json.loads((tmp_path / "hd4" / "config.json").read_text())
     assert saved["model"]["n_streams"] == 4 and saved["init_from"] == str(tmp_path / "base")
+    # one middle cross layer: the expansion in training (2 -> 4; 1 -> 2 happened at the init) keeps the
+    # function, so the loss does not jump
+    jumps = json.loads((tmp_path / "hd4" / "expansions.json").read_text())["expansions"]
+    assert [(e["step"], e["from"], e["to"]) for e in jumps] == [(2, 2, 4)]
+    assert all(abs(e["loss_after"] - e["loss_before"]) < 1e-6 for e in jumps), jumps
+    # two cross layers: the expansion changes the function and the loss jumps
+    cfg = make_run_config(
+        "hd",
+        "debug",
+        "mix",
+        FAST + ["train.steps=2", "hd.streams=2,4", "hd.expand_at=0,1", "model.cross_layers=0,1"],
+        init_from=str(tmp_path / "base"),
+    )
+    train(cfg, tmp_path / "hd2x", progress=False)
+    (jump,) = json.loads((tmp_path / "hd2x" / "expansions.json").read_text())["expansions"]
+    assert abs(jump["loss_after"] - jump["loss_before"]) > 1e-5, jump
 
 
 @pytest.mark.slow

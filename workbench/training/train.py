@@ -476,8 +476,10 @@ def _trim_metrics(path: Path, before_step: int) -> None:
 
 
 INIT_FILE = "init.json"  # a run made by --init-from: its losses before training (``initial_losses``)
+EXPANSIONS_FILE = "expansions.json"  # an HD run: its loss before and after each expansion in training
 RUN_FILES = {
     INIT_FILE,
+    EXPANSIONS_FILE,
     "config.json",
     "metrics.jsonl",
     "model.safetensors",
@@ -575,6 +577,25 @@ def train(
         return _train_loop(cfg, run_dir, rank_info, device, model, opt, start, stream, tokenizer, resume, progress, stop_after)
 
 
+@torch.no_grad()
+def _record_expansion(run_dir: Path, strategy, plain, grown, stream, cfg: RunConfig, step: int, device, rows: int) -> None:
+    """Add to ``expansions.json`` (``{"expansions": [...]}``) the training loss of the model before and after an expansion
+    on the same rows of the step's batch (the first micro-batch): the loss jump the expansion
+    causes, 0 up to round-off where cyclic replication keeps the function."""
+    x, y = batch_windows(stream, cfg.train.seed, step, cfg.train.batch_size, cfg.train.seq_len)
+    x, y = x[:rows].to(device), y[:rows].to(device)
+    # the model before, as Hidden Decoding with its own number of streams (a baseline is HD with one,
+    # the same function): the strategy's loss then applies to both
+    same = expand_streams(plain, plain.n_streams)
+    before, after = (float(strategy.loss(m, x, y, step, slice(0, rows))[0]) for m in (same, grown))
+    path = run_dir / EXPANSIONS_FILE
+    entries = [
+        e for e in (read_json(path)["expansions"] if path.is_file() else []) if e["step"] != step
+    ]  # a resumed run redoes its step
+    entries.append({"step": step, "from": plain.n_streams, "to": grown.n_streams, "loss_before": before, "loss_after": after})
+    write_json(path, {"expansions": sorted(entries, key=lambda e: e["step"])})
+
+
 def _train_loop(
     cfg: RunConfig,
     run_dir: Path,
@@ -623,6 +644,8 @@ def _train_loop(
         if strategy.grows(model, step):  # on the unsharded model; the grown one is sharded again
             plain, plain_opt = engine.gather(model, opt, new_optimizer)
             grown = strategy.prepare(plain, step)
+            if rank_info.main:
+                _record_expansion(run_dir, strategy, plain, grown, stream, cfg, step, device, micro)
             model, step_loss, opt = engine.shard(grown, carry_optimizer(plain, plain_opt, grown, cfg), strategy, new_optimizer)
         lr = lr_at(cfg, step)
         for group in opt.param_groups:

@@ -28,7 +28,7 @@ from workbench.storage.provenance import source_commit
 from workbench.training.evaluate import evaluate_run
 from workbench.training.intervals import seed_interval
 from workbench.training.runconfig import load_run_config, make_run_config
-from workbench.training.train import check_new_run_dir, train
+from workbench.training.train import EXPANSIONS_FILE, check_new_run_dir, train
 
 THREADS = 2  # the zoo's default torch thread count: the reference machine's cores
 MAX_SEEDS = 10
@@ -166,6 +166,8 @@ def train_zoo(
                     "resumed_from": result.summary["resumed_from"],
                     "tasks": evaluation["tasks"],
                     "competence": competence(evaluation["tasks"], TARGETS[scale]),
+                    # HD: the training loss just before and after each expansion in training
+                    "expansions": read_json(run / EXPANSIONS_FILE)["expansions"] if (run / EXPANSIONS_FILE).is_file() else [],
                 }
                 summary["across_seeds"] = across_seeds(summary["models"])
                 write_json(out / "zoo.json", summary)  # after every member: a stopped zoo keeps what it finished
