@@ -66,6 +66,7 @@ def app_script() -> Path:
 
 
 def cmd_app(args) -> dict:
+    import signal
     import subprocess
 
     from workbench.runs import exposure_warning
@@ -91,12 +92,21 @@ def cmd_app(args) -> dict:
         "false",
         "--server.fileWatcherType",
         "none",
+        "--client.toolbarMode",
+        "minimal",  # no "Deploy" button: this app runs where its runs are
     ]
     print(f"workbench app: runs from {runs.resolve()} at http://{args.address}:{args.port}", flush=True)
+    server = subprocess.Popen(command, env={**os.environ, "WORKBENCH_RUNS": str(runs.resolve())})
+    # a SIGTERM (a service manager, `kill`) stops the server too, instead of orphaning it
+    forward = lambda signum, frame: server.send_signal(signum)
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        code = subprocess.call(command, env={**os.environ, "WORKBENCH_RUNS": str(runs.resolve())})
-    except KeyboardInterrupt:
-        code = 0
+        code = server.wait()
+    except KeyboardInterrupt:  # Ctrl-C reached the server too (same process group): let it finish
+        code = server.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return {"exit_code": code}
 
 

@@ -294,7 +294,15 @@ def test_app_verb_warns_on_stderr_before_starting_when_the_address_is_not_loopba
     assert all(map(is_loopback, ["127.0.0.1", "127.4.5.6", "::1", "[::1]", "localhost", "LocalHost", "::ffff:127.0.0.1"]))
     assert not any(map(is_loopback, ["0.0.0.0", "::", "", None, "192.168.1.7", "10.0.0.1", "example.org", "128.0.0.1"]))
     started = []
-    monkeypatch.setattr(subprocess, "call", lambda command, **kwargs: started.append(capsys.readouterr().err) or 0)
+
+    class Server:  # what the verb starts, replaced: it records what stderr held by then
+        def __init__(self, command, **kwargs):
+            started.append(capsys.readouterr().err)
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(subprocess, "Popen", Server)
     for address, warned in [("0.0.0.0", True), ("127.0.0.1", False), ("localhost", False), ("192.168.1.7", True)]:
         main(["app", "--runs", str(tmp_path), "--address", address])
         lines = started.pop().splitlines()
@@ -460,3 +468,45 @@ def test_dynamics_and_streams_pages_say_why_an_imported_model_is_not_offered(mon
         assert not errors(at)
         [info] = [i.value for i in at.info]
         assert needs in info and "imported pretrained models" in info and "smol (baseline)" in info, info
+
+
+@pytest.mark.slow
+def test_the_app_verb_stops_its_server_on_sigterm(tmp_path):
+    """``workbench app`` runs Streamlit as a child; a SIGTERM to the verb must stop the server,
+    not leave it running without a parent."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    verb = subprocess.Popen(
+        [sys.executable, "-c", "from workbench.cli import main; main()", "app", "--runs", str(tmp_path), "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline, children = time.time() + 90, []
+        while time.time() < deadline and not children:
+            children = psutil.Process(verb.pid).children()
+            time.sleep(0.2)
+        while time.time() < deadline:  # the server answers: it is fully up
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.5)
+        else:
+            pytest.fail("the app server did not start listening within 90 s")
+        (server,) = children
+        verb.send_signal(signal.SIGTERM)
+        verb.wait(timeout=60)
+        gone, alive = psutil.wait_procs([server], timeout=60)
+        assert not alive and gone
+    finally:
+        for p in psutil.Process().children(recursive=True):
+            p.kill()
