@@ -350,7 +350,7 @@ def cmd_eval(args) -> dict:
         acc = " ".join(f"{r}={v:.3f}" for r, v in row["accuracy"].items())
         loss = " ".join(f"{r}={v:.4f}" for r, v in row["loss"].items())
         print(f"{task:9s} loss {loss}  accuracy {acc}")
-    print(f"wrote {Path(args.run) / 'results' / 'eval.json'}")
+    print(f"wrote {result['path']}")
     return result
 
 
@@ -644,7 +644,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", dest="json_out", help="write the summary as JSON here")
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("eval", help="validation loss and accuracy per task (and per regime) -> results/eval.json")
+    p = sub.add_parser(
+        "eval",
+        help="validation loss and accuracy per task (and per regime) -> results/eval.json, or "
+        "results/eval_<what differs>.json for another configuration",
+    )
     p.add_argument("run")
     p.add_argument("--n", type=int, default=None, help="examples per task (default: the run's train.eval_examples)")
     p.add_argument("--passes", type=_passes, default=2, help="K of the fused regime's prefill, or 'exact'")

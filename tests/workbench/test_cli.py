@@ -102,9 +102,17 @@ def test_train_then_eval_from_the_cli(tmp_path):
             "train.eval_examples=4",
         ]
     )
-    main(["eval", str(run), "--passes", "exact"])
-    result = json.loads((run / "results" / "eval.json").read_text())
+    main(["eval", str(run)])  # the run's own configuration
+    assert json.loads((run / "results" / "eval.json").read_text())["fused_passes"] == 2
+    main(["eval", str(run), "--passes", "exact"])  # another configuration: its own file
+    exact = (run / "results" / "eval_passes-exact.json").read_text()
+    result = json.loads(exact)
     assert result["fused_passes"] == "exact" and set(result["tasks"]) == {"modsum"}
+    main(["eval", str(run), "--passes", "exact", "--n", "3", "--task", "chain"])
+    assert json.loads((run / "results" / "eval_passes-exact_n-3_task-chain.json").read_text())["n_examples"] == 3
+    main(["eval", str(run)])  # the run's own configuration again: refreshes eval.json
+    assert json.loads((run / "results" / "eval.json").read_text())["fused_passes"] == 2
+    assert (run / "results" / "eval_passes-exact.json").read_text() == exact  # untouched by it
 
 
 @pytest.mark.parametrize(

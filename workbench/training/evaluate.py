@@ -12,6 +12,7 @@ stream; for a prepared corpus, ``prepared:DIR``, its held-out documents):
 
 from __future__ import annotations
 
+import re
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -141,8 +142,11 @@ def evaluate_run(
     task: str | None = None,
     write: bool = True,
 ) -> dict:
-    """Evaluate the run at ``run_dir`` on its task; writes ``results/eval.json`` (the run's own
-    summary, refreshed by every evaluation), holding ``results/`` while it evaluates."""
+    """Evaluate the run at ``run_dir`` on its task, holding ``results/`` while it evaluates; writes
+    ``results/eval.json`` for the run's own configuration (its task, ``train.eval_examples``
+    examples, K = 2 for ``fused``) and ``results/eval_<what differs>.json`` for any other (so an
+    ``--passes exact`` eval never replaces the default one). The result's ``path`` says where it
+    went."""
     run_dir = Path(run_dir)
     cfg = load_run_config(run_dir / "config.json")  # errors name the file
     model = load_model(run_dir)
@@ -153,8 +157,24 @@ def evaluate_run(
     check_passes(model, fused_passes)
     for name in eval_tasks(task or cfg.data.task):
         check_not_trained_on(run_dir, cfg.data.task, name)
+    path = run_dir / "results" / eval_file_name(cfg, n, fused_passes, task)
     with hold(run_dir / "results") if write else nullcontext():
-        return _evaluate_run(run_dir, cfg, model, tokenizer, n, fused_passes, task, write)
+        result = _evaluate_run(run_dir, cfg, model, tokenizer, n, fused_passes, task)
+        if write:
+            write_json(path, result)
+    return {**result, "path": str(path) if write else None}
+
+
+def eval_file_name(cfg, n: int, fused_passes: int | str, task: str | None) -> str:
+    """``eval.json`` for the run's own evaluation configuration, else ``eval_<what differs>.json``."""
+    differs = []
+    if str(fused_passes) != "2":
+        differs.append(f"passes-{fused_passes}")
+    if n != cfg.train.eval_examples:
+        differs.append(f"n-{n}")
+    if task is not None and task != cfg.data.task:
+        differs.append("task-" + re.sub(r"[^A-Za-z0-9.]+", "-", task).strip("-")[:80])
+    return "eval.json" if not differs else f"eval_{'_'.join(differs)}.json"
 
 
 def check_not_trained_on(run_dir: Path, trained: str, task: str) -> None:
@@ -192,11 +212,11 @@ def _file_source(spec: str) -> tuple[str, str] | None:
 
 
 def _evaluate_run(
-    run_dir: Path, cfg, model: DecoderLM, tokenizer: TokenizerBase, n: int, fused_passes: int | str, task: str | None, write: bool
+    run_dir: Path, cfg, model: DecoderLM, tokenizer: TokenizerBase, n: int, fused_passes: int | str, task: str | None
 ) -> dict:
     data = TaskConfig(**{k: getattr(cfg.data, k) for k in TaskConfig.__dataclass_fields__})
     started = time.perf_counter()
-    result = {"run": str(run_dir), "arch": cfg.arch, "fused_passes": fused_passes, "tasks": {}}
+    result = {"run": str(run_dir), "arch": cfg.arch, "fused_passes": fused_passes, "n_examples": n, "tasks": {}}
     for name in eval_tasks(task or cfg.data.task):
         directory = corpus_dir(name)
         if directory is not None:
@@ -209,6 +229,4 @@ def _evaluate_run(
         result["tasks"][name] = evaluate_examples(model, fits, tokenizer, fused_passes=fused_passes)
         result["tasks"][name]["skipped_too_long"] = len(examples) - len(fits)
     result["seconds"] = round(time.perf_counter() - started, 2)
-    if write:
-        write_json(run_dir / "results" / "eval.json", result)
     return result
