@@ -520,9 +520,12 @@ def _difficulty_range(text: str) -> list[int]:
     return list(range(lo, hi + 1))
 
 
-def _engine_argument(p: argparse.ArgumentParser) -> None:
-    from workbench.runtime.decoding import ENGINES
+# workbench.runtime.decoding.ENGINES (a test keeps them equal), spelled here so that building the
+# parser imports neither torch nor TransformerLens: `workbench --help` answers at once
+ENGINES = ("eager", "static", "compiled")
 
+
+def _engine_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--engine",
         choices=ENGINES,
