@@ -482,6 +482,7 @@ def cmd_traces(args) -> dict:
         overwrite=args.overwrite,
         engine=args.engine,
         chat=args.chat,
+        reference=args.reference,
     )
     for key, g in summary["groups"].items():
         print(
@@ -727,9 +728,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_dynamics)
 
     p = sub.add_parser("traces", help="trace lengths and accuracy per model and regime on the same problems")
-    p.add_argument("runs", nargs="+", help="run directories; the first one's standard regime is the paired reference")
+    p.add_argument("runs", nargs="+", help="run directories; the first one's first regime is the paired reference")
     p.add_argument("--task", default="chain", help="chain | gsm8k-jsonl:PATH")
     p.add_argument("--regimes", default="standard,soft,fused", help="FBT regimes (other models: standard)")
+    p.add_argument(
+        "--reference", default=None, help="MODEL/REGIME every other pair is compared with (default: the first run's first regime)"
+    )
     p.add_argument("--passes", type=_passes, default=2, help="K of the fused regime's prefill, or 'exact'")
     p.add_argument("--n-problems", type=int, default=200)
     p.add_argument(

@@ -75,7 +75,7 @@ if st.button("Compare", key="tr_compare", type="primary"):
                     )
                 ]
             bar.progress(1.0, text="done")
-            reference = (chosen[0].name, "standard")
+            reference = (jobs[0][0].name, jobs[0][1])  # the first pair that ran (standard may not be among them)
             mixed = len({tok.tokenizer.to_str() for tok in tokenizers.values()}) > 1
             st.session_state["tr_unit"] = "characters" if mixed else "tokens"
             st.session_state["traces"] = {

@@ -158,6 +158,11 @@ def test_traces_page_compares_regimes_on_the_same_problems(monkeypatch, zoo):
     assert len(at.get("html")) == 4  # one problem, side by side under each model/regime
     at.selectbox(key="tr_show").set_value(1).run()
     assert set(at.dataframe[0].value["problems"]) == {2}  # difficulties 1-4 spread evenly over 8 problems
+    at.multiselect(key="tr_regimes").set_value(["soft", "fused"])  # no standard: pair against what ran
+    at.multiselect(key="tr_runs").set_value(["fbt"])
+    at.button(key="tr_compare").click().run()
+    assert not errors(at)
+    assert sorted(at.dataframe[0].value["run"]) == ["fbt/fused", "fbt/soft"]
     at.multiselect(key="tr_regimes").set_value([])
     at.button(key="tr_compare").click().run()
     assert "Pick at least one regime and one difficulty." in errors(at)

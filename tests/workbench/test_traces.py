@@ -153,3 +153,30 @@ def test_a_run_that_fits_no_problem_is_refused_before_any_work(tmp_path):
     assert code is None, err
     assert "wide: skipped 2 of 43 problems (prompt + max_new_tokens=64 > n_ctx=512)" in out
     assert "wide: its tokenizer cannot represent" in out
+
+
+def test_regimes_without_standard_pair_against_what_exists_and_bad_choices_fail_before_work(tmp_path):
+    """``--regimes soft,fused`` used to generate everything and then fail pairing against a
+    ``standard`` that was never run; now the default reference is the first pair that exists, a
+    named one must exist, and unknown regimes are refused, both before any generation."""
+    from helpers import assert_usage_error, cli
+
+    run = str(save_model(build_model("fbt", "debug"), tmp_path / "fbt"))
+    common = ["--n-problems", "4", "--difficulty", "1..2", "--max-new-tokens", "8"]
+    code, out, err = cli(["traces", run, "--regimes", "soft,fused", *common, "--out", str(tmp_path / "a")])
+    assert code is None, err
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert summary["reference"] == "fbt/soft" and list(summary["paired"]) == ["fbt/fused - fbt/soft"]
+    code, out, err = cli(
+        ["traces", run, "--regimes", "soft,fused", "--reference", "fbt/fused", *common, "--out", str(tmp_path / "b")]
+    )
+    assert code is None, err
+    assert list(json.loads((tmp_path / "b" / "summary.json").read_text())["paired"]) == ["fbt/soft - fbt/fused"]
+    assert_usage_error(
+        ["traces", run, "--regimes", "soft,fused", "--reference", "fbt/standard", *common, "--out", str(tmp_path / "c")],
+        "reference 'fbt/standard' is not one of the study's (model/regime) pairs: fbt/soft, fbt/fused",
+    )
+    assert_usage_error(
+        ["traces", run, "--regimes", "soft,fussed", *common, "--out", str(tmp_path / "c")], "regimes 'soft,fussed'"
+    )
+    assert not (tmp_path / "c").exists()

@@ -29,7 +29,7 @@ from workbench.data.answers import is_correct, last_number, parse_final_answer
 from workbench.data.splits import heldout_rng
 from workbench.data.tasks import Example, TaskConfig, load_jsonl, make_chain
 from workbench.runtime.checkpoint import load_model
-from workbench.runtime.decoding import NonFinite, generate
+from workbench.runtime.decoding import REGIMES, NonFinite, generate
 from workbench.runtime.tokenizer import TokenizerBase, tokenizer_of
 from workbench.storage.errors import BadInput
 from workbench.storage.files import write_json
@@ -252,10 +252,13 @@ def trace_study(
     overwrite: bool = False,
     engine: str = "eager",
     chat: bool = False,
+    reference: str | None = None,
 ) -> dict:
     """Every run under every regime on the same problems, into ``out_dir`` (``summary.json``,
     ``traces.csv``, ``traces.png``): a new or empty directory, or a previous trace study there,
     replaced only with ``overwrite``. ``chat``: every run is prompted through its chat template.
+    ``reference`` (``MODEL/REGIME``): what every other (model, regime) is paired against; by
+    default the first run's first regime (``standard`` unless the regimes leave it out).
     Problems whose prompt leaves a run no room for ``max_new_tokens`` are skipped for that run and
     listed in the summary (``skipped``); a run that can take none of them is refused before any work."""
     out_dir = Path(out_dir)
@@ -280,30 +283,36 @@ def trace_study(
             "problem_ids": [i for i in range(len(examples)) if i not in fit],
             "rule": f"prompt + max_new_tokens={max_new_tokens} > n_ctx={n_ctx}",
         }
+    unknown = [r for r in regimes if r not in REGIMES]
+    if unknown or not regimes:
+        raise BadInput(f"regimes {','.join(regimes)!r}: expected some of {', '.join(REGIMES)}")
+    plan = [(run, regime) for run in runs for regime in (regimes if loaded[run][0].carries_state else ["standard"])]
+    pairs = [f"{Path(run).name}/{regime}" for run, regime in plan]
+    reference = reference if reference is not None else pairs[0]
+    if reference not in pairs:  # before any generation
+        raise BadInput(f"reference {reference!r} is not one of the study's (model/regime) pairs: {', '.join(pairs)}")
     with claim(out_dir, "traces", overwrite=overwrite) as out:
         rows, timing, lost = [], {}, {}
-        for run in runs:
+        for run, regime in plan:
             model, tokenizer = loaded[run]
             name = Path(run).name
-            for regime in regimes if model.carries_state else ["standard"]:
-                started = time.perf_counter()
-                produced = run_traces(
-                    model,
-                    examples,
-                    regime,
-                    passes,
-                    tokenizer,
-                    max_new_tokens=max_new_tokens,
-                    batch_size=batch_size,
-                    engine=engine,
-                    chat=chat,
-                )
-                rows += [{"model": name, "regime": regime, **row} for row in produced]
-                lost[name] = sum(row["lost_characters"] for row in produced)  # the same prompts in every regime
-                seconds = time.perf_counter() - started
-                done = len(examples) - skipped[name]["n"]
-                timing[f"{name}/{regime}"] = {"seconds": round(seconds, 2), "problems_per_s": round(done / seconds, 2)}
-        reference = (Path(runs[0]).name, "standard")
+            started = time.perf_counter()
+            produced = run_traces(
+                model,
+                examples,
+                regime,
+                passes,
+                tokenizer,
+                max_new_tokens=max_new_tokens,
+                batch_size=batch_size,
+                engine=engine,
+                chat=chat,
+            )
+            rows += [{"model": name, "regime": regime, **row} for row in produced]
+            lost[name] = sum(row["lost_characters"] for row in produced)  # the same prompts in every regime
+            seconds = time.perf_counter() - started
+            done = len(examples) - skipped[name]["n"]
+            timing[f"{name}/{regime}"] = {"seconds": round(seconds, 2), "problems_per_s": round(done / seconds, 2)}
         summary = {
             "task": task,
             "passes": passes,
@@ -314,7 +323,7 @@ def trace_study(
             "lost_characters": lost,
             "chat": {"instruction": CHAT_INSTRUCTION} if chat else None,
             "timing": timing,
-            **summarise(rows, reference),
+            **summarise(rows, tuple(reference.rsplit("/", 1))),
         }
         with (out.staging / "traces.csv").open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))
