@@ -323,7 +323,7 @@ def trace_study(
             "lost_characters": lost,
             "chat": {"instruction": CHAT_INSTRUCTION} if chat else None,
             "timing": timing,
-            **summarise(rows, (reference.rsplit("/", 1)[0], reference.rsplit("/", 1)[1])),
+            **summarise(rows, (reference.rpartition("/")[0], reference.rpartition("/")[2])),
         }
         with (out.staging / "traces.csv").open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))
