@@ -403,19 +403,36 @@ def cmd_probe(args) -> dict:
     from workbench.probing.probes import RANKS
     from workbench.probing.study import probe_study
 
-    report = probe_study(
-        args.run,
-        args.target,
-        hooks=args.hooks,
-        passes=args.passes,
-        exact=not args.no_exact,
-        n_sequences=args.n_sequences,
-        seed=args.seed,
-        out=args.out,
-        overwrite=args.overwrite,
-        mdl=not args.no_mdl,
-        ranks=RANKS if args.ranks is None else args.ranks,
-    )
+    bar = None
+
+    def progress(fraction: float, what: str) -> None:  # the bar opens once the inputs are checked
+        nonlocal bar
+        if bar is None and not args.no_progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=1000, desc=f"probe {args.target}", dynamic_ncols=True, bar_format="{l_bar}{bar}| {postfix}")
+        if bar is not None:
+            bar.update(round(1000 * fraction) - bar.n)
+            bar.set_postfix_str(what)
+
+    try:
+        report = probe_study(
+            args.run,
+            args.target,
+            hooks=args.hooks,
+            passes=args.passes,
+            exact=not args.no_exact,
+            n_sequences=args.n_sequences,
+            seed=args.seed,
+            out=args.out,
+            overwrite=args.overwrite,
+            mdl=not args.no_mdl,
+            ranks=RANKS if args.ranks is None else args.ranks,
+            progress=progress,
+        )
+    finally:
+        if bar is not None:
+            bar.close()
     for row in report["rows"]:
         mdl = (
             f"  MDL {row['mdl_bits'] / 1000:.2f} kbit, compression {row['compression']:.2f} (control {row['control_compression']:.2f})"
@@ -697,6 +714,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-sequences", type=int, default=400)
     p.add_argument("--seed", type=_seed, default=0)
     p.add_argument("--no-mdl", action="store_true", help="skip the online-code description lengths (the slowest measure)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(
         "--ranks",
         type=_rank_list,

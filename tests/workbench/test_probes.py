@@ -121,12 +121,14 @@ def test_store_rejects_bad_hooks_and_regimes(tmp_path):
 
 
 @pytest.mark.slow
-def test_probe_study_sweeps_hooks_and_regimes(tmp_path):
+def test_probe_study_sweeps_hooks_and_regimes(tmp_path, capsys):
     from workbench import save_model
     from workbench.cli import main
 
     run = save_model(build_model("fbt", "debug"), tmp_path / "run")
     main(["probe", str(run), "--target", "running_sum", "--passes", "2", "--n-sequences", "30"])
+    bar = capsys.readouterr().err
+    assert "probe running_sum: 100%" in bar and "probed blocks.1.hook_resid_post (recurrent, K=exact" in bar
     report = json.loads((run / "results" / "probe_running_sum.json").read_text())
     combos = {(r["hook"], r["prefill"], str(r["passes"])) for r in report["rows"]}
     hooks = ["blocks.0.hook_resid_pre", "blocks.0.hook_resid_post", "blocks.1.hook_resid_post"]
@@ -156,6 +158,9 @@ def test_probe_study_sweeps_hooks_and_regimes(tmp_path):
     )
     row = json.loads((run / "results" / "probe_running_sum.json").read_text())["rows"][0]
     assert row["mdl_bits"] is None and row["rank_sweep"] == [] and row["accuracy"] >= 0
+    capsys.readouterr()
+    main(["probe", str(run), "--target", "running_sum", "--passes", "2", "--n-sequences", "30", "--no-progress", "--overwrite"])
+    assert "probe running_sum" not in capsys.readouterr().err
 
 
 def test_probe_rank_option_shows_the_default_and_refuses_bad_ranks(capsys):
