@@ -450,12 +450,9 @@ def cmd_probe(args) -> dict:
 
 
 def cmd_dynamics(args) -> dict:
-    from workbench.dynamics.study import dynamics_study
+    from workbench.dynamics.study import dynamics_study, work_units
 
-    report = dynamics_study(
-        args.runs,
-        args.out,
-        overwrite=args.overwrite,
+    settings = dict(
         horizon=args.horizon,
         perturb_at=args.perturb_at,
         n_spectra=args.spectra,
@@ -465,6 +462,29 @@ def cmd_dynamics(args) -> dict:
         fp_steps=args.fp_steps,
         tangents=args.tangents,
     )
+    bar = None
+
+    def progress(units: int, what: str) -> None:  # the bar opens once the inputs are checked
+        nonlocal bar
+        if bar is None and not args.no_progress:
+            from tqdm.auto import tqdm
+
+            total = len(args.runs) * work_units(**settings)
+            bar = tqdm(
+                total=total,
+                desc="dynamics",
+                dynamic_ncols=True,
+                bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} {elapsed}<{remaining} {postfix}",
+            )
+        if bar is not None:
+            bar.update(units)
+            bar.set_postfix_str(what, refresh=False)
+
+    try:
+        report = dynamics_study(args.runs, args.out, overwrite=args.overwrite, progress=progress, **settings)
+    finally:
+        if bar is not None:
+            bar.close()
     for name, r in report["runs"].items():
         lyap = " ".join(f"T={t}: {v:+.3f}" for t, v in r["lyapunov"].items())
         tangent = " ".join(f"T={t}: {v[0]:+.3f}" for t, v in r["lyapunov_tangent"].items())
@@ -742,6 +762,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tangents", type=int, default=4, help="leading Lyapunov exponents from tangent vectors (1..64)")
     p.add_argument("--out", required=True, help="output directory (JSON and figures)")
     p.add_argument("--overwrite", action="store_true", help="replace a previous dynamics study there (never anything else)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", dest="json_out", help="also write a pointer JSON here")
     p.set_defaults(func=cmd_dynamics)
 

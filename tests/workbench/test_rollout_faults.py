@@ -111,6 +111,7 @@ def test_the_dynamics_cli_reports_a_rollout_that_diverges_past_the_context(tmp_p
             "2",
             "--tangents",
             "1",
+            "--no-progress",
             "--out",
             str(tmp_path / "out"),
         ],  # names the run, the site and the step

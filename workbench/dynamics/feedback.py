@@ -17,6 +17,7 @@ every relative distance the model sees stays below n_ctx), ``"stop"`` stops with
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import cast
@@ -139,6 +140,7 @@ def rollout(
     context_rule: str = "slide",
     seed: int = 0,
     tangents: int = 0,
+    on_step: Callable[[int], None] | None = None,
 ) -> Rollout:
     """``soft`` decoding of ``horizon`` steps after ``prompt`` (greedy, or teacher-forced on
     ``tokens``), next to a ``standard`` rollout on the same tokens and, with ``perturb_at``, a
@@ -155,8 +157,9 @@ def rollout(
     alike, so it stays the tangent of the same directions): the cumulative mean of their log-growth
     is the k leading Lyapunov exponents along the rollout, with no round-off floor.
 
-    A non-finite activation (a norm input, a logit, the carried state that ``ln_final`` makes)
-    raises ``RolloutDiverged`` naming the step and the site."""
+    ``on_step(step)`` is called after each step. A non-finite activation (a norm input, a logit,
+    the carried state that ``ln_final`` makes) raises ``RolloutDiverged`` naming the step and the
+    site."""
     feedback_model(model)
     if context_rule not in CONTEXT_RULES:
         raise BadInput(f"context_rule={context_rule!r}: expected one of {CONTEXT_RULES}")
@@ -235,6 +238,8 @@ def rollout(
                 out["standard"].append(float((h0 - hp[1]).norm()))
                 if d0 is not None:
                     out["ratio"].append(float((hp[2] - h0).norm()) / d0)
+                if on_step is not None:
+                    on_step(step)
     except NonFiniteActivation as err:
         if step is None:
             raise RolloutDiverged(f"{err.what} in the prompt's prefill (before step 0)") from err

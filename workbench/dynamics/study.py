@@ -4,6 +4,7 @@ JSON and figures under the output directory."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,8 +76,12 @@ def analyse_run(
     fp_steps: int = 50,
     tangents: int = 4,
     seed: int = 0,
+    progress: Callable[[int, str], None] | None = None,
 ) -> DynamicsResult:
-    """Every feedback-map analysis of the FBT run in ``run_dir`` (see ``dynamics_study``)."""
+    """Every feedback-map analysis of the FBT run in ``run_dir`` (see ``dynamics_study``).
+    ``progress(units, what)`` is told of each unit of work done (``work_units`` of them): a
+    rollout step, a spectrum, a fixed-point search, the K-pass convergence."""
+    tick = progress or (lambda units, what: None)
     check_params(
         horizon=horizon,
         perturb_at=perturb_at,
@@ -103,7 +108,16 @@ def analyse_run(
                 f"in the checkpoint's own dtype ({str(model.embed.W_E.dtype).removeprefix('torch.')}): {err}"
             ) from err
     model = model.double()
-    roll = rollout(model, ids, horizon, perturb_at=perturb_at, seed=seed, tangents=min(tangents, model.cfg.d_model))
+    roll = rollout(
+        model,
+        ids,
+        horizon,
+        perturb_at=perturb_at,
+        seed=seed,
+        tangents=min(tangents, model.cfg.d_model),
+        on_step=lambda step: tick(1, f"{Path(run_dir).name}: rollout step {step + 1}/{horizon}"),
+    )
+    tick(horizon - len(roll.tokens), f"{Path(run_dir).name}: rollout stopped")  # a "stop" rollout ends early
     ratios, growth, full = roll.perturbation_ratio, roll.tangent_log_growth, roll.tangent_full_log_growth
     assert ratios is not None and growth is not None and full is not None  # perturb_at and tangents are set
     lyap = lyapunov_from_growth(ratios)
@@ -119,6 +133,7 @@ def analyse_run(
         cache, h_prev = prefill_context(model, ids + roll.tokens[:t], plain=len(ids))
         F = feedback_map(model, cache, roll.tokens[t])
         J = jacobian_summary(F, h_prev)
+        tick(1, f"{Path(run_dir).name}: spectrum at step {t}")
         spectra.append(
             {
                 "step": t,
@@ -139,6 +154,7 @@ def analyse_run(
             )
             kinds = ["previous", "zeros"] + ["near-rollout"] * (n_starts - 2)
             points, report = find_fixed_points(F, starts, start_kinds=kinds, max_iter=fp_steps)
+            tick(1, f"{Path(run_dir).name}: fixed points at step {t}")
             fixed.append(
                 {
                     "step": t,
@@ -160,6 +176,7 @@ def analyse_run(
                 }
             )
     conv = kpass_convergence(model, (ids + roll.tokens)[: min(len(ids) + 32, model.cfg.n_ctx)], max_passes)
+    tick(1 + (n_spectra - len(steps)) + (n_fixed - min(n_fixed, len(steps))), f"{Path(run_dir).name}: K-pass convergence")
     report = {
         "run": str(run_dir),
         "prompt": prompt,
@@ -195,16 +212,29 @@ FIGURES = ("rollout.png", "spectra.png", "fixed_points.png", "kpass.png")
 FIXED_POINT_MARKERS = {"stable": ("*", "red"), "marginal": ("D", "orange"), "saddle": ("x", "black"), "unstable": ("+", "black")}
 
 
-def dynamics_study(runs: list[str], out_dir: str | Path, *, overwrite: bool = False, **kwargs) -> dict:
+def work_units(horizon: int = 2000, n_spectra: int = 6, n_fixed: int = 2, **_) -> int:
+    """The units of work ``analyse_run`` reports to ``progress`` for one run."""
+    return horizon + n_spectra + n_fixed + 1
+
+
+def dynamics_study(
+    runs: list[str],
+    out_dir: str | Path,
+    *,
+    overwrite: bool = False,
+    progress: Callable[[int, str], None] | None = None,
+    **kwargs,
+) -> dict:
     """Analyse ``runs`` side by side into ``out_dir`` (``dynamics.json`` and figures): a new or
-    empty directory, or a previous dynamics study there, replaced only with ``overwrite``."""
+    empty directory, or a previous dynamics study there, replaced only with ``overwrite``.
+    ``progress`` as in ``analyse_run`` (``len(runs) * work_units(**kwargs)`` units in all)."""
     check_params(**kwargs)
     out_dir = Path(out_dir)
     with claim(out_dir, "dynamics", overwrite=overwrite) as out:
         found = {}
         for r in runs:
             try:
-                found[Path(r).name] = analyse_run(r, **kwargs)
+                found[Path(r).name] = analyse_run(r, progress=progress, **kwargs)
             except RolloutDiverged as err:  # several runs side by side: say which one diverged
                 raise RolloutDiverged(f"{r}: {err}") from err
             except NonFinite as err:
