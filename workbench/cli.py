@@ -586,26 +586,22 @@ def _seed(text: str) -> int:
     return seed
 
 
-def _rank_list(text: str) -> list[int]:
-    if text.strip().lower() == "none":
-        return []
+def _positive_list(text: str, what: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
         values = []
     if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected comma-separated ranks >= 1 or 'none', got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected comma-separated {what}, got {text!r}")
     return values
+
+
+def _rank_list(text: str) -> list[int]:
+    return [] if text.strip().lower() == "none" else _positive_list(text, "ranks >= 1 or 'none'")
 
 
 def _pass_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected comma-separated pass counts >= 1, got {text!r}")
-    return values
+    return _positive_list(text, "pass counts >= 1")
 
 
 def build_parser() -> argparse.ArgumentParser:
