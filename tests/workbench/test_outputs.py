@@ -517,6 +517,7 @@ def test_a_failed_probe_sweep_leaves_no_temporary_directories(tmp_path):
             "30",
             "--hooks",
             "hook_embed",
+            "--no-progress",  # the error is the only line on stderr
         ],
         "non-finite activation",
         "FBT pass 2",
