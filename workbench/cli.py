@@ -604,9 +604,35 @@ def _pass_list(text: str) -> list[int]:
     return _positive_list(text, "pass counts >= 1")
 
 
+class _DefaultsShown(argparse.HelpFormatter):
+    """Every option's help ends with its default, unless the help already names it or there is
+    none to name (a flag, or a default the verb works out itself)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        none = action.default is None or action.default is False or action.default == argparse.SUPPRESS  # 0 is a default
+        if not action.option_strings or "default" in text or none:
+            return text
+        shown = ",".join(map(str, action.default)) if isinstance(action.default, list | tuple) else action.default
+        return f"{text} (default: {shown})".strip()
+
+
+class _VerbParser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _DefaultsShown)
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args, **kwargs):
+        action = super().add_argument(*args, **kwargs)
+        if action.help is None:  # argparse prints no help line at all, so not the default either
+            action.help = ""
+            action.help = _DefaultsShown("")._get_help_string(action) or None
+        return action
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="workbench", description=__doc__)
-    sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+    sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB", parser_class=_VerbParser)
 
     p = sub.add_parser("demo", help="end-to-end demo: build, check invariants, decode, export")
     p.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")

@@ -199,3 +199,21 @@ def test_help_imports_neither_torch_nor_transformer_lens():
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_help_shows_every_options_default():
+    """``--help`` names each option's default: appended to its help, or already in it."""
+    import argparse
+
+    from workbench.cli import build_parser
+
+    verbs = build_parser()._subparsers._group_actions[0].choices
+    probe = " ".join(verbs["probe"].format_help().split())  # unwrapped
+    assert "(default: 400)" in probe and "(default: 0)" in probe and "(default: 2,3)" in probe
+    assert "False" not in probe  # flags have no default to show
+    for name, parser in verbs.items():
+        formatter = parser._get_formatter()
+        for action in parser._actions:
+            if not action.option_strings or argparse.SUPPRESS in (action.help, action.default) or action.default in (None, False):
+                continue
+            assert "default" in formatter._get_help_string(action), (name, action.option_strings)
