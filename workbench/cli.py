@@ -604,29 +604,17 @@ def _pass_list(text: str) -> list[int]:
     return _positive_list(text, "pass counts >= 1")
 
 
-class _DefaultsShown(argparse.HelpFormatter):
-    """Every option's help ends with its default, unless the help already names it or there is
-    none to name (a flag, or a default the verb works out itself)."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        none = action.default is None or action.default is False or action.default == argparse.SUPPRESS  # 0 is a default
-        if not action.option_strings or "default" in text or none:
-            return text
-        shown = ",".join(map(str, action.default)) if isinstance(action.default, list | tuple) else action.default
-        return f"{text} (default: {shown})".strip()
-
-
 class _VerbParser(argparse.ArgumentParser):
-    def __init__(self, *args, **kwargs):
-        kwargs.setdefault("formatter_class", _DefaultsShown)
-        super().__init__(*args, **kwargs)
+    """A verb's parser: every option's help ends with its default, unless the help already names
+    it or there is none to name (a flag, or a default the verb works out itself)."""
 
     def add_argument(self, *args, **kwargs):
         action = super().add_argument(*args, **kwargs)
-        if action.help is None:  # argparse prints no help line at all, so not the default either
-            action.help = ""
-            action.help = _DefaultsShown("")._get_help_string(action) or None
+        text, default = action.help or "", action.default
+        if action.option_strings and "default" not in text and default is not None and default is not False:
+            if default != argparse.SUPPRESS:  # -h
+                shown = ",".join(map(str, default)) if isinstance(default, list | tuple) else default
+                action.help = f"{text} (default: {shown})".strip()
         return action
 
 
@@ -723,12 +711,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", choices=["micro", "cpu"], default="micro")
     p.add_argument("--out", default="runs")
     p.add_argument("--only", action="append", default=None, help="train only this member (repeatable)")
-    p.add_argument("--seeds", type=int, default=1, help="train every member at training seeds 0..N-1 (default 1)")
+    p.add_argument("--seeds", type=int, default=1, help="train every member at training seeds 0..N-1")
+    # training.zoo.THREADS (a test keeps them equal), spelled here to keep torch out of the parser
     p.add_argument(
-        "--threads",
-        type=int,
-        default=2,
-        help="torch threads while training (default 2; recorded: the same count trains the same model)",
+        "--threads", type=int, default=2, help="torch threads while training (recorded: the same count trains the same model)"
     )
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--json", dest="json_out", help="also write the summary here")

@@ -81,7 +81,14 @@ def analyse_run(
     """Every feedback-map analysis of the FBT run in ``run_dir`` (see ``dynamics_study``).
     ``progress(units, what)`` is told of each unit of work done (``work_units`` of them): a
     rollout step, a spectrum, a fixed-point search, the K-pass convergence."""
-    tick = progress or (lambda units, what: None)
+    done = 0
+
+    def tick(units: int, what: str) -> None:
+        nonlocal done
+        done += units
+        if progress is not None:
+            progress(units, what)
+
     check_params(
         horizon=horizon,
         perturb_at=perturb_at,
@@ -117,7 +124,6 @@ def analyse_run(
         tangents=min(tangents, model.cfg.d_model),
         on_step=lambda step: tick(1, f"{Path(run_dir).name}: rollout step {step + 1}/{horizon}"),
     )
-    tick(horizon - len(roll.tokens), f"{Path(run_dir).name}: rollout stopped")  # a "stop" rollout ends early
     ratios, growth, full = roll.perturbation_ratio, roll.tangent_log_growth, roll.tangent_full_log_growth
     assert ratios is not None and growth is not None and full is not None  # perturb_at and tangents are set
     lyap = lyapunov_from_growth(ratios)
@@ -176,7 +182,9 @@ def analyse_run(
                 }
             )
     conv = kpass_convergence(model, (ids + roll.tokens)[: min(len(ids) + 32, model.cfg.n_ctx)], max_passes)
-    tick(1 + (n_spectra - len(steps)) + (n_fixed - min(n_fixed, len(steps))), f"{Path(run_dir).name}: K-pass convergence")
+    # the rest of the announced units: K-pass, and what a rollout that stopped early or fewer
+    # distinct spectrum steps than asked for left undone
+    tick(work_units(horizon, n_spectra, n_fixed) - done, f"{Path(run_dir).name}: K-pass convergence")
     report = {
         "run": str(run_dir),
         "prompt": prompt,

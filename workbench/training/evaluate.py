@@ -33,6 +33,8 @@ from workbench.storage.files import write_json
 from workbench.storage.outputs import hold
 from workbench.training.runconfig import load_run_config
 
+FUSED_PASSES = 2  # K of the fused regime's prefill in a run's own evaluation (results/eval.json)
+
 
 def eval_tasks(task: str) -> list[str]:
     return list(SYNTHETIC) if task == "mix" else [task]
@@ -66,7 +68,12 @@ def plain_loss(model: DecoderLM, sequences: list[list[int]], batch_size: int) ->
 
 @torch.no_grad()
 def evaluate_examples(
-    model: DecoderLM, examples: list[Example], tokenizer: TokenizerBase, *, fused_passes: int | str = 2, batch_size: int = 64
+    model: DecoderLM,
+    examples: list[Example],
+    tokenizer: TokenizerBase,
+    *,
+    fused_passes: int | str = FUSED_PASSES,
+    batch_size: int = 64,
 ) -> dict:
     """One task's row: ``loss``, ``answer_loss`` and ``accuracy`` per regime (module docstring), and
     ``silent_tokens[regime]``: generated ids before <eos> that decode to nothing (pad, other
@@ -138,7 +145,7 @@ def evaluate_run(
     run_dir: str | Path,
     *,
     n_examples: int | None = None,
-    fused_passes: int | str = 2,
+    fused_passes: int | str = FUSED_PASSES,
     task: str | None = None,
     write: bool = True,
 ) -> dict:
@@ -168,7 +175,7 @@ def evaluate_run(
 def eval_file_name(cfg, n: int, fused_passes: int | str, task: str | None) -> str:
     """``eval.json`` for the run's own evaluation configuration, else ``eval_<what differs>.json``."""
     differs = []
-    if str(fused_passes) != "2":
+    if fused_passes != FUSED_PASSES:
         differs.append(f"passes-{fused_passes}")
     if n != cfg.train.eval_examples:
         differs.append(f"n-{n}")
