@@ -20,6 +20,7 @@ pytestmark = pytest.mark.slow
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 FBT = ["--arch", "fbt", "--set", "fbt.feedback_start=0.34"]  # steps 0-1 single-pass: fusion without gradients
 HD = ["--arch", "hd", "--set", "hd.streams=1,2", "--set", "hd.expand_at=0,3"]
+COMPLETION = [*FBT, "--set", "data.loss_on=completion"]  # ranks score different numbers of targets
 
 
 def weights(run: Path) -> dict:
@@ -49,14 +50,16 @@ def assert_same(a: dict, b: dict, atol: float = 0.0) -> None:
             torch.testing.assert_close(a[k], b[k], atol=atol, rtol=0, msg=k)
 
 
-@pytest.mark.parametrize("arch", [FBT, HD], ids=["fbt", "hd"])
+@pytest.mark.parametrize("arch", [FBT, HD, COMPLETION], ids=["fbt", "hd", "fbt-completion"])
 def test_ddp_matches_one_process_accumulating_the_same_rows(tmp_path, arch):
     """2 processes under DDP == 1 process accumulating the same two half-batches, bit for bit:
     each process's gradient is the one autograd computes for its rows, DDP averages two of them
     as accumulation does (halving is exact in binary). FBT covers the single-pass steps, where
     the fusion has no gradient and AdamW must skip it (with a zero gradient instead, weight decay
     and the moments would move it); HD covers the expansion 1 -> 2 streams at step 3, which
-    re-wraps the grown model. == 1 process with the whole batch up to summation order (1e-6)."""
+    re-wraps the grown model. == 1 process with the whole batch up to summation order (1e-6).
+    With loss_on=completion each rank's loss is weighted by its share of the step's scored
+    targets, so the whole batch's mean is still what is trained."""
     run_train(tmp_path / "ddp", *arch, procs=2)
     run_train(tmp_path / "accum", *arch, "--set", "train.grad_accum=2")
     run_train(tmp_path / "one", *arch)

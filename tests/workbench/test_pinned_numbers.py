@@ -160,6 +160,33 @@ def test_eval_recurrent_loss_is_the_exact_recurrence():
     assert row["loss"]["recurrent"] == pytest.approx(recurrent, rel=1e-6)
 
 
+def test_eval_accuracy_by_difficulty_counts_each_example_under_its_difficulty():
+    """Pins ``accuracy_by_difficulty``: modsum examples of 1, 2 and 3 digits, with the answers of a
+    chosen few replaced by what the model answers (its argmax after the prompt, found by hand one
+    example at a time), so the right ones are known: 1 of 4 one-digit, 3 of 4 two-digit, none of
+    the 4 three-digit. The overall accuracy is their pooled mean."""
+    model = build_model("baseline", "debug", dtype=F64, init_std=0.3)
+    tok = CharTokenizer()
+    examples = []
+    for digits in (1, 2, 3):
+        cfg = TaskConfig(modsum_min_len=digits, modsum_max_len=digits)
+        examples += synthetic_examples("modsum", 4, seed=digits, cfg=cfg)
+    said = []
+    for ex in examples:
+        with torch.no_grad():
+            said.append(tok.decode([int(model(torch.tensor([tok.encode(ex.prompt)]))[0, -1].argmax())]))
+    visible = [i for i, t in enumerate(said) if t.strip()]  # a blank or special answer is never right
+    planted = [i for i in visible if i < 4][:1] + [i for i in visible if 4 <= i < 8][:3]
+    assert len(planted) == 4, f"too few visible answers to plant: {said}"
+    for i, ex in enumerate(examples):
+        ex.answer = ex.completion = said[i] if i in planted else ("#" if said[i] != "#" else "%")
+    row = evaluate_examples(model, examples, tok, batch_size=5)
+    assert row["n_by_difficulty"] == {"1": 4, "2": 4, "3": 4}
+    want = {"1": 0.25, "2": 0.75, "3": 0.0}
+    assert row["accuracy_by_difficulty"]["standard"] == want
+    assert row["accuracy"]["standard"] == pytest.approx(4 / 12)
+
+
 # ---- 2. the answer rule ------------------------------------------------------------------------
 
 

@@ -9,10 +9,13 @@ import torch
 from helpers import FAST, strip_timing
 from safetensors.torch import load_file
 
+from workbench.data.tasks import Example, synthetic_examples
+from workbench.data.windows import IGNORE, TokenStream, batch_weights, batch_windows
 from workbench.runtime.config import build_model
+from workbench.runtime.tokenizer import CharTokenizer
 from workbench.training.metrics import read_metrics
 from workbench.training.runconfig import make_run_config
-from workbench.training.train import Strategy, TrainingDiverged, train
+from workbench.training.train import Strategy, TrainingDiverged, ntp_loss, train
 
 
 def weights(run: Path) -> dict:
@@ -129,6 +132,10 @@ def test_init_from_a_wrong_run_fails_before_training(tmp_path, arch, init, extra
         (["train.batch_size=6", "train.grad_accum=4"], "batch_size=6 is not divisible by grad_accum=4"),
         (["train.seq_len=4096"], "seq_len=4096 is longer than the context"),
         (["fbt.three_pass_fraction=1.5"], "three_pass_fraction=1.5"),
+        (["data.loss_on=prompt"], "loss_on='prompt'"),
+        (["data.task=prepared:corpus", "data.loss_on=completion"], "prepared corpus keeps no prompt boundaries"),
+        (["data.windows=doc"], "windows='doc'"),
+        (["data.loss_weight=task"], "loss_weight='task'"),
     ],
 )
 def test_bad_configs_fail_before_training(overrides, match):
@@ -220,3 +227,108 @@ def test_compiled_training_gives_the_eager_losses_within_rounding(tmp_path):
     assert counters["frames"]["ok"] >= 1 and not counters["graph_break"], dict(counters["graph_break"])  # compiled, whole
     for (name, a), b in zip(eager_model.state_dict().items(), compiled_model.state_dict().values()):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0, msg=name)
+
+
+# ---- data.loss_on -------------------------------------------------------------------------
+
+
+def test_completion_only_streams_score_exactly_the_completions():
+    """Hand-written examples whose prompts and answers share no character: a completion-only
+    stream scores each answer's characters and <eos>, nothing of a prompt, and in every training
+    window a target is scored exactly when it is one of those."""
+    tok = CharTokenizer()
+    examples = [Example("x", "ab=", "Z", "Z", 1), Example("x", "cde=", "YX", "YX", 1)] * 8
+    stream = TokenStream.from_examples(examples, tok, completion_only=True)
+    assert stream.scored is not None and TokenStream.from_examples(examples, tok).scored is None
+    scored = [tok.decode([int(i)]) if i != tok.eos_id else "<eos>" for i in stream.ids[stream.scored]]
+    assert scored == ["Z", "<eos>", "Y", "X", "<eos>"] * 8
+    answer_ids = {tok.eos_id, *tok.encode("ZYX")}
+    x, y = batch_windows(stream, seed=0, step=0, batch_size=16, seq_len=6)
+    assert (y == IGNORE).any() and (y != IGNORE).any()
+    for row_x, row_y in zip(x.tolist(), y.tolist()):
+        for t in range(5):  # the raw target of position t is the input at t + 1
+            assert (row_y[t] != IGNORE) == (row_x[t + 1] in answer_ids)
+            assert row_y[t] in (IGNORE, row_x[t + 1])
+
+
+def test_example_weights_give_each_example_one_unit():
+    """Weighting examples: each example's scored targets share a weight of 1 (a 2-target answer
+    0.5 each, the 4-target one 0.25 each); unscored targets weigh 0; in a batch the weights sit
+    exactly where the targets are scored."""
+    tok = CharTokenizer()
+    examples = [Example("x", "ab=", "Z", "Z", 1), Example("x", "cde=", "YXW", "YXW", 1)] * 8
+    stream = TokenStream.from_examples(examples, tok, completion_only=True, example_weight=True)
+    assert stream.weight is not None
+    first = stream.weight[: 5 + 8].tolist()  # "ab=Z" <eos>, "cde=YXW" <eos>
+    assert first == [0, 0, 0, 0.5, 0.5] + [0, 0, 0, 0, 0.25, 0.25, 0.25, 0.25]
+    whole = TokenStream.from_examples(examples, tok, example_weight=True).weight
+    assert whole is not None and whole[:5].tolist() == pytest.approx([0.2] * 5) and whole.sum() == pytest.approx(16)
+    _, y = batch_windows(stream, 0, 2, 8, 6)
+    w = batch_weights(stream, 0, 2, 8, 6)
+    assert w is not None and ((w > 0) == (y != IGNORE)).all()
+    assert batch_weights(TokenStream.from_examples(examples, tok), 0, 2, 8, 6) is None
+
+
+def test_the_weighted_loss_is_the_weighted_mean_by_hand():
+    logits = torch.randn(1, 4, 7)
+    targets = torch.tensor([[1, IGNORE, 3, 0]])
+    weight = torch.tensor([[0.5, 0.0, 0.25, 0.25]])
+    each = [-torch.log_softmax(logits[0, t], -1)[int(targets[0, t])] for t in (0, 2, 3)]
+    want = (0.5 * each[0] + 0.25 * each[1] + 0.25 * each[2]) / 1.0
+    torch.testing.assert_close(ntp_loss(logits, targets, weight), want, rtol=1e-6, atol=0)
+
+
+def test_the_loss_is_the_mean_over_scored_targets_and_zero_where_none_is():
+    logits = torch.randn(2, 5, 7, requires_grad=True)
+    targets = torch.tensor([[1, IGNORE, 3, IGNORE, 0], [IGNORE] * 5])
+    keep = targets != IGNORE
+    want = torch.nn.functional.cross_entropy(logits[keep], targets[keep])
+    torch.testing.assert_close(ntp_loss(logits, targets), want, rtol=1e-6, atol=0)
+    none = ntp_loss(logits, torch.full((2, 5), IGNORE))
+    none.backward()
+    assert none.item() == 0.0 and logits.grad is not None and not logits.grad.any()
+
+
+@pytest.mark.parametrize("weighting", ["token", "example"])
+def test_completion_only_accumulation_reaches_the_whole_batch_weights(tmp_path, weighting):
+    """With loss_on=completion the micro-batches of a step score different numbers of targets
+    (and, weighting examples, different total weights); each is scaled by its share, so
+    accumulating two halves reaches the weights of the whole batch up to summation order (1e-6,
+    as in test_parallel.py). Unscaled means of the halves would move them by ~1e-4."""
+    extra = ["train.steps=3", "train.batch_size=8", "data.loss_on=completion", f"data.loss_weight={weighting}"]
+    for name, accum in (("one", 1), ("accum", 2)):
+        cfg = make_run_config("baseline", "debug", "modsum", FAST + extra + [f"train.grad_accum={accum}"])
+        train(cfg, tmp_path / name, progress=False)
+    one, accum = weights(tmp_path / "one"), weights(tmp_path / "accum")
+    for k in one:
+        torch.testing.assert_close(one[k], accum[k], atol=1e-6, rtol=0, msg=k)
+    assert json.loads((tmp_path / "one" / "config.json").read_text())["data"]["loss_on"] == "completion"
+
+
+def test_example_windows_start_where_examples_start():
+    """With example_starts every training window begins with a prompt's first character, and the
+    windows reach examples throughout the stream (not only the first)."""
+    tok = CharTokenizer()
+    examples = [Example("x", f"{c}b=", "Z", "Z", 1) for c in "PQRSTUVW"] * 4
+    stream = TokenStream.from_examples(examples, tok, example_starts=True)
+    x, _ = batch_windows(stream, seed=0, step=3, batch_size=32, seq_len=7)
+    firsts = {tok.decode([int(i)]) for i in x[:, 0]}
+    assert firsts <= set("PQRSTUVW") and len(firsts) >= 6
+    anywhere = {tok.decode([int(i)]) for i in batch_windows(TokenStream.from_examples(examples, tok), 0, 3, 32, 7)[0][:, 0]}
+    assert not anywhere <= set("PQRSTUVW")  # the default cuts anywhere
+
+
+def test_completion_only_flipflop_scores_the_answer_of_every_query():
+    """A flip-flop prompt answers its earlier queries; completion-only training scores those
+    answers (the character after each '?c'), the final answer and <eos>, and nothing else."""
+    tok = CharTokenizer()
+    examples = synthetic_examples("flipflop", 20, seed=0)
+    stream = TokenStream.from_examples(examples, tok, completion_only=True)
+    assert stream.scored is not None
+    at = 0
+    for ex in examples:
+        text = ex.text + "\0"  # <eos>
+        want = [i > 0 and (text[i - 2] == "?" or i == len(text) - 1) for i in range(len(text))]
+        assert stream.scored[at : at + len(text)].tolist() == want
+        at += len(text)
+    assert sum(len(ex.prompt_answers) for ex in examples) > 10  # the sample has earlier queries

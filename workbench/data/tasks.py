@@ -42,6 +42,9 @@ class Example:
     answer: str  # the exact-match target (chain: the number after ####)
     difficulty: int
     labels: dict[str, list[int]] = field(default_factory=dict)  # per character of text
+    # characters of the prompt that answer something too (a flip-flop's earlier queries), scored
+    # with the completion when training scores completions only (``data.loss_on=completion``)
+    prompt_answers: tuple[int, ...] = ()
 
     @property
     def text(self) -> str:
@@ -205,7 +208,7 @@ def make_modsum(rng: random.Random, cfg: TaskConfig) -> Example:
 
 def make_flipflop(rng: random.Random, cfg: TaskConfig) -> Example:
     channels = "abcdefgh"[: cfg.flipflop_bits]
-    memory, text, labels = 0, "F:", [0, 0]
+    memory, text, labels, answered = 0, "F:", [0, 0], []
     n = rng.randint(cfg.flipflop_min_len, cfg.flipflop_max_len)
     for i in range(n):
         last = i == n - 1
@@ -225,7 +228,8 @@ def make_flipflop(rng: random.Random, cfg: TaskConfig) -> Example:
             if last:
                 prompt = text + f"?{channels[c]}"
                 labels += [memory, memory, memory]
-                return Example("flipflop", prompt, answer, answer, n, {"memory": labels})
+                return Example("flipflop", prompt, answer, answer, n, {"memory": labels}, tuple(answered))
+            answered.append(len(text) + 2)
             text += f"?{channels[c]}{answer}"
             labels += [memory, memory, memory]
     raise AssertionError("unreachable: the last instruction is a query")

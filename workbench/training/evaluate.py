@@ -7,7 +7,9 @@ stream; for a prepared corpus, ``prepared:DIR``, its held-out documents):
 - ``answer_loss[regime]``: mean loss of the completion tokens after the prompt, decoded under the
   regime (teacher forcing through the same prefill and steps as ``generate``).
 - ``accuracy[regime]``: greedy generation from the prompt; chain/GSM8K compare the number after
-  ``####``, the other tasks the answer the generation starts with.
+  ``####``, the other tasks the answer the generation starts with. ``accuracy_by_difficulty[regime]``
+  splits it by the examples' difficulty (chain steps, modsum digits, flip-flop instructions),
+  ``n_by_difficulty`` counts them.
 """
 
 from __future__ import annotations
@@ -117,10 +119,13 @@ def evaluate_examples(
     if not any(prompts):  # plain text (a prepared corpus's text documents): no answer to score
         return row
     row["answer_loss"] = {r: mean_nll(f"answer_loss[{r}]", r, list(zip(prompts, completions))) for r in regimes}
-    row["accuracy"], row["silent_tokens"] = {}, {}
+    row["accuracy"], row["silent_tokens"], row["accuracy_by_difficulty"] = {}, {}, {}
+    difficulties = sorted({ex.difficulty for ex in examples})
+    row["n_by_difficulty"] = {str(d): sum(ex.difficulty == d for ex in examples) for d in difficulties}
     longest = max(len(c) for c in completions) + 8
     for regime in regimes:
         correct = quiet = 0
+        hits = dict.fromkeys(difficulties, 0)
         for chunk in _batches(list(zip(examples, prompts)), batch_size):
             out = named(
                 f"accuracy[{regime}]",
@@ -134,9 +139,12 @@ def evaluate_examples(
                 pad_token_id=tokenizer.pad_id,
             )
             for (ex, _), ids in zip(chunk, out.completions()):
-                correct += is_correct(ex, tokenizer.decode(ids))
+                hit = is_correct(ex, tokenizer.decode(ids))
+                correct += hit
+                hits[ex.difficulty] += hit
             quiet += sum(out.silent_counts(silent))
         row["accuracy"][regime] = correct / len(examples)
+        row["accuracy_by_difficulty"][regime] = {str(d): hits[d] / row["n_by_difficulty"][str(d)] for d in difficulties}
         row["silent_tokens"][regime] = quiet
     return row
 

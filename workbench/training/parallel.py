@@ -68,8 +68,8 @@ class StepLoss(nn.Module):
         self.model = model
         self.strategy = strategy
 
-    def forward(self, x, y, step: int, rows: slice):
-        return self.strategy.loss(self.model, x, y, step, rows)
+    def forward(self, x, y, step: int, rows: slice, weight=None):
+        return self.strategy.loss(self.model, x, y, step, rows, weight)
 
 
 class Engine:

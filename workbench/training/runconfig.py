@@ -65,11 +65,25 @@ class TrainConfig:
             raise BadInput(f"train field batch_size={self.batch_size} is not divisible by grad_accum={self.grad_accum}")
 
 
+LOSS_ON = ("all", "completion")
+WINDOWS = ("any", "example")
+LOSS_WEIGHTS = ("token", "example")
+
+
 @dataclass
 class DataConfig(TaskConfig):
     task: str = "mix"  # chain | modsum | flipflop | mix | jsonl:PATH | text:PATH | hf:NAME[:CONFIG] | prepared:DIR
     n_train: int = 20000  # examples generated for training (synthetic tasks)
     n_val: int = 256  # unused (eval takes its size from --n); kept so earlier run configs load
+    # which targets training scores: "all" tokens, or only each example's "completion" (its answer
+    # and <eos>; a prompt's tokens are read, not predicted); docs/training.md
+    loss_on: str = "all"
+    # where training windows start: at "any" token of the stream, or only where an "example" starts
+    # (position 0 then holds a prompt's first token, as in evaluation and generation)
+    windows: str = "any"
+    # how scored targets weigh: each "token" alike, or each "example" alike (its scored targets share
+    # a weight of 1, so a 2-token answer counts as much as a 50-token worked solution)
+    loss_weight: str = "token"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -78,6 +92,18 @@ class DataConfig(TaskConfig):
             raise BadInput(
                 f"data field task={self.task!r}: expected one of {TASK_KINDS} or jsonl:PATH, text:PATH, hf:NAME, prepared:DIR"
             )
+        if self.loss_on not in LOSS_ON:
+            raise BadInput(f"data field loss_on={self.loss_on!r}: expected one of {LOSS_ON}")
+        if self.windows not in WINDOWS:
+            raise BadInput(f"data field windows={self.windows!r}: expected one of {WINDOWS}")
+        if self.loss_weight not in LOSS_WEIGHTS:
+            raise BadInput(f"data field loss_weight={self.loss_weight!r}: expected one of {LOSS_WEIGHTS}")
+        for name, plain in (("loss_on", "all"), ("windows", "any"), ("loss_weight", "token")):
+            if getattr(self, name) != plain and kind == "prepared":
+                raise BadInput(
+                    f"data field {name}={getattr(self, name)!r} with task={self.task!r}: a prepared corpus keeps "
+                    f"no prompt boundaries; expected {name}={plain!r}"
+                )
 
 
 FUSION_INITS = ("random", "regression")

@@ -27,7 +27,7 @@ from torch import Tensor
 from models import DecoderLM, HDConfig, expand_streams
 from workbench.data.prepared import PreparedCorpus, corpus_dir
 from workbench.data.tasks import load_task
-from workbench.data.windows import TokenStream, Windows, batch_windows, step_generator
+from workbench.data.windows import IGNORE, TokenStream, Windows, batch_weights, batch_windows, step_generator
 from workbench.runtime.checkpoint import load_model, load_weights, model_from_weights, save_weights
 from workbench.runtime.config import model_from_config
 from workbench.runtime.process import peak_rss_mib
@@ -53,8 +53,15 @@ class TrainingDiverged(WorkbenchError, RuntimeError):
 # ---- strategies ---------------------------------------------------------------------------
 
 
-def ntp_loss(logits: Tensor, targets: Tensor) -> Tensor:
-    return F.cross_entropy(logits.float().flatten(0, -2), targets.flatten())
+def ntp_loss(logits: Tensor, targets: Tensor, weight: Tensor | None = None) -> Tensor:
+    """Mean next-token loss over the scored targets (``IGNORE`` ones are skipped), weighted by
+    ``weight`` (the targets' shape) when given; 0, with a graph, where none is scored."""
+    if weight is None:
+        total = F.cross_entropy(logits.float().flatten(0, -2), targets.flatten(), ignore_index=IGNORE, reduction="sum")
+        return total / (targets != IGNORE).sum().clamp(min=1)
+    each = F.cross_entropy(logits.float().flatten(0, -2), targets.flatten(), ignore_index=IGNORE, reduction="none")
+    weight = weight.flatten().to(each.dtype)
+    return (each * weight).sum() / weight.sum().clamp(min=torch.finfo(each.dtype).tiny)
 
 
 class Strategy:
@@ -75,8 +82,10 @@ class Strategy:
         """Training FLOPs per token of ``step`` (``flops.train_flops_per_token``)."""
         return train_flops_per_token(model, self.cfg.train.seq_len)
 
-    def loss(self, model, x: Tensor, y: Tensor, step: int, rows: slice) -> tuple[Tensor, dict]:
-        loss = ntp_loss(model(x), y)
+    def loss(self, model, x: Tensor, y: Tensor, step: int, rows: slice, weight: Tensor | None = None) -> tuple[Tensor, dict]:
+        """The loss of rows ``rows`` of ``step``'s batch (inputs ``x``, targets ``y``, target
+        weights ``weight`` or None) and what to log of it."""
+        loss = ntp_loss(model(x), y, weight)
         return loss, {"loss": loss.item()}
 
 
@@ -96,7 +105,7 @@ class FBTStrategy(Strategy):
         K = self.passes(step)  # the stack and the readout once per pass, the fusion in passes 2..K
         return train_flops_per_token(model, self.cfg.train.seq_len, copies=K, readouts=K, fusions=K - 1)
 
-    def loss(self, model, x, y, step, rows):
+    def loss(self, model, x, y, step, rows, weight=None):
         fbt, train = self.cfg.fbt, self.cfg.train
         K = self.passes(step)
         B, T = train.batch_size, train.seq_len
@@ -113,7 +122,7 @@ class FBTStrategy(Strategy):
             return states + fbt.state_noise * noise[pass_index].to(states.device, states.dtype)
 
         states = model.run_passes(x, K, fuse_mask=fuse.to(x.device), perturb=jitter, detach_states=fbt.detach)
-        losses = [ntp_loss(model.readout(h), y) for h in states]
+        losses = [ntp_loss(model.readout(h), y, weight) for h in states]
         total = cast(Tensor, sum(w * l for w, l in zip(fbt.pass_weights, losses)))
         return total, {"loss": total.item(), "passes": K, **{f"loss_pass{k + 1}": l.item() for k, l in enumerate(losses)}}
 
@@ -132,12 +141,16 @@ class HDStrategy(Strategy):
         logger.info("step %d: expanding %d -> %d streams", step, model.n_streams, n)
         return expand_streams(model, n)
 
-    def loss(self, model, x, y, step, rows):
+    def loss(self, model, x, y, step, rows, weight=None):
         if self.cfg.hd.supervise == "all":
             logits = model(x, all_streams=True)  # [batch, pos, n_streams, d_vocab]
-            loss = ntp_loss(logits, y[:, :, None].expand(-1, -1, model.n_streams))
+
+            def every(t: Tensor) -> Tensor:  # one copy of a target (or its weight) per stream
+                return t[:, :, None].expand(-1, -1, model.n_streams)
+
+            loss = ntp_loss(logits, every(y), None if weight is None else every(weight))
         else:
-            loss = ntp_loss(model(x), y)
+            loss = ntp_loss(model(x), y, weight)
         return loss, {"loss": loss.item(), "n_streams": model.n_streams}
 
     def flops_per_token(self, model, step):
@@ -342,7 +355,14 @@ def training_stream(cfg: RunConfig, tokenizer: TokenizerBase) -> Windows:
         corpus = PreparedCorpus.open(directory)
         corpus.check_tokenizer(tokenizer, "this run's tokenizer" + (f" (from {cfg.init_from})" if cfg.init_from else ""))
         return corpus.split("train")
-    return TokenStream.from_examples(load_task(cfg.data.task, cfg.data.n_train, cfg.train.seed, cfg.data), tokenizer)
+    examples = load_task(cfg.data.task, cfg.data.n_train, cfg.train.seed, cfg.data)
+    return TokenStream.from_examples(
+        examples,
+        tokenizer,
+        completion_only=cfg.data.loss_on == "completion",
+        example_starts=cfg.data.windows == "example",
+        example_weight=cfg.data.loss_weight == "example",
+    )
 
 
 # ---- initialisation -----------------------------------------------------------------------
@@ -651,14 +671,22 @@ def _train_loop(
         for group in opt.param_groups:
             group["lr"] = lr
         x_all, y_all = batch_windows(stream, t.seed, step, t.batch_size, t.seq_len)
+        w_all = batch_weights(stream, t.seed, step, t.batch_size, t.seq_len)
+        # a micro-batch's (weighted) mean loss, scaled by its share of the step's total target
+        # weight: the step's gradient is that of the mean over the whole batch however it is split
+        # (the share is 1 where every target is scored alike)
+        mass = (y_all != IGNORE).float() if w_all is None else w_all
+        per_row = float(mass.sum()) / t.batch_size
         parts = []
         for m in range(t.grad_accum):
             first = rank_info.rank * per_rank + m * micro
             rows = slice(first, first + micro)
+            share = float(mass[rows].sum()) / (per_row * micro) if per_row else 0.0
+            weight = None if w_all is None else w_all[rows].to(device)
             with engine.no_sync(step_loss, last_micro=m == t.grad_accum - 1):
                 with autocast:
-                    loss, info = step_loss(x_all[rows].to(device), y_all[rows].to(device), step, rows)
-                (loss / t.grad_accum).backward()
+                    loss, info = step_loss(x_all[rows].to(device), y_all[rows].to(device), step, rows, weight)
+                (loss * share / t.grad_accum).backward()
             parts.append(info)
         grad_norm = engine.clip_grad_norm(model, t.grad_clip)
         info = {k: sum(p[k] for p in parts) / len(parts) if isinstance(parts[0][k], float) else parts[0][k] for k in parts[0]}
