@@ -8,6 +8,7 @@ st.set_page_config(page_title="Latent workbench", page_icon=":material/science:"
 page = st.navigation(
     [
         st.Page("views/runs.py", title="Runs", icon=":material/folder_open:", default=True),
+        st.Page("views/zoo.py", title="Zoo and studies", icon=":material/pets:"),
         st.Page("views/probes.py", title="Probes", icon=":material/query_stats:"),
         st.Page("views/dynamics.py", title="Feedback dynamics", icon=":material/all_inclusive:"),
         st.Page("views/traces.py", title="Trace lengths", icon=":material/straighten:"),

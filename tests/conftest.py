@@ -49,6 +49,16 @@ def micro_zoo(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="session")
+def micro_study(tmp_path_factory):
+    """The data-efficiency study on the micro zoo at two seeds, once per test session (~2 min)."""
+    from workbench.cli import main
+
+    out = tmp_path_factory.mktemp("study") / "data-efficiency"
+    main(["zoo", "--study", "data-efficiency", "--seeds", "2", "--out", str(out), "--no-progress"])
+    return out
+
+
 @pytest.fixture
 def no_unpickling(monkeypatch):
     """Loading anything under this fixture fails if it tries to unpickle."""

@@ -355,14 +355,25 @@ def cmd_eval(args) -> dict:
 
 
 def cmd_zoo(args) -> dict:
-    from workbench.training.zoo import train_zoo
+    if args.study is not None:
+        from workbench.comparisons import run_study
 
-    summary = train_zoo(
-        args.preset, args.out, progress=not args.no_progress, only=args.only, seeds=args.seeds, threads=args.threads
-    )
+        if args.only:
+            raise BadInput(f"--only {args.only[0]} with --study {args.study}: a study trains all of its members")
+        out = Path(args.out) if args.out is not None else Path("runs") / "studies" / args.study
+        summary = run_study(args.study, args.preset, out, seeds=args.seeds, threads=args.threads, progress=not args.no_progress)
+        written = out / "study.json"
+    else:
+        from workbench.training.zoo import train_zoo
+
+        out = Path(args.out) if args.out is not None else Path("runs")
+        summary = train_zoo(
+            args.preset, out, progress=not args.no_progress, only=args.only, seeds=args.seeds, threads=args.threads
+        )
+        written = out / "zoo.json"
     for name, row in summary["models"].items():
-        print(f"{name:12s} trained in {row['train_seconds']}s")
-    print(f"wrote {Path(args.out) / 'zoo.json'}")
+        print(f"{name:16s} trained in {row['train_seconds']}s")
+    print(f"wrote {written}")
     return summary
 
 
@@ -707,9 +718,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", dest="json_out", help="also write the result here")
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("zoo", help="train and evaluate the reference models")
+    p = sub.add_parser("zoo", help="train and evaluate the reference models, or a comparison study's members")
     p.add_argument("--preset", choices=["micro", "cpu"], default="micro")
-    p.add_argument("--out", default="runs")
+    p.add_argument("--out", default=None, help="directory (default: runs; with --study: runs/studies/STUDY)")
+    # comparisons.STUDIES (a test keeps them equal), spelled here to keep torch out of the parser
+    p.add_argument(
+        "--study",
+        choices=["data-efficiency", "three-pass", "hd-ablations"],
+        default=None,
+        help="train and measure a comparison study instead of the zoo (docs/training.md)",
+    )
     p.add_argument("--only", action="append", default=None, help="train only this member (repeatable)")
     p.add_argument("--seeds", type=int, default=1, help="train every member at training seeds 0..N-1")
     # training.zoo.THREADS (a test keeps them equal), spelled here to keep torch out of the parser

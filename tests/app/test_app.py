@@ -515,3 +515,28 @@ def test_the_app_verb_stops_its_server_on_sigterm(tmp_path):
     finally:
         for p in psutil.Process().children(recursive=True):
             p.kill()
+
+
+def test_zoo_page_shows_seed_spread_and_a_studys_readings(monkeypatch, micro_zoo, micro_study, tmp_path):
+    """A zoo with one seed, a member trained at two seeds, and the data-efficiency study: the page
+    lists all three, labels micro results as a plumbing check, draws each member's interval, and
+    shows the study's readings (mean [interval] across its two seeds)."""
+    from workbench.cli import main
+
+    runs = shutil.copytree(micro_zoo, tmp_path / "runs")
+    shutil.copytree(micro_study, runs / "studies" / "data-efficiency")
+    main(["zoo", "--preset", "micro", "--only", "baseline", "--seeds", "2", "--out", str(runs / "seeded"), "--no-progress"])
+    at = open_page(monkeypatch, runs, "zoo")
+    assert at.title[0].value == "Zoo and studies" and not errors(at)
+    assert at.selectbox(key="summary").options == [".", "seeded", "studies/data-efficiency"]
+    assert any("plumbing check" in w.value for w in at.warning)
+    at.selectbox(key="summary").set_value("seeded").run()
+    assert_clean(at)
+    table = at.dataframe[-1].value
+    assert set(table["member"]) == {"baseline"} and set(table["seeds"]) == {2}
+    assert (table["low"] <= table["accuracy"]).all() and (table["accuracy"] <= table["high"]).all()
+    at.selectbox(key="summary").set_value("studies/data-efficiency").run()
+    assert_clean(at)
+    readings = at.dataframe[0].value
+    assert len(readings) == 9 and set(readings["FBT regime"]) == {"standard", "soft", "fused"}
+    assert readings["FBT loss"].str.contains(r"\[").all()  # two seeds: every loss has an interval

@@ -218,3 +218,6 @@ def test_help_shows_every_options_default():
                 continue
             assert "default" in (action.help or ""), (name, action.option_strings)
     assert next(a.default for a in verbs["zoo"]._actions if a.dest == "threads") == THREADS
+    from workbench.comparisons import STUDIES
+
+    assert tuple(next(a.choices for a in verbs["zoo"]._actions if a.dest == "study")) == STUDIES

@@ -40,6 +40,20 @@ MAX_SEEDS = 10
 # probes to find, and a memory it keeps.
 TARGETS = {"micro": None, "cpu": {"chain": 0.5, "modsum": 0.8, "flipflop": 0.95}}
 
+# The tasks every zoo trains on (the ``mix`` of chain, modsum and flip-flop), chosen so the effects
+# the studies look for can appear (docs/training.md, "The reference zoo"): chain answers that write
+# one or two steps per line, so a model can reach ``####`` in fewer tokens; a running sum mod 3 over
+# 1-6 digits, which a ``tiny`` model learns when only answers are scored and windows start at
+# examples (measured there); flip-flop as before.
+TASK = [
+    "data.chain_merge_weights=1,1",
+    "data.modsum_p=3",
+    "data.modsum_min_len=1",
+    "data.modsum_max_len=6",
+    "data.loss_on=completion",
+    "data.windows=example",
+]
+
 SCALES = {
     "micro": {
         "preset": "debug",
@@ -55,6 +69,7 @@ SCALES = {
             "train.checkpoint_every=1000",
             "train.eval_examples=12",
             "data.n_train=600",
+            *TASK,
         ],
     },
     "cpu": {
@@ -62,14 +77,15 @@ SCALES = {
         "steps": 900,
         "hd_steps": 200,
         "common": [
-            "train.batch_size=32",
-            "train.seq_len=128",
+            "train.batch_size=16",  # x 256 positions: the 4,096 tokens a step of earlier zoos
+            "train.seq_len=256",  # holds a whole chain example (up to ~180 characters)
             "train.lr=2e-3",
             "train.warmup=50",
             "train.log_every=25",
             "train.checkpoint_every=300",
             "train.eval_examples=96",
             "data.n_train=40000",
+            *TASK,
         ],
     },
 }
@@ -130,17 +146,32 @@ def train_zoo(
     for seed in range(seeds):
         for (name, arch, overrides, init), plain in zip(members(scale, out, seed), member_names(scale)):
             if not only or plain in only:
-                cfg = make_run_config(arch, SCALES[scale]["preset"], "mix", SCALES[scale]["common"] + overrides, init_from=init)
-                plan.append((name, plain, seed, cfg))
+                plan.append((name, plain, seed, member_config(scale, arch, overrides, init)))
+    summary = {"scale": scale, "seeds": seeds, "threads": threads, "torch": torch.__version__, "models": {}}
+    return train_plan(plan, out, out / "zoo.json", summary, scale=scale, threads=threads, progress=progress)
+
+
+def member_config(scale: str, arch: str, overrides: list[str], init: str | None):
+    """The run config of a member of a ``scale`` zoo (or study): the scale's preset, the ``mix``
+    task and its common settings, then the member's own overrides."""
+    return make_run_config(arch, SCALES[scale]["preset"], "mix", SCALES[scale]["common"] + overrides, init_from=init)
+
+
+def train_plan(
+    plan: list, out: Path, summary_path: Path, summary: dict, *, scale: str, threads: int, progress: bool | Callable
+) -> dict:
+    """Train (or resume) and evaluate every ``(name, member, seed, config)`` of ``plan`` into
+    ``out/name`` with ``threads`` torch threads, holding ``out``; after each, write ``summary``
+    (its ``models`` and ``across_seeds`` filled in) to ``summary_path``, keeping the entries of
+    members a previous partial run there recorded."""
     for name, _, _, cfg in plan:  # before anything is written
         check_member(out / name, cfg)
     with hold(out):
-        summary = {"scale": scale, "seeds": seeds, "threads": threads, "torch": torch.__version__, "models": {}}
-        if (out / "zoo.json").exists():  # a partial re-run (``only``) keeps the other members' entries
-            previous = read_json(out / "zoo.json")
+        if summary_path.exists():  # a partial re-run (``only``) keeps the other members' entries
+            previous = read_json(summary_path)
             if previous.get("scale") == scale and isinstance(previous.get("models"), dict):
                 summary["models"].update(previous["models"])
-                summary["seeds"] = max(seeds, int(previous.get("seeds", 1)))
+                summary["seeds"] = max(summary["seeds"], int(previous.get("seeds", 1)))
         summary["commit"] = source_commit()
         before = torch.get_num_threads()
         torch.set_num_threads(threads)
@@ -164,13 +195,14 @@ def train_zoo(
                     "train_seconds": round(seconds, 1),
                     "eval_seconds": evaluation["seconds"],
                     "resumed_from": result.summary["resumed_from"],
+                    "tokens": cfg.train.steps * cfg.train.batch_size * cfg.train.seq_len,
                     "tasks": evaluation["tasks"],
                     "competence": competence(evaluation["tasks"], TARGETS[scale]),
                     # HD: the training loss just before and after each expansion in training
                     "expansions": read_json(run / EXPANSIONS_FILE)["expansions"] if (run / EXPANSIONS_FILE).is_file() else [],
                 }
                 summary["across_seeds"] = across_seeds(summary["models"])
-                write_json(out / "zoo.json", summary)  # after every member: a stopped zoo keeps what it finished
+                write_json(summary_path, summary)  # after every member: a stopped zoo keeps what it finished
         finally:
             torch.set_num_threads(before)
     return summary
@@ -252,3 +284,36 @@ def ensure_zoo(scale: str = "micro", out: str | Path = "runs/micro", *, progress
     if missing:
         train_zoo(scale, out, progress=progress, only=missing)
     return out
+
+
+def seed_rows(summary: dict) -> list[dict]:
+    """``zoo.json`` (or a study's ``study.json``) as table rows, one per member, task and regime:
+    the accuracy's mean with its 95% interval across seeds (one seed: the value, no interval),
+    the answer loss's mean, the seeds and how many of them reached the competence targets."""
+    groups: dict[str, list[str]] = {}
+    for name, row in summary.get("models", {}).items():
+        groups.setdefault(row.get("member", name), []).append(name)
+    rows = []
+    for member, names in sorted(groups.items()):
+        names = sorted(names, key=lambda n: int(summary["models"][n].get("seed", 0)))
+        runs = [summary["models"][n] for n in names]
+        qualified = sum(bool(r.get("competence", {}).get("qualified")) for r in runs)
+        plumbing = any(r.get("competence", {}).get("plumbing_check") for r in runs)
+        for task, first in runs[0]["tasks"].items():
+            for regime in first.get("accuracy", {}):
+                accuracy = seed_interval([r["tasks"][task]["accuracy"][regime] for r in runs])
+                loss = seed_interval([r["tasks"][task]["answer_loss"][regime] for r in runs])
+                rows.append(
+                    {
+                        "member": member,
+                        "task": task,
+                        "regime": regime,
+                        "accuracy": accuracy["mean"],
+                        "low": accuracy["low"],
+                        "high": accuracy["high"],
+                        "answer loss": loss["mean"],
+                        "seeds": len(runs),
+                        "qualified seeds": "plumbing check" if plumbing else f"{qualified}/{len(runs)}",
+                    }
+                )
+    return rows

@@ -1,0 +1,83 @@
+"""Zoo and studies: each zoo's members across training seeds (accuracy with its 95% interval,
+competence), and each comparison study's readings (``workbench zoo --study``)."""
+
+from pathlib import Path
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from app.state import runs_root, shown_errors
+from workbench.comparisons import reading_rows
+from workbench.storage.files import read_json
+from workbench.training.zoo import seed_rows
+
+st.title("Zoo and studies")
+root = runs_root()
+
+
+def summaries(root: Path) -> dict[str, Path]:
+    """Every ``zoo.json`` and ``study.json`` at most three levels under ``root``, by relative path."""
+    found = {}
+    for depth in ("", "*/", "*/*/", "*/*/*/"):
+        for name in ("zoo.json", "study.json"):
+            for path in sorted(root.glob(depth + name)):
+                found[str(path.parent.relative_to(root)) or "."] = path
+    return found
+
+
+found = summaries(root)
+if not found:
+    st.info(
+        f"No zoo.json or study.json under {root}. Train a zoo on the Runs page, or run "
+        "`workbench zoo --preset cpu --seeds 3` / `workbench zoo --study three-pass` and reload."
+    )
+    st.stop()
+
+where = st.selectbox("Zoo or study", list(found), key="summary")
+summary = None
+with shown_errors(f"Reading {found[where]}"):
+    summary = read_json(found[where])
+if summary is None:
+    st.stop()
+
+study = summary.get("study")
+seeds = summary.get("seeds", 1)
+st.caption(
+    f"{'Study ' + study if study else 'Zoo'} · preset `{summary.get('scale')}` · {seeds} training seed(s) · "
+    f"{summary.get('threads')} threads · torch {summary.get('torch')} · commit `{summary.get('commit')}`"
+)
+rows = pd.DataFrame(seed_rows(summary))
+if rows.empty:
+    st.info("No member has finished yet.")
+    st.stop()
+if bool((rows["qualified seeds"] == "plumbing check").any()):
+    st.warning(
+        "This is the micro zoo: a plumbing check trained for seconds. Its numbers exercise every page "
+        "but say nothing about the effects studied."
+    )
+
+if study:
+    st.subheader("Readings")
+    st.dataframe(pd.DataFrame(reading_rows(summary)), hide_index=True)
+    st.caption("Each cell: mean [95% Student-t interval] across training seeds; one seed gives the value alone.")
+
+st.subheader("Members across seeds")
+task = st.radio("Task", sorted(rows["task"].unique()), horizontal=True, key="zoo_task")
+shown = rows[rows["task"] == task].assign(  # an accuracy's interval is drawn inside [0, 1]
+    low=lambda d: d["low"].clip(0, 1), high=lambda d: d["high"].clip(0, 1)
+)
+base = alt.Chart(shown).encode(
+    x=alt.X("member:N", title="member"),
+    xOffset=alt.XOffset("regime:N"),
+    color=alt.Color("regime:N", title="regime"),
+)
+chart = base.mark_point(filled=True, size=60).encode(
+    y=alt.Y("accuracy:Q", title=f"{task} accuracy (held-out)", scale=alt.Scale(domain=[0, 1]))
+) + base.mark_rule().encode(y="low:Q", y2="high:Q")
+st.altair_chart(chart.properties(height=320), width="stretch")
+st.dataframe(shown, hide_index=True)
+st.caption(
+    "Points: mean accuracy across seeds; bars: the 95% interval (none with one seed). 'qualified seeds' counts "
+    "the seeds that reached every competence target (docs/training.md)."
+)

@@ -1,0 +1,130 @@
+"""The comparison studies (``workbench zoo --study``): their estimators on hand-made inputs whose
+answers are worked out here, and each study end to end on the micro zoo."""
+
+import math
+
+import pytest
+from helpers import cli
+
+from workbench.comparisons import (
+    BUDGETS,
+    THREE_PASS,
+    data_efficiency,
+    regrowth_step,
+    study_members,
+    tokens_to_reach,
+)
+from workbench.storage.files import read_json
+
+
+def test_tokens_to_reach_interpolates_in_log_tokens_and_bounds_the_rest():
+    curve = [(100, 2.0), (200, 1.0), (400, 0.5)]
+    reach, how = tokens_to_reach(curve, 1.5)  # halfway from 2.0 to 1.0: the geometric mean of 100 and 200
+    assert how == "=" and reach == pytest.approx(math.sqrt(100 * 200))
+    assert tokens_to_reach(curve, 0.75) == (pytest.approx(math.sqrt(200 * 400)), "=")
+    assert tokens_to_reach(curve, 1.0) == (pytest.approx(200), "=")
+    assert tokens_to_reach(curve, 2.5) == (100, "<")  # worse than the smallest budget's loss
+    assert tokens_to_reach(curve, 0.4) == (400, ">")  # better than the largest budget reaches
+
+
+def test_regrowth_is_the_first_step_back_at_the_perturbations_size():
+    assert regrowth_step([1.0, 0.5, 0.8, 1.2, 0.9, 1.5]) == 3
+    assert regrowth_step([1.0, 1.5]) == 1  # grows at once
+    assert regrowth_step([1.0, 0.5, 0.2, 0.999]) is None
+
+
+def _row(member, seed, tokens, losses):
+    """A zoo row with one task whose completion loss per regime is ``losses``."""
+    return {"member": member, "seed": seed, "tokens": tokens, "tasks": {"t": {"answer_loss": losses}}}
+
+
+def test_data_efficiency_ratios_by_hand():
+    """Two seeds. Baseline curves (tokens -> loss): seed 0 100: 2.0, 200: 1.0, 400: 0.5; seed 1
+    100: 2.2, 200: 1.2, 400: 0.6. FBT at 200 tokens, fused: 0.75 (seed 0) and 0.9 (seed 1), so
+    the baseline needs sqrt(200 x 400) = 282.8 and 200 x 2^(0.3/0.6) = 282.8 tokens: ratio
+    1.414 both. FBT standard at 200 is 1.5 / 1.7: 141.4 / 141.4 tokens, ratio 0.707. At 400
+    FBT fused is 0.4 (seed 0: below the curve, a bound '>1') and 0.6 (seed 1: exactly 400, 1.0)."""
+    models = {}
+    for seed, base in ((0, (2.0, 1.0, 0.5)), (1, (2.2, 1.2, 0.6))):
+        for tokens, loss in zip((100, 200, 400), base):
+            models[f"b{seed}{tokens}"] = _row(f"baseline-steps{tokens}", seed, tokens, {"standard": loss})
+    fbt = {(0, 200): (1.5, 1.5, 0.75), (1, 200): (1.7, 1.7, 0.9), (0, 400): (0.9, 0.9, 0.4), (1, 400): (1.0, 1.0, 0.6)}
+    for (seed, tokens), (standard, soft, fused) in fbt.items():
+        models[f"f{seed}{tokens}"] = _row(
+            f"fbt-steps{tokens}", seed, tokens, {"standard": standard, "soft": soft, "fused": fused}
+        )
+    readings = data_efficiency(models)
+    fused = readings["200/fused"]
+    assert fused["token_ratio"]["values"] == pytest.approx([math.sqrt(2), math.sqrt(2)])
+    assert fused["token_ratio"]["mean"] == pytest.approx(math.sqrt(2)) and fused["censored"] == []
+    assert fused["fbt_loss"]["values"] == pytest.approx([0.75, 0.9])
+    assert fused["baseline_loss"]["values"] == pytest.approx([1.0, 1.2])
+    assert readings["200/standard"]["token_ratio"]["values"] == pytest.approx([1 / math.sqrt(2)] * 2)
+    late = readings["400/fused"]
+    assert late["censored"] == [">1"] and late["token_ratio"]["values"] == pytest.approx([1.0])
+
+
+def test_members_are_the_budgets_and_fractions_named():
+    names = [n for n, *_ in study_members("data-efficiency", "micro", 0)]
+    assert len(names) == 2 * len(BUDGETS) and "fbt-steps60" in names and "baseline-steps15" in names
+    three = study_members("three-pass", "cpu", 2)
+    assert [n for n, *_ in three] == [f"fbt-3pass{f:g}-seed2" for f in THREE_PASS]
+    assert all("train.seed=2" in overrides and source is None for _, _, overrides, source in three)
+    hd = study_members("hd-ablations", "cpu", 1)
+    assert hd[0][:2] == ("baseline-seed1", "baseline") and all(source == "baseline-seed1" for *_, source in hd[1:])
+
+
+@pytest.mark.slow
+def test_data_efficiency_on_the_micro_zoo(micro_study):
+    """One command (the fixture's) trains baseline and FBT at three budgets and two seeds and
+    writes the readings: every budget and regime, each seed's ratio either measured or a bound."""
+    study = read_json(micro_study / "study.json")
+    assert study["study"] == "data-efficiency" and study["seeds"] == 2 and len(study["models"]) == 12
+    assert all(not row["competence"]["qualified"] for row in study["models"].values())  # micro: plumbing check
+    assert sorted(study["readings"]) == sorted(
+        f"{t}/{r}" for t in (15 * 512, 30 * 512, 60 * 512) for r in ("standard", "soft", "fused")
+    )
+    for reading in study["readings"].values():
+        measured = reading["token_ratio"]["n"] if reading["token_ratio"] else 0
+        assert measured + len(reading["censored"]) == 2
+        assert reading["fbt_loss"]["n"] == 2 and reading["baseline_loss"]["n"] == 2
+
+
+@pytest.mark.slow
+def test_three_pass_on_the_micro_zoo(tmp_path):
+    """Four FBT members, one per 3-pass fraction; each reading has the K-pass residuals K = 2..8,
+    a tangent exponent at 100 steps, the regrowth step (or 'never') and soft/fused accuracy."""
+    code, _, err = cli(["zoo", "--study", "three-pass", "--out", str(tmp_path), "--no-progress"])
+    assert code is None, err
+    study = read_json(tmp_path / "study.json")
+    assert sorted(study["readings"]) == sorted(f"fbt-3pass{f:g}" for f in THREE_PASS)
+    configs = {n: read_json(tmp_path / n / "config.json")["fbt"]["three_pass_fraction"] for n in study["models"]}
+    assert sorted(configs.values()) == sorted(THREE_PASS)
+    for reading in study["readings"].values():
+        assert sorted(reading["kpass_residual"], key=int) == [str(k) for k in range(2, 9)]
+        assert list(reading["lyapunov_tangent"]) == ["100"]
+        assert (reading["regrowth_step"] is None) == (reading["never_regrew"] == 1)
+        assert set(reading["accuracy"]) == {"soft", "fused"}
+
+
+@pytest.mark.slow
+def test_hd_ablations_on_the_micro_zoo(tmp_path):
+    """A baseline, then HD at n = 1, 2, 4, 8 and the three n = 4 ablations continued from it: the
+    configs say what each member is, expansions are recorded where streams grow, and each reading
+    has per-task accuracy, the loss jumps and the time relative to n = 1 (exactly 1 for n = 1)."""
+    code, _, err = cli(["zoo", "--study", "hd-ablations", "--out", str(tmp_path), "--no-progress"])
+    assert code is None, err
+    study = read_json(tmp_path / "study.json")
+    names = [n for n, *_ in study_members("hd-ablations", "micro", 0)]
+    assert sorted(study["models"]) == sorted(names)
+    config = {n: read_json(tmp_path / n / "config.json") for n in names}
+    assert all(config[n]["init_from"] == str(tmp_path / "baseline") for n in names if n != "baseline")
+    assert config["hd8"]["model"]["n_streams"] == 8 and config["hd1"]["model"]["n_streams"] == 1
+    assert config["hd4-supervise-all"]["hd"]["supervise"] == "all"
+    assert config["hd4-readout-sum"]["model"]["readout"] == "sum"
+    assert config["hd4-cross-every-layer"]["model"]["cross_layers"] == list(range(config["hd4"]["model"]["n_layers"]))
+    readings = study["readings"]
+    assert sorted(readings) == sorted(n for n in names if n != "baseline")
+    assert list(readings["hd8"]["expansion_jumps"]) == ["2->4", "4->8"] and readings["hd1"]["expansion_jumps"] == {}
+    assert readings["hd1"]["time_vs_hd1"]["mean"] == 1.0
+    assert set(readings["hd4"]["tasks"]) == {"chain", "modsum", "flipflop"}

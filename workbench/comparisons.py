@@ -1,0 +1,328 @@
+"""The seed papers' comparisons as studies on zoo-sized models, each one command
+(``workbench zoo --study NAME``), each member at several training seeds, every reading a mean with
+a 95% interval across seeds (``workbench.training.intervals``).
+
+- ``data-efficiency`` (the FBT paper: FBT matches a baseline trained on 1.5-2x the tokens):
+  ``baseline`` and ``fbt`` at three token budgets (a quarter, a half and all of the zoo's steps,
+  each a run with its own schedule). The validation loss is the completion loss on held-out
+  problems (``answer_loss``, what training scores), averaged over the tasks; for each FBT budget and
+  regime, the tokens the baseline needs to reach FBT's loss, interpolated on the baseline's curve
+  in log tokens (``tokens_to_reach``), divided by FBT's tokens: the token ratio.
+- ``three-pass`` (FBT's stability knob): ``fbt.three_pass_fraction`` in {0, 0.03, 0.1, 0.3}; per
+  member the K-pass residual at K = 2..8, the leading Lyapunov exponent from tangent vectors at
+  100 and 1000 steps (where the horizon reaches them), the step at which a 1e-3 perturbation of
+  the carried state first regrows to its size (``regrowth_step``), and held-out accuracy under
+  ``soft`` and ``fused``.
+- ``hd-ablations`` (the Hidden Decoding paper's ablations): from a ``baseline`` per seed, HD
+  continued for the zoo's HD steps at n = 1 (the baseline continued alike), 2, 4 and 8 streams by
+  progressive expansion, and at n = 4: every stream supervised, the sum-of-streams readout, and
+  cross-stream attention in every layer. Per member: held-out accuracy and completion loss per
+  task, the loss jump at each expansion, and the training time relative to n = 1.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from workbench.runtime.config import make_config
+from workbench.storage.errors import BadInput
+from workbench.storage.files import write_json
+from workbench.storage.outputs import hold
+from workbench.training.intervals import seed_interval
+from workbench.training.zoo import MAX_SEEDS, SCALES, THREADS, member_config, seed_name, train_plan
+
+STUDIES = ("data-efficiency", "three-pass", "hd-ablations")
+BUDGETS = (0.25, 0.5, 1.0)  # data-efficiency: fractions of the scale's training steps
+THREE_PASS = (0.0, 0.03, 0.1, 0.3)  # three-pass: the fractions of 3-pass feedback batches
+HORIZONS = {"micro": 120, "cpu": 1000}  # three-pass: rollout steps of the stability measures
+FBT_REGIMES = ("standard", "soft", "fused")
+
+
+def study_members(study: str, scale: str, seed: int) -> list[tuple[str, str, list[str], str | None]]:
+    """``(name, arch, overrides, source)`` of every member of ``study`` at training seed ``seed``;
+    ``source`` names the member (of the same seed) it continues from, or is None."""
+    if study not in STUDIES:
+        raise BadInput(f"unknown study {study!r}: expected one of {STUDIES}")
+    if scale not in SCALES:
+        raise BadInput(f"unknown zoo preset {scale!r}: expected one of {sorted(SCALES)}")
+    steps, hd = SCALES[scale]["steps"], SCALES[scale]["hd_steps"]
+    seeded = [f"train.seed={seed}"] if seed else []
+    if study == "data-efficiency":
+        rows = [
+            (f"{arch}-steps{round(f * steps)}", arch, [f"train.steps={round(f * steps)}"], None)
+            for f in BUDGETS
+            for arch in ("baseline", "fbt")
+        ]
+    elif study == "three-pass":
+        rows = [(f"fbt-3pass{f:g}", "fbt", [f"train.steps={steps}", f"fbt.three_pass_fraction={f}"], None) for f in THREE_PASS]
+    else:
+        layers = make_config("baseline", SCALES[scale]["preset"]).n_layers
+        stages = {1: ([1], [0]), 2: ([2], [0]), 4: ([2, 4], [0, hd // 2]), 8: ([2, 4, 8], [0, hd // 3, 2 * hd // 3])}
+
+        def grown(n: int) -> list[str]:
+            streams, at = stages[n]
+            return [f"train.steps={hd}", f"hd.streams={','.join(map(str, streams))}", f"hd.expand_at={','.join(map(str, at))}"]
+
+        rows = [("baseline", "baseline", [f"train.steps={steps}"], None)]
+        rows += [(f"hd{n}", "hd", grown(n), "baseline") for n in stages]
+        rows += [
+            ("hd4-supervise-all", "hd", grown(4) + ["hd.supervise=all"], "baseline"),
+            ("hd4-readout-sum", "hd", grown(4) + ["model.readout=sum"], "baseline"),
+            ("hd4-cross-every-layer", "hd", grown(4) + [f"model.cross_layers={','.join(map(str, range(layers)))}"], "baseline"),
+        ]
+    return [
+        (seed_name(name, seed), arch, seeded + overrides, source and seed_name(source, seed))
+        for name, arch, overrides, source in rows
+    ]
+
+
+def run_study(
+    study: str,
+    scale: str = "micro",
+    out: str | Path | None = None,
+    *,
+    seeds: int = 1,
+    threads: int = THREADS,
+    progress: bool | Callable = True,
+) -> dict:
+    """Train (or resume) and evaluate ``study``'s members at seeds 0..``seeds``-1 into ``out``
+    (default ``runs/studies/STUDY``), measure them, and write ``study.json`` there: the zoo's
+    per-member rows (``models``, ``across_seeds``) and the study's ``readings``."""
+    if not 1 <= seeds <= MAX_SEEDS:
+        raise BadInput(f"seeds={seeds}: expected 1..{MAX_SEEDS} training seeds")
+    if threads < 1:
+        raise BadInput(f"threads={threads}: expected an integer >= 1")
+    out = Path(out) if out is not None else Path("runs") / "studies" / study
+    plan = []
+    for seed in range(seeds):
+        plain = [name for name, *_ in study_members(study, scale, 0)]
+        for (name, arch, overrides, source), member in zip(study_members(study, scale, seed), plain):
+            init = str(out / source) if source else None
+            plan.append((name, member, seed, member_config(scale, arch, overrides, init)))
+    summary = {"study": study, "scale": scale, "seeds": seeds, "threads": threads, "torch": torch.__version__, "models": {}}
+    summary = train_plan(plan, out, out / "study.json", summary, scale=scale, threads=threads, progress=progress)
+    with hold(out):
+        if study == "data-efficiency":
+            summary["readings"] = data_efficiency(summary["models"])
+        elif study == "three-pass":
+            summary["readings"] = three_pass(summary["models"], out, HORIZONS[scale], threads)
+        else:
+            summary["readings"] = hd_ablations(summary["models"])
+        write_json(out / "study.json", summary)
+    return summary
+
+
+# ---- data efficiency ---------------------------------------------------------------------
+
+
+def completion_loss(row: dict, regime: str) -> float:
+    """A member's held-out validation loss in ``regime``: the mean over tasks of the completion loss."""
+    values = [task["answer_loss"][regime] for task in row["tasks"].values()]
+    return sum(values) / len(values)
+
+
+def tokens_to_reach(curve: Sequence[tuple[float, float]], loss: float) -> tuple[float, str]:
+    """The training tokens at which a loss curve ``[(tokens, loss), ...]`` (increasing tokens) first
+    reaches ``loss``, by linear interpolation in log tokens between the two budgets it falls between:
+    ``(tokens, "=")``. Below the curve's last loss: ``(last tokens, ">")`` (it needs more than its
+    largest budget); at or above its first: ``(first tokens, "<")``."""
+    if loss >= curve[0][1]:
+        return curve[0][0], "<"
+    for (t0, l0), (t1, l1) in zip(curve, curve[1:]):
+        if l1 <= loss < l0:
+            w = (l0 - loss) / (l0 - l1)
+            return math.exp(math.log(t0) + w * (math.log(t1) - math.log(t0))), "="
+    return curve[-1][0], ">"
+
+
+def data_efficiency(models: dict) -> dict:
+    """Per FBT budget and regime: FBT's loss, the baseline's loss at the same tokens, and the token
+    ratio (baseline tokens to reach FBT's loss / FBT's tokens) per seed, with the across-seed
+    interval of the ratios that the baseline's budgets bracket (``censored`` counts the others)."""
+    by_seed: dict[int, dict[str, dict]] = {}
+    for row in models.values():
+        by_seed.setdefault(int(row["seed"]), {})[row["member"]] = row
+    budgets = sorted({int(row["tokens"]) for row in models.values() if row["member"].startswith("fbt")})
+    readings = {}
+    for tokens in budgets:
+        for regime in FBT_REGIMES:
+            ratios, censored, fbt_losses, base_losses = [], [], [], []
+            for members in by_seed.values():
+                base = sorted(
+                    (int(r["tokens"]), completion_loss(r, "standard")) for m, r in members.items() if m.startswith("baseline")
+                )
+                fbt = [r for m, r in members.items() if m.startswith("fbt") and int(r["tokens"]) == tokens]
+                if not fbt or not base:
+                    continue
+                loss = completion_loss(fbt[0], regime)
+                reach, how = tokens_to_reach(base, loss)
+                fbt_losses.append(loss)
+                base_losses += [b for t, b in base if t == tokens]
+                if how == "=":
+                    ratios.append(reach / tokens)
+                else:  # outside the baseline's budgets: a bound, e.g. ">2" (needs more than twice)
+                    censored.append(f"{how}{reach / tokens:.3g}")
+            if not fbt_losses:
+                continue
+            readings[f"{tokens}/{regime}"] = {
+                "tokens": tokens,
+                "regime": regime,
+                "fbt_loss": seed_interval(fbt_losses),
+                "baseline_loss": seed_interval(base_losses) if base_losses else None,
+                "token_ratio": seed_interval(ratios) if ratios else None,
+                "censored": censored,
+            }
+    return readings
+
+
+# ---- three-pass --------------------------------------------------------------------------
+
+
+def regrowth_step(ratios: list[float]) -> int | None:
+    """The first step t >= 1 after a perturbation at which its size ``ratios[t]`` (relative to the
+    size it was given, ``ratios[0]`` = 1) is back to at least that size; None if it never is
+    within the rollout."""
+    return next((t for t in range(1, len(ratios)) if ratios[t] >= 1.0), None)
+
+
+def stability(run: Path, horizon: int) -> dict:
+    """The stability measures of one FBT member (``analyse_run`` on the default prompt)."""
+    from workbench.dynamics.study import analyse_run
+
+    report = analyse_run(run, horizon=horizon, n_spectra=1, n_fixed=0, max_passes=8, tangents=1).report
+    return {
+        "kpass_residual": {str(r["passes"]): r["relative_residual"] for r in report["kpass"]["rows"] if "relative_residual" in r},
+        "lyapunov_tangent": {T: v[0] for T, v in report["lyapunov_tangent"].items() if T in ("100", "1000")},
+        "regrowth_step": regrowth_step(report["per_step"]["perturbation_ratio"]),
+        "horizon": report["horizon"],
+    }
+
+
+def three_pass(models: dict, out: Path, horizon: int, threads: int) -> dict:
+    """Per 3-pass fraction: each seed's stability measures and accuracies, and across seeds the
+    mean with its interval of every number (``regrowth_step``: of the seeds where it regrew, with
+    ``never`` counting the others)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        measured = {name: stability(out / name, horizon) for name in sorted(models)}
+    finally:
+        torch.set_num_threads(before)
+    groups: dict[str, list[str]] = {}
+    for name, row in models.items():
+        groups.setdefault(row["member"], []).append(name)
+    readings = {}
+    for member, names in sorted(groups.items()):
+        names = sorted(names, key=lambda n: int(models[n]["seed"]))
+        rows = [measured[n] for n in names]
+        accuracy = {regime: seed_interval([_mean_accuracy(models[n], regime) for n in names]) for regime in ("soft", "fused")}
+        regrew = [r["regrowth_step"] for r in rows if r["regrowth_step"] is not None]
+        readings[member] = {
+            "runs": names,
+            "per_seed": rows,
+            "kpass_residual": {K: seed_interval([r["kpass_residual"][K] for r in rows]) for K in rows[0]["kpass_residual"]},
+            "lyapunov_tangent": {T: seed_interval([r["lyapunov_tangent"][T] for r in rows]) for T in rows[0]["lyapunov_tangent"]},
+            "regrowth_step": seed_interval(regrew) if regrew else None,
+            "never_regrew": len(rows) - len(regrew),
+            "accuracy": accuracy,
+        }
+    return readings
+
+
+def _mean_accuracy(row: dict, regime: str) -> float:
+    values = [task["accuracy"][regime] for task in row["tasks"].values()]
+    return sum(values) / len(values)
+
+
+# ---- HD ablations ------------------------------------------------------------------------
+
+
+def hd_ablations(models: dict) -> dict:
+    """Per HD member: accuracy and completion loss per task, the training loss jump at each
+    expansion, and training seconds over those of ``hd1`` (the baseline continued alike) of the same
+    seed, each across seeds."""
+    by_member: dict[str, dict[int, dict]] = {}
+    for row in models.values():
+        by_member.setdefault(row["member"], {})[int(row["seed"])] = row
+    readings = {}
+    for member, rows in sorted(by_member.items()):
+        if member == "baseline":
+            continue
+        seeds = sorted(rows)
+        first = rows[seeds[0]]
+        tasks = {
+            task: {
+                "accuracy": seed_interval([rows[s]["tasks"][task]["accuracy"]["standard"] for s in seeds]),
+                "completion_loss": seed_interval([rows[s]["tasks"][task]["answer_loss"]["standard"] for s in seeds]),
+            }
+            for task in first["tasks"]
+        }
+        jumps = {}
+        for k, expansion in enumerate(first.get("expansions", [])):
+            values = [rows[s]["expansions"][k]["loss_after"] - rows[s]["expansions"][k]["loss_before"] for s in seeds]
+            jumps[f"{expansion['from']}->{expansion['to']}"] = seed_interval(values)
+        plain = by_member.get("hd1", {})
+        ratios = [rows[s]["train_seconds"] / plain[s]["train_seconds"] for s in seeds if s in plain and plain[s]["train_seconds"]]
+        readings[member] = {
+            "seeds": seeds,
+            "tasks": tasks,
+            "accuracy": seed_interval([_mean_accuracy(rows[s], "standard") for s in seeds]),
+            "expansion_jumps": jumps,
+            "time_vs_hd1": seed_interval(ratios) if ratios else None,
+        }
+    return readings
+
+
+# ---- tables ------------------------------------------------------------------------------
+
+
+def interval_text(cell: dict | None, digits: int = 3) -> str:
+    """``mean [low, high]`` of a ``seed_interval`` (just the mean for one seed); '-' for none."""
+    if not cell:
+        return "-"
+    mean = f"{cell['mean']:.{digits}g}"
+    return mean if cell["n"] < 2 else f"{mean} [{cell['low']:.{digits}g}, {cell['high']:.{digits}g}]"
+
+
+def reading_rows(study: dict) -> list[dict]:
+    """A study's ``readings`` as table rows of text cells (mean [95% interval] across seeds)."""
+    rows = []
+    for key, r in study.get("readings", {}).items():
+        if study.get("study") == "data-efficiency":
+            rows.append(
+                {
+                    "FBT tokens": r["tokens"],
+                    "FBT regime": r["regime"],
+                    "FBT loss": interval_text(r["fbt_loss"]),
+                    "baseline loss (same tokens)": interval_text(r["baseline_loss"]),
+                    "token ratio": interval_text(r["token_ratio"]),
+                    "bounds": ", ".join(r["censored"]) or "-",
+                }
+            )
+        elif study.get("study") == "hd-ablations":
+            rows.append(
+                {
+                    "member": key,
+                    "accuracy (mean of tasks)": interval_text(r["accuracy"]),
+                    **{f"{task} accuracy": interval_text(v["accuracy"]) for task, v in r["tasks"].items()},
+                    **{f"{task} completion loss": interval_text(v["completion_loss"]) for task, v in r["tasks"].items()},
+                    "loss jumps": ", ".join(f"{k}: {interval_text(v, 2)}" for k, v in r["expansion_jumps"].items()) or "-",
+                    "time / hd1": interval_text(r["time_vs_hd1"], 2),
+                }
+            )
+        else:
+            rows.append(
+                {
+                    "member": key,
+                    **{f"residual K={K}": interval_text(v, 2) for K, v in r["kpass_residual"].items() if K in ("2", "4", "8")},
+                    **{f"lambda({T})": interval_text(v, 2) for T, v in r["lyapunov_tangent"].items()},
+                    "regrowth step": interval_text(r["regrowth_step"]),
+                    "never regrew": f"{r['never_regrew']}/{len(r['runs'])}",
+                    **{f"{regime} accuracy": interval_text(v) for regime, v in r["accuracy"].items()},
+                }
+            )
+    return rows
