@@ -4,7 +4,8 @@
 Attention is stream-factorised: most layers are intra-stream (a position attends to the same stream
 at earlier or equal tokens), the layers in ``cross_layers`` are causal over the interleaved sequence
 (optionally windowed). The readout is tied to the first table E_1, which is the baseline's embedding
-when the model is expanded from a baseline.
+when the model is expanded from a baseline. ``kv="shared"`` is the ablation in which later tokens
+see only the last stream's keys and values.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from models.layers import Block, KVCache, ModelConfig
 
 POSITION_MODES = ("token", "interleaved")
 READOUTS = ("last", "sum")
+KV_MODES = ("separate", "shared")
 
 
 @dataclass
@@ -33,6 +35,9 @@ class HDConfig(ModelConfig):
     cross_window: int | None = None  # cross-stream attention window in interleaved positions
     positions: str = "token"  # rotary position of stream s of token i: i, or i * n_streams + s
     readout: str = "last"  # "last" stream, or the ablation "sum" over streams
+    # "separate": every stream's keys and values stay visible to later tokens; the ablation
+    # "shared": only the last stream's do (models.layers.Attention)
+    kv: str = "separate"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -52,6 +57,8 @@ class HDConfig(ModelConfig):
             raise ConfigError(f"config field positions={self.positions!r}: expected one of {POSITION_MODES}")
         if self.readout not in READOUTS:
             raise ConfigError(f"config field readout={self.readout!r}: expected one of {READOUTS}")
+        if self.kv not in KV_MODES:
+            raise ConfigError(f"config field kv={self.kv!r}: expected one of {KV_MODES}")
 
 
 class StreamEmbed(nn.Module):
@@ -79,8 +86,9 @@ class HiddenDecodingLM(DecoderLM):
     cfg: HDConfig
 
     def __init__(self, cfg: HDConfig):
+        shared = cfg.kv == "shared"
         blocks = [
-            Block(cfg, "cross", cfg.cross_window) if i in (cfg.cross_layers or ()) else Block(cfg, "intra")
+            Block(cfg, "cross", cfg.cross_window, shared) if i in (cfg.cross_layers or ()) else Block(cfg, "intra", None, shared)
             for i in range(cfg.n_layers)
         ]
         super().__init__(cfg, blocks)
@@ -139,7 +147,7 @@ def expand_streams(model: DecoderLM, n_streams: int, **hd_overrides) -> HiddenDe
     base = {f.name: getattr(model.cfg, f.name) for f in dataclasses.fields(ModelConfig)}
     extra = {}
     if isinstance(model.cfg, HDConfig):
-        extra = {f: getattr(model.cfg, f) for f in ("cross_layers", "cross_window", "positions", "readout")}
+        extra = {f: getattr(model.cfg, f) for f in ("cross_layers", "cross_window", "positions", "readout", "kv")}
     cfg = HDConfig(**{**base, **extra, **hd_overrides, "n_streams": n_streams})
     new = HiddenDecodingLM(cfg).to(device=model.embed.W_E.device, dtype=model.embed.W_E.dtype)
     state = {k: v for k, v in model.state_dict().items() if k != "embed.W_E"}

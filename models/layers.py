@@ -372,6 +372,17 @@ def attention_mask(
     return allowed
 
 
+def shared_kv_mask(n_query: int, n_key: int, n_streams: int, mode: str, device: torch.device) -> Tensor:
+    """[1, 1, query, key] bool over interleaved positions (queries the last ``n_query`` of
+    ``n_key``): a key of an earlier token is visible only if it is that token's last stream; at the
+    query's own token, its own stream (``intra``) or the streams up to its own (``cross``)."""
+    q_idx = torch.arange(n_key - n_query, n_key, device=device)[:, None]
+    k_idx = torch.arange(n_key, device=device)[None, :]
+    q_tok, q_str, k_tok, k_str = q_idx // n_streams, q_idx % n_streams, k_idx // n_streams, k_idx % n_streams
+    same = (k_str == q_str) if mode == "intra" else (k_str <= q_str)
+    return ((k_tok < q_tok) & (k_str == n_streams - 1) | (k_tok == q_tok) & same)[None, None]
+
+
 _CAUSAL_BIAS: dict[tuple, Tensor] = {}
 _CAUSAL_BIAS_KEEP = 4  # tables kept (the most recently built); each is query x key elements
 
@@ -398,11 +409,19 @@ class Attention(nn.Module):
     tokens, cost ~ n_streams * tokens^2, never an interleaved-length mask). ``mode='cross'``:
     causal over the interleaved sequence, optionally windowed. With one stream both are the
     ordinary causal attention.
+
+    ``shared_kv`` (Hidden Decoding's shared-cache ablation): only the last stream's keys and values
+    of a token stay visible to later tokens. A query at (token i, stream s) sees the last stream of
+    tokens j < i, and at token i itself its own stream (``intra``) or streams <= s (``cross``).
+    Computed over the interleaved sequence with that mask (the pattern is then [batch, n_heads,
+    query_pos, key_pos] in interleaved positions); the last stream sees what it sees without it.
     """
 
-    def __init__(self, cfg: ModelConfig, mode: Literal["intra", "cross"] = "intra", window: int | None = None):
+    def __init__(
+        self, cfg: ModelConfig, mode: Literal["intra", "cross"] = "intra", window: int | None = None, shared_kv: bool = False
+    ):
         super().__init__()
-        self.cfg, self.mode, self.window = cfg, mode, window
+        self.cfg, self.mode, self.window, self.shared_kv = cfg, mode, window, shared_kv
         d = cfg.n_heads * cfg.d_head
         self.n_kv_heads: int = cfg.n_kv_heads or cfg.n_heads
         self.W_Q = nn.Linear(cfg.d_model, d, bias=False)
@@ -413,7 +432,8 @@ class Attention(nn.Module):
         self.hook_k = HookPoint()  # [batch, pos, n_kv_heads, d_head] (after rotary)
         self.hook_v = HookPoint()  # [batch, pos, n_kv_heads, d_head]
         # [batch, n_heads, query_pos, key_pos]; intra-stream layers with n_streams > 1:
-        # [batch, n_streams, n_heads, query_token, key_token]. Computed only when hooked.
+        # [batch, n_streams, n_heads, query_token, key_token] (with shared_kv: interleaved
+        # [batch, n_heads, query_pos, key_pos]). Computed only when hooked.
         self.hook_pattern = HookPoint()
         self.hook_z = HookPoint()  # [batch, pos, n_heads, d_head]
         # Materialise the pattern even with no TransformerLens hook on hook_pattern (for nnsight,
@@ -428,7 +448,10 @@ class Attention(nn.Module):
         q = self.hook_q(apply_rotary(self.W_Q(x).view(B, P, H, dh), cos, sin)).transpose(1, 2)  # [batch, n_heads, pos, d_head]
         k = self.hook_k(apply_rotary(self.W_K(x).view(B, P, Hkv, dh), cos, sin)).transpose(1, 2)  # [batch, n_kv_heads, ...]
         v = self.hook_v(self.W_V(x).view(B, P, Hkv, dh)).transpose(1, 2)
-        per_stream = self.mode == "intra" and n > 1
+        shared = self.shared_kv and n > 1
+        if shared and ctx.static is not None:
+            raise NotImplementedError("the shared key/value cache ablation has no static-cache (compiled) step")
+        per_stream = self.mode == "intra" and n > 1 and not shared
         key_valid = ctx.key_valid
         if per_stream:
             # [batch, n_heads, tokens*n_streams, d_head] -> [batch*n_streams, n_heads, tokens, d_head]
@@ -437,7 +460,7 @@ class Attention(nn.Module):
                 key_valid = key_valid.repeat_interleave(n, dim=0)
         elif n > 1 and key_valid is not None:
             key_valid = key_valid.repeat_interleave(n, dim=1)
-        scale = n if (self.mode == "cross" and n > 1) else 1
+        scale = n if ((self.mode == "cross" or shared) and n > 1) else 1
         explicit = self.force_pattern or _is_hooked(self.hook_pattern)
         if ctx.static is not None:
             assert kv is not None  # a static step always has its cache
@@ -450,7 +473,10 @@ class Attention(nn.Module):
             if kv is not None and ctx.cache is not None:
                 kv.per_token = scale
                 k, v = kv.extend(k, v, ctx.cache.capacity * scale, ctx.write)
-            mask = attention_mask(q.shape[2], k.shape[2], key_valid, self.window, x.device)
+            mask = attention_mask(q.shape[2], k.shape[2], key_valid, self.window, x.device, explicit=shared)
+            if shared:
+                assert mask is not None  # explicit=True always builds one
+                mask = mask & shared_kv_mask(q.shape[2], k.shape[2], n, self.mode, x.device)
         if explicit:
             z = self._attend_explicit(q, k, v, mask, B, n if per_stream else 1)
         elif mask is None and q.shape[2] > 1:
@@ -523,10 +549,12 @@ class SwiGLU(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, mode: Literal["intra", "cross"] = "intra", window: int | None = None):
+    def __init__(
+        self, cfg: ModelConfig, mode: Literal["intra", "cross"] = "intra", window: int | None = None, shared_kv: bool = False
+    ):
         super().__init__()
         self.ln1 = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.attn = Attention(cfg, mode, window)
+        self.attn = Attention(cfg, mode, window, shared_kv)
         self.ln2 = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = SwiGLU(cfg)
         self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]

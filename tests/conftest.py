@@ -25,10 +25,18 @@ def _seed():
     torch.manual_seed(0)
 
 
-@pytest.fixture(params=["baseline", "fbt", "hd"])
+ANY_MODEL = {  # id: (arch, overrides); hd-shared is the shared key/value cache ablation
+    "baseline": ("baseline", {}),
+    "fbt": ("fbt", {}),
+    "hd": ("hd", {"n_streams": 3}),
+    "hd-shared": ("hd", {"n_streams": 3, "kv": "shared"}),
+}
+
+
+@pytest.fixture(params=list(ANY_MODEL))
 def any_model(request):
-    overrides = {"n_streams": 3} if request.param == "hd" else {}
-    return build_model(request.param, "debug", **overrides)
+    arch, overrides = ANY_MODEL[request.param]
+    return build_model(arch, "debug", **overrides)
 
 
 @pytest.fixture(scope="module")

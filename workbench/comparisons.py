@@ -15,8 +15,9 @@ a 95% interval across seeds (``workbench.training.intervals``).
   ``soft`` and ``fused``.
 - ``hd-ablations`` (the Hidden Decoding paper's ablations): from a ``baseline`` per seed, HD
   continued for the zoo's HD steps at n = 1 (the baseline continued alike), 2, 4 and 8 streams by
-  progressive expansion, and at n = 4: every stream supervised, the sum-of-streams readout, and
-  cross-stream attention in every layer. Per member: held-out accuracy and completion loss per
+  progressive expansion, and at n = 4: every stream supervised, the sum-of-streams readout,
+  cross-stream attention in every layer, and the shared key/value cache (later tokens see only the
+  last stream's keys and values). Per member: held-out accuracy and completion loss per
   task, the loss jump at each expansion, and the training time relative to n = 1.
 """
 
@@ -73,6 +74,7 @@ def study_members(study: str, scale: str, seed: int) -> list[tuple[str, str, lis
             ("hd4-supervise-all", "hd", grown(4) + ["hd.supervise=all"], "baseline"),
             ("hd4-readout-sum", "hd", grown(4) + ["model.readout=sum"], "baseline"),
             ("hd4-cross-every-layer", "hd", grown(4) + [f"model.cross_layers={','.join(map(str, range(layers)))}"], "baseline"),
+            ("hd4-shared-kv", "hd", grown(4) + ["model.kv=shared"], "baseline"),
         ]
     return [
         (seed_name(name, seed), arch, seeded + overrides, source and seed_name(source, seed))

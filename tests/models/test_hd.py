@@ -198,3 +198,44 @@ def test_expanding_an_hd_model_keeps_its_function_when_the_new_n_is_a_multiple()
     toks = tokens(2, 24)
     assert _logit_gap(hd2, expand_streams(hd2, 4), toks) < 1e-12
     assert _logit_gap(hd2, expand_streams(hd2, 3), toks) > 1e-4
+
+
+@pytest.mark.parametrize("mode", ["intra", "cross"])
+def test_shared_kv_lets_later_tokens_see_only_the_last_stream(mode):
+    """The shared key/value cache ablation, read off the attention pattern of one layer: a query at
+    (token i, stream s) puts weight on exactly the last stream of tokens j < i and, at token i, on
+    its own stream (intra-stream layer) or on streams <= s (cross-stream layer). Written here as
+    loops over (token, stream) pairs, independently of the model's mask."""
+    n, L = 3, 5
+    layer = 1
+    cross = (layer,) if mode == "cross" else (0,)
+    model = build_model("hd", "debug", n_streams=n, n_layers=2, cross_layers=cross, kv="shared")
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens(1, L), names_filter=lambda name: name.endswith("hook_pattern"))
+    pattern = cache[f"blocks.{layer}.attn.hook_pattern"][0]  # [n_heads, n * L, n * L], interleaved
+    for i in range(L):
+        for s in range(n):
+            for j in range(L):
+                for t in range(n):
+                    own = t == s if mode == "intra" else t <= s
+                    allowed = (j < i and t == n - 1) or (j == i and own)
+                    weight = pattern[:, i * n + s, j * n + t]
+                    assert bool((weight > 0).all()) if allowed else bool((weight == 0).all()), (i, s, j, t, weight)
+
+
+def test_shared_kv_changes_the_function_only_after_the_first_token():
+    """Same weights, separate vs shared cache: equal logits at token 0 (no earlier token to hide),
+    different after it; with one stream the two are one model."""
+    separate = build_model("hd", "debug", n_streams=3)
+    shared = build_model("hd", "debug", n_streams=3, kv="shared")
+    shared.load_state_dict(separate.state_dict())
+    toks = tokens(2, 6)
+    with torch.no_grad():
+        a, b = separate(toks), shared(toks)
+    torch.testing.assert_close(a[:, 0], b[:, 0], atol=1e-6, rtol=0)
+    assert (a[:, 1:] - b[:, 1:]).abs().max() > 1e-3
+    one, one_shared = build_model("hd", "debug", n_streams=1), build_model("hd", "debug", n_streams=1, kv="shared")
+    one_shared.load_state_dict(one.state_dict())
+    with torch.no_grad():
+        assert torch.equal(one(toks), one_shared(toks))
+    assert expand_streams(shared, 6).cfg.kv == "shared"  # expansion keeps the ablation

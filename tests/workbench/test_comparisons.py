@@ -109,7 +109,7 @@ def test_three_pass_on_the_micro_zoo(tmp_path):
 
 @pytest.mark.slow
 def test_hd_ablations_on_the_micro_zoo(tmp_path):
-    """A baseline, then HD at n = 1, 2, 4, 8 and the three n = 4 ablations continued from it: the
+    """A baseline, then HD at n = 1, 2, 4, 8 and the four n = 4 ablations continued from it: the
     configs say what each member is, expansions are recorded where streams grow, and each reading
     has per-task accuracy, the loss jumps and the time relative to n = 1 (exactly 1 for n = 1)."""
     code, _, err = cli(["zoo", "--study", "hd-ablations", "--out", str(tmp_path), "--no-progress"])
@@ -123,6 +123,7 @@ def test_hd_ablations_on_the_micro_zoo(tmp_path):
     assert config["hd4-supervise-all"]["hd"]["supervise"] == "all"
     assert config["hd4-readout-sum"]["model"]["readout"] == "sum"
     assert config["hd4-cross-every-layer"]["model"]["cross_layers"] == list(range(config["hd4"]["model"]["n_layers"]))
+    assert config["hd4-shared-kv"]["model"]["kv"] == "shared" and config["hd4"]["model"]["kv"] == "separate"
     readings = study["readings"]
     assert sorted(readings) == sorted(n for n in names if n != "baseline")
     assert list(readings["hd8"]["expansion_jumps"]) == ["2->4", "4->8"] and readings["hd1"]["expansion_jumps"] == {}
