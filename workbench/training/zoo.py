@@ -41,10 +41,12 @@ MAX_SEEDS = 10
 TARGETS = {"micro": None, "cpu": {"chain": 0.5, "modsum": 0.8, "flipflop": 0.95}}
 
 # The tasks every zoo trains on (the ``mix`` of chain, modsum and flip-flop), chosen so the effects
-# the studies look for can appear (docs/training.md, "The reference zoo"): chain answers that write
-# one or two steps per line, so a model can reach ``####`` in fewer tokens; a running sum mod 3 over
-# 1-6 digits, which a ``tiny`` model learns when only answers are scored and windows start at
-# examples (measured there); flip-flop as before.
+# the studies look for can appear (docs/training.md, "The zoo's tasks", has the pilots behind each
+# choice): chain answers that write one or two steps per line, so a model can reach ``####`` in
+# fewer tokens; a running sum mod 3 over 1-6 digits; flip-flop. Only completions are scored and
+# windows start at examples (without both a tiny model does not learn modsum at all), and the mix
+# draws chain : modsum : flip-flop as 1 : 6 : 3, so the short answers are not drowned by chain's
+# long ones.
 TASK = [
     "data.chain_merge_weights=1,1",
     "data.modsum_p=3",
@@ -52,6 +54,7 @@ TASK = [
     "data.modsum_max_len=6",
     "data.loss_on=completion",
     "data.windows=example",
+    "data.mix_weights=1,6,3",
 ]
 
 SCALES = {
