@@ -206,9 +206,26 @@ def pick_run(
             key=key,
             max_selections=max_selections,
         )
-        return [by_name[n] for n in chosen]
+        picked = [by_name[n] for n in chosen]
+        plumbing_notice(picked)
+        return picked
     preferred = next((n for n in names for d in default or [] if n.endswith(d)), names[0])
-    return by_name[st.selectbox(label, names, index=names.index(preferred), key=key)]
+    run = by_name[st.selectbox(label, names, index=names.index(preferred), key=key)]
+    plumbing_notice([run])
+    return run
+
+
+PLUMBING = (
+    "from the micro zoo: a plumbing check trained for seconds. What this page shows of it exercises the "
+    "code and says nothing about the effects studied; train the cpu zoo for models that learned their tasks."
+)
+
+
+def plumbing_notice(chosen: list[RunInfo]) -> None:
+    """A warning naming the chosen runs that are plumbing checks (members of a micro zoo or study)."""
+    names = [r.name for r in chosen if r.plumbing_check]
+    if names:
+        st.warning(f"{', '.join(names)}: {PLUMBING}")
 
 
 def find(runs_: list[RunInfo], *suffixes: str) -> list[str]:

@@ -28,6 +28,9 @@ class RunInfo:
     eval: dict | None = None  # results/eval.json, validated
     results: list[str] = field(default_factory=list)  # files under results/
     error: str | None = None  # why the run cannot be used (corrupt checkpoint, bad config, unreadable, ...)
+    # a member of a ``micro`` zoo or study (its directory's zoo.json / study.json says so): trained
+    # for seconds to exercise the code, so nothing measured on it is a finding
+    plumbing_check: bool = False
 
     @property
     def usable(self) -> bool:
@@ -127,7 +130,7 @@ def check_eval(data: dict, path: Path) -> dict:
 def inspect_run(path: str | Path, root: str | Path | None = None, *, check_weights: bool = True) -> RunInfo:
     """Everything the Runs page shows of one run; problems end up in ``error``, never raised."""
     path = Path(path)
-    info = RunInfo(name=_name(path, root), path=path, arch=None, config={})
+    info = RunInfo(name=_name(path, root), path=path, arch=None, config={}, plumbing_check=_in_micro_zoo(path))
     try:
         raw = read_json(path / "config.json")
         run_config = run_config_from_dict(raw, source=path / "config.json")  # a model-only config gets the defaults
@@ -146,6 +149,18 @@ def inspect_run(path: str | Path, root: str | Path | None = None, *, check_weigh
         if str(path) not in info.error:  # e.g. torch's own message for a size it cannot allocate
             info.error += f" (in {path})"
     return info
+
+
+def _in_micro_zoo(path: Path) -> bool:
+    """Whether the directory holding run ``path`` is a ``micro`` zoo or study (by its summary)."""
+    for name in ("zoo.json", "study.json"):
+        try:
+            summary = read_json(path.parent / name)
+        except (ValueError, OSError):  # none there, or unreadable: nothing says it is one
+            continue
+        if isinstance(summary, dict) and summary.get("scale") == "micro":
+            return True
+    return False
 
 
 def _name(path: Path, root: str | Path | None) -> str:

@@ -90,11 +90,14 @@ table = pd.DataFrame(
             "chain acc (standard)": eval_cell(r),
             "flipflop acc (standard)": eval_cell(r, "flipflop"),
             "status": "ok" if r.usable else "broken",
+            "plumbing check": r.plumbing_check,
         }
         for r in found
     ]
 )
 st.dataframe(table, hide_index=True)
+if table["plumbing check"].any():
+    st.caption("Plumbing check: a member of a micro zoo, trained for seconds; its numbers say nothing about the effects studied.")
 
 names = [r.name for r in found]
 run = {r.name: r for r in found}[st.selectbox("Run", names, key="run")]

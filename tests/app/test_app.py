@@ -60,6 +60,7 @@ def test_runs_page_lists_the_zoo_and_switches_runs(monkeypatch, zoo):
     assert at.title[0].value == "Runs" and not errors(at)
     table = at.dataframe[0].value
     assert sorted(table["run"]) == ["baseline", "fbt", "fbt-no3pass", "hd2", "hd4"] and set(table["status"]) == {"ok"}
+    assert table["plumbing check"].all()
     at.selectbox(key="run").set_value("fbt").run()
     assert_clean(at)
     assert json.loads(at.json[0].value)["arch"] == "fbt"
@@ -186,6 +187,7 @@ def test_streams_page_draws_each_analysis_and_validates_the_length(monkeypatch, 
 
 def test_playground_generates_under_each_regime_and_intervenes(monkeypatch, zoo):
     at = open_page(monkeypatch, zoo, "playground")
+    assert any("plumbing check" in w.value for w in at.warning)  # a micro-zoo run says what it is
     at.slider(key="pg_new").set_value(12)
     at.button(key="pg_generate").click().run()
     assert_clean(at)

@@ -320,3 +320,18 @@ def test_unreadable_entries_are_error_rows_and_every_page_still_renders(micro_zo
         for target, mode in locked:
             target.chmod(mode)
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.parametrize("summary,expected", [("zoo.json", True), ("study.json", True), (None, False)])
+def test_a_micro_zoo_or_study_member_is_a_plumbing_check(tmp_path, summary, expected):
+    """A run whose directory's zoo.json or study.json says ``scale: micro`` is a plumbing check; a
+    cpu zoo's member or a lone run is not."""
+    from workbench import build_model, save_model
+
+    save_model(build_model("baseline", "debug"), tmp_path / "zoo" / "baseline")
+    if summary:
+        (tmp_path / "zoo" / summary).write_text(json.dumps({"scale": "micro", "models": {}}))
+    assert inspect_run(tmp_path / "zoo" / "baseline").plumbing_check is expected
+    if summary:
+        (tmp_path / "zoo" / summary).write_text(json.dumps({"scale": "cpu", "models": {}}))
+        assert inspect_run(tmp_path / "zoo" / "baseline").plumbing_check is False
