@@ -44,21 +44,21 @@ DOCS_COMMANDS = {
     ],
     "smollm2_import.json": ["workbench import smollm2 runs/smollm2 --json docs/results/smollm2_import.json"],
     "smollm2_traces_chain.json": [
-        "workbench traces runs/smollm2 --chat --n-problems 200 --max-new-tokens 160 --out runs/smollm2/traces-chain"
+        "workbench traces runs/smollm2 --chat --n 200 --max-new-tokens 160 --out runs/smollm2/traces-chain"
     ],
     "smollm2_traces_gsm8k.json": [
-        "workbench traces runs/smollm2 --chat --task gsm8k-jsonl:../shared/data/gsm8k/train.jsonl --n-problems 300 "
+        "workbench traces runs/smollm2 --chat --task gsm8k-jsonl:../shared/data/gsm8k/train.jsonl --n 300 "
         "--difficulty 1..16 --max-new-tokens 256 --out runs/smollm2/traces-gsm8k"
     ],
     "smollm2_probe_value.json": [
-        "workbench probe runs/smollm2 --target value --n-sequences 200 --hooks blocks.0.hook_resid_pre "
+        "workbench probe runs/smollm2 --target value --n 200 --hooks blocks.0.hook_resid_pre "
         "blocks.0.hook_resid_post blocks.4.hook_resid_post blocks.9.hook_resid_post blocks.14.hook_resid_post "
         "blocks.19.hook_resid_post blocks.24.hook_resid_post blocks.29.hook_resid_post --out docs/results/smollm2_probe_value.json"
     ],
     "smollm2_cpt.json": ["python scripts/cpt_smollm2.py --run runs/smollm2 --work /tmp/cpt-smollm2"],
     "traces_cpu_summary.json": [
         "workbench traces runs/cpu/fbt runs/cpu/baseline runs/cpu/hd2 runs/cpu/hd4 --task chain "
-        "--regimes standard,soft,fused --passes 2 --n-problems 1000 --difficulty 1..4 --out runs/cpu/traces"
+        "--regimes standard,soft,fused --passes 2 --n 1000 --difficulty 1..4 --out runs/cpu/traces"
     ],
     "bench_small.json": ["workbench bench --preset small --out docs/results/bench_small.json"],
     "bench_tiny.json": ["workbench bench --preset tiny --out docs/results/bench_tiny.json"],

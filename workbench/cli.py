@@ -176,7 +176,7 @@ def cmd_generate(args) -> dict:
     prompts = [tok.encode(p) for p in texts]  # training streams carry no BOS; a chat template writes its own
     silent = tok.silent_ids(model.cfg.d_vocab)
     result = {"model": args.model, "prompts": args.prompt, "chat": args.chat, "generations": {}, "silent_tokens": {}}
-    for regime in args.regime.split(","):
+    for regime in args.regimes.split(","):
         try:
             out = generate(
                 model,
@@ -385,7 +385,7 @@ def cmd_cache(args) -> dict:
     from workbench.runtime.checkpoint import resolve_model
 
     model = resolve_model(args.run)
-    examples = heldout_task(args.task, args.n_sequences, args.seed)[: args.n_sequences]
+    examples = heldout_task(args.task, args.n, args.seed)[: args.n]
     started = time.perf_counter()
     out = cache_activations(
         model,
@@ -433,7 +433,7 @@ def cmd_probe(args) -> dict:
             hooks=args.hooks,
             passes=args.passes,
             exact=not args.no_exact,
-            n_sequences=args.n_sequences,
+            n_sequences=args.n,
             seed=args.seed,
             out=args.out,
             overwrite=args.overwrite,
@@ -523,7 +523,7 @@ def cmd_traces(args) -> dict:
         task=args.task,
         regimes=args.regimes.split(","),
         passes=args.passes,
-        n_problems=args.n_problems,
+        n_problems=args.n,
         difficulties=args.difficulty,
         seed=args.seed,
         max_new_tokens=args.max_new_tokens,
@@ -615,6 +615,27 @@ def _pass_list(text: str) -> list[int]:
     return _positive_list(text, "pass counts >= 1")
 
 
+PROBE_SEQUENCES = 400  # probing.study.N_SEQUENCES (a test keeps them equal), spelled here to keep torch out
+
+
+class _Renamed(argparse.Action):
+    """An option's old spelling, kept for one release: stores into the new option's destination
+    and says on stderr which spelling to use."""
+
+    def __init__(self, option_strings, dest, new: str = "", **kwargs):
+        super().__init__(option_strings, dest, **kwargs)
+        self.new = new
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"workbench: {option_string} is deprecated and will be removed: use {self.new}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def _renamed(p: argparse.ArgumentParser, old: str, new: str, dest: str, kind=str) -> None:
+    """Accept ``old`` for the option ``new`` (hidden from --help, warned about when used)."""
+    p.add_argument(old, dest=dest, type=kind, action=_Renamed, new=new, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
 class _VerbParser(argparse.ArgumentParser):
     """A verb's parser: every option's help ends with its default, unless the help already names
     it or there is none to name (a flag, or a default the verb works out itself)."""
@@ -643,7 +664,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="generate from a run directory or ARCH:PRESET under each regime")
     p.add_argument("model", help="run directory, or ARCH:PRESET[:SEED] for a fresh model")
     p.add_argument("--prompt", action="append", required=True, help="prompt text (repeatable: a batch)")
-    p.add_argument("--regime", default="standard", help="comma-separated: standard,soft,fused")
+    p.add_argument("--regimes", default="standard", help="comma-separated: standard,soft,fused")
+    _renamed(p, "--regime", "--regimes", "regimes")
     p.add_argument("--passes", type=_passes, default=1, help="K of the fused regime's K-pass prefill, or 'exact'")
     p.add_argument("--chat", action="store_true", help="format each prompt as a user turn with the run's chat template")
     p.add_argument("--max-new-tokens", type=int, default=32)
@@ -742,7 +764,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run", help="run directory, or ARCH:PRESET[:SEED] for a fresh model")
     p.add_argument("--hooks", nargs="+", required=True, help="hook names or glob patterns, e.g. 'blocks.*.hook_resid_post'")
     p.add_argument("--task", default="modsum")
-    p.add_argument("--n-sequences", type=int, default=1000)
+    p.add_argument("--n", type=int, default=1000, help="held-out sequences to store")
+    _renamed(p, "--n-sequences", "--n", "n", int)
     p.add_argument("--prefill", choices=["standard", "recurrent"], default="standard")
     p.add_argument("--passes", type=_passes, default=1, help="K passes of a recurrent prefill (one row per pass), or 'exact'")
     p.add_argument("--seed", type=_seed, default=0, help="seed of the task's held-out stream (never a run's training data)")
@@ -757,7 +780,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hooks", nargs="+", default=None, help="default: blocks.0.hook_resid_pre and every hook_resid_post")
     p.add_argument("--passes", type=_pass_list, default=[2, 3], help="recurrent prefill pass counts, e.g. 2,3,4")
     p.add_argument("--no-exact", action="store_true", help="skip the exact-recurrence prefill")
-    p.add_argument("--n-sequences", type=int, default=400)
+    p.add_argument("--n", type=int, default=PROBE_SEQUENCES, help="held-out sequences to store and probe")
+    _renamed(p, "--n-sequences", "--n", "n", int)
     p.add_argument("--seed", type=_seed, default=0)
     p.add_argument("--no-mdl", action="store_true", help="skip the online-code description lengths (the slowest measure)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -800,7 +824,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--reference", default=None, help="MODEL/REGIME every other pair is compared with (default: the first run's first regime)"
     )
     p.add_argument("--passes", type=_passes, default=2, help="K of the fused regime's prefill, or 'exact'")
-    p.add_argument("--n-problems", type=int, default=200)
+    p.add_argument("--n", type=int, default=200, help="problems, the same for every model and regime")
+    _renamed(p, "--n-problems", "--n", "n", int)
     p.add_argument(
         "--difficulty", type=_difficulty_range, default=None, help="steps, e.g. 1..4 (default: 1..4 for chain, any for a file)"
     )

@@ -6,7 +6,7 @@ import streamlit as st
 
 from app.state import find, pick_run, runs, shown_errors, tokenizer, tokenizer_summary, writable
 from workbench.data.tasks import LABELS
-from workbench.probing.study import default_hooks, probe_study
+from workbench.probing.study import N_SEQUENCES, default_hooks, probe_study
 from workbench.storage.files import read_json
 
 st.title("Probes")
@@ -30,7 +30,7 @@ target = c1.selectbox(
     key="probe_target",
     help="memory: the flip-flop's stored bit; running_sum: modsum's running sum; value: chain's current value",
 )
-n_sequences = c2.number_input("Sequences", min_value=10, max_value=20000, value=200, step=50, key="probe_n")
+n_sequences = c2.number_input("Sequences", min_value=10, max_value=20000, value=N_SEQUENCES, step=50, key="probe_n")
 n_layers = run.config["model"]["n_layers"]
 hooks = c3.multiselect("Hooks", default_hooks(n_layers), default=default_hooks(n_layers), key="probe_hooks")
 passes, exact = [], False

@@ -28,7 +28,7 @@ def test_generate_writes_json(tmp_path, capsys):
             "12+7=",
             "--prompt",
             "3*4=",
-            "--regime",
+            "--regimes",
             "standard,soft,fused",
             "--passes",
             "exact",
@@ -59,7 +59,7 @@ def test_export_from_a_saved_run(tmp_path):
         (["generate", "gpt:debug", "--prompt", "x"], "unknown architecture 'gpt'"),
         (["generate", "fbt:huge", "--prompt", "x"], "unknown preset 'huge'"),
         (["generate", "nowhere", "--prompt", "x"], "neither a run directory nor ARCH:PRESET"),
-        (["generate", "baseline:debug", "--prompt", "x", "--regime", "soft"], "needs a Full-Bandwidth model"),
+        (["generate", "baseline:debug", "--prompt", "x", "--regimes", "soft"], "needs a Full-Bandwidth model"),
         (
             ["generate", "fbt:debug", "--prompt", "x", "--passes", "two"],
             "--passes: expected a positive integer or 'exact', got 'two'",
@@ -221,3 +221,37 @@ def test_help_shows_every_options_default():
     from workbench.comparisons import STUDIES
 
     assert tuple(next(a.choices for a in verbs["zoo"]._actions if a.dest == "study")) == STUDIES
+    from workbench.probing.study import N_SEQUENCES
+
+    assert next(a.default for a in verbs["probe"]._actions if a.dest == "n") == N_SEQUENCES
+
+
+@pytest.mark.parametrize(
+    "verb,old,new",
+    [
+        ("probe", "--n-sequences", "--n"),
+        ("cache", "--n-sequences", "--n"),
+        ("traces", "--n-problems", "--n"),
+        ("generate", "--regime", "--regimes"),
+    ],
+)
+def test_an_old_option_spelling_still_works_and_names_the_new_one(verb, old, new, capsys):
+    """One convention per concept (counts are --n, regimes --regimes); the old spellings parse into
+    the same destination for one release, hidden from --help, with a warning naming the new one."""
+    from workbench.cli import build_parser
+
+    parser = build_parser()
+    required = {
+        "probe": ["RUN", "--target", "memory"],
+        "cache": ["RUN", "--hooks", "x", "--out", "o"],
+        "traces": ["RUN", "--out", "o"],
+        "generate": ["M", "--prompt", "p"],
+    }[verb]
+    value = "standard,soft" if new == "--regimes" else "7"
+    old_args = parser.parse_args([verb, *required, old, value])
+    warning = capsys.readouterr().err
+    new_args = parser.parse_args([verb, *required, new, value])
+    assert vars(old_args) == vars(new_args)
+    assert warning.strip() == f"workbench: {old} is deprecated and will be removed: use {new}"
+    shown = parser._subparsers._group_actions[0].choices[verb].format_help().replace("[", " ").replace("]", " ").split()
+    assert old not in shown and new in shown

@@ -92,7 +92,7 @@ def test_a_bug_exits_1_with_its_traceback():
     [
         (["generate", "gpt:debug", "--prompt", "x"], "unknown architecture 'gpt'"),
         (["generate", "fbt:debug", "--prompt", "x" * 200], "is longer than the context n_ctx=128"),  # the model's own check
-        (["generate", "baseline:debug", "--prompt", "x", "--regime", "soft"], "regime 'soft' needs a Full-Bandwidth model"),
+        (["generate", "baseline:debug", "--prompt", "x", "--regimes", "soft"], "regime 'soft' needs a Full-Bandwidth model"),
         (["train", "--out", "OUT", "--set", "model.d_model=30"], "config field d_model=30 is not divisible by n_heads=4"),
         (
             ["train", "--out", "OUT", "--set", "train.steps=ten"],

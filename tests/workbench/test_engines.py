@@ -224,7 +224,7 @@ def test_cli_engines_write_the_same_generations(tmp_path):
     outs = {}
     for engine in ("eager", "static"):
         out = tmp_path / f"{engine}.json"
-        main(["generate", "fbt:debug", "--prompt", "3+4=", "--prompt", "12", "--regime", "standard,soft",
+        main(["generate", "fbt:debug", "--prompt", "3+4=", "--prompt", "12", "--regimes", "standard,soft",
               "--max-new-tokens", "6", "--engine", engine, "--json", str(out)])  # fmt: skip
         outs[engine] = json.loads(out.read_text())["generations"]
     assert outs["static"] == outs["eager"]

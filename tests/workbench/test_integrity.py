@@ -279,7 +279,7 @@ def test_a_pass_count_past_the_context_is_rejected_before_any_work():
 def test_unbounded_passes_on_the_command_line_are_usage_errors(pristine, tmp_path):
     COUNTS["inputs_tried"] += 2
     assert_usage_error(
-        ["generate", str(pristine), "--prompt", "a", "--regime", "fused", "--passes", str(10**9)],
+        ["generate", str(pristine), "--prompt", "a", "--regimes", "fused", "--passes", str(10**9)],
         match=r"passes=1000000000 is more than the context n_ctx=128: .*\(use 'exact'\)",
     )
     out = tmp_path / "out"

@@ -258,7 +258,7 @@ def test_two_caches_into_one_store_do_not_mix(tmp_path):
         "blocks.0.hook_resid_pre",
         "--task",
         "modsum",
-        "--n-sequences",
+        "--n",
         "400",
         "--out",
         str(store),
@@ -267,7 +267,7 @@ def test_two_caches_into_one_store_do_not_mix(tmp_path):
     try:
         CONCURRENT["faults_injected"] += 1
         assert_usage_error(
-            ["cache", "baseline:debug", "--hooks", "hook_embed", "--task", "flipflop", "--n-sequences", "8", "--out", str(store)],
+            ["cache", "baseline:debug", "--hooks", "hook_embed", "--task", "flipflop", "--n", "8", "--out", str(store)],
             f"is being written by PID {first.pid}",
             "cache fbt:debug:1",
         )
@@ -308,7 +308,7 @@ def trained(tmp_path_factory):
     code, _, err = cli(["eval", str(base / "run"), "--n", "4"])
     assert code is None, err
     code, _, err = cli(
-        ["cache", "fbt:debug", "--hooks", "hook_embed", "--task", "modsum", "--n-sequences", "40", "--out", str(base / "store")]
+        ["cache", "fbt:debug", "--hooks", "hook_embed", "--task", "modsum", "--n", "40", "--out", str(base / "store")]
     )
     assert code is None, err
     (base / "mine").mkdir()
@@ -321,18 +321,18 @@ def wrong_targets(base: Path) -> list[tuple[list[str], str, str]]:
     run, store, mine = (str(base / n) for n in ("run", "store", "mine"))
     sets = [a for s in FAST + ["train.steps=2"] for a in ("--set", s)]
     return [  # (argv, what must be named, the directory to compare)
-        (["cache", "fbt:debug", "--hooks", "hook_embed", "--n-sequences", "4", "--out", run], "not an activation store", "run"),
+        (["cache", "fbt:debug", "--hooks", "hook_embed", "--n", "4", "--out", run], "not an activation store", "run"),
         (
-            ["cache", "fbt:debug", "--hooks", "hook_embed", "--n-sequences", "4", "--out", run, "--overwrite"],
+            ["cache", "fbt:debug", "--hooks", "hook_embed", "--n", "4", "--out", run, "--overwrite"],
             "not an activation store",
             "run",
         ),
         (
-            ["cache", "fbt:debug", "--hooks", "hook_embed", "--n-sequences", "4", "--out", mine, "--overwrite"],
+            ["cache", "fbt:debug", "--hooks", "hook_embed", "--n", "4", "--out", mine, "--overwrite"],
             "thesis.tex",
             "mine",
         ),
-        (["cache", "fbt:debug", "--hooks", "hook_embed", "--n-sequences", "4", "--out", store], "pass --overwrite", "store"),
+        (["cache", "fbt:debug", "--hooks", "hook_embed", "--n", "4", "--out", store], "pass --overwrite", "store"),
         (["demo", "--out", run, "--preset", "debug"], "not a demo output", "run"),
         (["demo", "--out", str(base), "--preset", "debug", "--overwrite"], "not a demo output", "."),
         (["export", run, run], "not a Hugging Face export", "run"),
@@ -345,8 +345,8 @@ def wrong_targets(base: Path) -> list[tuple[list[str], str, str]]:
             "not a dynamics study",
             "run",
         ),
-        (["traces", run, "--out", store, "--n-problems", "2"], "not a trace study", "store"),
-        (["traces", run, "--out", mine, "--n-problems", "2", "--overwrite"], "not a trace study", "mine"),
+        (["traces", run, "--out", store, "--n", "2"], "not a trace study", "store"),
+        (["traces", run, "--out", mine, "--n", "2", "--overwrite"], "not a trace study", "mine"),
         (["probe", run, "--target", "memory", "--out", f"{run}/config.json", "--overwrite"], "is not a probe report", "run"),
         (["probe", run, "--target", "memory", "--out", f"{mine}/thesis.tex"], "is not a probe report", "mine"),
         (["eval", run, "--n", "2", "--json", f"{run}/config.json"], "is not a workbench --json output", "run"),
@@ -375,7 +375,7 @@ def test_overwrite_replaces_only_the_previous_output(trained, tmp_path):
         "blocks.0.hook_resid_post",
         "--task",
         "modsum",
-        "--n-sequences",
+        "--n",
         "70",
         "--out",
         str(store),
@@ -417,7 +417,7 @@ def test_a_probe_sweep_replaces_its_previous_sweep_only_with_overwrite(tmp_path)
         "--passes",
         "2",
         "--no-exact",
-        "--n-sequences",
+        "--n",
         "30",
         "--hooks",
         "blocks.0.hook_resid_pre",
@@ -457,7 +457,7 @@ def test_a_killed_cache_leaves_only_staging_that_the_next_writer_keeps(tmp_path)
         "blocks.0.hook_resid_pre",
         "--task",
         "modsum",
-        "--n-sequences",
+        "--n",
         "400",
         "--out",
         str(store),
@@ -473,7 +473,7 @@ def test_a_killed_cache_leaves_only_staging_that_the_next_writer_keeps(tmp_path)
     assert [p.name for p in store.iterdir() if p.name != LOCK] == [f".staging-{proc.pid}"]
     with pytest.raises(FileNotFoundError, match="no activation store"):
         load_store(store)
-    assert cli(argv[:-4] + ["--n-sequences", "8", "--out", str(store)])[0] is None  # no --overwrite needed: nothing was published
+    assert cli(argv[:-4] + ["--n", "8", "--out", str(store)])[0] is None  # no --overwrite needed: nothing was published
     # the killed writer's staging is kept, not the next writer's to delete, and does not block it
     assert sorted(p.name for p in store.iterdir()) == sorted([LOCK, "shard-00000.arrow", "store.json", f".staging-{proc.pid}"])
     assert (store / f".staging-{proc.pid}" / "shard-00001.arrow").is_file()
@@ -513,7 +513,7 @@ def test_a_failed_probe_sweep_leaves_no_temporary_directories(tmp_path):
             "--passes",
             "2",
             "--no-exact",
-            "--n-sequences",
+            "--n",
             "30",
             "--hooks",
             "hook_embed",

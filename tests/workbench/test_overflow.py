@@ -205,7 +205,7 @@ def test_generate_stops_naming_the_regime_step_and_site(arch, tmp_path):
     run = poison(save_model(build_model(arch, "debug", **ARCHS[arch]), tmp_path / arch))
     regime = "soft" if arch == "fbt" else "standard"
     assert_usage_error(
-        ["generate", str(run), "--prompt", "Q: 3+4", "--regime", regime, "--json", str(tmp_path / "out.json")],
+        ["generate", str(run), "--prompt", "Q: 3+4", "--regimes", regime, "--json", str(tmp_path / "out.json")],
         match=rf"error: regime {regime}: non-finite activation: blocks\.1\.ln1 input overflowed at step 0[ ,]",
     )
     assert not (tmp_path / "out.json").exists()
@@ -216,7 +216,7 @@ def test_traces_stop_naming_the_step_and_site_and_write_no_summary(tmp_path):
     good = save_model(build_model("baseline", "debug"), tmp_path / "baseline")
     out = tmp_path / "out"
     assert_usage_error(
-        ["traces", str(good), str(run), "--n-problems", "2", "--difficulty", "1..1", "--max-new-tokens", "4", "--out", str(out)],
+        ["traces", str(good), str(run), "--n", "2", "--difficulty", "1..1", "--max-new-tokens", "4", "--out", str(out)],
         match=r"error: regime standard: non-finite activation: blocks\.1\.ln1 input overflowed at step 0, "
         "FBT pass 1 ",
     )

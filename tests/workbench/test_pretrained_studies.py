@@ -41,7 +41,7 @@ def test_a_token_takes_the_label_of_the_character_it_ends_at():
 def test_the_cache_verb_encodes_and_labels_with_the_runs_tokenizer(run, tmp_path):
     code, out, err = cli(
         ["cache", str(run), "--hooks", "blocks.0.hook_resid_pre", "--task", "chain"]
-        + ["--n-sequences", "6", "--out", str(tmp_path / "store")]
+        + ["--n", "6", "--out", str(tmp_path / "store")]
     )
     assert code is None, err
     ds, meta = load_store(tmp_path / "store")
@@ -66,7 +66,7 @@ def test_the_probe_verb_sweeps_an_imported_model(run, tmp_path, monkeypatch):
     real = study.cache_activations
     monkeypatch.setattr(study, "cache_activations", lambda *a, **kw: seen.append(kw["tokenizer"]) or real(*a, **kw))
     out = tmp_path / "probe.json"
-    code, _, err = cli(["probe", str(run), "--target", "value", "--n-sequences", "24", "--out", str(out)])
+    code, _, err = cli(["probe", str(run), "--target", "value", "--n", "24", "--out", str(out)])
     assert code is None, err
     report = json.loads(out.read_text())
     assert [row["hook"] for row in report["rows"]] == [
@@ -124,7 +124,7 @@ def test_traces_chat_prompts_through_the_template_and_counts_characters(run, tmp
     prompts = []
     real = traces.generate
     monkeypatch.setattr(traces, "generate", lambda model, batch, **kw: prompts.extend(batch) or real(model, batch, **kw))
-    code, _, err = cli(["traces", str(run), "--chat", "--n-problems", "4", "--max-new-tokens", "8", "--out", str(tmp_path / "t")])
+    code, _, err = cli(["traces", str(run), "--chat", "--n", "4", "--max-new-tokens", "8", "--out", str(tmp_path / "t")])
     assert code is None, err
     bpe = load_tokenizer(run)
     examples = traces.problems("chain", 4, [1, 2, 3, 4])

@@ -126,7 +126,7 @@ def test_probe_study_sweeps_hooks_and_regimes(tmp_path, capsys):
     from workbench.cli import main
 
     run = save_model(build_model("fbt", "debug"), tmp_path / "run")
-    main(["probe", str(run), "--target", "running_sum", "--passes", "2", "--n-sequences", "30"])
+    main(["probe", str(run), "--target", "running_sum", "--passes", "2", "--n", "30"])
     bar = capsys.readouterr().err
     assert "probe running_sum: 100%" in bar and "probed blocks.1.hook_resid_post (recurrent, K=exact" in bar
     report = json.loads((run / "results" / "probe_running_sum.json").read_text())
@@ -148,7 +148,7 @@ def test_probe_study_sweeps_hooks_and_regimes(tmp_path, capsys):
             "running_sum",
             "--passes",
             "2",
-            "--n-sequences",
+            "--n",
             "30",
             "--no-mdl",
             "--ranks",
@@ -159,7 +159,7 @@ def test_probe_study_sweeps_hooks_and_regimes(tmp_path, capsys):
     row = json.loads((run / "results" / "probe_running_sum.json").read_text())["rows"][0]
     assert row["mdl_bits"] is None and row["rank_sweep"] == [] and row["accuracy"] >= 0
     capsys.readouterr()
-    main(["probe", str(run), "--target", "running_sum", "--passes", "2", "--n-sequences", "30", "--no-progress", "--overwrite"])
+    main(["probe", str(run), "--target", "running_sum", "--passes", "2", "--n", "30", "--no-progress", "--overwrite"])
     assert "probe running_sum" not in capsys.readouterr().err
 
 
@@ -195,7 +195,7 @@ def test_probe_and_cache_errors_list_valid_names(tmp_path, capsys):
             "--hooks",
             "blocks.*.hook_resid_post",
             "hook_stream_embed",
-            "--n-sequences",
+            "--n",
             "4",
             "--out",
             str(tmp_path / "s"),

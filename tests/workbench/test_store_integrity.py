@@ -212,7 +212,7 @@ def test_the_cli_writes_a_store_that_verifies_and_refuses_nan_activations(tmp_pa
         "blocks.0.hook_resid_pre",
         "--task",
         "modsum",
-        "--n-sequences",
+        "--n",
         "40",
         "--out",
         str(tmp_path / "store"),
@@ -271,7 +271,7 @@ def test_a_store_larger_than_the_free_disk_is_refused_before_writing(tiny_filesy
             "baseline:debug",
             "--hooks",
             "blocks.*.hook_resid_post",
-            "--n-sequences",
+            "--n",
             "4000",
             "--out",
             str(tiny_filesystem / "store"),
@@ -281,7 +281,5 @@ def test_a_store_larger_than_the_free_disk_is_refused_before_writing(tiny_filesy
         "store fewer hooks",
     )
     assert list(tiny_filesystem.iterdir()) == []
-    code, _, err = cli(
-        ["cache", "baseline:debug", "--hooks", "hook_embed", "--n-sequences", "20", "--out", str(tiny_filesystem / "store")]
-    )
+    code, _, err = cli(["cache", "baseline:debug", "--hooks", "hook_embed", "--n", "20", "--out", str(tiny_filesystem / "store")])
     assert code is None, err  # a store that fits is written

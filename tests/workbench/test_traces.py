@@ -78,7 +78,7 @@ def test_trace_cli_is_deterministic_and_writes_every_output(tmp_path, capsys):
             [
                 "traces",
                 *map(str, runs),
-                "--n-problems",
+                "--n",
                 "6",
                 "--difficulty",
                 "1..2",
@@ -140,14 +140,14 @@ def test_a_run_that_fits_no_problem_is_refused_before_any_work(tmp_path):
 
     run = save_model(build_model("baseline", "debug"), tmp_path / "run")  # n_ctx=128: no GSM8K prompt fits
     assert_usage_error(
-        ["traces", str(run), "--task", f"gsm8k-jsonl:{SAMPLE}", "--n-problems", "5", "--out", str(tmp_path / "t")],
+        ["traces", str(run), "--task", f"gsm8k-jsonl:{SAMPLE}", "--n", "5", "--out", str(tmp_path / "t")],
         "no problem fits",
         "n_ctx=128",
     )
     assert not (tmp_path / "t").exists()
     wide = save_model(build_model("baseline", "debug", n_ctx=512), tmp_path / "wide")
     code, out, err = cli(
-        ["traces", str(wide), "--task", f"gsm8k-jsonl:{SAMPLE}", "--n-problems", "43"]
+        ["traces", str(wide), "--task", f"gsm8k-jsonl:{SAMPLE}", "--n", "43"]
         + ["--max-new-tokens", "64", "--out", str(tmp_path / "t")]
     )
     assert code is None, err
@@ -162,7 +162,7 @@ def test_regimes_without_standard_pair_against_what_exists_and_bad_choices_fail_
     from helpers import assert_usage_error, cli
 
     run = str(save_model(build_model("fbt", "debug"), tmp_path / "fbt"))
-    common = ["--n-problems", "4", "--difficulty", "1..2", "--max-new-tokens", "8"]
+    common = ["--n", "4", "--difficulty", "1..2", "--max-new-tokens", "8"]
     code, out, err = cli(["traces", run, "--regimes", "soft,fused", *common, "--out", str(tmp_path / "a")])
     assert code is None, err
     summary = json.loads((tmp_path / "a" / "summary.json").read_text())

@@ -306,7 +306,7 @@ def cache_process(run: Path, n_sequences: int, workdir: Path) -> dict:
     ``n_sequences`` ``RSS_TASK`` sequences through ``run`` (its ``peak_rss_mib``: the whole process)."""
     meta = workdir / "meta.json"
     cmd = [sys.executable, "-m", "workbench.cli", "cache", str(run), "--hooks", RSS_HOOK, "--task", RSS_TASK]
-    cmd += ["--n-sequences", str(n_sequences), "--out", str(workdir / "store"), "--json", str(meta)]
+    cmd += ["--n", str(n_sequences), "--out", str(workdir / "store"), "--json", str(meta)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr.strip()[-2000:]}")

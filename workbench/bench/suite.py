@@ -305,7 +305,7 @@ def _store_rss(preset: str, positions: int) -> dict:
             "blocks.0.hook_resid_pre",
             "--task",
             "modsum",
-            "--n-sequences",
+            "--n",
             str(n_seq),
             "--out",
             str(Path(tmp) / "store"),

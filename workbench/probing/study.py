@@ -50,6 +50,9 @@ def regimes(model, passes: list[int], exact: bool) -> list[tuple[str, int | str]
     return out
 
 
+N_SEQUENCES = 400  # held-out sequences a probe sweep stores, by default (the CLI's and the app's)
+
+
 def probe_study(
     run_dir: str | Path,
     target: str,
@@ -57,7 +60,7 @@ def probe_study(
     hooks: list[str] | None = None,
     passes: Sequence[int] = (2, 3),
     exact: bool = True,
-    n_sequences: int = 400,
+    n_sequences: int = N_SEQUENCES,
     seed: int = 0,
     out: str | Path | None = None,
     data: TaskConfig | None = None,
