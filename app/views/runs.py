@@ -20,7 +20,7 @@ def train_zoo_panel() -> None:
         list(SCALES),
         horizontal=True,
         key="zoo_scale",
-        captions=["~15 s on 2 cores: enough to try every page", "~21 min: models good enough for the studies"],
+        captions=["~15 s on 2 cores: enough to try every page", "~33 min: models that learn their tasks (docs/training.md)"],
     )
     out = root / scale
     names = member_names(scale)

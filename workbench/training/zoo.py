@@ -2,8 +2,8 @@
 stability study), ``hd2`` and ``hd4`` (continued from ``baseline``), all on the ``mix`` task with
 the same data order, so FBT and the baseline see equal data.
 
-``micro`` finishes in well under 2 minutes on 2 CPU cores (tests, CI); ``cpu`` in under 25 and
-gives models good enough for the studies to show something.
+``micro`` finishes in well under 2 minutes on 2 CPU cores (tests, CI); ``cpu`` in about 33 minutes
+per seed on 2 idle cores (docs/training.md: measured, with what its members learn).
 
 With ``seeds`` = n every member is trained at training seeds 0..n-1 (``train.seed``: the
 initialisation and the batch order; the task data stay the same), seed k > 0 in ``NAME-seedK``;
