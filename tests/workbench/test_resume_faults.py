@@ -252,7 +252,7 @@ def poisoned(step: int, where: str):
         strategy = real(cfg)
         loss = strategy.loss
 
-        def poisoned(model, x, y, s, rows):
+        def poisoned(model, x, y, s, rows, weight=None):
             if s == step:
                 p = next(model.parameters())
                 if where == "parameter":
@@ -260,7 +260,7 @@ def poisoned(step: int, where: str):
                         p.view(-1)[0] = float("nan")
                 else:
                     p.register_hook(lambda g: g * float("inf"))
-            return loss(model, x, y, s, rows)
+            return loss(model, x, y, s, rows, weight)
 
         strategy.loss = poisoned
         return strategy

@@ -61,8 +61,8 @@ def test_fbt_schedule_logs_per_pass_losses(tmp_path):
 def test_divergence_names_the_step_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
     real = Strategy.loss
 
-    def poisoned(self, model, x, y, step, rows):
-        loss, info = real(self, model, x, y, step, rows)
+    def poisoned(self, model, x, y, step, rows, weight=None):
+        loss, info = real(self, model, x, y, step, rows, weight)
         if step == 6:
             loss = loss * float("nan")
             info["loss"] = float("nan")
