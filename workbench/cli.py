@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from workbench.storage.errors import BadInput, MissingFile, OutputExists, WorkbenchError
@@ -631,7 +632,7 @@ class _Renamed(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-def _renamed(p: argparse.ArgumentParser, old: str, new: str, dest: str, kind=str) -> None:
+def _renamed(p: argparse.ArgumentParser, old: str, new: str, dest: str, kind: Callable[[str], object] = str) -> None:
     """Accept ``old`` for the option ``new`` (hidden from --help, warned about when used)."""
     p.add_argument(old, dest=dest, type=kind, action=_Renamed, new=new, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
