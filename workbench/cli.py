@@ -362,14 +362,22 @@ def cmd_zoo(args) -> dict:
         if args.only:
             raise BadInput(f"--only {args.only[0]} with --study {args.study}: a study trains all of its members")
         out = Path(args.out) if args.out is not None else Path("runs") / "studies" / args.study
-        summary = run_study(args.study, args.preset, out, seeds=args.seeds, threads=args.threads, progress=not args.no_progress)
+        summary = run_study(
+            args.study, args.preset, out, seeds=args.seeds, threads=args.threads, jobs=args.jobs, progress=not args.no_progress
+        )
         written = out / "study.json"
     else:
         from workbench.training.zoo import train_zoo
 
         out = Path(args.out) if args.out is not None else Path("runs")
         summary = train_zoo(
-            args.preset, out, progress=not args.no_progress, only=args.only, seeds=args.seeds, threads=args.threads
+            args.preset,
+            out,
+            progress=not args.no_progress,
+            only=args.only,
+            seeds=args.seeds,
+            threads=args.threads,
+            jobs=args.jobs,
         )
         written = out / "zoo.json"
     for name, row in summary["models"].items():
@@ -753,9 +761,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--only", action="append", default=None, help="train only this member (repeatable)")
     p.add_argument("--seeds", type=int, default=1, help="train every member at training seeds 0..N-1")
-    # training.zoo.THREADS (a test keeps them equal), spelled here to keep torch out of the parser
     p.add_argument(
-        "--threads", type=int, default=2, help="torch threads while training (recorded: the same count trains the same model)"
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads per member (recorded: the same count trains the same model); default: micro 2, cpu 1",
+    )
+    p.add_argument(
+        "--jobs", type=int, default=None, help="members trained at once, each in its own process; default: micro 1, cpu 2"
     )
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--json", dest="json_out", help="also write the summary here")

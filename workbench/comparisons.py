@@ -34,7 +34,7 @@ from workbench.storage.errors import BadInput
 from workbench.storage.files import write_json
 from workbench.storage.outputs import hold
 from workbench.training.intervals import seed_interval
-from workbench.training.zoo import MAX_SEEDS, SCALES, THREADS, member_config, seed_name, train_plan
+from workbench.training.zoo import MAX_SEEDS, SCALES, execution, member_config, seed_name, train_plan
 
 STUDIES = ("data-efficiency", "three-pass", "hd-ablations")
 BUDGETS = (0.25, 0.5, 1.0)  # data-efficiency: fractions of the scale's training steps
@@ -88,16 +88,18 @@ def run_study(
     out: str | Path | None = None,
     *,
     seeds: int = 1,
-    threads: int = THREADS,
+    threads: int | None = None,
+    jobs: int | None = None,
     progress: bool | Callable = True,
 ) -> dict:
     """Train (or resume) and evaluate ``study``'s members at seeds 0..``seeds``-1 into ``out``
-    (default ``runs/studies/STUDY``), measure them, and write ``study.json`` there: the zoo's
-    per-member rows (``models``, ``across_seeds``) and the study's ``readings``."""
+    (default ``runs/studies/STUDY``), ``jobs`` at a time with ``threads`` torch threads each
+    (default: the scale's, as the zoo), measure them (with ``threads`` x ``jobs`` threads), and
+    write ``study.json`` there: the zoo's per-member rows (``models``, ``across_seeds``) and the
+    study's ``readings``."""
     if not 1 <= seeds <= MAX_SEEDS:
         raise BadInput(f"seeds={seeds}: expected 1..{MAX_SEEDS} training seeds")
-    if threads < 1:
-        raise BadInput(f"threads={threads}: expected an integer >= 1")
+    threads, jobs = execution(scale, threads, jobs)
     out = Path(out) if out is not None else Path("runs") / "studies" / study
     plan = []
     for seed in range(seeds):
@@ -105,13 +107,21 @@ def run_study(
         for (name, arch, overrides, source), member in zip(study_members(study, scale, seed), plain):
             init = str(out / source) if source else None
             plan.append((name, member, seed, member_config(scale, arch, overrides, init)))
-    summary = {"study": study, "scale": scale, "seeds": seeds, "threads": threads, "torch": torch.__version__, "models": {}}
-    summary = train_plan(plan, out, out / "study.json", summary, scale=scale, threads=threads, progress=progress)
+    summary = {
+        "study": study,
+        "scale": scale,
+        "seeds": seeds,
+        "threads": threads,
+        "jobs": jobs,
+        "torch": torch.__version__,
+        "models": {},
+    }
+    summary = train_plan(plan, out, out / "study.json", summary, scale=scale, threads=threads, jobs=jobs, progress=progress)
     with hold(out):
         if study == "data-efficiency":
             summary["readings"] = data_efficiency(summary["models"])
         elif study == "three-pass":
-            summary["readings"] = three_pass(summary["models"], out, HORIZONS[scale], threads)
+            summary["readings"] = three_pass(summary["models"], out, HORIZONS[scale], threads * jobs)
         else:
             summary["readings"] = hd_ablations(summary["models"])
         write_json(out / "study.json", summary)

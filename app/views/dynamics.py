@@ -24,7 +24,7 @@ chosen = pick_run(
     "(imported pretrained models included) and HD runs do not have",
     key="dyn_runs",
     multiple=True,
-    default=find(runs(), "fbt", "fbt-no3pass"),
+    default=find(runs(), "fbt", "fbt-3pass0", "fbt-seed1")[:2],  # beside the zoo's: no 3-pass batches, or a seed
     max_selections=2,
 )
 if not chosen:

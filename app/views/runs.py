@@ -44,7 +44,7 @@ def train_zoo_panel() -> None:
 
 
 if not found:
-    st.info(f"No runs under {root}. Train the reference zoo (baseline, fbt, fbt-no3pass, hd2, hd4) here:")
+    st.info(f"No runs under {root}. Train the reference zoo (baseline, fbt, hd2, hd4) here:")
     train_zoo_panel()
     st.stop()
 

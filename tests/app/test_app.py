@@ -59,7 +59,7 @@ def test_runs_page_lists_the_zoo_and_switches_runs(monkeypatch, zoo):
     at = open_page(monkeypatch, zoo)
     assert at.title[0].value == "Runs" and not errors(at)
     table = at.dataframe[0].value
-    assert sorted(table["run"]) == ["baseline", "fbt", "fbt-no3pass", "hd2", "hd4"] and set(table["status"]) == {"ok"}
+    assert sorted(table["run"]) == ["baseline", "fbt", "hd2", "hd4"] and set(table["status"]) == {"ok"}
     assert table["plumbing check"].all()
     at.selectbox(key="run").set_value("fbt").run()
     assert_clean(at)
@@ -80,7 +80,7 @@ def test_a_corrupt_checkpoint_is_an_error_on_runs_and_the_rest_keeps_working(mon
     # the broken run is not offered for analysis; the others still work
     at.switch_page("views/playground.py").run()
     assert_clean(at)
-    assert "fbt" not in at.selectbox(key="pg_run").options and "fbt-no3pass" in at.selectbox(key="pg_run").options
+    assert "fbt" not in at.selectbox(key="pg_run").options and "baseline" in at.selectbox(key="pg_run").options
 
 
 def test_an_empty_runs_directory_offers_to_train_the_zoo_with_progress(monkeypatch, tmp_path):
@@ -89,7 +89,7 @@ def test_an_empty_runs_directory_offers_to_train_the_zoo_with_progress(monkeypat
     at.button(key="train_zoo").click().run()
     assert_clean(at)
     assert not errors(at)
-    assert sorted(at.dataframe[0].value["run"]) == ["micro/baseline", "micro/fbt", "micro/fbt-no3pass", "micro/hd2", "micro/hd4"]
+    assert sorted(at.dataframe[0].value["run"]) == ["micro/baseline", "micro/fbt", "micro/hd2", "micro/hd4"]
 
 
 def test_probes_page_trains_and_draws_the_layer0_comparison(monkeypatch, zoo):
@@ -127,7 +127,9 @@ def test_probes_page_rejects_an_empty_hook_list(monkeypatch, zoo):
     assert "Pick at least one hook to probe." in errors(at)
 
 
-def test_dynamics_page_compares_two_runs_and_reacts_to_the_horizon(monkeypatch, zoo):
+def test_dynamics_page_compares_two_runs_and_reacts_to_the_horizon(monkeypatch, micro_zoo, tmp_path):
+    zoo = shutil.copytree(micro_zoo, tmp_path / "runs")
+    shutil.copytree(zoo / "fbt", zoo / "fbt-seed1")  # a second FBT run, as a zoo at two seeds has
     at = open_page(monkeypatch, zoo, "dynamics")
     at.number_input(key="dyn_horizon").set_value(60)
     at.number_input(key="dyn_starts").set_value(3)
@@ -135,7 +137,7 @@ def test_dynamics_page_compares_two_runs_and_reacts_to_the_horizon(monkeypatch, 
     at.run()
     assert_clean(at)
     assert not errors(at)
-    assert [s.value for s in at.subheader] == ["fbt", "fbt-no3pass"]
+    assert [s.value for s in at.subheader] == ["fbt", "fbt-seed1"]
     lyap = {m.label: m.value for m in at.metric}
     assert {"λ(1)", "λ(10)", "K-pass relative residual at K=8"} <= set(lyap)
     assert len(charts(at)) == 2 * 6  # norms, growth, spectrum, fixed points, K-pass residual, K-pass grid per run
@@ -249,7 +251,7 @@ def test_the_sidebar_refuses_directories_outside_the_runs_root_and_trains_nothin
     at.button(key="train_zoo").click().run()
     assert_clean(at)
     assert not errors(at)
-    assert sorted(at.dataframe[0].value["run"]) == ["micro/baseline", "micro/fbt", "micro/fbt-no3pass", "micro/hd2", "micro/hd4"]
+    assert sorted(at.dataframe[0].value["run"]) == ["micro/baseline", "micro/fbt", "micro/hd2", "micro/hd4"]
     assert (
         not elsewhere.exists()
         and not (tmp_path / "x").exists()

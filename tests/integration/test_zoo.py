@@ -9,7 +9,7 @@ from workbench.training.zoo import ensure_zoo, member_names, train_zoo
 
 def test_micro_zoo_trains_every_member_and_writes_eval(micro_zoo):
     summary = json.loads((micro_zoo / "zoo.json").read_text())
-    assert list(summary["models"]) == member_names("micro") == ["baseline", "fbt", "fbt-no3pass", "hd2", "hd4"]
+    assert list(summary["models"]) == member_names("micro") == ["baseline", "fbt", "hd2", "hd4"]
     for name, _row in summary["models"].items():
         evaluation = json.loads((micro_zoo / name / "results" / "eval.json").read_text())
         assert set(evaluation["tasks"]) == {"chain", "modsum", "flipflop"}
@@ -37,14 +37,14 @@ def test_rerunning_a_member_resumes_it_and_keeps_the_others(micro_zoo, tmp_path)
 
 def test_ensure_zoo_trains_only_what_is_missing_and_reports_progress(micro_zoo, tmp_path):
     zoo = shutil.copytree(micro_zoo, tmp_path / "zoo")
-    shutil.rmtree(zoo / "fbt-no3pass")
+    shutil.rmtree(zoo / "fbt")
     calls = []
     assert ensure_zoo("micro", zoo, progress=lambda name, step, total, record: calls.append((name, step, total, record))) == zoo
-    assert {c[0] for c in calls} == {"fbt-no3pass"}
+    assert {c[0] for c in calls} == {"fbt"}
     assert [c[1] for c in calls] == list(range(1, 61)) and {c[2] for c in calls} == {60}
     logged = [c[3]["step"] for c in calls if c[3] is not None]
     assert logged == [10, 20, 30, 40, 50, 60]
-    assert (zoo / "fbt-no3pass" / "results" / "eval.json").is_file()
+    assert (zoo / "fbt" / "results" / "eval.json").is_file()
     calls.clear()
     ensure_zoo("micro", zoo, progress=lambda *a: calls.append(a))
     assert calls == []  # nothing missing: nothing trained

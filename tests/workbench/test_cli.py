@@ -206,7 +206,7 @@ def test_help_shows_every_options_default():
     import argparse
 
     from workbench.cli import build_parser
-    from workbench.training.zoo import THREADS
+    from workbench.training.zoo import SCALES
 
     verbs = build_parser()._subparsers._group_actions[0].choices
     probe = " ".join(verbs["probe"].format_help().split())  # unwrapped
@@ -217,7 +217,9 @@ def test_help_shows_every_options_default():
             if not action.option_strings or argparse.SUPPRESS in (action.help, action.default) or action.default in (None, False):
                 continue
             assert "default" in (action.help or ""), (name, action.option_strings)
-    assert next(a.default for a in verbs["zoo"]._actions if a.dest == "threads") == THREADS
+    for dest in ("threads", "jobs"):  # spelled in the parser to keep torch out of it
+        text = next(a.help for a in verbs["zoo"]._actions if a.dest == dest)
+        assert text.endswith(f"default: micro {SCALES['micro'][dest]}, cpu {SCALES['cpu'][dest]}"), dest
     from workbench.comparisons import STUDIES
 
     assert tuple(next(a.choices for a in verbs["zoo"]._actions if a.dest == "study")) == STUDIES

@@ -23,7 +23,7 @@ pytest.importorskip("streamlit")
 
 REPO = Path(__file__).resolve().parents[2]
 PAGES = ["runs", "probes", "dynamics", "traces", "streams", "playground"]
-GOOD = ["baseline", "fbt", "fbt-no3pass", "hd2", "hd4"]
+GOOD = ["baseline", "fbt", "hd2", "hd4"]
 NOBODY = 65534
 SMALL_DYNAMICS = {
     "dyn_horizon": 60,

@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 from workbench.storage.files import read_json
 from workbench.training.intervals import seed_interval
-from workbench.training.zoo import THREADS, across_seeds, seed_name, train_zoo
+from workbench.training.zoo import SCALES, across_seeds, seed_name, train_zoo
 
 
 def test_seed_interval_is_the_student_t_interval():
@@ -52,7 +52,12 @@ def test_a_zoo_member_is_bitwise_the_same_when_trained_again_and_differs_across_
     w0, w1 = (load_file(tmp_path / "a" / n / "model.safetensors")["embed.W_E"] for n in ("fbt", "fbt-seed1"))
     assert not torch.equal(w0, w1)
     zoo = read_json(tmp_path / "a" / "zoo.json")
-    assert zoo["seeds"] == 2 and zoo["threads"] == THREADS == 2 and zoo["torch"] == torch.__version__
+    assert (
+        zoo["seeds"] == 2
+        and zoo["threads"] == SCALES["micro"]["threads"] == 2
+        and zoo["jobs"] == 1
+        and zoo["torch"] == torch.__version__
+    )
     assert (
         zoo["models"]["fbt-seed1"]["seed"] == 1 and read_json(tmp_path / "a" / "fbt-seed1" / "config.json")["train"]["seed"] == 1
     )
@@ -71,3 +76,24 @@ def test_competence_compares_standard_accuracy_with_each_target():
     assert competence(tasks, {"chain": 0.5})["qualified"]
     micro = competence(tasks, None)
     assert micro["plumbing_check"] and not micro["qualified"]
+
+
+@pytest.mark.slow
+def test_members_trained_in_parallel_processes_are_bitwise_those_trained_one_after_another(tmp_path):
+    """``jobs`` = 2: each member in its own spawned process, ``hd2`` (continued from ``baseline``)
+    only once the baseline is done; with the same thread count the weights and evaluations are
+    those of the sequential zoo."""
+    calls = []
+    kwargs = dict(only=["baseline", "hd2"], threads=1)
+    one = train_zoo("micro", tmp_path / "one", progress=False, jobs=1, **kwargs)
+    two = train_zoo("micro", tmp_path / "two", progress=lambda *a: calls.append(a), jobs=2, seeds=2, **kwargs)
+    assert two["jobs"] == 2 and two["threads"] == 1 and one["jobs"] == 1
+    assert set(two["models"]) == {"baseline", "hd2", "baseline-seed1", "hd2-seed1"}
+    assert sorted(calls) == sorted(
+        (name, steps, steps, None) for name, steps in [("baseline", 60), ("hd2", 20), ("baseline-seed1", 60), ("hd2-seed1", 20)]
+    )
+    for name in ("baseline", "hd2"):
+        wa, wb = (load_file(tmp_path / x / name / "model.safetensors") for x in ("one", "two"))
+        assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+        assert one["models"][name]["tasks"] == two["models"][name]["tasks"]
+    assert read_json(tmp_path / "two" / "zoo.json")["models"]["hd2-seed1"]["seed"] == 1

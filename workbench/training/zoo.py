@@ -1,22 +1,27 @@
-"""The reference model set: ``baseline``, ``fbt``, ``fbt-no3pass`` (no 3-pass batches, for the
-stability study), ``hd2`` and ``hd4`` (continued from ``baseline``), all on the ``mix`` task with
-the same data order, so FBT and the baseline see equal data.
+"""The reference model set: ``baseline``, ``fbt``, ``hd2`` and ``hd4`` (continued from
+``baseline``), all on the ``mix`` task with the same data order, so FBT and the baseline see equal
+data. FBT without 3-pass batches is the ``three-pass`` study's (``workbench.comparisons``).
 
-``micro`` finishes in well under 2 minutes on 2 CPU cores (tests, CI); ``cpu`` in about 33 minutes
-per seed on 2 idle cores (docs/training.md: measured, with what its members learn).
+``micro`` finishes in well under 2 minutes on 2 CPU cores (tests, CI); ``cpu`` at three seeds in
+under an hour on 2 idle cores, two members at a time with one thread each (docs/training.md:
+measured, with what its members learn).
 
 With ``seeds`` = n every member is trained at training seeds 0..n-1 (``train.seed``: the
 initialisation and the batch order; the task data stay the same), seed k > 0 in ``NAME-seedK``;
 ``zoo.json`` then also gives each member's evaluation across seeds as a mean with a 95% interval.
-Training runs with a fixed number of torch threads (``threads``, recorded): on one machine a
-member is then bitwise the same every time it is trained (a different thread count changes the
-order of floating-point sums, so it gives a different, equally valid, model).
+Training runs with a fixed number of torch threads per member (``threads``, recorded): on one
+machine a member is then bitwise the same every time it is trained, alone or next to others
+(``jobs`` members train at once, each in its own process); a different thread count changes the
+order of floating-point sums, so it gives a different, equally valid, model. On 2 small cores two
+one-thread members train 1.7 times the steps per second of one two-thread member (docs/training.md).
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import time
 from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from pathlib import Path
 
 import torch
@@ -27,10 +32,9 @@ from workbench.storage.outputs import hold
 from workbench.storage.provenance import source_commit
 from workbench.training.evaluate import evaluate_run
 from workbench.training.intervals import seed_interval
-from workbench.training.runconfig import load_run_config, make_run_config
+from workbench.training.runconfig import RunConfig, load_run_config, make_run_config, run_config_from_dict
 from workbench.training.train import EXPANSIONS_FILE, check_new_run_dir, train
 
-THREADS = 2  # the zoo's default torch thread count: the reference machine's cores
 MAX_SEEDS = 10
 
 # Competence: held-out accuracy (``standard`` regime) each member must reach on each task before
@@ -57,8 +61,12 @@ TASK = [
     "data.mix_weights=1,6,3",
 ]
 
+# ``jobs`` members train at once with ``threads`` torch threads each: the defaults fill the
+# reference machine's 2 cores (the micro zoo's models are too small to gain from processes)
 SCALES = {
     "micro": {
+        "jobs": 1,
+        "threads": 2,
         "preset": "debug",
         "steps": 60,
         "hd_steps": 20,
@@ -76,6 +84,8 @@ SCALES = {
         ],
     },
     "cpu": {
+        "jobs": 2,
+        "threads": 1,
         "preset": "tiny",
         "steps": 900,
         "hd_steps": 200,
@@ -111,7 +121,6 @@ def members(scale: str, out: Path, seed: int = 0) -> list[tuple[str, str, list[s
         for name, arch, overrides, init in [
             ("baseline", "baseline", steps, None),
             ("fbt", "fbt", steps, None),
-            ("fbt-no3pass", "fbt", steps + ["fbt.three_pass_fraction=0"], None),
             ("hd2", "hd", hd_steps + ["hd.streams=2", "hd.expand_at=0"], base),
             ("hd4", "hd", hd_steps + ["hd.streams=2,4", f"hd.expand_at=0,{s['hd_steps'] // 2}"], base),
         ]
@@ -129,29 +138,42 @@ def train_zoo(
     progress: bool | Callable = True,
     only: list[str] | None = None,
     seeds: int = 1,
-    threads: int = THREADS,
+    threads: int | None = None,
+    jobs: int | None = None,
 ) -> dict:
-    """Train (or resume) and evaluate the zoo at training seeds 0..``seeds``-1 with ``threads``
-    torch threads; returns and writes ``zoo.json`` under ``out``. ``only`` names members (plain
-    names: every seed of them is trained). ``progress``: True for tqdm bars, or
-    ``progress(name, step, total, record)`` after every step. The zoo directory is held while it
-    trains; a member directory that holds anything but that member's own run (same config) is left
-    alone and stops the zoo before any training."""
+    """Train (or resume) and evaluate the zoo at training seeds 0..``seeds``-1, ``jobs`` members at
+    once with ``threads`` torch threads each (default: the scale's); returns and writes
+    ``zoo.json`` under ``out``. ``only`` names members (plain names: every seed of them is
+    trained). ``progress``: True for progress bars, or ``progress(name, step, total, record)``
+    (after every step with one job; once per finished member, at its last step, with several).
+    The zoo directory is held while it trains; a member directory that holds anything but that
+    member's own run (same config) is left alone and stops the zoo before any training."""
     unknown = sorted(set(only or []) - set(member_names(scale)))
     if unknown:
         raise BadInput(f"unknown zoo member(s) {unknown}: expected some of {member_names(scale)}")
     if not 1 <= seeds <= MAX_SEEDS:
         raise BadInput(f"seeds={seeds}: expected 1..{MAX_SEEDS} training seeds")
-    if threads < 1:
-        raise BadInput(f"threads={threads}: expected an integer >= 1")
+    threads, jobs = execution(scale, threads, jobs)
     out = Path(out)
     plan = []
     for seed in range(seeds):
         for (name, arch, overrides, init), plain in zip(members(scale, out, seed), member_names(scale)):
             if not only or plain in only:
                 plan.append((name, plain, seed, member_config(scale, arch, overrides, init)))
-    summary = {"scale": scale, "seeds": seeds, "threads": threads, "torch": torch.__version__, "models": {}}
-    return train_plan(plan, out, out / "zoo.json", summary, scale=scale, threads=threads, progress=progress)
+    summary = {"scale": scale, "seeds": seeds, "threads": threads, "jobs": jobs, "torch": torch.__version__, "models": {}}
+    return train_plan(plan, out, out / "zoo.json", summary, scale=scale, threads=threads, jobs=jobs, progress=progress)
+
+
+def execution(scale: str, threads: int | None, jobs: int | None) -> tuple[int, int]:
+    """``(threads, jobs)``: the given ones, checked, or the ``scale``'s defaults."""
+    if scale not in SCALES:
+        raise BadInput(f"unknown zoo preset {scale!r}: expected one of {sorted(SCALES)}")
+    threads = SCALES[scale]["threads"] if threads is None else threads
+    jobs = SCALES[scale]["jobs"] if jobs is None else jobs
+    for name, value in (("threads", threads), ("jobs", jobs)):
+        if not isinstance(value, int) or value < 1:
+            raise BadInput(f"{name}={value}: expected an integer >= 1")
+    return threads, jobs
 
 
 def member_config(scale: str, arch: str, overrides: list[str], init: str | None):
@@ -160,13 +182,39 @@ def member_config(scale: str, arch: str, overrides: list[str], init: str | None)
     return make_run_config(arch, SCALES[scale]["preset"], "mix", SCALES[scale]["common"] + overrides, init_from=init)
 
 
+def train_member(cfg: RunConfig | dict, run: str | Path, threads: int, progress: bool | Callable = False) -> dict:
+    """Train (or resume) ``cfg`` into ``run`` with ``threads`` torch threads and evaluate it:
+    ``seconds`` of training, ``resumed_from`` and the ``evaluation``. A worker process of a
+    parallel zoo calls it with the config as its dict."""
+    cfg = run_config_from_dict(cfg) if isinstance(cfg, dict) else cfg
+    run = Path(run)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        started = time.perf_counter()
+        result = train(cfg, run, resume=(run / "train_state" / "state.json").is_file(), progress=progress)
+        seconds = time.perf_counter() - started
+        return {"seconds": seconds, "resumed_from": result.summary["resumed_from"], "evaluation": evaluate_run(run)}
+    finally:
+        torch.set_num_threads(before)
+
+
 def train_plan(
-    plan: list, out: Path, summary_path: Path, summary: dict, *, scale: str, threads: int, progress: bool | Callable
+    plan: list,
+    out: Path,
+    summary_path: Path,
+    summary: dict,
+    *,
+    scale: str,
+    threads: int,
+    jobs: int = 1,
+    progress: bool | Callable,
 ) -> dict:
     """Train (or resume) and evaluate every ``(name, member, seed, config)`` of ``plan`` into
-    ``out/name`` with ``threads`` torch threads, holding ``out``; after each, write ``summary``
-    (its ``models`` and ``across_seeds`` filled in) to ``summary_path``, keeping the entries of
-    members a previous partial run there recorded."""
+    ``out/name``, ``jobs`` at a time (each in its own process when ``jobs`` > 1; a member
+    continued from another starts once that one is done) with ``threads`` torch threads each,
+    holding ``out``; after each, write ``summary`` (its ``models`` and ``across_seeds`` filled in)
+    to ``summary_path``, keeping the entries of members a previous partial run there recorded."""
     for name, _, _, cfg in plan:  # before anything is written
         check_member(out / name, cfg)
     with hold(out):
@@ -176,39 +224,75 @@ def train_plan(
                 summary["models"].update(previous["models"])
                 summary["seeds"] = max(summary["seeds"], int(previous.get("seeds", 1)))
         summary["commit"] = source_commit()
-        before = torch.get_num_threads()
-        torch.set_num_threads(threads)
-        try:
+
+        def record(name: str, plain: str, seed: int, cfg: RunConfig, done: dict) -> None:
+            run = out / name
+            evaluation = done["evaluation"]
+            summary["models"][name] = {
+                "member": plain,
+                "seed": seed,
+                "train_seconds": round(done["seconds"], 1),
+                "eval_seconds": evaluation["seconds"],
+                "resumed_from": done["resumed_from"],
+                "tokens": cfg.train.steps * cfg.train.batch_size * cfg.train.seq_len,
+                "tasks": evaluation["tasks"],
+                "competence": competence(evaluation["tasks"], TARGETS[scale]),
+                # HD: the training loss just before and after each expansion in training
+                "expansions": read_json(run / EXPANSIONS_FILE)["expansions"] if (run / EXPANSIONS_FILE).is_file() else [],
+            }
+            summary["across_seeds"] = across_seeds(summary["models"])
+            write_json(summary_path, summary)  # after every member: a stopped zoo keeps what it finished
+
+        if jobs == 1:
             for name, plain, seed, cfg in plan:
-                run = out / name
-                check_member(run, cfg)
-                started = time.perf_counter()
-                resume = (run / "train_state" / "state.json").is_file()
+                check_member(out / name, cfg)
                 report = (
-                    (lambda step, total, record, name=name: progress(name, step, total, record))
-                    if callable(progress)
-                    else progress
+                    (lambda step, total, rec, name=name: progress(name, step, total, rec)) if callable(progress) else progress
                 )
-                result = train(cfg, run, resume=resume, progress=report)
-                seconds = time.perf_counter() - started
-                evaluation = evaluate_run(run)
-                summary["models"][name] = {
-                    "member": plain,
-                    "seed": seed,
-                    "train_seconds": round(seconds, 1),
-                    "eval_seconds": evaluation["seconds"],
-                    "resumed_from": result.summary["resumed_from"],
-                    "tokens": cfg.train.steps * cfg.train.batch_size * cfg.train.seq_len,
-                    "tasks": evaluation["tasks"],
-                    "competence": competence(evaluation["tasks"], TARGETS[scale]),
-                    # HD: the training loss just before and after each expansion in training
-                    "expansions": read_json(run / EXPANSIONS_FILE)["expansions"] if (run / EXPANSIONS_FILE).is_file() else [],
-                }
-                summary["across_seeds"] = across_seeds(summary["models"])
-                write_json(summary_path, summary)  # after every member: a stopped zoo keeps what it finished
-        finally:
-            torch.set_num_threads(before)
+                record(name, plain, seed, cfg, train_member(cfg, out / name, threads, report))
+        else:
+            train_in_parallel(plan, out, threads, jobs, progress, record)
     return summary
+
+
+def train_in_parallel(plan: list, out: Path, threads: int, jobs: int, progress: bool | Callable, record: Callable) -> None:
+    """``plan``'s members in ``jobs`` worker processes (spawned: a fresh interpreter, no state
+    shared with this one), a member continued from another (``init_from``) once that one is done,
+    members others continue from first and then the longest; ``record`` each as it finishes. A worker's error stops
+    the zoo after the members in flight are done."""
+    paths = {str(out / name): name for name, *_ in plan}
+    needs = {name: paths.get(str(cfg.init_from)) for name, _, _, cfg in plan}
+    sources = set(needs.values())
+    # members others continue from first, then the longest first (a long member started last
+    # would train alone at the end); stable: plan order otherwise
+    waiting = sorted(plan, key=lambda p: (p[0] not in sources, -p[3].train.steps))
+    done: set[str] = set()
+    bar = None
+    if progress is True:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(plan), desc=f"zoo ({jobs} at a time)", unit="member")
+    running: dict[Future, tuple] = {}
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        while waiting or running:
+            for item in [p for p in waiting if needs[p[0]] is None or needs[p[0]] in done][: jobs - len(running)]:
+                waiting.remove(item)
+                name, _, _, cfg = item
+                check_member(out / name, cfg)
+                running[pool.submit(train_member, cfg.to_dict(), str(out / name), threads)] = item
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                name, plain, seed, cfg = running.pop(future)
+                result = future.result()  # a worker's error surfaces here
+                record(name, plain, seed, cfg, result)
+                done.add(name)
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix_str(f"{name} in {result['seconds']:.0f} s")
+                elif callable(progress):
+                    progress(name, cfg.train.steps, cfg.train.steps, None)
+    if bar is not None:
+        bar.close()
 
 
 def competence(tasks: dict, targets: dict | None) -> dict:
