@@ -2,12 +2,12 @@
 The prompt is encoded, and every generated token decoded, with the run's own tokenizer (subwords for
 an imported model, whose prompt can also go through its chat template)."""
 
-import pandas as pd
 import streamlit as st
 
+from app.charts import intervention_label, state_norms
 from app.state import find, model, pick_run, runs, show_text, shown_errors, token_strip, tokenizer, tokenizer_summary
 from workbench.dynamics.study import DEFAULT_PROMPT
-from workbench.studies.playground import Intervention, inspect_generation
+from workbench.studies.playground import FED_BACK, Intervention, inspect_generation
 
 st.title("Playground")
 run = pick_run("Run", key="pg_run", default=find(runs(), "fbt"))
@@ -35,13 +35,14 @@ passes = c2.number_input("Fused prefill K", min_value=1, max_value=64, value=2, 
 max_new = c3.slider("New tokens", 1, 200, 64, key="pg_new")
 
 intervention = Intervention()
-if is_fbt:
+if is_fbt and any(r in FED_BACK for r in regimes):  # standard carries no state to intervene on
     how = st.radio(
-        "Intervention on the carried state",
+        "Intervention on the carried state (soft and fused)",
         ["none", "zero", "scale"],
         horizontal=True,
         key="pg_intervene",
-        help="Multiplies h_{t-1} where it enters the fusion, at every fed-back step (soft and fused regimes).",
+        help="Multiplies h_{t-1} where it enters the fusion, at every fed-back step. The standard regime feeds no "
+        "state back: it runs once, without the intervention.",
     )
     if how != "none":
         scale = 0.0 if how == "zero" else st.slider("Scale", -2.0, 4.0, 0.5, 0.1, key="pg_scale")
@@ -64,7 +65,8 @@ if st.button("Generate", key="pg_generate", type="primary"):
             sent = tok.chat_prompt(prompt, f"{run.name}'s tokenizer") if chat and prompt else prompt
             variants = [intervention] + ([Intervention()] if compare and intervention != Intervention() else [])
             for regime in regimes:
-                for v in variants:
+                # where the intervention would change nothing (no carried state), the regime runs once, plainly
+                for v in variants if intervention.changes(regime) else [Intervention()]:
                     outs.append(
                         inspect_generation(
                             model(run),
@@ -77,17 +79,14 @@ if st.button("Generate", key="pg_generate", type="primary"):
                         )
                     )
         st.session_state["playground"] = outs
+        st.session_state["playground_arch"] = run.arch  # what the outputs were generated on, whatever is picked since
 
 if st.session_state.get("playground") and st.session_state["playground"][0]["prompt"] != prompt:
     with st.expander("Prompt sent to the model"):  # chat formatted (or edited since)
         show_text(st.session_state["playground"][0]["prompt"])
 for out in st.session_state.get("playground", []):
-    iv = out["intervention"]
-    label = (
-        ""
-        if iv == {"state_scale": 1.0, "ablate_stream": None}
-        else (f" — state × {iv['state_scale']}" if iv["ablate_stream"] is None else f" — stream {iv['ablate_stream']} ablated")
-    )
+    label = intervention_label(out["intervention"])
+    label = f" — {label}" if label else ""
     st.markdown(f"**{out['regime']}**{label}" + ("" if out["finished"] else " (budget ran out before <eos>)"))
     rows = {"||h||": out["state_norm"]}
     if any(g is not None for g in out["gate_mean"]):
@@ -95,13 +94,5 @@ for out in st.session_state.get("playground", []):
     st.html(token_strip(out["tokens"], rows, shade="||h||"))
     show_text(out["text"])
 if st.session_state.get("playground"):
-    curves = pd.DataFrame(
-        {
-            f"{o['regime']}{'' if o['intervention']['state_scale'] == 1.0 and o['intervention']['ablate_stream'] is None else ' (intervened)'}": pd.Series(
-                o["state_norm"]
-            )
-            for o in st.session_state["playground"]
-        }
-    )
-    st.markdown("**Carried-state norm per generated token**")
-    st.line_chart(curves, height=220)
+    arch = st.session_state.get("playground_arch", run.arch)
+    st.altair_chart(state_norms(st.session_state["playground"], arch), width="stretch")

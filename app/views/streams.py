@@ -1,9 +1,9 @@
 """Streams (HD): how the n interleaved embedding streams differ, layer by layer."""
 
-import altair as alt
 import pandas as pd
 import streamlit as st
 
+from app.charts import attention_mass_bars, similarity_heatmap
 from app.state import find, model_at, pick_run, runs, shown_errors, stamp, tokenizer_at
 from workbench.studies.streams import attention_mass, stream_logit_lens, stream_norms, stream_similarity, task_windows
 
@@ -58,17 +58,10 @@ with left:
     sim = pd.DataFrame(
         [{"stream": i, "other": j, "cosine": float(a["similarity"][layer][i, j])} for i in range(n) for j in range(n)]
     )
-    st.altair_chart(
-        alt.Chart(sim)
-        .mark_rect()
-        .encode(
-            x="other:O",
-            y="stream:O",
-            color=alt.Color("cosine:Q", scale=alt.Scale(scheme="viridis")),  # data range: near-copies differ in the 3rd decimal
-            tooltip=["stream", "other", alt.Tooltip("cosine:Q", format=".4f")],
-        )
-        .properties(height=260),
-        width="stretch",
+    st.altair_chart(similarity_heatmap(sim), width="stretch")
+    st.caption(
+        "Colour on the whole cosine range [-1, 1]: near-copies (cosine close to 1) look alike. The exact values are in "
+        "the tooltip, and the mean off-diagonal cosine by block below."
     )
     off = [
         {"block": i, "mean off-diagonal cosine": float((s.sum() - s.trace()) / (n * n - n)) if n > 1 else 1.0}
@@ -78,9 +71,7 @@ with left:
 with right:
     st.markdown("**Attention mass** per block: own stream, other streams of the same token, other streams of earlier tokens")
     mass = pd.DataFrame([{"block": i, "where": k, "mass": v} for i, m in a["mass"].items() for k, v in m.items()])
-    st.altair_chart(
-        alt.Chart(mass).mark_bar().encode(x="block:O", y=alt.Y("mass:Q", stack="zero"), color="where:N"), width="stretch"
-    )
+    st.altair_chart(attention_mass_bars(mass), width="stretch")
     st.markdown("**Per-stream logit lens** (each stream's final state through the readout)")
     lens = pd.DataFrame({"stream": range(n), "next-token loss": a["lens"]["loss"], "top-1 accuracy": a["lens"]["accuracy"]})
     st.dataframe(lens, hide_index=True)

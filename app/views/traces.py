@@ -3,10 +3,10 @@ problem's traces side by side with the carried-state norm under every token. Eac
 its own tokenizer (an instruct model's prompt can go through its chat template); runs with different
 tokenizers are compared in characters, since their token counts do not compare."""
 
-import altair as alt
 import pandas as pd
 import streamlit as st
 
+from app.charts import accuracy_by_length, trace_histogram
 from app.state import find, model, pick_run, pieces, runs, show_text, shown_errors, token_strip, tokenizer, tokenizer_summary
 from workbench.studies.traces import CHAT_INSTRUCTION, chat_problem, problems, run_traces, summarise
 
@@ -150,33 +150,15 @@ if paired:
         hide_index=True,
     )
 
+archs = {run.name: run.arch for run in runs()}  # the study's runs, also when another choice is made since
 left, right = st.columns(2)
 with left:
-    st.markdown("**Trace length histogram**")
-    st.altair_chart(
-        alt.Chart(view)
-        .mark_bar(opacity=0.6)
-        .encode(
-            x=alt.X(f"{length}:Q", bin=alt.Bin(maxbins=30), title=f"{unit} before ####"),
-            y=alt.Y("count():Q", stack=None),
-            color="run:N",
-        ),
-        width="stretch",
-    )
+    st.markdown("**Trace length histogram**, one panel per model")
+    st.altair_chart(trace_histogram(view, length, unit, archs), width="stretch")
 with right:
     st.markdown("**Accuracy vs mean trace length** (one point per difficulty)")
-    by_d = rows.groupby(["run", "difficulty"]).agg(mean_trace=(length, "mean"), accuracy=("correct", "mean")).reset_index()
-    st.altair_chart(
-        alt.Chart(by_d)
-        .mark_line(point=True)
-        .encode(
-            x=alt.X("mean_trace:Q", title=f"mean trace {unit}"),
-            y=alt.Y("accuracy:Q", scale=alt.Scale(domain=[0, 1])),
-            color="run:N",
-            tooltip=["run", "difficulty", "mean_trace", "accuracy"],
-        ),
-        width="stretch",
-    )
+    by_d = rows.groupby(["model", "regime", "run", "difficulty"]).agg(mean_trace=(length, "mean"), accuracy=("correct", "mean"))
+    st.altair_chart(accuracy_by_length(by_d.reset_index(), unit, archs), width="stretch")
 
 st.subheader("One problem under each model and regime")
 pid = st.selectbox(

@@ -3,10 +3,10 @@ competence), and each comparison study's readings (``workbench zoo --study``).""
 
 from pathlib import Path
 
-import altair as alt
 import pandas as pd
 import streamlit as st
 
+from app.charts import member_accuracy
 from app.state import runs_root, shown_errors
 from workbench.comparisons import reading_rows
 from workbench.storage.files import read_json
@@ -67,15 +67,7 @@ task = st.radio("Task", sorted(rows["task"].unique()), horizontal=True, key="zoo
 shown = rows[rows["task"] == task].assign(  # an accuracy's interval is drawn inside [0, 1]
     low=lambda d: d["low"].clip(0, 1), high=lambda d: d["high"].clip(0, 1)
 )
-base = alt.Chart(shown).encode(
-    x=alt.X("member:N", title="member"),
-    xOffset=alt.XOffset("regime:N"),
-    color=alt.Color("regime:N", title="regime"),
-)
-chart = base.mark_point(filled=True, size=60).encode(
-    y=alt.Y("accuracy:Q", title=f"{task} accuracy (held-out)", scale=alt.Scale(domain=[0, 1]))
-) + base.mark_rule().encode(y="low:Q", y2="high:Q")
-st.altair_chart(chart.properties(height=320), width="stretch")
+st.altair_chart(member_accuracy(shown, task).properties(height=320), width="stretch")
 st.dataframe(shown, hide_index=True)
 st.caption(
     "Points: mean accuracy across seeds; bars: the 95% interval (none with one seed). 'qualified seeds' counts "

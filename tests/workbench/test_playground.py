@@ -64,3 +64,12 @@ def test_bad_prompts_are_named(fbt):
         inspect_generation(fbt, "")
     with pytest.raises(ValueError, match="leaves no room in the context"):
         inspect_generation(fbt, "x" * fbt.cfg.n_ctx)
+
+
+def test_a_state_intervention_changes_only_the_fed_back_regimes():
+    # the Playground offers and applies it there only: on standard it would change nothing (see
+    # test_state_intervention_cannot_touch_the_standard_regime), so standard runs once, plainly
+    scaled = Intervention(state_scale=0.0)
+    assert [r for r in ("standard", "soft", "fused") if scaled.changes(r)] == ["soft", "fused"]
+    assert Intervention(ablate_stream=1).changes("standard")  # a stream's embedding enters every regime
+    assert not Intervention().changes("soft")

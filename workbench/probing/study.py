@@ -5,6 +5,7 @@ does not? Sweeps hook x prefill regime (x stream for HD) and writes one row per 
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -19,6 +20,7 @@ from workbench.data.tasks import LABELS, TaskConfig
 from workbench.probing.probes import RANKS, save_probe, train_probe
 from workbench.probing.store import cache_activations, hook_names, load_store
 from workbench.runtime.checkpoint import load_model
+from workbench.runtime.palette import regime_color
 from workbench.runtime.tokenizer import tokenizer_of
 from workbench.storage.errors import BadInput, OutputExists
 from workbench.storage.files import atomic_write, fsync, read_json, write_json
@@ -168,7 +170,7 @@ def probe_study(
             os.replace(probes_dir, staging / "replaced-probes")
         os.replace(staging / "probes", probes_dir)
         fsync(probes_dir.parent)
-        figure = plot_probe_rows(rows, out.with_suffix(".png"), f"{run_dir.name}: probing {target}")
+        figure = plot_probe_rows(rows, out.with_suffix(".png"), f"{run_dir.name}: probing {target}", model.arch)
         write_json(out, report)
     report["figure"] = str(figure)
     return report
@@ -195,28 +197,47 @@ def _is_probe_report(path: Path) -> bool:
     return isinstance(report.get("rows"), list) and "target" in report
 
 
-def plot_probe_rows(rows: list[dict], path: Path, title: str) -> Path:
+MARKERS = "osD^vPX*<>"  # one per line of a probe figure: lines of one regime share its colour
+
+
+def plot_probe_rows(rows: list[dict], path: Path, title: str, arch: str | None = None) -> Path:
+    fig = probe_figure(rows, title, arch)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    return path
+
+
+def probe_figure(rows: list[dict], title: str, arch: str | None = None):
+    """Probe accuracy by depth, one line per prefill regime (and stream), in the regime's colour
+    (``palette``; ``arch`` 'baseline': the baseline's); the control task dotted with open markers."""
     from matplotlib.figure import Figure  # no pyplot: the global backend (e.g. a notebook's inline one) stays as it is
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator
 
     fig = Figure(figsize=(6, 4))
     ax = fig.subplots()
-    keys = sorted({(r["prefill"], str(r["passes"]), r["stream"]) for r in rows})
-    for prefill, k, stream in keys:
+    keys = sorted({(r["prefill"], str(r["passes"]), r["stream"]) for r in rows}, key=lambda key: (key[0] != "standard", key))
+    for (prefill, k, stream), marker in zip(keys, itertools.cycle(MARKERS)):
         sel = sorted(
             (r for r in rows if (r["prefill"], str(r["passes"]), r["stream"]) == (prefill, k, stream)), key=lambda r: r["layer"]
         )
         label = prefill if prefill == "standard" else f"recurrent K={k}"
         if len({r["stream"] for r in rows}) > 1:
             label += f" stream {stream}"
-        ax.plot([r["layer"] for r in sel], [r["accuracy"] for r in sel], marker="o", label=label)
-        ax.plot(
-            [r["layer"] for r in sel], [r["control_accuracy"] for r in sel], ls=":", color=ax.lines[-1].get_color(), alpha=0.6
-        )
+        color = regime_color(prefill, arch)
+        depths = [r["layer"] for r in sel]
+        ax.plot(depths, [r["accuracy"] for r in sel], marker=marker, color=color, label=label)
+        ax.plot(depths, [r["control_accuracy"] for r in sel], ls=":", marker=marker, mfc="none", color=color, alpha=0.6)
     ax.axhline(rows[0]["chance"], color="grey", ls="--", label="chance (majority)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # depths are layer boundaries
     ax.set_xlabel("depth (0 = input to block 0)")
     ax.set_ylabel("probe accuracy (dotted: control task)")
     ax.set_title(title)
-    ax.legend(fontsize=8)
+    handles, _ = ax.get_legend_handles_labels()
+    # what tells a probe from its control task, as legend entries of their own
+    handles += [
+        Line2D([], [], color="black", marker="o", label="probe"),
+        Line2D([], [], color="black", ls=":", marker="o", mfc="none", label="control task"),
+    ]
+    ax.legend(handles=handles, fontsize=8)
     fig.tight_layout()
-    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
-    return path
+    return fig

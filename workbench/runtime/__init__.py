@@ -1,2 +1,2 @@
 """Runtime: building models from configs, checkpoints, tokenizers, decoding, activation recording,
-export. Imports ``storage`` only."""
+export, and the regimes' figure colours (``palette``). Imports ``storage`` only."""

@@ -20,11 +20,18 @@ from workbench.runtime.decoding import generate
 from workbench.runtime.tokenizer import CharTokenizer, TokenizerBase
 from workbench.storage.errors import BadInput
 
+FED_BACK = ("soft", "fused")  # the regimes whose steps take the carried state back in; standard has none
+
 
 @dataclass
 class Intervention:
     state_scale: float = 1.0
     ablate_stream: int | None = None
+
+    def changes(self, regime: str) -> bool:
+        """Whether this intervention can change a generation under ``regime``: the carried state
+        enters only the fed-back regimes; a stream's embedding enters every one."""
+        return self.ablate_stream is not None or (self.state_scale != 1.0 and regime in FED_BACK)
 
     def hooks(self, model: DecoderLM) -> list[tuple[str | Callable, Callable]]:
         hooks = []

@@ -30,6 +30,7 @@ from workbench.data.splits import heldout_rng
 from workbench.data.tasks import Example, TaskConfig, load_jsonl, make_chain
 from workbench.runtime.checkpoint import load_model
 from workbench.runtime.decoding import REGIMES, NonFinite, generate
+from workbench.runtime.palette import regime_color
 from workbench.runtime.tokenizer import TokenizerBase, tokenizer_of
 from workbench.storage.errors import BadInput
 from workbench.storage.files import write_json
@@ -330,32 +331,67 @@ def trace_study(
             writer.writeheader()
             for r in rows:
                 writer.writerow({**r, "state_norms": json.dumps(r["state_norms"])})
-        summary["figures"] = [str(out_dir / Path(f).name) for f in plot_traces(rows, summary, out.staging)]
+        archs = {Path(run).name: model.arch for run, (model, _) in loaded.items()}
+        summary["figures"] = [str(out_dir / Path(f).name) for f in plot_traces(rows, summary, out.staging, archs)]
         write_json(out.staging / "summary.json", summary)
         out.publish(replaces=("traces.csv", "traces.png"))
     return summary
 
 
-def plot_traces(rows: list[dict], summary: dict, out_dir: Path) -> list[str]:
-    from matplotlib.figure import Figure  # no pyplot: the global backend (e.g. a notebook's inline one) stays as it is
+def plot_traces(rows: list[dict], summary: dict, out_dir: Path, archs: dict[str, str] | None = None) -> list[str]:
+    path = out_dir / "traces.png"
+    traces_figure(rows, summary, archs).savefig(path, dpi=110)
+    return [str(path)]
 
+
+LINESTYLES, MARKERS = ("-", "--", ":", "-."), "osD^v"  # one per model: the colour is the regime's
+
+
+def traces_figure(rows: list[dict], summary: dict, archs: dict[str, str] | None = None):
+    """Trace lengths, accuracy against mean trace length, and trace length minus the reference's by
+    difficulty: each (model, regime) in its regime's colour (``palette``; ``archs``, model name ->
+    architecture, gives a baseline model the baseline's) and its model's line style and marker."""
+    from matplotlib.figure import Figure  # no pyplot: the global backend (e.g. a notebook's inline one) stays as it is
+    from matplotlib.ticker import MaxNLocator
+
+    archs = archs or {}
     keys = sorted({(r["model"], r["regime"]) for r in rows})
+    models = list(dict.fromkeys(model for model, _ in keys))
+    style = {
+        (model, regime): {
+            "color": regime_color(regime, archs.get(model)),
+            "ls": LINESTYLES[models.index(model) % len(LINESTYLES)],
+            "marker": MARKERS[models.index(model) % len(MARKERS)],
+        }
+        for model, regime in keys
+    }
     fig = Figure(figsize=(15, 4))
     axes = fig.subplots(1, 3)
     top = max(r["trace_tokens"] for r in rows)
-    for model, regime in keys:
-        sel = [r for r in rows if (r["model"], r["regime"]) == (model, regime)]
-        axes[0].hist([r["trace_tokens"] for r in sel], bins=30, range=(0, top), histtype="step", label=f"{model}/{regime}")
+    for key in keys:
+        model, regime = key
+        sel = [r for r in rows if (r["model"], r["regime"]) == key]
+        axes[0].hist(
+            [r["trace_tokens"] for r in sel],
+            bins=30,
+            range=(0, top),
+            histtype="step",
+            color=style[key]["color"],
+            ls=style[key]["ls"],
+            label=f"{model}/{regime}",
+        )
         by_d = summary["groups"][f"{model}/{regime}"]["by_difficulty"]
         axes[1].plot(
             [v["mean_trace"] for v in by_d.values()],
             [v["accuracy"] for v in by_d.values()],
-            marker="o",
             label=f"{model}/{regime}",
+            clip_on=False,  # a point at accuracy 0 or 1 sits on the axis, whole
+            **style[key],
         )
-    for name, _comp in summary["paired"].items():
-        model, regime = name.split(" - ")[0].split("/")
-        ref_model, ref_regime = summary["reference"].split("/")
+    ref_model, _, ref_regime = summary["reference"].rpartition("/")
+    for key in keys:
+        if key == (ref_model, ref_regime):  # its difference to itself is zero by construction
+            continue
         diffs = []
         for d in sorted({r["difficulty"] for r in rows}):
             a = {
@@ -366,17 +402,27 @@ def plot_traces(rows: list[dict], summary: dict, out_dir: Path) -> list[str]:
             b = [
                 r["trace_tokens"] - a[r["problem_id"]]
                 for r in rows
-                if (r["model"], r["regime"], r["difficulty"]) == (model, regime, d)
+                if (r["model"], r["regime"], r["difficulty"]) == (*key, d) and r["problem_id"] in a  # paired problems only
             ]
             diffs.append((d, statistics.fmean(b) if b else float("nan")))
-        axes[2].plot([d for d, _ in diffs], [v for _, v in diffs], marker="o", label=name.split(" - ")[0])
-    axes[0].set(title="trace length (tokens before ####)", xlabel="tokens", ylabel="problems")
-    axes[1].set(title="accuracy vs mean trace length (one point per difficulty)", xlabel="mean trace tokens", ylabel="accuracy")
-    axes[2].set(title=f"trace length minus {summary['reference']}, by difficulty", xlabel="difficulty (steps)", ylabel="tokens")
+        axes[2].plot([d for d, _ in diffs], [v for _, v in diffs], label="/".join(key), **style[key])
+    axes[0].set(title="trace length (tokens before ####)", xlabel="trace length (tokens)", ylabel="problems")
+    axes[1].set(
+        title="accuracy vs mean trace length (one point per difficulty)",
+        xlabel="mean trace length (tokens)",
+        ylabel="accuracy",
+        ylim=(0, 1),
+    )
+    axes[2].set(
+        title=f"trace length minus {summary['reference']}, by difficulty",
+        xlabel="difficulty (steps)",
+        ylabel="difference in trace length (tokens)",
+    )
     axes[2].axhline(0, color="grey", ls="--")
+    # counts of tokens, problems and steps: whole numbers on their axes
+    for axis in (axes[0].xaxis, axes[0].yaxis, axes[2].xaxis):
+        axis.set_major_locator(MaxNLocator(integer=True))
     for ax in axes:
         ax.legend(fontsize=7)
     fig.tight_layout()
-    path = out_dir / "traces.png"
-    fig.savefig(path, dpi=110)
-    return [str(path)]
+    return fig
