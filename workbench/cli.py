@@ -356,6 +356,8 @@ def cmd_eval(args) -> dict:
 
 
 def cmd_zoo(args) -> dict:
+    if args.study is None and args.reuse is not None:
+        raise BadInput(f"--reuse {args.reuse} without --study: only a study copies a zoo's members")
     if args.study is not None:
         from workbench.comparisons import run_study
 
@@ -363,7 +365,14 @@ def cmd_zoo(args) -> dict:
             raise BadInput(f"--only {args.only[0]} with --study {args.study}: a study trains all of its members")
         out = Path(args.out) if args.out is not None else Path("runs") / "studies" / args.study
         summary = run_study(
-            args.study, args.preset, out, seeds=args.seeds, threads=args.threads, jobs=args.jobs, progress=not args.no_progress
+            args.study,
+            args.preset,
+            out,
+            seeds=args.seeds,
+            threads=args.threads,
+            jobs=args.jobs,
+            reuse=args.reuse,
+            progress=not args.no_progress,
         )
         written = out / "study.json"
     else:
@@ -422,20 +431,10 @@ def cmd_cache(args) -> dict:
 def cmd_probe(args) -> dict:
     from workbench.probing.probes import RANKS
     from workbench.probing.study import probe_study
+    from workbench.runtime.progress import Bar
 
-    bar = None
-
-    def progress(fraction: float, what: str) -> None:  # the bar opens once the inputs are checked
-        nonlocal bar
-        if bar is None and not args.no_progress:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=1000, desc=f"probe {args.target}", dynamic_ncols=True, bar_format="{l_bar}{bar}| {postfix}")
-        if bar is not None:
-            bar.update(round(1000 * fraction) - bar.n)
-            bar.set_postfix_str(what)
-
-    try:
+    # the bar opens with its first update, once the inputs are checked
+    with Bar(f"probe {args.target}", 1000, show=not args.no_progress, bar_format="{l_bar}{bar}| {postfix}") as bar:
         report = probe_study(
             args.run,
             args.target,
@@ -448,11 +447,8 @@ def cmd_probe(args) -> dict:
             overwrite=args.overwrite,
             mdl=not args.no_mdl,
             ranks=RANKS if args.ranks is None else args.ranks,
-            progress=progress,
+            progress=lambda fraction, what: bar.update(round(1000 * fraction), what),
         )
-    finally:
-        if bar is not None:
-            bar.close()
     for row in report["rows"]:
         mdl = (
             f"  MDL {row['mdl_bits'] / 1000:.2f} kbit, compression {row['compression']:.2f} (control {row['control_compression']:.2f})"
@@ -481,30 +477,15 @@ def cmd_dynamics(args) -> dict:
         max_passes=args.max_passes,
         fp_steps=args.fp_steps,
         tangents=args.tangents,
+        **({} if args.prompt is None else {"prompt": args.prompt}),
     )
-    bar = None
+    from workbench.runtime.progress import Bar
 
-    def progress(units: int, what: str) -> None:  # the bar opens once the inputs are checked
-        nonlocal bar
-        if bar is None and not args.no_progress:
-            from tqdm.auto import tqdm
-
-            total = len(args.runs) * work_units(**settings)
-            bar = tqdm(
-                total=total,
-                desc="dynamics",
-                dynamic_ncols=True,
-                bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} {elapsed}<{remaining} {postfix}",
-            )
-        if bar is not None:
-            bar.update(units)
-            bar.set_postfix_str(what, refresh=False)
-
-    try:
-        report = dynamics_study(args.runs, args.out, overwrite=args.overwrite, progress=progress, **settings)
-    finally:
-        if bar is not None:
-            bar.close()
+    # the bar opens with its first update, once the inputs are checked
+    total = len(args.runs) * work_units(**settings)
+    bar_format = "{l_bar}{bar}| {n_fmt}/{total_fmt} {elapsed}<{remaining} {postfix}"
+    with Bar("dynamics", total, show=not args.no_progress, bar_format=bar_format) as bar:
+        report = dynamics_study(args.runs, args.out, overwrite=args.overwrite, progress=bar.advance, **settings)
     for name, r in report["runs"].items():
         lyap = " ".join(f"T={t}: {v:+.3f}" for t, v in r["lyapunov"].items())
         tangent = " ".join(f"T={t}: {v[0]:+.3f}" for t, v in r["lyapunov_tangent"].items())
@@ -750,7 +731,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("zoo", help="train and evaluate the reference models, or a comparison study's members")
-    p.add_argument("--preset", choices=["micro", "cpu"], default="micro")
+    # training.zoo.SCALES (a test keeps them equal), spelled here to keep torch out of the parser
+    p.add_argument(
+        "--preset",
+        choices=["micro", "quick", "cpu"],
+        default="micro",
+        help="micro: seconds, a plumbing check; quick: minutes, first results; cpu: the reference zoo",
+    )
     p.add_argument("--out", default=None, help="directory (default: runs; with --study: runs/studies/STUDY)")
     # comparisons.STUDIES (a test keeps them equal), spelled here to keep torch out of the parser
     p.add_argument(
@@ -760,15 +747,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="train and measure a comparison study instead of the zoo (docs/training.md)",
     )
     p.add_argument("--only", action="append", default=None, help="train only this member (repeatable)")
+    p.add_argument(
+        "--reuse",
+        default=None,
+        help="with --study: a zoo directory whose finished members the study copies instead of retraining",
+    )
     p.add_argument("--seeds", type=int, default=1, help="train every member at training seeds 0..N-1")
     p.add_argument(
         "--threads",
         type=int,
         default=None,
-        help="torch threads per member (recorded: the same count trains the same model); default: micro 2, cpu 1",
+        help="torch threads per member (recorded: the same count trains the same model); default: micro 2, quick 1, cpu 1",
     )
     p.add_argument(
-        "--jobs", type=int, default=None, help="members trained at once, each in its own process; default: micro 1, cpu 2"
+        "--jobs",
+        type=int,
+        default=None,
+        help="members trained at once, each in its own process; default: micro 1, quick 2, cpu 2",
     )
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--json", dest="json_out", help="also write the summary here")
@@ -824,7 +819,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-passes", type=int, default=8, help="K-pass convergence up to this many passes")
     p.add_argument("--fp-steps", type=int, default=50, help="fixed-point finder: damped Newton iterations per start")
     p.add_argument("--tangents", type=int, default=4, help="leading Lyapunov exponents from tangent vectors (1..64)")
-    p.add_argument("--out", required=True, help="output directory (JSON and figures)")
+    p.add_argument("--prompt", default=None, help="the text the rollout continues (default: a chain problem)")
+    p.add_argument("--out", required=True, help="output directory (JSON, figures and the rollout states)")
     p.add_argument("--overwrite", action="store_true", help="replace a previous dynamics study there (never anything else)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", dest="json_out", help="also write a pointer JSON here")

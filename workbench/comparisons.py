@@ -24,22 +24,24 @@ a 95% interval across seeds (``workbench.training.intervals``).
 from __future__ import annotations
 
 import math
+import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 
 from workbench.runtime.config import make_config
-from workbench.storage.errors import BadInput
-from workbench.storage.files import write_json
+from workbench.storage.errors import BadInput, MissingFile
+from workbench.storage.files import read_json, write_json
 from workbench.storage.outputs import hold
 from workbench.training.intervals import seed_interval
-from workbench.training.zoo import MAX_SEEDS, SCALES, execution, member_config, seed_name, train_plan
+from workbench.training.runconfig import load_run_config
+from workbench.training.zoo import MAX_SEEDS, SCALES, config_differences, execution, member_config, seed_name, train_plan
 
 STUDIES = ("data-efficiency", "three-pass", "hd-ablations")
 BUDGETS = (0.25, 0.5, 1.0)  # data-efficiency: fractions of the scale's training steps
 THREE_PASS = (0.0, 0.03, 0.1, 0.3)  # three-pass: the fractions of 3-pass feedback batches
-HORIZONS = {"micro": 120, "cpu": 1000}  # three-pass: rollout steps of the stability measures
+HORIZONS = {"micro": 120, "quick": 1000, "cpu": 1000}  # three-pass: rollout steps of the stability measures
 FBT_REGIMES = ("standard", "soft", "fused")
 
 
@@ -90,13 +92,16 @@ def run_study(
     seeds: int = 1,
     threads: int | None = None,
     jobs: int | None = None,
+    reuse: str | Path | None = None,
     progress: bool | Callable = True,
 ) -> dict:
     """Train (or resume) and evaluate ``study``'s members at seeds 0..``seeds``-1 into ``out``
     (default ``runs/studies/STUDY``), ``jobs`` at a time with ``threads`` torch threads each
     (default: the scale's, as the zoo), measure them (with ``threads`` x ``jobs`` threads), and
     write ``study.json`` there: the zoo's per-member rows (``models``, ``across_seeds``) and the
-    study's ``readings``."""
+    study's ``readings``. ``reuse``: a zoo directory whose finished members the study copies
+    instead of training them again where one is the same run (``zoo_counterparts``); their rows
+    keep the zoo's training time and name the copy's source (``reused_from``)."""
     if not 1 <= seeds <= MAX_SEEDS:
         raise BadInput(f"seeds={seeds}: expected 1..{MAX_SEEDS} training seeds")
     threads, jobs = execution(scale, threads, jobs)
@@ -116,8 +121,17 @@ def run_study(
         "torch": torch.__version__,
         "models": {},
     }
+    copies = zoo_counterparts(plan, Path(reuse)) if reuse is not None else {}
+    if copies:
+        with hold(out):
+            for name, source in copies.items():
+                if not (out / name).exists():  # an earlier copy (or run) there is checked as any member is
+                    shutil.copytree(source, out / name, ignore=shutil.ignore_patterns(".workbench.lock", ".*.tmp", ".staging*"))
     summary = train_plan(plan, out, out / "study.json", summary, scale=scale, threads=threads, jobs=jobs, progress=progress)
     with hold(out):
+        for name, source in copies.items():
+            zoo_row = read_json(source.parent / "zoo.json")["models"].get(source.name, {})
+            summary["models"][name].update(reused_from=str(source), train_seconds=zoo_row.get("train_seconds"))
         if study == "data-efficiency":
             summary["readings"] = data_efficiency(summary["models"])
         elif study == "three-pass":
@@ -126,6 +140,42 @@ def run_study(
             summary["readings"] = hd_ablations(summary["models"])
         write_json(out / "study.json", summary)
     return summary
+
+
+def zoo_counterparts(plan: list, zoo: Path) -> dict[str, Path]:
+    """The members of ``plan`` that a finished member of the zoo at ``zoo`` already is: the same
+    config (the model's grown sizes aside) and, for a member continued from another, continued
+    from that one's counterpart. Member name -> the zoo's run directory."""
+    summary = zoo / "zoo.json"
+    if not summary.is_file():
+        raise MissingFile(f"--reuse {zoo}: no zoo there (missing {summary})")
+    finished = {}
+    for name in read_json(summary).get("models", {}):
+        run = zoo / name
+        if (run / "train_state" / "state.json").is_file() and (run / "results" / "eval.json").is_file():
+            finished[run.resolve()] = load_run_config(run / "config.json")
+    found: dict[str, Path] = {}
+    for name, _, _, cfg in plan:  # in plan order: a member's source comes before it
+        for run, saved in finished.items():
+            if config_differences(saved.to_dict(), cfg.to_dict()) or (saved.init_from is None) != (cfg.init_from is None):
+                continue
+            source = found.get(Path(cfg.init_from).name) if cfg.init_from else None
+            if cfg.init_from is None or (source is not None and Path(str(saved.init_from)).resolve() == source):
+                found[name] = run
+                break
+    return found
+
+
+def ensure_study(study: str, scale: str = "micro", out: str | Path | None = None, *, progress: bool | Callable = False) -> Path:
+    """The study's directory, trained and measured first unless its ``study.json`` already has
+    every member and the readings (what notebooks call so that they run on a fresh clone)."""
+    out = Path(out) if out is not None else Path("runs") / "studies" / study
+    names = {name for name, *_ in study_members(study, scale, 0)}
+    path = out / "study.json"
+    summary = read_json(path) if path.is_file() else {}
+    if summary.get("scale") != scale or "readings" not in summary or not names <= set(summary.get("models", {})):
+        run_study(study, scale, out, progress=progress)
+    return out
 
 
 # ---- data efficiency ---------------------------------------------------------------------

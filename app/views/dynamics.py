@@ -1,6 +1,8 @@
 """Feedback dynamics: long rollouts, perturbation growth, Jacobian spectra, fixed points and
 K-pass convergence of FBT runs, side by side."""
 
+import hashlib
+import json
 import math
 
 import altair as alt
@@ -8,9 +10,12 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 import torch
+from safetensors.torch import load_file
 
+from app import jobs
 from app.state import find, pick_run, runs, shown_errors, stamp
-from workbench.dynamics.study import DEFAULT_PROMPT, analyse_run, state_pca
+from workbench.dynamics.study import DEFAULT_PROMPT, STATES, state_pca
+from workbench.storage.files import read_json
 
 st.title("Feedback dynamics")
 st.caption(
@@ -47,27 +52,46 @@ if perturb_at >= horizon:
     st.stop()
 
 
-@st.cache_data(show_spinner=False, max_entries=16)
-def analyse(path: str, version: tuple, **params) -> tuple[dict, np.ndarray]:
-    result = analyse_run(path, **params)
-    return result.report, result.states.numpy()
-
+# the analysis runs as a background job (the CLI's ``dynamics``) into a directory named by its
+# inputs (the runs' weights included): the same inputs show the saved analysis at once
+names = [run.path.name for run in chosen]
+if len(set(names)) < len(names):
+    st.error(f"Two chosen runs share the directory name {names[0]!r}: the analysis names its results by it; pick one.")
+    st.stop()
+settings = {
+    "--horizon": int(horizon),
+    "--perturb-at": int(perturb_at),
+    "--spectra": int(n_spectra),
+    "--fixed-points": 1,
+    "--starts": int(n_starts),
+    "--fp-steps": int(fp_steps),
+    "--max-passes": int(max_passes),
+    "--prompt": prompt,
+}
+key = hashlib.sha256(json.dumps([[str(r.path), stamp(r.path)] for r in chosen] + [settings]).encode()).hexdigest()[:12]
+out = chosen[0].path / "results" / f"dynamics-{key}"
+jobs.panel("dynamics")
+if not (out / "dynamics.json").is_file():
+    if jobs.running("dynamics", out):
+        st.info(f"Analysing {', '.join(names)}: the results appear here when the job is done.")
+    elif st.button("Analyse", key="dyn_run", type="primary"):
+        argv = ["dynamics", *(str(r.path) for r in chosen), "--out", str(out)]
+        argv += [str(part) for option, value in settings.items() for part in (option, value)]
+        if jobs.start(argv, title=f"Dynamics of {', '.join(names)}", page="dynamics", outputs=[out]):
+            st.rerun()
+    else:
+        st.info(
+            "Press **Analyse**: a rollout, its Jacobian spectra, fixed points and K-pass convergence take seconds to "
+            f"minutes per run (here {int(horizon)} steps). Saved analyses of the same inputs show at once."
+        )
+    st.stop()
 
 results = {}
-for run in chosen:
-    with shown_errors(f"Analysing {run.name}"), st.spinner(f"Rolling out {run.name} for {horizon} steps..."):
-        results[run.name] = analyse(
-            str(run.path),
-            stamp(run.path),
-            prompt=prompt,
-            horizon=int(horizon),
-            perturb_at=int(perturb_at),
-            n_spectra=int(n_spectra),
-            n_fixed=1,
-            n_starts=int(n_starts),
-            fp_steps=int(fp_steps),
-            max_passes=int(max_passes),
-        )
+with shown_errors("Reading the analysis"):
+    report = read_json(out / "dynamics.json")
+    saved_states = load_file(str(out / report.get("states", STATES)))
+    results = {run.name: (report["runs"][run.path.name], saved_states[run.path.name].numpy()) for run in chosen}
+    st.caption(f"Saved analysis: {out}")
 if not results:
     st.stop()
 

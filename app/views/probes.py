@@ -1,12 +1,13 @@
 """Probes: linear probes by depth and prefill regime; the layer-0 comparison first."""
 
-import altair as alt
 import pandas as pd
 import streamlit as st
 
-from app.state import find, pick_run, runs, shown_errors, tokenizer, tokenizer_summary, writable
+from app import jobs
+from app.charts import probe_depths
+from app.state import find, pick_run, runs, tokenizer, tokenizer_summary
 from workbench.data.tasks import LABELS
-from workbench.probing.study import N_SEQUENCES, default_hooks, probe_study
+from workbench.probing.study import N_SEQUENCES, default_hooks
 from workbench.storage.files import read_json
 
 st.title("Probes")
@@ -40,25 +41,24 @@ if run.arch == "fbt":
     exact = c5.checkbox("Also the exact recurrence", value=True, key="probe_exact")
 
 saved = run.path / "results" / f"probe_{target}.json"
-previous = saved.exists() or (saved.parent / "probes" / target).exists()  # a sweep replaces only its own outputs
+outputs = [saved, saved.parent / "probes" / target]
+previous = saved.exists() or outputs[1].exists()  # a sweep replaces only its own outputs
 label = "Retrain probes (replaces the saved ones)" if previous else "Train probes"
-if st.button(label, key="probe_train", type="primary") and writable(run.path, saved, saved.parent / "probes" / target):
+busy = jobs.running("probes", saved)
+if st.button(label, key="probe_train", type="primary", disabled=bool(busy)):
     if not hooks:
         st.error("Pick at least one hook to probe.")
     else:
-        with st.status(f"Probing {target} on {run.name}", expanded=True) as status, shown_errors("Probing"):
-            bar = st.progress(0.0)
-            probe_study(
-                run.path,
-                target,
-                hooks=hooks,
-                passes=passes,
-                exact=exact,
-                n_sequences=int(n_sequences),
-                overwrite=previous,
-                progress=lambda fraction, what: bar.progress(min(1.0, fraction), text=what),
-            )
-            status.update(label=f"Probed {target} on {run.name}", state="complete")
+        argv = ["probe", str(run.path), "--target", target, "--n", str(int(n_sequences)), "--hooks", *hooks]
+        argv += ["--passes", ",".join(map(str, passes))] if passes else []
+        argv += [] if exact else ["--no-exact"]
+        argv += ["--overwrite"] if previous else []
+        if jobs.start(argv, title=f"Probe {target} on {run.name}", page="probes", outputs=outputs):
+            st.rerun()
+jobs.panel("probes")
+if busy:
+    st.info(f"Probing {target} on {run.name}: the results appear here when the job is done.")
+    st.stop()
 
 if not saved.is_file():
     st.info(f"No saved probes for {target} on {run.name}: press **Train probes**.")
@@ -83,27 +83,11 @@ if len(layer0):
         )
 
 st.subheader("Accuracy by depth")
-long = pd.concat(
-    [rows.assign(kind="probe", value=rows["accuracy"]), rows.assign(kind="control task", value=rows["control_accuracy"])]
-)
-lines = (
-    alt.Chart(long)
-    .mark_line(point=True)
-    .encode(
-        x=alt.X("layer:Q", title="depth (0 = input to block 0)"),
-        y=alt.Y("value:Q", title="accuracy", scale=alt.Scale(zero=False)),
-        color="regime:N",
-        strokeDash=alt.StrokeDash("kind:N", title="", sort=["probe", "control task"]),
-        tooltip=["hook", "regime", "kind", alt.Tooltip("value:Q", format=".3f"), "n_test"],
-    )
-)
-chance = (
-    alt.Chart(pd.DataFrame({"chance": [rows["chance"].iloc[0]]})).mark_rule(color="grey", strokeDash=[4, 4]).encode(y="chance:Q")
-)
-st.altair_chart(lines + chance, width="stretch")
+st.altair_chart(probe_depths(rows, run.arch), width="stretch")
 st.caption(
     "Grey dashed: chance (majority class). Dashed lines: the control task (token identity labels); "
-    "selectivity = probe minus control accuracy."
+    "selectivity = probe minus control accuracy. Colours: the prefill regime (recurrent prefill is the fused "
+    "regime's), as in every figure of the workbench."
 )
 capacity = [c for c in ("compression", "control_compression", "mdl_bits", "uniform_bits") if c in rows and rows[c].notna().any()]
 if "rank_sweep" in rows and rows["rank_sweep"].map(bool).any():  # the lowest rank's accuracies (probes of limited capacity)

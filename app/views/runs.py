@@ -6,8 +6,10 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from app.state import model, runs, runs_root, shown_errors, tokenizer_at, tokenizer_summary, writable
-from workbench.training.zoo import SCALES, member_names, train_zoo
+from app import jobs
+from app.charts import stage_losses
+from app.state import model, runs, runs_root, shown_errors, tokenizer_at, tokenizer_summary
+from workbench.training.zoo import SCALES, member_names
 
 st.title("Runs")
 root = runs_root()
@@ -20,37 +22,36 @@ def train_zoo_panel() -> None:
         list(SCALES),
         horizontal=True,
         key="zoo_scale",
-        captions=["~15 s on 2 cores: enough to try every page", "~33 min: models that learn their tasks (docs/training.md)"],
+        captions=[
+            "~15 s on 2 cores: a plumbing check that exercises every page and learns nothing",
+            "a few minutes: the cpu zoo's tasks for a third of its steps, first results",
+            "~15 min: the reference zoo at one seed (docs/training.md; three seeds from the CLI)",
+        ],
     )
     out = root / scale
     names = member_names(scale)
-    if st.button(f"Train the {scale} zoo into {out}", key="train_zoo", type="primary") and writable(
-        out, out / "zoo.json", *(out / n for n in names)
-    ):
-        with st.status(f"Training the {scale} zoo", expanded=True) as status, shown_errors("Training"):
-            bar = st.progress(0.0, text="starting")
-            log = st.empty()
-
-            def progress(name, step, total, record):
-                done = names.index(name) + step / total
-                bar.progress(min(1.0, done / len(names)), text=f"{name}: step {step}/{total}")
-                if record is not None:
-                    log.write(f"{name} step {record['step']}: loss {record['loss']:.3f}, {record['tokens_per_s']:.0f} tokens/s")
-
-            train_zoo(scale, out, progress=progress)
-            status.update(label=f"Trained the {scale} zoo into {out}", state="complete")
-            st.cache_data.clear()
+    outputs = [out, out / "zoo.json", *(out / n for n in names)]
+    busy = jobs.running("runs", out)
+    if st.button(f"Train the {scale} zoo into {out}", key="train_zoo", type="primary", disabled=bool(busy)):
+        if jobs.start(
+            ["zoo", "--preset", scale, "--out", str(out)], title=f"Train the {scale} zoo", page="runs", outputs=outputs
+        ):
             st.rerun()
 
 
+jobs.panel("runs")
 if not found:
     st.info(f"No runs under {root}. Train the reference zoo (baseline, fbt, hd2, hd4) here:")
     train_zoo_panel()
     st.stop()
 
+writing = {Path(o) for j in jobs.running("runs") for o in j.outputs}
 broken = [r for r in found if not r.usable]
 for r in broken:
-    st.error(f"{r.name}: cannot be used: {r.error}")
+    if r.path in writing:
+        st.info(f"{r.name}: being trained by a job (above); usable once it has written its weights.")
+    else:
+        st.error(f"{r.name}: cannot be used: {r.error}")
 
 
 def final_loss(r):
@@ -121,7 +122,7 @@ with curves:
             wide = df.pivot_table(index="step", columns="n_streams", values="loss")
             wide.columns = [f"loss (n={int(n)} streams)" for n in wide.columns]
             st.caption("Loss per expansion stage.")
-            st.line_chart(wide, y_label="loss")
+            st.altair_chart(stage_losses(wide), width="stretch")  # a stage logged once is a point
         else:
             st.line_chart(df, x="step", y="loss", y_label="loss")
         left, right = st.columns(2)

@@ -2,7 +2,9 @@
 exception, its main widgets change what is drawn, and bad input shows an error element."""
 
 import json
+import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -51,6 +53,21 @@ def errors(at: AppTest) -> list[str]:
     return [e.value for e in at.error]
 
 
+def finish_jobs(at: AppTest, timeout: float = 600) -> AppTest:
+    """Wait until every background job of the app is over, check that each did its work, and
+    rerun the page (which then shows what the jobs wrote)."""
+    from workbench.jobs import list_jobs
+
+    root = Path(os.environ["WORKBENCH_RUNS"])
+    deadline = time.monotonic() + timeout
+    while any(j.running for j in list_jobs(root)):
+        assert time.monotonic() < deadline, [j.title for j in list_jobs(root) if j.running]
+        time.sleep(0.2)
+    failed = [(j.title, j.state, j.log_tail(1000)) for j in list_jobs(root) if j.state not in ("done", "cancelled")]
+    assert not failed, failed
+    return at.run()
+
+
 def charts(at: AppTest) -> list:
     return at.get("vega_lite_chart")
 
@@ -87,6 +104,7 @@ def test_an_empty_runs_directory_offers_to_train_the_zoo_with_progress(monkeypat
     at = open_page(monkeypatch, tmp_path)
     assert any("No runs" in i.value for i in at.info)
     at.button(key="train_zoo").click().run()
+    finish_jobs(at)
     assert_clean(at)
     assert not errors(at)
     assert sorted(at.dataframe[0].value["run"]) == ["micro/baseline", "micro/fbt", "micro/hd2", "micro/hd4"]
@@ -98,6 +116,7 @@ def test_probes_page_trains_and_draws_the_layer0_comparison(monkeypatch, zoo):
     at.number_input(key="probe_n").set_value(40)
     at.multiselect(key="probe_passes").set_value([2])
     at.button(key="probe_train").click().run()
+    finish_jobs(at)
     assert_clean(at)
     assert not errors(at)
     labels = [m.label for m in at.metric]
@@ -114,6 +133,7 @@ def test_probes_page_trains_and_draws_the_layer0_comparison(monkeypatch, zoo):
     assert at.button(key="probe_train").label == "Retrain probes (replaces the saved ones)"
     at.multiselect(key="probe_passes").set_value([2, 3]).run()
     at.button(key="probe_train").click().run()
+    finish_jobs(at)
     assert_clean(at)
     assert not errors(at)
     assert [m.label for m in at.metric] == ["standard", "recurrent K=2", "recurrent K=3", "recurrent K=exact"]
@@ -136,15 +156,26 @@ def test_dynamics_page_compares_two_runs_and_reacts_to_the_horizon(monkeypatch, 
     at.number_input(key="dyn_fp_steps").set_value(20)
     at.run()
     assert_clean(at)
+    assert not at.subheader and any("Press **Analyse**" in i.value for i in at.info)  # nothing computed on load
+    at.button(key="dyn_run").click().run()
+    assert any("the results appear here when the job is done" in i.value for i in at.info)
+    finish_jobs(at)
+    assert_clean(at)
     assert not errors(at)
     assert [s.value for s in at.subheader] == ["fbt", "fbt-seed1"]
     lyap = {m.label: m.value for m in at.metric}
     assert {"λ(1)", "λ(10)", "K-pass relative residual at K=8"} <= set(lyap)
     assert len(charts(at)) == 2 * 6  # norms, growth, spectrum, fixed points, K-pass residual, K-pass grid per run
     at.number_input(key="dyn_horizon").set_value(120).run()
+    assert not at.metric  # other inputs: not analysed yet
+    at.button(key="dyn_run").click().run()
+    finish_jobs(at)
     assert "λ(100)" in {m.label for m in at.metric}
+    at.number_input(key="dyn_horizon").set_value(60).run()
+    assert [s.value for s in at.subheader] == ["fbt", "fbt-seed1"]  # the first analysis, saved: no new job
+    assert len(list((zoo / ".jobs").iterdir())) == 2
     at.number_input(key="dyn_perturb").set_value(500).run()
-    assert "Perturb at step 500 must come before the horizon (120 steps)." in errors(at)
+    assert "Perturb at step 500 must come before the horizon (60 steps)." in errors(at)
 
 
 def test_traces_page_compares_regimes_on_the_same_problems(monkeypatch, zoo):
@@ -198,7 +229,7 @@ def test_playground_generates_under_each_regime_and_intervenes(monkeypatch, zoo)
     at.radio(key="pg_intervene").set_value("zero")
     at.button(key="pg_generate").click().run()
     assert_clean(at)
-    assert len(at.get("html")) == 6  # each regime with and without the intervention
+    assert len(at.get("html")) == 5  # soft and fused with and without the intervention; standard once (no carried state)
     assert any("state × 0.0" in m.value for m in at.markdown)
     at.text_area(key="pg_prompt").set_value("")
     at.button(key="pg_generate").click().run()
@@ -249,6 +280,7 @@ def test_the_sidebar_refuses_directories_outside_the_runs_root_and_trains_nothin
     at.text_input(key="runs_root_input").set_value(str(root / "sub")).run()
     assert not sidebar_errors(at) and at.text_input(key="runs_root_input").value == str(root / "sub")
     at.button(key="train_zoo").click().run()
+    finish_jobs(at)
     assert_clean(at)
     assert not errors(at)
     assert sorted(at.dataframe[0].value["run"]) == ["micro/baseline", "micro/fbt", "micro/hd2", "micro/hd4"]
@@ -377,6 +409,7 @@ def test_probes_page_probes_an_imported_model_with_standard_prefill(monkeypatch,
     assert any("subword tokens" in c.value for c in at.caption)
     at.number_input(key="probe_n").set_value(40)
     at.button(key="probe_train").click().run()
+    finish_jobs(at)
     assert_clean(at)
     assert not errors(at)
     rows = at.dataframe[0].value

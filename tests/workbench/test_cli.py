@@ -219,7 +219,8 @@ def test_help_shows_every_options_default():
             assert "default" in (action.help or ""), (name, action.option_strings)
     for dest in ("threads", "jobs"):  # spelled in the parser to keep torch out of it
         text = next(a.help for a in verbs["zoo"]._actions if a.dest == dest)
-        assert text.endswith(f"default: micro {SCALES['micro'][dest]}, cpu {SCALES['cpu'][dest]}"), dest
+        assert text.endswith("default: " + ", ".join(f"{k} {v[dest]}" for k, v in SCALES.items())), dest
+    assert next(a.choices for a in verbs["zoo"]._actions if a.dest == "preset") == list(SCALES)
     from workbench.comparisons import STUDIES
 
     assert tuple(next(a.choices for a in verbs["zoo"]._actions if a.dest == "study")) == STUDIES

@@ -145,7 +145,7 @@ OPTIONS = {
     ],
     "eval": [("--n", NUMBERS), ("--passes", NUMBERS), ("--task", TASKS), ("--json", PATHS)],
     "zoo": [
-        ("--preset", st.sampled_from(["micro", "cpu"])),
+        ("--preset", st.sampled_from(["micro", "quick", "cpu"])),
         ("--out", PATHS),
         ("--only", NAMES),
         ("--json", PATHS),

@@ -4,7 +4,7 @@ answers are worked out here, and each study end to end on the micro zoo."""
 import math
 
 import pytest
-from helpers import cli
+from helpers import assert_usage_error, cli
 
 from workbench.comparisons import (
     BUDGETS,
@@ -108,17 +108,26 @@ def test_three_pass_on_the_micro_zoo(tmp_path):
 
 
 @pytest.mark.slow
-def test_hd_ablations_on_the_micro_zoo(tmp_path):
+def test_hd_ablations_on_the_micro_zoo_reusing_its_members(tmp_path, micro_zoo):
     """A baseline, then HD at n = 1, 2, 4, 8 and the four n = 4 ablations continued from it: the
     configs say what each member is, expansions are recorded where streams grow, and each reading
-    has per-task accuracy, the loss jumps and the time relative to n = 1 (exactly 1 for n = 1)."""
-    code, _, err = cli(["zoo", "--study", "hd-ablations", "--out", str(tmp_path), "--no-progress"])
+    has per-task accuracy, the loss jumps and the time relative to n = 1 (exactly 1 for n = 1).
+    With ``--reuse`` the members the zoo already has (``baseline``, ``hd2``, ``hd4``: the same
+    configs) are copies of the zoo's runs, with the zoo's training time; the others are trained."""
+    code, _, err = cli(["zoo", "--study", "hd-ablations", "--out", str(tmp_path), "--reuse", str(micro_zoo), "--no-progress"])
     assert code is None, err
     study = read_json(tmp_path / "study.json")
     names = [n for n, *_ in study_members("hd-ablations", "micro", 0)]
     assert sorted(study["models"]) == sorted(names)
+    reused = {n: row["reused_from"] for n, row in study["models"].items() if "reused_from" in row}
+    assert reused == {n: str((micro_zoo / n).resolve()) for n in ("baseline", "hd2", "hd4")}
+    zoo = read_json(micro_zoo / "zoo.json")["models"]
+    for name in reused:
+        assert study["models"][name]["train_seconds"] == zoo[name]["train_seconds"]
+        assert study["models"][name]["tasks"] == zoo[name]["tasks"]  # evaluated again: the same model
+        assert (tmp_path / name / "model.safetensors").read_bytes() == (micro_zoo / name / "model.safetensors").read_bytes()
     config = {n: read_json(tmp_path / n / "config.json") for n in names}
-    assert all(config[n]["init_from"] == str(tmp_path / "baseline") for n in names if n != "baseline")
+    assert all(config[n]["init_from"] == str(tmp_path / "baseline") for n in names if n not in reused)
     assert config["hd8"]["model"]["n_streams"] == 8 and config["hd1"]["model"]["n_streams"] == 1
     assert config["hd4-supervise-all"]["hd"]["supervise"] == "all"
     assert config["hd4-readout-sum"]["model"]["readout"] == "sum"
@@ -129,3 +138,12 @@ def test_hd_ablations_on_the_micro_zoo(tmp_path):
     assert list(readings["hd8"]["expansion_jumps"]) == ["2->4", "4->8"] and readings["hd1"]["expansion_jumps"] == {}
     assert readings["hd1"]["time_vs_hd1"]["mean"] == 1.0
     assert set(readings["hd4"]["tasks"]) == {"chain", "modsum", "flipflop"}
+
+
+def test_reuse_needs_a_study_and_a_zoo(tmp_path):
+    assert_usage_error(["zoo", "--reuse", str(tmp_path)], f"--reuse {tmp_path} without --study")
+    assert_usage_error(
+        ["zoo", "--study", "three-pass", "--reuse", str(tmp_path), "--out", str(tmp_path / "s")],
+        f"no zoo there (missing {tmp_path / 'zoo.json'})",
+    )
+    assert not (tmp_path / "s").exists()  # refused before anything is written

@@ -97,3 +97,24 @@ def test_members_trained_in_parallel_processes_are_bitwise_those_trained_one_aft
         assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
         assert one["models"][name]["tasks"] == two["models"][name]["tasks"]
     assert read_json(tmp_path / "two" / "zoo.json")["models"]["hd2-seed1"]["seed"] == 1
+
+
+def test_config_differences_name_every_field_but_the_grown_stream_count():
+    from workbench.training.zoo import config_differences
+
+    wanted = {
+        "arch": "hd",
+        "preset": "tiny",
+        "model": {"n_streams": 2, "readout": "last", "cross_layers": (2,)},
+        "hd": {"streams": (2, 4)},
+    }
+    grown = {
+        "arch": "hd",
+        "preset": "tiny",
+        "model": {"n_streams": 4, "readout": "last", "cross_layers": [2]},
+        "hd": {"streams": [2, 4]},
+    }
+    assert config_differences(grown, wanted) == []  # the expansion's n_streams; tuples saved as lists
+    ablated = {**grown, "model": {**grown["model"], "readout": "sum"}}
+    assert config_differences(ablated, wanted) == ["model.readout"]
+    assert config_differences({**grown, "arch": "fbt"}, wanted) == ["arch"]

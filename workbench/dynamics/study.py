@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
 from workbench.dynamics.feedback import RolloutDiverged, feedback_map, feedback_model, kpass_convergence, prefill_context, rollout
 from workbench.dynamics.maps import find_fixed_points, jacobian_summary, lyapunov_from_growth
@@ -217,6 +218,7 @@ def analyse_run(
 
 
 FIGURES = ("rollout.png", "spectra.png", "fixed_points.png", "kpass.png")
+STATES = "states.safetensors"  # each run's rollout states [steps, d_model] (the app draws them)
 FIXED_POINT_MARKERS = {"stable": ("*", "red"), "marginal": ("D", "orange"), "saddle": ("x", "black"), "unstable": ("+", "black")}
 
 
@@ -233,7 +235,8 @@ def dynamics_study(
     progress: Callable[[int, str], None] | None = None,
     **kwargs,
 ) -> dict:
-    """Analyse ``runs`` side by side into ``out_dir`` (``dynamics.json`` and figures): a new or
+    """Analyse ``runs`` side by side into ``out_dir`` (``dynamics.json``, figures and the rollout
+    states in ``states.safetensors``, by run name): a new or
     empty directory, or a previous dynamics study there, replaced only with ``overwrite``.
     ``progress`` as in ``analyse_run`` (``len(runs) * work_units(**kwargs)`` units in all)."""
     check_params(**kwargs)
@@ -250,9 +253,10 @@ def dynamics_study(
         results = {name: f.report for name, f in found.items()}
         states = {name: f.states for name, f in found.items()}
         figures = [str(out_dir / Path(f).name) for f in plot_dynamics(results, states, out.staging)]
-        report = {"runs": results, "figures": figures, "commit": source_commit()}
+        report = {"runs": results, "figures": figures, "states": STATES, "commit": source_commit()}
+        save_file({name: s.contiguous() for name, s in states.items()}, str(out.staging / STATES))
         write_json(out.staging / "dynamics.json", report)
-        out.publish(replaces=FIGURES)
+        out.publish(replaces=(*FIGURES, STATES))
     return report
 
 
@@ -280,9 +284,15 @@ def state_pca(states: torch.Tensor, fixed_points: list[dict]) -> tuple[torch.Ten
 
 
 def plot_dynamics(results: dict, states: dict, out_dir: Path) -> list[str]:
-    from matplotlib.figure import Figure  # no pyplot: the global backend (e.g. a notebook's inline one) stays as it is
+    return [_save(fig, out_dir / name) for name, fig in dynamics_figures(results, states).items()]
 
-    paths = []
+
+def dynamics_figures(results: dict, states: dict) -> dict:
+    """``FIGURES`` by file name, as matplotlib ``Figure`` objects (``plot_dynamics`` saves them)."""
+    from matplotlib.figure import Figure  # no pyplot: the global backend (e.g. a notebook's inline one) stays as it is
+    from matplotlib.ticker import MaxNLocator
+
+    figures = {}
     fig = Figure(figsize=(14, 3.8))
     axes = fig.subplots(1, 3)
     for name, r in results.items():
@@ -302,46 +312,59 @@ def plot_dynamics(results: dict, states: dict, out_dir: Path) -> list[str]:
     for ax in axes:
         ax.legend(fontsize=7)
     fig.tight_layout()
-    paths.append(_save(fig, out_dir / "rollout.png"))
+    figures["rollout.png"] = fig
 
-    fig = Figure(figsize=(4.2 * len(results), 4))
+    # the per-run figures below put the run's name on a line of its own in each title: side by side,
+    # one-line titles of long names ran into each other
+    fig = Figure(figsize=(4.2 * len(results), 4.4))
     axes = fig.subplots(1, len(results), squeeze=False)
     theta = torch.linspace(0, 2 * math.pi, 200)
     for ax, (name, r) in zip(axes[0], results.items()):
         ax.plot(theta.cos(), theta.sin(), color="grey", lw=0.8)
+        reach = 1.05
         for s in r["spectra"]:
             z = torch.tensor(s["eigenvalues"])
             ax.scatter(z[:, 0], z[:, 1], s=6, label=f"step {s['step']}")
-        ax.set(aspect="equal", title=f"{name}: eigenvalues of dF/dh", xlabel="Re", ylabel="Im")
+            reach = max(reach, 1.05 * float(z.norm(dim=1).max()))
+        # equal aspect keeps the unit circle round; one symmetric range on both axes keeps every
+        # run's panel square and centred on the origin, however the eigenvalues spread
+        ax.set(xlim=(-reach, reach), ylim=(-reach, reach), title=f"{name}\neigenvalues of dF/dh", xlabel="Re", ylabel="Im")
+        ax.set_aspect("equal", adjustable="box")
         ax.legend(fontsize=6)
     fig.tight_layout()
-    paths.append(_save(fig, out_dir / "spectra.png"))
+    figures["spectra.png"] = fig
 
-    fig = Figure(figsize=(4.2 * len(results), 4))
+    fig = Figure(figsize=(5.2 * len(results), 4.4))
     axes = fig.subplots(1, len(results), squeeze=False)
     for ax, (name, r) in zip(axes[0], results.items()):
         P, points = state_pca(states[name], r["fixed_points"])
-        ax.scatter(P[:, 0], P[:, 1], s=3, c=range(len(P)), cmap="viridis")
+        trajectory = ax.scatter(P[:, 0], P[:, 1], s=3, c=range(len(P)), cmap="viridis")
+        fig.colorbar(trajectory, ax=ax, label="rollout step")
         for p in points:
             marker, color = FIXED_POINT_MARKERS[p["label"]]
             ax.scatter(p["pc1"], p["pc2"], marker=marker, s=120, color=color)
-        ax.set(title=f"{name}: states (PCA), fixed points", xlabel="PC 1", ylabel="PC 2")
+        ax.set(
+            title=f"{name}\nrollout states (PCA) and fixed points",
+            xlabel="principal component 1 of the states",
+            ylabel="principal component 2 of the states",
+        )
         for label, (marker, color) in FIXED_POINT_MARKERS.items():
             ax.scatter([], [], marker=marker, color=color, label=label)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, title="fixed points", title_fontsize=7)
     fig.tight_layout()
-    paths.append(_save(fig, out_dir / "fixed_points.png"))
+    figures["fixed_points.png"] = fig
 
     fig = Figure(figsize=(4.2 * len(results), 3.5))
     axes = fig.subplots(1, len(results), squeeze=False)
     for ax, (name, r) in zip(axes[0], results.items()):
         grid = torch.tensor([row["error_to_exact"] for row in r["kpass"]["rows"]]).clamp(min=1e-16).log10()
         im = ax.imshow(grid, aspect="auto", origin="lower", extent=(-0.5, grid.shape[1] - 0.5, 0.5, grid.shape[0] + 0.5))
-        ax.set(title=f"{name}: log10 ||H^k_t - H*_t||", xlabel="position", ylabel="passes k")
+        ax.set(title=f"{name}\nlog10 ||H^k_t - H*_t||", xlabel="position", ylabel="passes k")
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # pass counts
         fig.colorbar(im, ax=ax)
     fig.tight_layout()
-    paths.append(_save(fig, out_dir / "kpass.png"))
-    return paths
+    figures["kpass.png"] = fig
+    return figures
 
 
 def _save(fig, path: Path) -> str:

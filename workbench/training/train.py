@@ -31,6 +31,7 @@ from workbench.data.windows import IGNORE, TokenStream, Windows, batch_weights, 
 from workbench.runtime.checkpoint import load_model, load_weights, model_from_weights, save_weights
 from workbench.runtime.config import model_from_config
 from workbench.runtime.process import peak_rss_mib
+from workbench.runtime.progress import Bar
 from workbench.runtime.tokenizer import CharTokenizer, TokenizerBase, load_tokenizer, tokenizer_of
 from workbench.storage.errors import BadInput, MissingFile, OutputBusy, OutputExists, WorkbenchError
 from workbench.storage.files import atomic_write, link_or_copy, read_json, remove_stale_temps, write_json
@@ -650,12 +651,9 @@ def _train_loop(
         if not resume:
             write_json(run_dir / "config.json", {**cfg.to_dict(), "model": model.cfg.to_dict()})
 
-    bar = None
     report = progress if callable(progress) and rank_info.main else None
-    if progress is True and rank_info.main and start < t.steps:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=t.steps, initial=start, desc=f"{cfg.arch} {run_dir.name}", unit="step", dynamic_ncols=True)
+    # the terminal bar when asked; the bar also feeds an app job's progress file when there is one
+    bar = Bar(f"{cfg.arch} {run_dir.name}", t.steps, unit="step", show=progress is True) if rank_info.main else None
     last_log, tokens_since, flops_since, started = time.perf_counter(), 0, 0.0, time.perf_counter()
     record: dict = {}
     end = t.steps if stop_after is None else min(t.steps, start + stop_after)
@@ -724,10 +722,8 @@ def _train_loop(
             if rank_info.main:
                 with metrics_path.open("a") as f:
                     f.write(json.dumps(record) + "\n")
-            if bar is not None:
-                bar.set_postfix(loss=f"{info['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
         if bar is not None:
-            bar.update(1)
+            bar.update(done, f"loss={record['loss']:.3f}, tok_s={record['tokens_per_s']:.0f}" if record else None)
         if report is not None:
             report(done, t.steps, record if record.get("step") == done else None)
         saved = None

@@ -13,12 +13,15 @@ Training runs with a fixed number of torch threads per member (``threads``, reco
 machine a member is then bitwise the same every time it is trained, alone or next to others
 (``jobs`` members train at once, each in its own process); a different thread count changes the
 order of floating-point sums, so it gives a different, equally valid, model. On 2 small cores two
-one-thread members train 1.7 times the steps per second of one two-thread member (docs/training.md).
+one-thread members train about 1.2 times the tokens per second of one two-thread member
+(docs/training.md).
 """
 
 from __future__ import annotations
 
+import json
 import multiprocessing
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -26,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from workbench.runtime.progress import PROGRESS_ENV, Bar
 from workbench.storage.errors import BadInput, OutputExists
 from workbench.storage.files import read_json, write_json
 from workbench.storage.outputs import hold
@@ -43,6 +47,7 @@ MAX_SEEDS = 10
 # studies need: correct chain traces to compare lengths, a running sum the model computes for the
 # probes to find, and a memory it keeps.
 TARGETS = {"micro": None, "cpu": {"chain": 0.5, "modsum": 0.8, "flipflop": 0.95}}
+TARGETS["quick"] = TARGETS["cpu"]  # what it reaches in minutes, against the same bar
 
 # The tasks every zoo trains on (the ``mix`` of chain, modsum and flip-flop), chosen so the effects
 # the studies look for can appear (docs/training.md, "The zoo's tasks", has the pilots behind each
@@ -80,6 +85,24 @@ SCALES = {
             "train.checkpoint_every=1000",
             "train.eval_examples=12",
             "data.n_train=600",
+            *TASK,
+        ],
+    },
+    "quick": {  # the first run: the cpu zoo's tasks and shapes for a third of the steps
+        "jobs": 2,
+        "threads": 1,
+        "preset": "tiny",
+        "steps": 300,
+        "hd_steps": 60,
+        "common": [
+            "train.batch_size=16",
+            "train.seq_len=256",
+            "train.lr=2e-3",
+            "train.warmup=30",
+            "train.log_every=25",
+            "train.checkpoint_every=300",
+            "train.eval_examples=96",
+            "data.n_train=40000",
             *TASK,
         ],
     },
@@ -182,10 +205,15 @@ def member_config(scale: str, arch: str, overrides: list[str], init: str | None)
     return make_run_config(arch, SCALES[scale]["preset"], "mix", SCALES[scale]["common"] + overrides, init_from=init)
 
 
-def train_member(cfg: RunConfig | dict, run: str | Path, threads: int, progress: bool | Callable = False) -> dict:
+def train_member(
+    cfg: RunConfig | dict, run: str | Path, threads: int, progress: bool | Callable = False, job_progress: bool = True
+) -> dict:
     """Train (or resume) ``cfg`` into ``run`` with ``threads`` torch threads and evaluate it:
     ``seconds`` of training, ``resumed_from`` and the ``evaluation``. A worker process of a
-    parallel zoo calls it with the config as its dict."""
+    parallel zoo calls it with the config as its dict and without ``job_progress`` (its steps do
+    not go to an app job's progress file)."""
+    if not job_progress:
+        os.environ.pop(PROGRESS_ENV, None)  # this process's own environment: a worker's
     cfg = run_config_from_dict(cfg) if isinstance(cfg, dict) else cfg
     run = Path(run)
     before = torch.get_num_threads()
@@ -258,8 +286,8 @@ def train_plan(
 def train_in_parallel(plan: list, out: Path, threads: int, jobs: int, progress: bool | Callable, record: Callable) -> None:
     """``plan``'s members in ``jobs`` worker processes (spawned: a fresh interpreter, no state
     shared with this one), a member continued from another (``init_from``) once that one is done,
-    members others continue from first and then the longest; ``record`` each as it finishes. A worker's error stops
-    the zoo after the members in flight are done."""
+    members others continue from first and then the longest; ``record`` each as it finishes. A
+    worker's error stops the zoo after the members in flight are done."""
     paths = {str(out / name): name for name, *_ in plan}
     needs = {name: paths.get(str(cfg.init_from)) for name, _, _, cfg in plan}
     sources = set(needs.values())
@@ -267,11 +295,8 @@ def train_in_parallel(plan: list, out: Path, threads: int, jobs: int, progress: 
     # would train alone at the end); stable: plan order otherwise
     waiting = sorted(plan, key=lambda p: (p[0] not in sources, -p[3].train.steps))
     done: set[str] = set()
-    bar = None
-    if progress is True:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(plan), desc=f"zoo ({jobs} at a time)", unit="member")
+    last = ""
+    bar = Bar(f"zoo ({jobs} at a time)", len(plan), unit="member", show=progress is True)
     running: dict[Future, tuple] = {}
     with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         while waiting or running:
@@ -279,20 +304,20 @@ def train_in_parallel(plan: list, out: Path, threads: int, jobs: int, progress: 
                 waiting.remove(item)
                 name, _, _, cfg = item
                 check_member(out / name, cfg)
-                running[pool.submit(train_member, cfg.to_dict(), str(out / name), threads)] = item
+                # a worker keeps out of an app job's progress file: the zoo's bar says what runs
+                running[pool.submit(train_member, cfg.to_dict(), str(out / name), threads, False, False)] = item
+            bar.update(len(done), f"training {', '.join(item[0] for item in running.values())}{last}")
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in finished:
                 name, plain, seed, cfg = running.pop(future)
                 result = future.result()  # a worker's error surfaces here
                 record(name, plain, seed, cfg, result)
                 done.add(name)
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix_str(f"{name} in {result['seconds']:.0f} s")
-                elif callable(progress):
+                last = f"; {name} took {result['seconds']:.0f} s"
+                if callable(progress):
                     progress(name, cfg.train.steps, cfg.train.steps, None)
-    if bar is not None:
-        bar.close()
+    bar.update(len(done), last.removeprefix("; "))
+    bar.close()
 
 
 def competence(tasks: dict, targets: dict | None) -> dict:
@@ -340,20 +365,28 @@ def across_seeds(models: dict) -> dict:
     return result
 
 
+GROWN = ("n_streams",)  # model fields training changes (HD's progressive expansion)
+
+
+def config_differences(saved: dict, wanted: dict) -> list[str]:
+    """The fields in which a saved run config differs from a wanted one, apart from ``init_from``
+    (where it continued from) and the model fields that training grows (``GROWN``)."""
+    saved, wanted = json.loads(json.dumps(saved)), json.loads(json.dumps(wanted))  # tuples as JSON lists
+    differ = sorted(
+        f"{section}.{key}"
+        for section in wanted
+        if isinstance(wanted[section], dict)
+        for key in wanted[section]
+        if not (section == "model" and key in GROWN) and saved.get(section, {}).get(key) != wanted[section][key]
+    )
+    return differ + [key for key in ("arch", "preset") if saved.get(key) != wanted[key]]
+
+
 def check_member(run: Path, cfg) -> None:
     """A zoo member's directory is new, or holds that member's run (resumed), or what a run killed
     before its first checkpoint left; a run of another config is never resumed as the member."""
     if (run / "train_state" / "state.json").is_file():
-        saved = load_run_config(run / "config.json").to_dict()
-        wanted = cfg.to_dict()
-        differ = sorted(
-            f"{section}.{key}"
-            for section in wanted
-            if section != "model" and isinstance(wanted[section], dict)
-            for key in wanted[section]
-            if saved.get(section, {}).get(key) != wanted[section][key]
-        )
-        differ += [key for key in ("arch", "preset") if saved.get(key) != wanted[key]]
+        differ = config_differences(load_run_config(run / "config.json").to_dict(), cfg.to_dict())
         if differ:
             raise OutputExists(
                 f"{run} holds a run that is not this zoo's {run.name} (it differs in {', '.join(differ[:4])}): "

@@ -1,0 +1,85 @@
+"""The app's long studies as background jobs (``workbench.jobs``): a page starts the CLI verb,
+and every page that shows the job (after a reload, or in another tab) reads its state from disk."""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+
+import streamlit as st
+
+from app.state import app_root, writable
+from workbench.jobs import Job, cancel_job, list_jobs, start_job
+
+REFRESH_S = 1.0  # how often a page with a running job redraws its jobs
+SHOWN = 5  # finished jobs listed per page
+
+
+def start(argv: list[str], *, title: str, page: str, outputs: list[Path]) -> Job | None:
+    """Start ``workbench ARGV`` as a job of ``page`` writing ``outputs`` (each must lie under the
+    runs root); None, with an error element, if refused or if a job of this page already writes
+    one of them."""
+    if not writable(*outputs):
+        return None
+    busy = [j for j in list_jobs(app_root(), page) if j.running and set(j.outputs) & {str(o) for o in outputs}]
+    if busy:
+        st.error(f"A job is already writing there: {busy[0].title} (started {when(busy[0].created)}). Wait for it or cancel it.")
+        return None
+    return start_job(app_root(), [*argv, "--no-progress"], title=title, page=page, outputs=[str(o) for o in outputs])
+
+
+def running(page: str, output: Path | None = None) -> list[Job]:
+    """The running jobs of ``page`` (writing ``output``, if given)."""
+    return [j for j in list_jobs(app_root(), page) if j.running and (output is None or str(output) in j.outputs)]
+
+
+def when(stamp: float) -> str:
+    return datetime.datetime.fromtimestamp(stamp).strftime("%H:%M:%S")
+
+
+def panel(page: str) -> None:
+    """``page``'s jobs: each running one with its progress, what it is doing and a Cancel button;
+    the last finished ones with their state (a failure with its log). While one runs the panel
+    redraws itself every ``REFRESH_S``; when one ends the whole page reruns to show its results."""
+    jobs = list_jobs(app_root(), page)
+    if not jobs:
+        return
+    live = any(j.running for j in jobs)
+
+    @st.fragment(run_every=REFRESH_S if live else None)
+    def draw() -> None:
+        now = list_jobs(app_root(), page)
+        seen = st.session_state.setdefault(f"jobs_running_{page}", set())
+        ended = {j.id for j in now if not j.running} & seen
+        seen.clear()
+        seen.update(j.id for j in now if j.running)
+        if ended:
+            st.rerun()  # the page: show what the job wrote
+        with st.container(border=True):
+            st.markdown("**Jobs** (background processes: they go on if you leave this page or close the tab)")
+            for job in [j for j in now if j.running] + [j for j in now if not j.running][:SHOWN]:
+                draw_job(job)
+
+    draw()
+
+
+def draw_job(job: Job) -> None:
+    started = when(job.created)
+    if job.running:
+        fraction = job.progress.get("fraction")
+        what = " ".join(filter(None, (job.progress.get("desc"), job.progress.get("what")))) or "starting"
+        c1, c2 = st.columns([5, 1])
+        c1.progress(0.0 if fraction is None else float(fraction), text=f"{job.title} (started {started}): {what}")
+        if c2.button("Cancel", key=f"cancel_{job.id}"):
+            cancel_job(job)
+            st.rerun()
+        return
+    ended = when(job.finished) if job.finished else "?"
+    if job.state == "done":
+        st.success(f"{job.title}: done ({started} - {ended})", icon=":material/check:")
+    elif job.state == "cancelled":
+        st.warning(f"{job.title}: cancelled ({started} - {ended})")
+    else:
+        why = "its process was killed" if job.state == "lost" else f"exit status {job.returncode}"
+        st.error(f"{job.title}: {job.state} ({why}; started {started}). Log: {job.path / 'log.txt'}")
+        st.code(job.log_tail(2000) or "(empty log)", language=None)

@@ -1,0 +1,103 @@
+"""The layer-0 probes, the feedback dynamics and the trace lengths of every seed of a zoo, with
+each headline reading's mean and 95% interval across the seeds (the tables in docs/probes.md,
+docs/dynamics.md and docs/traces.md).
+
+    python scripts/zoo_analyses.py runs/cpu --seeds 3 --out docs/results/zoo_analyses.json
+
+Runs the CLI verbs (``probe``, ``dynamics``, ``traces``) on each seed's members, ``--jobs`` at a
+time with one torch thread each, writing into each run's ``results/`` (probes) and
+``ZOO/analyses/`` (dynamics, traces); a verb whose output is already there is not rerun. Then
+reads the reports (``workbench.seed_readings``) and writes the readings across seeds with the
+commands, settings and commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from workbench.seed_readings import across, dynamics_readings, probe_readings, trace_readings
+from workbench.storage.files import read_json, write_json
+from workbench.storage.provenance import source_commit
+from workbench.training.zoo import seed_name
+
+PROBES = [("baseline", "memory"), ("baseline", "running_sum"), ("fbt", "memory"), ("fbt", "running_sum")]
+DYNAMICS = ["--horizon", "1000", "--spectra", "2", "--fixed-points", "1", "--starts", "8"]
+TRACES = ["--n", "400", "--difficulty", "1..4", "--passes", "2"]
+TRACE_MEMBERS = ["baseline", "fbt", "hd2", "hd4"]
+
+
+def commands(zoo: Path, seed: int) -> list[tuple[list[str], Path]]:
+    """``(argv, output)`` of every analysis of seed ``seed``."""
+    run = lambda name: zoo / seed_name(name, seed)  # noqa: E731
+    out = zoo / "analyses" / f"seed{seed}"
+    cmds = [(["probe", str(run(m)), "--target", t, "--passes", "2,3"], run(m) / "results" / f"probe_{t}.json") for m, t in PROBES]
+    cmds.append((["dynamics", str(run("fbt")), "--out", str(out / "dynamics"), *DYNAMICS], out / "dynamics" / "dynamics.json"))
+    cmds.append(
+        (
+            ["traces", *(str(run(m)) for m in TRACE_MEMBERS), "--out", str(out / "traces"), *TRACES],
+            out / "traces" / "summary.json",
+        )
+    )
+    return cmds
+
+
+def run_verb(argv: list[str], output: Path, log: Path) -> float:
+    if output.is_file():
+        return 0.0
+    started = time.perf_counter()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with log.open("a") as f:
+        f.write(f"$ workbench {' '.join(argv)}\n")
+        f.flush()
+        subprocess.run([sys.executable, "-m", "workbench.cli", *argv, "--no-progress"], stdout=f, stderr=f, env=env, check=True)
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("zoo", type=Path)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    (args.zoo / "analyses").mkdir(exist_ok=True)
+    log = args.zoo / "analyses" / "log.txt"
+    work = [c for seed in range(args.seeds) for c in commands(args.zoo, seed)]
+    work.sort(key=lambda c: c[0][0] != "dynamics")  # the longest first
+    started = time.perf_counter()
+    with ThreadPoolExecutor(args.jobs) as pool:
+        seconds = list(pool.map(lambda c: run_verb(*c, log), work))
+    per_seed: dict[str, list[dict]] = {}
+    for seed in range(args.seeds):
+        for argv, output in commands(args.zoo, seed):
+            report = read_json(output)
+            if argv[0] == "probe":
+                key, readings = f"probe/{Path(argv[1]).name.split('-seed')[0]}/{argv[3]}", probe_readings(report)
+            elif argv[0] == "dynamics":
+                key, readings = "dynamics/fbt", dynamics_readings(next(iter(report["runs"].values())))
+            else:
+                key, readings = "traces", trace_readings(report)
+            per_seed.setdefault(key, []).append(readings)
+    write_json(
+        args.out,
+        {
+            "zoo": str(args.zoo),
+            "seeds": args.seeds,
+            "commit": source_commit(),
+            "commands": [["workbench", *argv] for argv, _ in commands(args.zoo, 0)],
+            "seconds": round(time.perf_counter() - started, 1),
+            "verb_seconds": round(sum(seconds), 1),
+            "readings": {key: across(rows) for key, rows in per_seed.items()},
+        },
+    )
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""Progress of a long verb: a terminal bar, and (when the verb runs as an app job) a small JSON
+file the app reads to draw its own bar (``workbench.jobs``).
+
+A verb makes one ``Bar`` per phase. The terminal bar opens on the first update, so a verb that
+fails on its inputs prints an error and no empty bar. The file, named by the environment variable
+``WORKBENCH_JOB_PROGRESS``, holds the latest ``{"fraction", "what", "desc", "updated"}``: it is
+rewritten atomically at most every ``INTERVAL`` seconds, and when the count reaches the total and
+on ``close``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from workbench.storage.files import write_json
+
+PROGRESS_ENV = "WORKBENCH_JOB_PROGRESS"
+INTERVAL = 0.5  # seconds between two writes of the progress file
+
+
+class Bar:
+    """``update(n, what)`` sets the count done (of ``total``) and says what is being done;
+    ``show``: draw a terminal bar (tqdm) too."""
+
+    def __init__(self, desc: str, total: float, *, show: bool = True, unit: str = "it", bar_format: str | None = None):
+        self.desc, self.total, self.unit, self.bar_format = desc, total, unit, bar_format
+        self.show = show
+        self.n = 0.0
+        self.what = ""
+        self._tqdm = None
+        self._written = 0.0
+        path = os.environ.get(PROGRESS_ENV)
+        self.path = Path(path) if path else None
+
+    def update(self, n: float, what: str | None = None) -> None:
+        self.n = n
+        if what is not None:
+            self.what = what
+        if self.show:
+            if self._tqdm is None:
+                from tqdm.auto import tqdm
+
+                self._tqdm = tqdm(
+                    total=self.total, desc=self.desc, unit=self.unit, dynamic_ncols=True, bar_format=self.bar_format
+                )
+            self._tqdm.update(n - self._tqdm.n)
+            if what is not None:
+                self._tqdm.set_postfix_str(what, refresh=False)
+        if self.path is not None and (time.monotonic() - self._written >= INTERVAL or n >= self.total):
+            self._write()
+
+    def advance(self, units: float, what: str | None = None) -> None:
+        self.update(self.n + units, what)
+
+    def _write(self) -> None:
+        fraction = min(1.0, self.n / self.total) if self.total else None
+        write_json(self.path, {"desc": self.desc, "fraction": fraction, "what": self.what, "updated": time.time()})
+        self._written = time.monotonic()
+
+    def close(self) -> None:
+        if self._tqdm is not None:
+            self._tqdm.close()
+            self._tqdm = None
+        if self.path is not None and self.n:
+            self._write()
+
+    def __enter__(self) -> Bar:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,74 @@
+"""The studies' headline readings taken from their reports, and across training seeds: each
+reading a mean with a 95% interval over the seeds (``workbench.training.intervals``), so a table
+of the zoo's probes, dynamics or traces says how much of a difference is the seed.
+
+A reading is named ``WHAT/WHERE`` (for example ``recurrent K=2/layer 0/accuracy``); ``across``
+keeps the names every seed has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from workbench.comparisons import regrowth_step
+from workbench.training.intervals import seed_interval
+
+
+def probe_readings(report: dict) -> dict[str, float]:
+    """A probe sweep's (``probe_study``) accuracy, selectivity and, where measured, online-code
+    compression per prefill regime, depth (0 = the input to block 0) and stream."""
+    readings = {}
+    for row in report["rows"]:
+        regime = row["prefill"] if row["prefill"] == "standard" else f"{row['prefill']} K={row['passes']}"
+        stream = f"/stream {row['stream']}" if report.get("arch") == "hd" else ""
+        where = f"{regime}/layer {row['layer']:g}{stream}"
+        readings[f"{where}/accuracy"] = row["accuracy"]
+        readings[f"{where}/selectivity"] = row["selectivity"]
+        if row.get("compression") is not None:
+            readings[f"{where}/compression"] = row["compression"]
+    return readings
+
+
+def dynamics_readings(run: dict) -> dict[str, float]:
+    """One run's dynamics report (``analyse_run``): the leading Lyapunov exponent at each horizon
+    T from tangents through the feedback map (``tangent``), through the whole decoding step
+    (``whole step``) and from the finite perturbation; the K-pass relative residual at each K; the
+    step at which the perturbation first grows back to its size (the horizon when it never does
+    within the rollout, a bound); the number of fixed points found and how many are stable."""
+    readings = {}
+    for name, key in (("tangent", "lyapunov_tangent"), ("whole step", "lyapunov_tangent_full")):
+        for T, values in run.get(key, {}).items():
+            readings[f"lambda {name}/T={T}"] = values[0]
+    for T, value in run["lyapunov"].items():
+        readings[f"lambda perturbation/T={T}"] = value
+    for row in run["kpass"]["rows"]:
+        if row.get("relative_residual") is not None:
+            readings[f"K-pass residual/K={row['passes']}"] = row["relative_residual"]
+    ratios = run["per_step"]["perturbation_ratio"]
+    step = regrowth_step(ratios)
+    readings["regrowth step (rollout length if never)"] = float(len(ratios) if step is None else step)
+    points = [p for f in run["fixed_points"] for p in f["points"]]
+    readings["fixed points/found"] = float(len(points))
+    readings["fixed points/stable"] = float(sum(bool(p["stable"]) for p in points))
+    return readings
+
+
+def trace_readings(summary: dict) -> dict[str, float]:
+    """A trace study's (``trace_study``) accuracy and mean trace length per model/regime, and the
+    paired differences' means (each pair against the reference on the same problems)."""
+    readings = {}
+    for group, g in summary["groups"].items():
+        readings[f"{group}/accuracy"] = g["accuracy"]
+        readings[f"{group}/mean trace"] = g["mean_trace"]
+    for pair, p in summary["paired"].items():
+        readings[f"{pair}/trace tokens"] = p["trace_tokens"]["mean"]
+        readings[f"{pair}/accuracy"] = p["accuracy"]["mean"]
+    return readings
+
+
+def across(per_seed: Sequence[dict[str, float]]) -> dict[str, dict]:
+    """Each reading every seed has, as ``seed_interval`` over the seeds (in their order)."""
+    if not per_seed:
+        return {}
+    keys = [k for k in per_seed[0] if all(k in r for r in per_seed[1:])]
+    return {k: seed_interval([r[k] for r in per_seed]) for k in keys}
