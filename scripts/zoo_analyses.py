@@ -47,15 +47,19 @@ def commands(zoo: Path, seed: int) -> list[tuple[list[str], Path]]:
     return cmds
 
 
-def run_verb(argv: list[str], output: Path, log: Path) -> float:
-    if output.is_file():
-        return 0.0
+def run_verbs(work: list[tuple[list[str], Path]], log: Path) -> float:
+    """Run each verb in turn (one run's probes hold its results/ in turn), skipping those whose
+    output is there."""
     started = time.perf_counter()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    with log.open("a") as f:
-        f.write(f"$ workbench {' '.join(argv)}\n")
-        f.flush()
-        subprocess.run([sys.executable, "-m", "workbench.cli", *argv, "--no-progress"], stdout=f, stderr=f, env=env, check=True)
+    for argv, output in work:
+        if output.is_file():
+            continue
+        quiet = ["--no-progress"] if argv[0] in ("probe", "dynamics") else []
+        with log.open("a") as f:
+            f.write(f"$ workbench {' '.join(argv)}\n")
+            f.flush()
+            subprocess.run([sys.executable, "-m", "workbench.cli", *argv, *quiet], stdout=f, stderr=f, env=env, check=True)
     return time.perf_counter() - started
 
 
@@ -68,11 +72,14 @@ def main() -> None:
     args = parser.parse_args()
     (args.zoo / "analyses").mkdir(exist_ok=True)
     log = args.zoo / "analyses" / "log.txt"
-    work = [c for seed in range(args.seeds) for c in commands(args.zoo, seed)]
-    work.sort(key=lambda c: c[0][0] != "dynamics")  # the longest first
+    groups: dict[str, list] = {}  # verbs that write one run's results/, in turn
+    for seed in range(args.seeds):
+        for argv, output in commands(args.zoo, seed):
+            groups.setdefault(str(output.parent if argv[0] == "probe" else output), []).append((argv, output))
+    work = sorted(groups.values(), key=lambda g: g[0][0][0] != "dynamics")  # the longest first
     started = time.perf_counter()
     with ThreadPoolExecutor(args.jobs) as pool:
-        seconds = list(pool.map(lambda c: run_verb(*c, log), work))
+        seconds = list(pool.map(lambda g: run_verbs(g, log), work))
     per_seed: dict[str, list[dict]] = {}
     for seed in range(args.seeds):
         for argv, output in commands(args.zoo, seed):
