@@ -276,6 +276,109 @@ def zoo_page(results: Path) -> str:
     )
 
 
+def seed_cell(values: list[float], digits: int = 3) -> str:
+    """Mean [95% Student-t interval] over the seeds, then the seeds' values; the interval's t
+    quantiles are tabulated for 2..10 seeds (this page imports nothing beyond the standard library)."""
+    t975 = {2: 12.706205, 3: 4.302653, 4: 3.182446, 5: 2.776445, 6: 2.570582, 7: 2.446912, 8: 2.364624, 9: 2.306004, 10: 2.262157}
+    n, mean = len(values), sum(values) / len(values)
+    shown = ", ".join(fixed(v, digits) for v in values)
+    if n < 2:
+        return fixed(mean, digits)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = t975[n] * sd / math.sqrt(n)  # t(0.975, n - 1), keyed by n
+    return f"{fixed(mean, digits)} [{fixed(mean - half, digits)}, {fixed(mean + half, digits)}] ({shown})"
+
+
+def zoo_seeds_page(results: Path, name: str = "zoo_cpu_seeds.json") -> str:
+    zoo = read(results, name)
+    models = zoo["models"]
+    members: dict[str, list[str]] = {}
+    for run, row in models.items():
+        members.setdefault(row["member"], []).append(run)
+    tasks = list(next(iter(models.values()))["tasks"])
+    rows = []
+    for member, runs in members.items():
+        runs = sorted(runs, key=lambda r: models[r]["seed"])
+        for regime in _regimes(models, "accuracy")(models[runs[0]]):
+            cells = [seed_cell([models[r]["tasks"][t]["accuracy"][regime] for r in runs]) for t in tasks]
+            qualified = sum(bool(models[r]["competence"]["qualified"]) for r in runs)
+            rows.append([f"`{member}`, {regime}", *cells, f"{qualified}/{len(runs)}"])
+    base = sorted(members["baseline"], key=lambda r: models[r]["seed"])
+    paired = []
+    for member, runs in members.items():
+        runs = sorted(runs, key=lambda r: models[r]["seed"])
+        if member == "baseline" or len(runs) != len(base):
+            continue
+        for regime in _regimes(models, "accuracy")(models[runs[0]]):
+            cells = [
+                seed_cell(
+                    [
+                        models[r]["tasks"][t]["accuracy"][regime] - models[b]["tasks"][t]["accuracy"]["standard"]
+                        for r, b in zip(runs, base)
+                    ]
+                )
+                for t in tasks
+            ]
+            paired.append([f"`{member}`, {regime}", *cells])
+    targets = next(iter(models.values()))["competence"]["tasks"]
+    times = [
+        [
+            f"`{member}`",
+            seed_cell([models[r]["train_seconds"] for r in sorted(runs, key=lambda r: models[r]["seed"])], 0),
+            seed_cell([models[r]["eval_seconds"] for r in sorted(runs, key=lambda r: models[r]["seed"])], 1),
+        ]
+        for member, runs in members.items()
+    ]
+    body = [
+        "## Held-out accuracy across training seeds",
+        "",
+        (
+            f"Each cell: the mean over {zoo['seeds']} training seeds, its 95% Student-t interval, and the seeds' values in\nseed order."
+            if zoo["seeds"] > 1
+            else "Each cell: held-out accuracy at one training seed (no interval)."
+        ),
+        "FBT's `fused` prefills 2 passes. Competence targets (`standard` accuracy): "
+        + ", ".join(f"{t} {v['target']}" for t, v in targets.items())
+        + "; the last column counts the seeds that reached all of them.",
+        "",
+        table(["member, regime", *tasks, "qualified seeds"], rows),
+        "## Paired with the baseline of the same seed",
+        "",
+        "A member's accuracy minus the `baseline`'s (`standard`) at the same training seed: FBT trains on the",
+        "baseline's batches, HD continues from that baseline. Mean over the seeds, its 95% interval, the",
+        "seeds' differences.",
+        "",
+        table(["member, regime", *tasks], paired),
+        "## Time",
+        "",
+        f"Seconds per member (training, then evaluation), {zoo['jobs']} members at a time with {zoo['threads']} torch",
+        "thread each.",
+        "",
+        table(["member", "train seconds", "eval seconds"], times),
+    ]
+    seeds = f"{zoo['seeds']} seeds" if zoo["seeds"] > 1 else "one seed"
+    return frame(f"The `{zoo['scale']}` zoo at {seeds} (measured)", [(name, zoo)], "\n".join(body), [], results)
+
+
+def seed_readings_page(results: Path) -> str:
+    name = "zoo_analyses.json"
+    data = read(results, name)
+    body = [
+        "## Readings across training seeds",
+        "",
+        f"Each reading of each seed's probes, dynamics and traces (`{name}`), as the mean over {data['seeds']} seeds with",
+        "its 95% Student-t interval, then the seeds' values.",
+        "",
+    ]
+    for group, readings in data["readings"].items():
+        body += [
+            f"### {group}",
+            "",
+            table(["reading", "across seeds"], [[k, seed_cell(r["values"])] for k, r in readings.items()]),
+        ]
+    return frame(f"Probes, dynamics and traces at {data['seeds']} seeds (measured)", [(name, data)], "\n".join(body), [], results)
+
+
 # ---------------------------------------------------------------- probes
 
 
@@ -983,7 +1086,9 @@ def cpt_page(results: Path) -> str:
 # ---------------------------------------------------------------- index and driver
 
 PAGES: dict[str, tuple[str, Callable[[Path], str]]] = {
-    "zoo.md": ("the reference zoo: accuracy, losses, train time", zoo_page),
+    "zoo.md": ("the earlier reference zoo (one seed): accuracy, losses, train time", zoo_page),
+    "zoo_seeds.md": ("the reference zoo at three seeds: accuracy with intervals, competence, time", zoo_seeds_page),
+    "zoo_quick.md": ("the quick first-run zoo: accuracy, competence, time", lambda r: zoo_seeds_page(r, "zoo_quick.json")),
     "probes.md": ("the layer-0 probe study", probes_page),
     "dynamics.md": ("feedback-map stability", dynamics_page),
     "traces.md": ("trace lengths", traces_page),

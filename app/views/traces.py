@@ -3,12 +3,17 @@ problem's traces side by side with the carried-state norm under every token. Eac
 its own tokenizer (an instruct model's prompt can go through its chat template); runs with different
 tokenizers are compared in characters, since their token counts do not compare."""
 
+import hashlib
+import json
+
 import pandas as pd
 import streamlit as st
 
+from app import jobs
 from app.charts import accuracy_by_length, trace_histogram
-from app.state import find, model, pick_run, pieces, runs, show_text, shown_errors, token_strip, tokenizer, tokenizer_summary
-from workbench.studies.traces import CHAT_INSTRUCTION, chat_problem, problems, run_traces, summarise
+from app.state import find, pick_run, pieces, runs, show_text, shown_errors, stamp, token_strip, tokenizer, tokenizer_summary
+from workbench.storage.files import read_json
+from workbench.studies.traces import CHAT_INSTRUCTION, chat_problem, problems, read_traces
 
 UNITS = {"tokens": "trace_tokens", "characters": "trace_chars"}
 
@@ -53,57 +58,58 @@ chat = bool(templated) and st.checkbox(
     ),
 )
 
-if st.button("Compare", key="tr_compare", type="primary"):
-    if not regimes or not difficulties:
-        st.error("Pick at least one regime and one difficulty.")
+# the comparison runs as a background job (the CLI's ``traces``) into a directory named by its
+# inputs (the runs' weights included): the same inputs show the saved comparison at once
+by_dir = {run.path.name: run for run in chosen}
+if len(by_dir) < len(chosen):
+    st.error("Two chosen runs share a directory name: the comparison names its results by it; pick one.")
+    st.stop()
+as_chat = [run.path.name for run in chosen if chat and run.name in templated]
+settings = {
+    "--regimes": ",".join(regimes),
+    "--passes": int(passes),
+    "--n": int(n_problems),
+    "--difficulty": ",".join(map(str, sorted(difficulties))),
+    "--max-new-tokens": int(max_new),
+    **({"--chat": ",".join(as_chat)} if as_chat else {}),
+}
+key = hashlib.sha256(json.dumps([[str(r.path), stamp(r.path)] for r in chosen] + [settings]).encode()).hexdigest()[:12]
+out = chosen[0].path / "results" / f"traces-{key}"
+jobs.panel("traces")
+if not (out / "summary.json").is_file():
+    if jobs.running("traces", out):
+        st.info(f"Generating traces of {', '.join(by_dir)}: the comparison appears here when the job is done.")
+    elif st.button("Compare", key="tr_compare", type="primary"):
+        if not regimes or not difficulties:
+            st.error("Pick at least one regime and one difficulty.")
+        else:
+            argv = ["traces", *(str(r.path) for r in chosen), "--out", str(out)]
+            argv += [str(part) for option, value in settings.items() for part in (option, value)]
+            if jobs.start(argv, title=f"Traces of {', '.join(by_dir)}", page="traces", outputs=[out]):
+                st.rerun()
     else:
-        with st.status("Generating traces", expanded=True) as status, shown_errors("Trace generation"):
-            examples = problems("chain", int(n_problems), sorted(difficulties))
-            jobs = [(r, g) for r in chosen for g in (regimes if r.arch == "fbt" else ["standard"])]
-            bar = st.progress(0.0)
-            as_chat = {name: chat and name in templated for name in tokenizers}
-            rows = []
-            for i, (run, regime) in enumerate(jobs):
-                bar.progress(i / len(jobs), text=f"{run.name} / {regime}")
-                tok = tokenizers[run.name]
-                rows += [
-                    # pieces: the trace as the run's tokenizer splits it (re-encoded, as trace_tokens counts it)
-                    {"model": run.name, "regime": regime, "format": "chat" if as_chat[run.name] else "completion", **row}
-                    | {"pieces": pieces(tok, row["text"])}
-                    for row in run_traces(
-                        model(run), examples, regime, int(passes), tok, max_new_tokens=max_new, chat=as_chat[run.name]
-                    )
-                ]
-            bar.progress(1.0, text="done")
-            reference = (jobs[0][0].name, jobs[0][1])  # the first pair that ran (standard may not be among them)
-            mixed = len({tok.tokenizer.to_str() for tok in tokenizers.values()}) > 1
-            st.session_state["tr_unit"] = "characters" if mixed else "tokens"
-            st.session_state["traces"] = {
-                "rows": rows,
-                "summary": summarise(rows, reference),
-                "prompts": {i: ex.prompt for i, ex in enumerate(examples)},
-                "chat_prompts": {
-                    name: {i: chat_problem(ex, tokenizers[name]) for i, ex in enumerate(examples)}
-                    for name in tokenizers
-                    if as_chat[name]
-                },
-                "tokenizers": {name: tokenizer_summary(tok) for name, tok in tokenizers.items()},
-                "mixed": mixed,
-                "eos": {name: tok.decode([tok.eos_id], skip_special=False) for name, tok in tokenizers.items()},
-            }
-            status.update(label=f"{len(rows)} traces on {len(examples)} problems", state="complete")
-
-study = st.session_state.get("traces")
-if not study:
-    st.info("Press **Compare** to generate traces.")
+        st.info("Press **Compare** to generate traces. Saved comparisons of the same inputs show at once.")
     st.stop()
 
-rows = pd.DataFrame(study["rows"])
+summary = study = None
+with shown_errors("Reading the comparison"):
+    summary, study = read_json(out / "summary.json"), pd.DataFrame(read_traces(out / "traces.csv"))
+    st.caption(f"Saved comparison: {out}")
+if summary is None or study is None:
+    st.stop()
+study["model"] = study["model"].map(lambda d: by_dir[d].name)
+examples = problems(summary["task"], summary["n_problems"], summary["difficulties"])
+chat_runs = {by_dir[d].name for d in (summary["chat"] or {}).get("runs", [])}
+mixed = len({tok.tokenizer.to_str() for tok in tokenizers.values()}) > 1
+if st.session_state.get("tr_shown") != key:  # a new comparison: its unit by default
+    st.session_state["tr_shown"] = key
+    st.session_state["tr_unit"] = "characters" if mixed else "tokens"
+rows = study
 rows["run"] = rows["model"] + "/" + rows["regime"]
-if study["mixed"]:
+if mixed:
     st.info(
         "The runs use different tokenizers ("
-        + "; ".join(f"{name}: {what}" for name, what in study["tokenizers"].items())
+        + "; ".join(f"{name}: {tokenizer_summary(tok)}" for name, tok in tokenizers.items())
         + "): their token counts do not compare, so trace lengths are shown in characters."
     )
 c1, c2 = st.columns(2)
@@ -132,9 +138,9 @@ table = (
     .rename(columns={"mean_trace": f"mean trace ({unit})", "median_trace": f"median trace ({unit})"})
 )
 st.dataframe(table, hide_index=True)
-paired = study["summary"]["paired"]
+paired = summary["paired"]
 if paired:
-    st.caption(f"Paired against {study['summary']['reference']} (all difficulties, 95% bootstrap intervals):")
+    st.caption(f"Paired against {summary['reference']} (all difficulties, 95% bootstrap intervals):")
     st.dataframe(
         pd.DataFrame(
             [
@@ -167,16 +173,17 @@ pid = st.selectbox(
     key="tr_problem",
     format_func=lambda i: f"#{i} (difficulty {int(rows[rows['problem_id'] == i]['difficulty'].iloc[0])})",
 )
-st.code(study["prompts"][pid], language=None)
-for name, prompts in study["chat_prompts"].items():
+st.code(examples[pid].prompt, language=None)
+for name in sorted(chat_runs):
     with st.expander(f"Prompt sent to {name} (chat format)"):
-        show_text(prompts[pid])
+        show_text(chat_problem(examples[pid], tokenizers[name]))
 for _, r in rows[rows["problem_id"] == pid].iterrows():
     verdict = ":green[correct]" if r["correct"] else ":red[wrong]"
     st.markdown(
         f"**{r['run']}**: {verdict}, answer {r['answer']}, {r['trace_tokens']} trace tokens "
         f"({r['trace_chars']} characters)" + (", chat format" if r["format"] == "chat" else "")
     )
-    tokens = list(r["pieces"]) + ([study["eos"][r["model"]]] if r["finished"] else [])
+    tok = tokenizers[r["model"]]
+    tokens = pieces(tok, r["text"]) + ([tok.decode([tok.eos_id], skip_special=False)] if r["finished"] else [])
     norms = r["state_norms"] if isinstance(r["state_norms"], list) else []
     st.html(token_strip(tokens, {"||h||": norms[: len(tokens)]} if norms else {}, shade="||h||" if norms else None))

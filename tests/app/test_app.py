@@ -185,6 +185,7 @@ def test_traces_page_compares_regimes_on_the_same_problems(monkeypatch, zoo):
     at.slider(key="tr_budget").set_value(48)
     at.button(key="tr_compare").click().run()
     assert_clean(at)
+    finish_jobs(at)
     assert not errors(at)
     summary = at.dataframe[0].value
     assert sorted(summary["run"]) == ["baseline/standard", "fbt/fused", "fbt/soft", "fbt/standard"]
@@ -193,11 +194,16 @@ def test_traces_page_compares_regimes_on_the_same_problems(monkeypatch, zoo):
     at.selectbox(key="tr_show").set_value(1).run()
     assert set(at.dataframe[0].value["problems"]) == {2}  # difficulties 1-4 spread evenly over 8 problems
     at.multiselect(key="tr_regimes").set_value(["soft", "fused"])  # no standard: pair against what ran
-    at.multiselect(key="tr_runs").set_value(["fbt"])
+    at.multiselect(key="tr_runs").set_value(["fbt"]).run()
     at.button(key="tr_compare").click().run()
+    finish_jobs(at)
     assert not errors(at)
     assert sorted(at.dataframe[0].value["run"]) == ["fbt/fused", "fbt/soft"]
-    at.multiselect(key="tr_regimes").set_value([])
+    at.multiselect(key="tr_regimes").set_value(["standard", "soft", "fused"])
+    at.multiselect(key="tr_runs").set_value(["fbt", "baseline"]).run()  # the first comparison: saved, no new job
+    assert sorted(at.dataframe[0].value["run"]) == ["baseline/standard", "fbt/fused", "fbt/soft", "fbt/standard"]
+    assert len(list((zoo / ".jobs").iterdir())) == 2
+    at.multiselect(key="tr_regimes").set_value([]).run()
     at.button(key="tr_compare").click().run()
     assert "Pick at least one regime and one difficulty." in errors(at)
 
@@ -455,17 +461,10 @@ def test_playground_chat_format_changes_the_prompt_ids_and_decodes_with_the_bpe(
 
 
 def test_traces_page_prompts_an_imported_model_in_chat_format_and_compares_in_characters(monkeypatch, with_imported):
-    import workbench.studies.traces as traces
+    from workbench.jobs import list_jobs
     from workbench.runtime.tokenizer import load_tokenizer
+    from workbench.studies.traces import read_traces
 
-    prompts = {}
-
-    def spy(model, prompt_ids, **kwargs):
-        prompts.setdefault(model.cfg.d_vocab, []).extend(map(list, prompt_ids))
-        return traces_generate(model, prompt_ids, **kwargs)
-
-    traces_generate = traces.generate
-    monkeypatch.setattr(traces, "generate", spy)
     bpe = load_tokenizer(with_imported / "smol")
     at = open_page(monkeypatch, with_imported, "traces")
     at.multiselect(key="tr_runs").set_value(["baseline"]).run()
@@ -477,18 +476,20 @@ def test_traces_page_prompts_an_imported_model_in_chat_format_and_compares_in_ch
     at.slider(key="tr_budget").set_value(16)
     at.button(key="tr_compare").click().run()
     assert_clean(at)
+    finish_jobs(at)
     assert not errors(at)
-    # smol got chat-formatted prompts in its own ids; the character-level baseline the completion format
-    assert len(prompts[300]) == len(prompts[128]) == 4
-    assert all(bpe.decode(ids, skip_special=False).startswith("<|im_start|>user\nStart with") for ids in prompts[300])
-    study = at.session_state["traces"]
-    assert {r["model"]: r["format"] for r in study["rows"]} == {"smol": "chat", "baseline": "completion"}
+    # the job prompted smol (a chat template) in chat format and the character-level baseline in the completion one
+    (job,) = list_jobs(with_imported, "traces")
+    assert job.argv[job.argv.index("--chat") + 1] == "smol"
+    (out,) = (with_imported / "smol" / "results").glob("traces-*")
+    rows = read_traces(out / "traces.csv")
+    assert {(r["model"], r["format"]) for r in rows} == {("smol", "chat"), ("baseline", "completion")}
     summary = at.dataframe[0].value.set_index("run")
     assert sorted(summary.index) == ["baseline/standard", "smol/standard"] and set(summary["problems"]) == {4}
     assert summary.loc["smol/standard", "prompt"] == "chat" and "mean trace (characters)" in summary
     assert at.radio(key="tr_unit").value == "characters"
     assert any("different tokenizers" in i.value and "Hugging Face (subword)" in i.value for i in at.info)
-    smol = [r for r in study["rows"] if r["model"] == "smol"]
+    smol = [r for r in rows if r["model"] == "smol"]
     assert summary.loc["smol/standard", "mean trace (characters)"] == pytest.approx(
         sum(r["trace_chars"] for r in smol) / len(smol)
     )

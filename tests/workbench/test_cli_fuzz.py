@@ -190,7 +190,7 @@ OPTIONS = {
     ],
     "presets": [("--json", PATHS)],
     "app": [("--runs", PATHS), ("--port", NUMBERS), ("--address", NAMES)],
-    "bench": [("--preset", NAMES), ("--reps", NUMBERS), ("--only", NAMES), ("--store-positions", NUMBERS), ("--out", PATHS)],
+    "bench": [("--preset", NAMES), ("--reps", NUMBERS), ("--only", NAMES), ("--store-positions", NUMBERS), ("--json", PATHS)],
 }
 REQUIRED = {
     "generate": ["--prompt"],

@@ -141,7 +141,7 @@ def test_corrupt_or_missing_checkpoints_name_the_file(tmp_path):
         (["traces", "RUN", "--n", "1000000000", "--out", "DYN"], "n_problems=1000000000: expected 1..100,000"),
         (
             ["traces", "RUN", "--difficulty", "1..1000000000", "--out", "DYN"],
-            "expected a step range like 1..4 within 1..64, got '1..1000000000'",
+            "expected steps like 1..4 or 1,3,5 within 1..64, got '1..1000000000'",
         ),
         (
             ["cache", "baseline:debug", "--hooks", "hook_embed", "--n", "1000000000", "--out", "STORE"],

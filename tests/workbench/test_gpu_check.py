@@ -13,7 +13,7 @@ from workbench.cli import main
 
 @pytest.mark.slow
 def test_the_dry_run_trains_every_architecture_checks_the_cache_and_benches(tmp_path, capsys):
-    main(["gpu-check", "--dry", "--out", str(tmp_path / "gpu.json")])
+    main(["gpu-check", "--dry", "--json", str(tmp_path / "gpu.json")])
     report = json.loads((tmp_path / "gpu.json").read_text())
     assert report["dry"] is True and report["shape"]["preset"] == "debug"
     assert set(report["runs"]) == {"baseline", "fbt_1pass", "fbt_2pass", "hd4"}

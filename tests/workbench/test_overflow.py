@@ -216,7 +216,20 @@ def test_traces_stop_naming_the_step_and_site_and_write_no_summary(tmp_path):
     good = save_model(build_model("baseline", "debug"), tmp_path / "baseline")
     out = tmp_path / "out"
     assert_usage_error(
-        ["traces", str(good), str(run), "--n", "2", "--difficulty", "1..1", "--max-new-tokens", "4", "--out", str(out)],
+        [
+            "traces",
+            str(good),
+            str(run),
+            "--n",
+            "2",
+            "--difficulty",
+            "1..1",
+            "--max-new-tokens",
+            "4",
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
         match=r"error: regime standard: non-finite activation: blocks\.1\.ln1 input overflowed at step 0, "
         "FBT pass 1 ",
     )

@@ -134,7 +134,7 @@ def test_traces_chat_prompts_through_the_template_and_counts_characters(run, tmp
         f"<|im_start|>user\n{question}\n\n{traces.CHAT_INSTRUCTION}<|im_end|>"
     )
     summary = json.loads((tmp_path / "t" / "summary.json").read_text())
-    assert summary["chat"] == {"instruction": traces.CHAT_INSTRUCTION}
+    assert summary["chat"] == {"instruction": traces.CHAT_INSTRUCTION, "runs": ["run"]}
     with (tmp_path / "t" / "traces.csv").open() as f:
         rows = list(csv.DictReader(f))
     chars = [len(row["text"].split("####")[0]) for row in rows]
@@ -153,3 +153,34 @@ def test_traces_chat_refuses_a_run_without_a_template_before_generating(tmp_path
     char_run = save_model(build_model("baseline", "debug"), tmp_path / "char")
     assert_usage_error(["traces", str(char_run), "--chat", "--out", str(tmp_path / "t")], "has no chat template")
     assert not (tmp_path / "t").exists()
+
+
+def test_traces_chat_names_the_runs_it_formats_and_the_others_keep_the_completion_format(run, tmp_path, monkeypatch):
+    """--chat NAMES: an instruct model beside a character-level one, each prompted as it can be."""
+    from helpers import assert_usage_error
+
+    from workbench import build_model, save_model
+    from workbench.runtime.checkpoint import load_model
+    from workbench.studies import traces
+
+    char_run = save_model(build_model("baseline", "debug"), tmp_path / "char")
+    prompts = {}
+    real = traces.generate
+    monkeypatch.setattr(
+        traces,
+        "generate",
+        lambda model, batch, **kw: prompts.setdefault(model.cfg.d_vocab, []).extend(batch) or real(model, batch, **kw),
+    )
+    argv = ["traces", str(run), str(char_run), "--n", "3", "--max-new-tokens", "6", "--out", str(tmp_path / "t")]
+    code, _, err = cli([*argv, "--chat", "run"])
+    assert code is None, err
+    bpe, char = load_tokenizer(run), load_tokenizer(char_run)
+    examples = traces.problems("chain", 3, [1, 2, 3, 4])
+    vocab = {name: load_model(path).cfg.d_vocab for name, path in (("bpe", run), ("char", char_run))}
+    assert vocab["bpe"] != vocab["char"]
+    assert sorted(prompts[vocab["bpe"]]) == sorted(bpe.encode(traces.chat_problem(ex, bpe)) for ex in examples)
+    assert sorted(prompts[vocab["char"]]) == sorted(char.encode(ex.prompt) for ex in examples)
+    assert json.loads((tmp_path / "t" / "summary.json").read_text())["chat"]["runs"] == ["run"]
+    formats = {(r["model"], r["format"]) for r in traces.read_traces(tmp_path / "t" / "traces.csv")}
+    assert formats == {("run", "chat"), ("char", "completion")}
+    assert_usage_error([*argv, "--chat", "nobody", "--overwrite"], "--chat nobody", "nobody is not one of the runs' names")

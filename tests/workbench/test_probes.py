@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from helpers import gaussian_rows
+from helpers import assert_usage_error, cli, gaussian_rows
 
 from workbench import build_model, run_with_pass_cache
 from workbench.data.tasks import synthetic_examples
@@ -161,6 +161,35 @@ def test_probe_study_sweeps_hooks_and_regimes(tmp_path, capsys):
     capsys.readouterr()
     main(["probe", str(run), "--target", "running_sum", "--passes", "2", "--n", "30", "--no-progress", "--overwrite"])
     assert "probe running_sum" not in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_probe_out_is_a_directory_and_the_old_file_spelling_still_works(tmp_path, capsys):
+    """--out is a directory in every verb: the sweep's report, figure and probe weights land there
+    (not in the run). The old spelling, --out naming the report file, still writes that file for one
+    release and says so; a file where the directory should be is refused before any work."""
+    from workbench import save_model
+    from workbench.cli import main
+
+    run = save_model(build_model("baseline", "debug"), tmp_path / "run")
+    argv = ["probe", str(run), "--target", "memory", "--n", "12", "--no-mdl", "--ranks", "none", "--no-progress"]
+    argv += ["--hooks", "blocks.0.hook_resid_pre"]
+    main([*argv, "--out", str(tmp_path / "sweep")])
+    assert json.loads((tmp_path / "sweep" / "probe_memory.json").read_text())["target"] == "memory"
+    assert (tmp_path / "sweep" / "probe_memory.png").is_file()
+    assert len(list((tmp_path / "sweep" / "probes" / "memory").glob("*.safetensors"))) == 1
+    assert not (run / "results").exists()
+    capsys.readouterr()
+    main([*argv, "--out", str(tmp_path / "old" / "mine.json")])
+    assert "--out FILE.json is deprecated" in capsys.readouterr().err
+    assert json.loads((tmp_path / "old" / "mine.json").read_text())["target"] == "memory"
+    (tmp_path / "file").write_text("mine")
+    assert_usage_error([*argv, "--out", str(tmp_path / "file")], "is a file: --out takes the directory")
+    assert (tmp_path / "file").read_text() == "mine"
+    config = (run / "config.json").read_text()  # the old spelling never writes over what is not a probe report
+    code, _, err = cli([*argv, "--out", str(run / "config.json"), "--overwrite"])
+    assert code == 2 and "config.json exists and is not a probe report" in err.splitlines()[-1]
+    assert (run / "config.json").read_text() == config
 
 
 def test_probe_rank_option_shows_the_default_and_refuses_bad_ranks(capsys):

@@ -9,7 +9,7 @@ import pytest
 
 from workbench import build_model, save_model
 from workbench.runtime.tokenizer import CharTokenizer
-from workbench.studies.traces import paired_bootstrap, problems, summarise, trace_length, trace_study
+from workbench.studies.traces import paired_bootstrap, problems, read_traces, summarise, trace_length, trace_study
 
 
 def test_trace_length_counts_tokenizer_tokens_before_the_marker():
@@ -102,7 +102,16 @@ def test_trace_cli_is_deterministic_and_writes_every_output(tmp_path, capsys):
     assert all(int(r["trace_tokens"]) <= int(r["total_tokens"]) for r in rows)
     summary = json.loads((tmp_path / "a" / "summary.json").read_text())
     assert summary["reference"] == "fbt/standard" and "hd/standard - fbt/standard" in summary["paired"]
-    assert (tmp_path / "a" / "traces.png").is_file() and "problems/s" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert (tmp_path / "a" / "traces.png").is_file() and "problems/s" in printed.out
+    assert "traces: 100%" in printed.err and "hd/standard: 6/6 problems" in printed.err  # the progress bar
+    # read back with its types, the rows summarise to what the study wrote (the app reads them so)
+    typed = read_traces(tmp_path / "a" / "traces.csv")
+    assert {r["format"] for r in typed} == {"completion"} and summary["chat"] is None
+    assert all(isinstance(r["correct"], bool) and isinstance(r["trace_tokens"], int) for r in typed)
+    assert next(r for r in typed if r["model"] == "hd")["state_norms"] is None
+    again = json.loads(json.dumps(summarise(typed, ("fbt", "standard"))))
+    assert {k: summary[k] for k in again} == again
 
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "gsm8k_sample.jsonl"  # real GSM8K problems (MIT)

@@ -77,6 +77,7 @@ def analyse_run(
     fp_steps: int = 50,
     tangents: int = 4,
     seed: int = 0,
+    device: str | torch.device = "cpu",
     progress: Callable[[int, str], None] | None = None,
 ) -> DynamicsResult:
     """Every feedback-map analysis of the FBT run in ``run_dir`` (see ``dynamics_study``).
@@ -102,7 +103,7 @@ def analyse_run(
     )
     from workbench.runtime.decoding import check_passes
 
-    model = feedback_model(load_model(run_dir))
+    model = feedback_model(load_model(run_dir, device=device))
     check_passes(model, max_passes, "max_passes")  # before any work: K passes cost K forwards
     tok = tokenizer_of(run_dir)
     ids = tok.encode(prompt)
@@ -214,7 +215,7 @@ def analyse_run(
         "fixed_points": fixed,
         "kpass": conv,
     }
-    return DynamicsResult(report, roll.states)
+    return DynamicsResult(report, roll.states.cpu())
 
 
 FIGURES = ("rollout.png", "spectra.png", "fixed_points.png", "kpass.png")

@@ -13,6 +13,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
+import torch
 from threadpoolctl import threadpool_limits
 
 from workbench.data.splits import heldout_examples
@@ -22,7 +23,7 @@ from workbench.probing.store import cache_activations, hook_names, load_store
 from workbench.runtime.checkpoint import load_model
 from workbench.runtime.palette import regime_color
 from workbench.runtime.tokenizer import tokenizer_of
-from workbench.storage.errors import BadInput, OutputExists
+from workbench.storage.errors import BadInput, NotADirectory, OutputExists
 from workbench.storage.files import atomic_write, fsync, read_json, write_json
 from workbench.storage.outputs import hold, staging_in
 from workbench.storage.provenance import source_commit
@@ -65,16 +66,19 @@ def probe_study(
     n_sequences: int = N_SEQUENCES,
     seed: int = 0,
     out: str | Path | None = None,
+    report_name: str | None = None,
     data: TaskConfig | None = None,
     max_rows: int = 20000,
     overwrite: bool = False,
     progress: Callable[[float, str], None] | None = None,
     mdl: bool = True,
     ranks: Sequence[int] = RANKS,
+    device: str | torch.device = "cpu",
 ) -> dict:
-    """Run the sweep on the model in ``run_dir``; writes ``results/probe_<target>.json`` (and a
-    figure, and the probe weights under ``results/probes/<target>/``), holding ``results/`` while it
-    works. A previous sweep's outputs are replaced only with ``overwrite``. ``progress(fraction,
+    """Run the sweep on the model in ``run_dir``; writes ``probe_<target>.json`` (or
+    ``report_name``), its figure beside it and the probe weights under ``probes/<target>/``, all in
+    the directory ``out`` (default: the run's ``results/``), holding it while it works. A previous
+    sweep's outputs are replaced only with ``overwrite``. ``progress(fraction,
     what)`` is called before each activation caching and after each probe. ``mdl`` and ``ranks``
     go to ``train_probe``: every row carries the online codelength (``mdl_bits``,
     ``control_mdl_bits``, ``uniform_bits``, ``compression``, ``control_compression``; None with
@@ -84,11 +88,13 @@ def probe_study(
     if not 3 <= n_sequences <= MAX_SEQUENCES:
         raise BadInput(f"n_sequences={n_sequences}: expected 3..{MAX_SEQUENCES:,} (train, validation and test split by sequence)")
     run_dir = Path(run_dir)
-    model, tokenizer = load_model(run_dir), tokenizer_of(run_dir)
+    model, tokenizer = load_model(run_dir, device=device), tokenizer_of(run_dir)
     hooks = hook_names(model, hooks or default_hooks(model.cfg.n_layers))  # patterns become the names the store has
     task = TARGET_TASK[target]
-    results_dir = run_dir / "results"
-    out = Path(out) if out else results_dir / f"probe_{target}.json"
+    results_dir = Path(out) if out is not None else run_dir / "results"
+    if results_dir.exists() and not results_dir.is_dir():
+        raise NotADirectory(f"{results_dir} is a file: --out takes the directory a probe sweep writes into")
+    out = results_dir / (report_name or f"probe_{target}.json")
     probes_dir = results_dir / "probes" / target
     check_probe_outputs(out, probes_dir, overwrite)
     examples = heldout_examples(task, n_sequences, seed, data)
@@ -98,8 +104,7 @@ def probe_study(
     total, done = len(sweep) * len(hooks) * model.n_streams, 0
     report = progress or (lambda fraction, what: None)
     with ExitStack() as held:
-        for directory in dict.fromkeys([results_dir, out.parent]):
-            held.enter_context(hold(directory))
+        held.enter_context(hold(results_dir))
         check_probe_outputs(out, probes_dir, overwrite)  # again, now that nobody else can write them
         staging = held.enter_context(staging_in(results_dir))
         for prefill, k in sweep:

@@ -16,3 +16,23 @@ def peak_rss_mib() -> float:
     except OSError:
         pass
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # KiB on Linux
+
+
+def analysis_device(name: str):
+    """The ``torch.device`` an analysis verb runs its model on (``--device``): ``cpu``, ``cuda`` or
+    ``cuda:N``, refused in one line when this machine has no such device."""
+    import torch
+
+    from workbench.storage.errors import BadInput
+
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise BadInput(f"--device {name!r}: expected cpu, cuda or cuda:N") from None
+    if device.type not in ("cpu", "cuda"):
+        raise BadInput(f"--device {name!r}: expected cpu, cuda or cuda:N")
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (device.index or 0) >= count:
+            raise BadInput(f"--device {name!r}: this machine has {count} CUDA device(s)")
+    return device

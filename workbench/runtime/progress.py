@@ -55,6 +55,7 @@ class Bar:
         self.update(self.n + units, what)
 
     def _write(self) -> None:
+        assert self.path is not None  # the callers check
         fraction = min(1.0, self.n / self.total) if self.total else None
         write_json(self.path, {"desc": self.desc, "fraction": fraction, "what": self.what, "updated": time.time()})
         self._written = time.monotonic()

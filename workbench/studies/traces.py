@@ -18,10 +18,11 @@ import csv
 import json
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
+import torch
 from numpy.typing import ArrayLike
 
 from models import NonFiniteActivation
@@ -100,13 +101,15 @@ def run_traces(
     engine: str = "eager",
     compact: bool = True,
     chat: bool = False,
+    progress: Callable[[int, str], None] | None = None,
 ) -> list[dict]:
     """Greedy generation under ``regime`` on every problem whose prompt leaves room for the whole
     budget (prompt + ``max_new_tokens`` <= n_ctx): every problem gets the same budget, whatever
     else shares its batch, and the others are skipped (``fitting`` names them). Rows in problem
     order, each with ``lost_characters``: the prompt's characters the tokenizer cannot represent.
     ``engine`` as in ``generate``; ``compact``: problems that finished leave their batch (same
-    tokens, less work); ``chat``: prompt an instruct model through its chat template."""
+    tokens, less work); ``chat``: prompt an instruct model through its chat template;
+    ``progress(problems, what)`` is told of each batch done."""
     texts = [chat_problem(ex, tokenizer) if chat else ex.prompt for ex in examples]
     prompts = [tokenizer.encode(text) for text in texts]
     silent = tokenizer.silent_ids(model.cfg.d_vocab)
@@ -151,6 +154,8 @@ def run_traces(
                 "text": text,
                 "state_norms": [round(x, 4) for x in norms[j, :n].tolist()] if model.carries_state else None,
             }
+        if progress is not None:
+            progress(len(idx), f"{min(start + batch_size, len(order))}/{len(order)} problems")
     return [rows[i] for i in sorted(rows)]
 
 
@@ -252,23 +257,35 @@ def trace_study(
     batch_size: int = 64,
     overwrite: bool = False,
     engine: str = "eager",
-    chat: bool = False,
+    chat: bool | Sequence[str] = False,
     reference: str | None = None,
+    device: str | torch.device = "cpu",
+    progress: Callable[[float, str], None] | None = None,
 ) -> dict:
     """Every run under every regime on the same problems, into ``out_dir`` (``summary.json``,
     ``traces.csv``, ``traces.png``): a new or empty directory, or a previous trace study there,
-    replaced only with ``overwrite``. ``chat``: every run is prompted through its chat template.
+    replaced only with ``overwrite``. ``chat``: every run is prompted through its chat template
+    (``True``) or the runs so named (directory names; the others in the completion format).
     ``reference`` (``MODEL/REGIME``): what every other (model, regime) is paired against; by
     default the first run's first regime (``standard`` unless the regimes leave it out).
     Problems whose prompt leaves a run no room for ``max_new_tokens`` are skipped for that run and
-    listed in the summary (``skipped``); a run that can take none of them is refused before any work."""
+    listed in the summary (``skipped``); a run that can take none of them is refused before any work.
+    ``progress(fraction, what)`` is told of each batch of problems generated."""
     out_dir = Path(out_dir)
+    names = [Path(run).name for run in runs]
+    if chat is True or chat is False:
+        as_chat = set(names) if chat else set()
+    else:
+        as_chat = set(chat)
+        if not as_chat or as_chat - set(names):
+            unknown = sorted(as_chat - set(names)) or ["(none)"]
+            raise BadInput(f"--chat {','.join(chat)}: {', '.join(unknown)} is not one of the runs' names: {', '.join(names)}")
     examples = problems(task, n_problems, None if difficulties is None else list(difficulties), seed)  # n, or an error
     check_claim(out_dir, "traces", overwrite=overwrite)  # the output first, then the runs
     loaded, skipped = {}, {}  # loaded: each model once, kept for the generation below
     for run in runs:  # before any generation: templates, and room in every run's context
-        model, tokenizer = load_model(run), tokenizer_of(run)  # each run encodes the problems with its own
-        texts = [chat_problem(ex, tokenizer) if chat else ex.prompt for ex in examples]
+        model, tokenizer = load_model(run, device=device), tokenizer_of(run)  # each run encodes the problems with its own
+        texts = [chat_problem(ex, tokenizer) if Path(run).name in as_chat else ex.prompt for ex in examples]
         lengths = [len(tokenizer.encode(text)) for text in texts]
         n_ctx = model.cfg.n_ctx
         fit = set(fitting(lengths, max_new_tokens, n_ctx))
@@ -292,6 +309,15 @@ def trace_study(
     reference = reference if reference is not None else pairs[0]
     if reference not in pairs:  # before any generation
         raise BadInput(f"reference {reference!r} is not one of the study's (model/regime) pairs: {', '.join(pairs)}")
+    total = sum(len(examples) - skipped[Path(run).name]["n"] for run, _ in plan)
+    generated = 0
+
+    def advance(problems: int, what: str) -> None:
+        nonlocal generated
+        generated += problems
+        if progress is not None:
+            progress(generated / total, what)
+
     with claim(out_dir, "traces", overwrite=overwrite) as out:
         rows, timing, lost = [], {}, {}
         for run, regime in plan:
@@ -307,9 +333,11 @@ def trace_study(
                 max_new_tokens=max_new_tokens,
                 batch_size=batch_size,
                 engine=engine,
-                chat=chat,
+                chat=name in as_chat,
+                progress=lambda problems, what, pair=f"{name}/{regime}": advance(problems, f"{pair}: {what}"),
             )
-            rows += [{"model": name, "regime": regime, **row} for row in produced]
+            form = "chat" if name in as_chat else "completion"
+            rows += [{"model": name, "regime": regime, "format": form, **row} for row in produced]
             lost[name] = sum(row["lost_characters"] for row in produced)  # the same prompts in every regime
             seconds = time.perf_counter() - started
             done = len(examples) - skipped[name]["n"]
@@ -322,7 +350,7 @@ def trace_study(
             "max_new_tokens": max_new_tokens,
             "skipped": skipped,
             "lost_characters": lost,
-            "chat": {"instruction": CHAT_INSTRUCTION} if chat else None,
+            "chat": {"instruction": CHAT_INSTRUCTION, "runs": [n for n in names if n in as_chat]} if as_chat else None,
             "timing": timing,
             **summarise(rows, (reference.rpartition("/")[0], reference.rpartition("/")[2])),
         }
@@ -336,6 +364,23 @@ def trace_study(
         write_json(out.staging / "summary.json", summary)
         out.publish(replaces=("traces.csv", "traces.png"))
     return summary
+
+
+TRACE_INTS = ("problem_id", "difficulty", "trace_tokens", "trace_chars", "total_tokens", "silent_tokens", "lost_characters")
+TRACE_BOOLS = ("correct", "last_number_correct", "finished")
+
+
+def read_traces(path: str | Path) -> list[dict]:
+    """The rows of a ``traces.csv`` as ``trace_study`` made them: counts as ints, verdicts as
+    bools, the state norms as a list (None for a model without a carried state), no answer as None."""
+    with Path(path).open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    for row in rows:
+        row.update({k: int(row[k]) for k in TRACE_INTS})
+        row.update({k: row[k] == "True" for k in TRACE_BOOLS})
+        row["state_norms"] = json.loads(row["state_norms"])
+        row["answer"] = row["answer"] or None  # no answer parsed (the CSV cell is empty)
+    return rows
 
 
 def plot_traces(rows: list[dict], summary: dict, out_dir: Path, archs: dict[str, str] | None = None) -> list[str]:

@@ -156,6 +156,7 @@ def evaluate_run(
     fused_passes: int | str = FUSED_PASSES,
     task: str | None = None,
     write: bool = True,
+    device: str | torch.device = "cpu",
 ) -> dict:
     """Evaluate the run at ``run_dir`` on its task, holding ``results/`` while it evaluates; writes
     ``results/eval.json`` for the run's own configuration (its task, ``train.eval_examples``
@@ -164,7 +165,7 @@ def evaluate_run(
     went."""
     run_dir = Path(run_dir)
     cfg = load_run_config(run_dir / "config.json")  # errors name the file
-    model = load_model(run_dir)
+    model = load_model(run_dir, device=device)
     tokenizer = load_tokenizer(run_dir)
     n = n_examples if n_examples is not None else cfg.train.eval_examples
     if not 1 <= n <= MAX_EXAMPLES:
