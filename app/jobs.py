@@ -4,11 +4,13 @@ and every page that shows the job (after a reload, or in another tab) reads its 
 from __future__ import annotations
 
 import datetime
+import hashlib
+import json
 from pathlib import Path
 
 import streamlit as st
 
-from app.state import app_root, writable
+from app.state import app_root, stamp, writable
 from workbench.jobs import Job, cancel_job, list_jobs, start_job
 
 REFRESH_S = 1.0  # how often a page with a running job redraws its jobs
@@ -26,6 +28,15 @@ def start(argv: list[str], *, title: str, page: str, outputs: list[Path]) -> Job
         st.error(f"A job is already writing there: {busy[0].title} (started {when(busy[0].created)}). Wait for it or cancel it.")
         return None
     return start_job(app_root(), [*argv, "--no-progress"], title=title, page=page, outputs=[str(o) for o in outputs])
+
+
+def keyed_output(kind: str, chosen: list, settings: dict) -> Path:
+    """Where a job of ``kind`` on the ``chosen`` runs with ``settings`` writes: the first run's
+    ``results/KIND-KEY/``, KEY hashing the runs' paths and weights and every setting, so the same
+    inputs find the saved result."""
+    inputs = [[str(r.path), stamp(r.path)] for r in chosen] + [settings]
+    key = hashlib.sha256(json.dumps(inputs).encode()).hexdigest()[:12]
+    return chosen[0].path / "results" / f"{kind}-{key}"
 
 
 def running(page: str, output: Path | None = None) -> list[Job]:

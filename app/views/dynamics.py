@@ -1,8 +1,6 @@
 """Feedback dynamics: long rollouts, perturbation growth, Jacobian spectra, fixed points and
 K-pass convergence of FBT runs, side by side."""
 
-import hashlib
-import json
 import math
 
 import altair as alt
@@ -13,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from app import jobs
-from app.state import find, pick_run, runs, shown_errors, stamp
+from app.state import find, pick_run, runs, shown_errors
 from workbench.dynamics.study import DEFAULT_PROMPT, STATES, state_pca
 from workbench.storage.files import read_json
 
@@ -68,8 +66,7 @@ settings = {
     "--max-passes": int(max_passes),
     "--prompt": prompt,
 }
-key = hashlib.sha256(json.dumps([[str(r.path), stamp(r.path)] for r in chosen] + [settings]).encode()).hexdigest()[:12]
-out = chosen[0].path / "results" / f"dynamics-{key}"
+out = jobs.keyed_output("dynamics", chosen, settings)
 jobs.panel("dynamics")
 if not (out / "dynamics.json").is_file():
     if jobs.running("dynamics", out):

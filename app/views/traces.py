@@ -3,15 +3,12 @@ problem's traces side by side with the carried-state norm under every token. Eac
 its own tokenizer (an instruct model's prompt can go through its chat template); runs with different
 tokenizers are compared in characters, since their token counts do not compare."""
 
-import hashlib
-import json
-
 import pandas as pd
 import streamlit as st
 
 from app import jobs
 from app.charts import accuracy_by_length, trace_histogram
-from app.state import find, pick_run, pieces, runs, show_text, shown_errors, stamp, token_strip, tokenizer, tokenizer_summary
+from app.state import find, pick_run, pieces, runs, show_text, shown_errors, token_strip, tokenizer, tokenizer_summary
 from workbench.storage.files import read_json
 from workbench.studies.traces import CHAT_INSTRUCTION, chat_problem, problems, read_traces
 
@@ -73,8 +70,7 @@ settings = {
     "--max-new-tokens": int(max_new),
     **({"--chat": ",".join(as_chat)} if as_chat else {}),
 }
-key = hashlib.sha256(json.dumps([[str(r.path), stamp(r.path)] for r in chosen] + [settings]).encode()).hexdigest()[:12]
-out = chosen[0].path / "results" / f"traces-{key}"
+out = jobs.keyed_output("traces", chosen, settings)
 jobs.panel("traces")
 if not (out / "summary.json").is_file():
     if jobs.running("traces", out):
@@ -101,8 +97,8 @@ study["model"] = study["model"].map(lambda d: by_dir[d].name)
 examples = problems(summary["task"], summary["n_problems"], summary["difficulties"])
 chat_runs = {by_dir[d].name for d in (summary["chat"] or {}).get("runs", [])}
 mixed = len({tok.tokenizer.to_str() for tok in tokenizers.values()}) > 1
-if st.session_state.get("tr_shown") != key:  # a new comparison: its unit by default
-    st.session_state["tr_shown"] = key
+if st.session_state.get("tr_shown") != str(out):  # a new comparison: its unit by default
+    st.session_state["tr_shown"] = str(out)
     st.session_state["tr_unit"] = "characters" if mixed else "tokens"
 rows = study
 rows["run"] = rows["model"] + "/" + rows["regime"]
