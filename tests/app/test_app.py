@@ -179,6 +179,8 @@ def test_dynamics_page_compares_two_runs_and_reacts_to_the_horizon(monkeypatch, 
 
 
 def test_traces_page_compares_regimes_on_the_same_problems(monkeypatch, zoo):
+    from workbench.jobs import list_jobs
+
     at = open_page(monkeypatch, zoo, "traces")
     at.multiselect(key="tr_runs").set_value(["fbt", "baseline"])
     at.number_input(key="tr_n").set_value(8)
@@ -202,7 +204,7 @@ def test_traces_page_compares_regimes_on_the_same_problems(monkeypatch, zoo):
     at.multiselect(key="tr_regimes").set_value(["standard", "soft", "fused"])
     at.multiselect(key="tr_runs").set_value(["fbt", "baseline"]).run()  # the first comparison: saved, no new job
     assert sorted(at.dataframe[0].value["run"]) == ["baseline/standard", "fbt/fused", "fbt/soft", "fbt/standard"]
-    assert len(list((zoo / ".jobs").iterdir())) == 2
+    assert len(list_jobs(zoo, "traces")) == 2
     at.multiselect(key="tr_regimes").set_value([]).run()
     at.button(key="tr_compare").click().run()
     assert "Pick at least one regime and one difficulty." in errors(at)
