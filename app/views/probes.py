@@ -40,6 +40,14 @@ if run.arch == "fbt":
     passes = c4.multiselect("Recurrent prefill K", [2, 3, 4, 6, 8], default=[2, 3], key="probe_passes")
     exact = c5.checkbox("Also the exact recurrence", value=True, key="probe_exact")
 
+with_capacity = st.checkbox(
+    "Capacity measures (online-code MDL and rank-limited probes)",
+    value=False,
+    key="probe_capacity",
+    help="What a probe's accuracy alone cannot tell: how much structure it needed. They cost more than the probes "
+    "themselves (on the quick zoo's fbt at the defaults: 301 s with them, 147 s without).",
+)
+
 saved = run.path / "results" / f"probe_{target}.json"
 outputs = [saved, saved.parent / "probes" / target]
 previous = saved.exists() or outputs[1].exists()  # a sweep replaces only its own outputs
@@ -52,6 +60,7 @@ if st.button(label, key="probe_train", type="primary", disabled=bool(busy)):
         argv = ["probe", str(run.path), "--target", target, "--n", str(int(n_sequences)), "--hooks", *hooks]
         argv += ["--passes", ",".join(map(str, passes))] if passes else []
         argv += [] if exact else ["--no-exact"]
+        argv += [] if with_capacity else ["--no-mdl", "--ranks", "none"]
         argv += ["--overwrite"] if previous else []
         if jobs.start(argv, title=f"Probe {target} on {run.name}", page="probes", outputs=outputs):
             st.rerun()

@@ -115,6 +115,8 @@ def test_probes_page_trains_and_draws_the_layer0_comparison(monkeypatch, zoo):
     assert any("press **Train probes**" in i.value for i in at.info)
     at.number_input(key="probe_n").set_value(40)
     at.multiselect(key="probe_passes").set_value([2])
+    assert at.checkbox(key="probe_capacity").value is False  # the fast default; the capacity measures on request
+    at.checkbox(key="probe_capacity").check()
     at.button(key="probe_train").click().run()
     finish_jobs(at)
     assert_clean(at)
@@ -131,12 +133,15 @@ def test_probes_page_trains_and_draws_the_layer0_comparison(monkeypatch, zoo):
     assert len(at.metric) == 3  # the saved results come back without retraining
     # retraining says it replaces the saved sweep, and does (a sweep replaces only its own outputs)
     assert at.button(key="probe_train").label == "Retrain probes (replaces the saved ones)"
-    at.multiselect(key="probe_passes").set_value([2, 3]).run()
+    at.multiselect(key="probe_passes").set_value([2, 3])
+    at.checkbox(key="probe_capacity").uncheck().run()
     at.button(key="probe_train").click().run()
     finish_jobs(at)
     assert_clean(at)
     assert not errors(at)
     assert [m.label for m in at.metric] == ["standard", "recurrent K=2", "recurrent K=3", "recurrent K=exact"]
+    report = json.loads((zoo / "fbt" / "results" / "probe_memory.json").read_text())
+    assert all(row["mdl_bits"] is None and row["rank_sweep"] == [] for row in report["rows"])  # not asked for
 
 
 def test_probes_page_rejects_an_empty_hook_list(monkeypatch, zoo):
