@@ -360,25 +360,6 @@ def zoo_seeds_page(results: Path, name: str = "zoo_cpu_seeds.json") -> str:
     return frame(f"The `{zoo['scale']}` zoo at {seeds} (measured)", [(name, zoo)], "\n".join(body), [], results)
 
 
-def seed_readings_page(results: Path) -> str:
-    name = "zoo_analyses.json"
-    data = read(results, name)
-    body = [
-        "## Readings across training seeds",
-        "",
-        f"Each reading of each seed's probes, dynamics and traces (`{name}`), as the mean over {data['seeds']} seeds with",
-        "its 95% Student-t interval, then the seeds' values.",
-        "",
-    ]
-    for group, readings in data["readings"].items():
-        body += [
-            f"### {group}",
-            "",
-            table(["reading", "across seeds"], [[k, seed_cell(r["values"])] for k, r in readings.items()]),
-        ]
-    return frame(f"Probes, dynamics and traces at {data['seeds']} seeds (measured)", [(name, data)], "\n".join(body), [], results)
-
-
 # ---------------------------------------------------------------- probes
 
 

@@ -631,13 +631,11 @@ def _rank_list(text: str) -> list[int]:
 def _pass_list(text: str) -> list[int | str]:
     """Several K, each as ``--passes`` takes one (a positive integer or 'exact')."""
     values = [v.strip() for v in text.split(",") if v.strip()]
-    try:
-        counts = _positive_list(",".join(v for v in values if v != "exact") or "-", "")
-    except argparse.ArgumentTypeError:
-        counts = None
-    if counts is None and values != ["exact"]:
+    counts = [int(v) for v in values if v.isdigit() and int(v) >= 1]
+    exact = ["exact"] if "exact" in values else []
+    if not values or len(counts) + values.count("exact") != len(values):
         raise argparse.ArgumentTypeError(f"expected comma-separated pass counts >= 1 or 'exact', got {text!r}")
-    return [*(counts or []), *(["exact"] if "exact" in values else [])]
+    return [*counts, *exact]
 
 
 PROBE_SEQUENCES = 400  # probing.study.N_SEQUENCES (a test keeps them equal), spelled here to keep torch out

@@ -273,7 +273,7 @@ def trace_study(
     ``progress(fraction, what)`` is told of each batch of problems generated."""
     out_dir = Path(out_dir)
     names = [Path(run).name for run in runs]
-    if chat is True or chat is False:
+    if isinstance(chat, bool):
         as_chat = set(names) if chat else set()
     else:
         as_chat = set(chat)
