@@ -360,6 +360,41 @@ def zoo_seeds_page(results: Path, name: str = "zoo_cpu_seeds.json") -> str:
     return frame(f"The `{zoo['scale']}` zoo at {seeds} (measured)", [(name, zoo)], "\n".join(body), [], results)
 
 
+def readings_table(readings: dict[str, dict]) -> str:
+    """Readings named ``WHERE/WHAT`` as a table: a row per ``WHERE``, a column per ``WHAT`` (in the
+    order they first appear), each cell ``seed_cell`` of the seeds' values; a name without ``/``
+    is its own row, in the column ``value``."""
+    rows: dict[str, dict[str, list[float]]] = {}
+    columns: list[str] = []
+    for key, reading in readings.items():
+        where, _, what = key.rpartition("/")
+        where, what = (where, what) if where else (key, "value")
+        rows.setdefault(where, {})[what] = reading["values"]
+        if what not in columns:
+            columns.append(what)
+    return table(
+        ["reading", *columns], [[where, *(seed_cell(c[w]) if w in c else "" for w in columns)] for where, c in rows.items()]
+    )
+
+
+def seed_readings_page(results: Path, name: str = "zoo_analyses.json") -> str:
+    data = read(results, name)
+    body = [
+        "## Readings across training seeds",
+        "",
+        f"The probes, dynamics and traces of each of {data['seeds']} training seeds of the zoo, run by the commands above",
+        "(`ZOO` = the zoo's directory, seed k's runs in `NAME-seedK`). Each cell: the mean over the seeds,",
+        "its 95% Student-t interval, then the seeds' values in seed order.",
+        "",
+        "\n".join(f"- `{' '.join(argv)}`" for argv in data["commands"]),
+        "",
+    ]
+    for group, readings in data["readings"].items():
+        body += [f"### {group}", "", readings_table(readings)]
+    seeds = data["seeds"]
+    return frame(f"Probes, dynamics and traces at {seeds} seeds (measured)", [(name, data)], "\n".join(body), [], results)
+
+
 # ---------------------------------------------------------------- probes
 
 

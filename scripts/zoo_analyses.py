@@ -27,7 +27,7 @@ from workbench.storage.provenance import source_commit
 from workbench.training.zoo import seed_name
 
 PROBES = [("baseline", "memory"), ("baseline", "running_sum"), ("fbt", "memory"), ("fbt", "running_sum")]
-DYNAMICS = ["--horizon", "1000", "--spectra", "2", "--fixed-points", "1", "--starts", "8"]
+DYNAMICS = ["--horizon", "1040", "--spectra", "2", "--fixed-points", "1", "--starts", "8"]
 TRACES = ["--n", "400", "--difficulty", "1..4", "--passes", "2"]
 TRACE_MEMBERS = ["baseline", "fbt", "hd2", "hd4"]
 
@@ -63,13 +63,13 @@ def run_verbs(work: list[tuple[list[str], Path]], log: Path) -> float:
     return time.perf_counter() - started
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("zoo", type=Path)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     (args.zoo / "analyses").mkdir(exist_ok=True)
     log = args.zoo / "analyses" / "log.txt"
     groups: dict[str, list] = {}  # verbs that write one run's results/, in turn

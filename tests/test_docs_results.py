@@ -124,3 +124,19 @@ def test_a_seed_cell_is_the_workbench_interval_across_seeds():
         r = seed_interval(values)
         assert pages.seed_cell(values).startswith(f"{r['mean']:.3f} [{r['low']:.3f}, {r['high']:.3f}] (")
     assert pages.seed_cell([0.5]) == "0.500"
+
+
+def test_readings_table_rows_by_place_and_columns_by_measure():
+    readings = {
+        "standard/layer 0/accuracy": {"values": [0.5, 0.7]},
+        "standard/layer 0/selectivity": {"values": [0.1, 0.1]},
+        "recurrent K=2/layer 0/accuracy": {"values": [0.75]},
+        "regrowth step": {"values": [3.0, 5.0]},
+    }
+    assert pages.readings_table(readings) == (
+        "| reading | accuracy | selectivity | value |\n"
+        "|---|---|---|---|\n"
+        "| standard/layer 0 | 0.600 [-0.671, 1.871] (0.500, 0.700) | 0.100 [0.100, 0.100] (0.100, 0.100) |  |\n"
+        "| recurrent K=2/layer 0 | 0.750 |  |  |\n"
+        "| regrowth step |  |  | 4.000 [-8.706, 16.706] (3.000, 5.000) |\n"
+    )

@@ -8,6 +8,7 @@ keeps the names every seed has.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from workbench.comparisons import regrowth_step
@@ -55,15 +56,21 @@ def dynamics_readings(run: dict) -> dict[str, float]:
 
 def trace_readings(summary: dict) -> dict[str, float]:
     """A trace study's (``trace_study``) accuracy and mean trace length per model/regime, and the
-    paired differences' means (each pair against the reference on the same problems)."""
+    paired differences' means (each pair against the reference on the same problems). Models are
+    named without their seed (``fbt-seed2/soft`` reads as ``fbt/soft``), so seeds line up."""
     readings = {}
     for group, g in summary["groups"].items():
-        readings[f"{group}/accuracy"] = g["accuracy"]
-        readings[f"{group}/mean trace"] = g["mean_trace"]
+        readings[f"{unseeded(group)}/accuracy"] = g["accuracy"]
+        readings[f"{unseeded(group)}/mean trace"] = g["mean_trace"]
     for pair, p in summary["paired"].items():
-        readings[f"{pair}/trace tokens"] = p["trace_tokens"]["mean"]
-        readings[f"{pair}/accuracy"] = p["accuracy"]["mean"]
+        readings[f"{unseeded(pair)}/trace tokens"] = p["trace_tokens"]["mean"]
+        readings[f"{unseeded(pair)}/accuracy"] = p["accuracy"]["mean"]
     return readings
+
+
+def unseeded(name: str) -> str:
+    """``name`` with every zoo seed suffix (``-seedK`` before a ``/``) taken out."""
+    return re.sub(r"-seed\d+(?=/)", "", name)
 
 
 def across(per_seed: Sequence[dict[str, float]]) -> dict[str, dict]:

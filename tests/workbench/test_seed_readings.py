@@ -69,3 +69,21 @@ def test_trace_readings_and_their_interval_across_seeds():
     partial = across([{"a": 1.0, "b": 2.0}, {"a": 3.0}])
     assert list(partial) == ["a"] and partial["a"]["mean"] == 2.0  # a reading one seed lacks is left out
     assert across([]) == {}
+
+
+def test_trace_readings_of_seeded_runs_line_up_with_seed_zero():
+    """Seed k's runs are ``NAME-seedK``: their readings carry the plain names, so ``across`` keeps them."""
+
+    def summary(suffix, acc):
+        b, f = f"baseline{suffix}/standard", f"fbt{suffix}/soft"
+        return {
+            "groups": {b: {"accuracy": 0.5, "mean_trace": 30.0}, f: {"accuracy": acc, "mean_trace": 28.0}},
+            "paired": {f"{f} - {b}": {"trace_tokens": {"mean": -2.0}, "accuracy": {"mean": acc - 0.5}}},
+        }
+
+    result = across(
+        [trace_readings(summary("", 0.5)), trace_readings(summary("-seed1", 0.75)), trace_readings(summary("-seed12", 1.0))]
+    )
+    assert result["fbt/soft/accuracy"]["values"] == [0.5, 0.75, 1.0]
+    assert result["fbt/soft - baseline/standard/accuracy"]["values"] == [0.0, 0.25, 0.5]
+    assert len(result) == 6
