@@ -401,9 +401,10 @@ def cmd_cache(args) -> dict:
     from workbench.data.splits import heldout_task
     from workbench.probing.store import cache_activations
     from workbench.runtime.checkpoint import resolve_model
+    from workbench.training.runconfig import task_config
 
     model = resolve_model(args.run, device=args.device)
-    examples = heldout_task(args.task, args.n, args.seed)[: args.n]
+    examples = heldout_task(args.task, args.n, args.seed, task_config(args.run))[: args.n]  # the run's own problems
     started = time.perf_counter()
     out = cache_activations(
         model,

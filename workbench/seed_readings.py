@@ -55,13 +55,15 @@ def dynamics_readings(run: dict) -> dict[str, float]:
 
 
 def trace_readings(summary: dict) -> dict[str, float]:
-    """A trace study's (``trace_study``) accuracy and mean trace length per model/regime, and the
+    """A trace study's (``trace_study``) accuracy, mean trace length and share of unfinished traces
+    (the token budget ran out before the trace ended) per model/regime, and the
     paired differences' means (each pair against the reference on the same problems). Models are
     named without their seed (``fbt-seed2/soft`` reads as ``fbt/soft``), so seeds line up."""
     readings = {}
     for group, g in summary["groups"].items():
         readings[f"{unseeded(group)}/accuracy"] = g["accuracy"]
         readings[f"{unseeded(group)}/mean trace"] = g["mean_trace"]
+        readings[f"{unseeded(group)}/unfinished"] = g["unfinished"]
     for pair, p in summary["paired"].items():
         readings[f"{unseeded(pair)}/trace tokens"] = p["trace_tokens"]["mean"]
         readings[f"{unseeded(pair)}/accuracy"] = p["accuracy"]["mean"]

@@ -6,6 +6,7 @@ import streamlit as st
 from app.charts import attention_mass_bars, similarity_heatmap
 from app.state import find, model_at, pick_run, runs, shown_errors, stamp, tokenizer_at
 from workbench.studies.streams import attention_mass, stream_logit_lens, stream_norms, stream_similarity, task_windows
+from workbench.training.runconfig import task_config
 
 st.title("Streams (Hidden Decoding)")
 st.caption("Each token enters as n streams; only the last is read out. Do the streams specialise, or stay copies?")
@@ -32,7 +33,7 @@ if seq_len > n_ctx:
 @st.cache_data(show_spinner="Running the model...", max_entries=16)
 def analyse(path: str, version: tuple, task: str, n: int, length: int) -> dict:
     m = model_at(path)
-    x = task_windows(task, n, length, tokenizer=tokenizer_at(path))
+    x = task_windows(task, n, length, tokenizer=tokenizer_at(path), data=task_config(path))  # the run's own problems
     return {
         "similarity": stream_similarity(m, x).numpy(),
         "mass": attention_mass(m, x),

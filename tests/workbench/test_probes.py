@@ -246,3 +246,26 @@ def test_probe_study_reports_progress_up_to_done(tmp_path):
     fractions = [f for f, _ in seen]
     assert fractions == sorted(fractions) and fractions[0] == 0.0 and fractions[-1] == 1.0
     assert sum("probed" in w for _, w in seen) == 2  # one hook x standard prefill x 2 streams
+
+
+def test_probe_study_draws_the_problems_the_run_trained_on(micro_zoo, tmp_path):
+    """The micro zoo trains modsum mod 3 over 1-6 digits (the zoo's TASK), not the defaults (mod 7
+    over 4-16): probing its running sum on default problems asked for a sum mod 7 of a model that
+    computes one mod 3, and found nothing. The sweep now draws the run's own problems, records
+    their settings, and its labels are sums mod 3."""
+    import shutil
+
+    from workbench.data.splits import heldout_examples
+    from workbench.probing.study import probe_study
+    from workbench.training.runconfig import task_config
+
+    run = shutil.copytree(micro_zoo / "baseline", tmp_path / "baseline")
+    data = task_config(run)
+    assert (data.modsum_p, data.modsum_min_len, data.modsum_max_len) == (3, 1, 6)
+    report = probe_study(
+        run, "running_sum", hooks=["blocks.0.hook_resid_pre"], passes=(), exact=False, n_sequences=12, mdl=False, ranks=()
+    )
+    assert report["data"]["modsum_p"] == 3 and report["data"]["modsum_max_len"] == 6
+    labels = [v for ex in heldout_examples("modsum", 12, 0, data) for v in ex.labels["running_sum"]]
+    assert set(labels) == {0, 1, 2}
+    assert task_config(tmp_path) is None  # no run config: the tasks' defaults

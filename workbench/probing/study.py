@@ -5,6 +5,7 @@ does not? Sweeps hook x prefill regime (x stream for HD) and writes one row per 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import re
@@ -27,6 +28,7 @@ from workbench.storage.errors import BadInput, NotADirectory, OutputExists
 from workbench.storage.files import atomic_write, fsync, read_json, write_json
 from workbench.storage.outputs import hold, staging_in
 from workbench.storage.provenance import source_commit
+from workbench.training.runconfig import task_config
 
 MAX_SEQUENCES = 100_000
 TARGET_TASK = {label: task for task, labels in LABELS.items() for label in labels}
@@ -78,7 +80,8 @@ def probe_study(
     """Run the sweep on the model in ``run_dir``; writes ``probe_<target>.json`` (or
     ``report_name``), its figure beside it and the probe weights under ``probes/<target>/``, all in
     the directory ``out`` (default: the run's ``results/``), holding it while it works. A previous
-    sweep's outputs are replaced only with ``overwrite``. ``progress(fraction,
+    sweep's outputs are replaced only with ``overwrite``. ``data``: the task settings of the problems
+    probed (default: the run's own, from its ``config.json``; recorded in the report). ``progress(fraction,
     what)`` is called before each activation caching and after each probe. ``mdl`` and ``ranks``
     go to ``train_probe``: every row carries the online codelength (``mdl_bits``,
     ``control_mdl_bits``, ``uniform_bits``, ``compression``, ``control_compression``; None with
@@ -97,6 +100,7 @@ def probe_study(
     out = results_dir / (report_name or f"probe_{target}.json")
     probes_dir = results_dir / "probes" / target
     check_probe_outputs(out, probes_dir, overwrite)
+    data = data if data is not None else task_config(run_dir)  # the problems the run learned
     examples = heldout_examples(task, n_sequences, seed, data)
     rows = []
     rng = np.random.default_rng(seed)
@@ -166,6 +170,7 @@ def probe_study(
             "target": target,
             "task": task,
             "n_sequences": n_sequences,
+            "data": dataclasses.asdict(data) if data is not None else None,
             "commit": source_commit(),
             "rows": rows,
         }

@@ -10,18 +10,22 @@ from torch import Tensor
 
 from models import HiddenDecodingLM, unstack_streams
 from workbench.data.splits import heldout_examples
+from workbench.data.tasks import TaskConfig
 from workbench.data.windows import TokenStream, batch_windows
 from workbench.runtime.activations import ActivationRecorder
 from workbench.runtime.tokenizer import TokenizerBase
 from workbench.storage.errors import BadInput
 
 
-def task_windows(task: str, n_sequences: int, seq_len: int, seed: int = 0, *, tokenizer: TokenizerBase) -> Tensor:
+def task_windows(
+    task: str, n_sequences: int, seq_len: int, seed: int = 0, *, tokenizer: TokenizerBase, data: TaskConfig | None = None
+) -> Tensor:
     """[n_sequences, seq_len] windows of held-out ``task`` text (the held-out stream, independent
-    of every training seed's), encoded by ``tokenizer`` (the run's), for the analyses below."""
+    of every training seed's), encoded by ``tokenizer`` (the run's), for the analyses below;
+    ``data``: the task settings (pass the run's, ``task_config``; default: the tasks' defaults)."""
     if n_sequences < 1 or seq_len < 2:
         raise BadInput(f"n_sequences={n_sequences}, seq_len={seq_len}: expected n_sequences >= 1 and seq_len >= 2")
-    examples = heldout_examples(task, max(8, n_sequences), seed)
+    examples = heldout_examples(task, max(8, n_sequences), seed, data)
     stream = TokenStream.from_examples(examples, tokenizer)
     return batch_windows(stream, seed, 0, n_sequences, seq_len)[0]
 

@@ -26,14 +26,14 @@ from models import DecoderLM, NonFiniteActivation
 from workbench.data.answers import is_correct
 from workbench.data.prepared import PreparedCorpus, corpus_dir, file_sha256, heldout_examples, source_hashes
 from workbench.data.splits import heldout_task
-from workbench.data.tasks import MAX_EXAMPLES, SYNTHETIC, Example, TaskConfig
+from workbench.data.tasks import MAX_EXAMPLES, SYNTHETIC, Example
 from workbench.runtime.checkpoint import load_model
 from workbench.runtime.decoding import NonFinite, check_passes, generate, guarded, score_completions
 from workbench.runtime.tokenizer import TokenizerBase, load_tokenizer
 from workbench.storage.errors import BadInput
 from workbench.storage.files import write_json
 from workbench.storage.outputs import hold
-from workbench.training.runconfig import load_run_config
+from workbench.training.runconfig import load_run_config, task_settings
 
 FUSED_PASSES = 2  # K of the fused regime's prefill in a run's own evaluation (results/eval.json)
 
@@ -230,7 +230,7 @@ def _file_source(spec: str) -> tuple[str, str] | None:
 def _evaluate_run(
     run_dir: Path, cfg, model: DecoderLM, tokenizer: TokenizerBase, n: int, fused_passes: int | str, task: str | None
 ) -> dict:
-    data = TaskConfig(**{k: getattr(cfg.data, k) for k in TaskConfig.__dataclass_fields__})
+    data = task_settings(cfg.data)
     started = time.perf_counter()
     result = {"run": str(run_dir), "arch": cfg.arch, "fused_passes": fused_passes, "n_examples": n, "tasks": {}}
     for name in eval_tasks(task or cfg.data.task):

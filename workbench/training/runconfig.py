@@ -275,3 +275,16 @@ def run_config_from_dict(data: dict, source: str | Path | None = None) -> RunCon
 def load_run_config(path: str | Path) -> RunConfig:
     """The run config in ``path`` (a run directory's ``config.json``)."""
     return run_config_from_dict(read_json(path), source=path)
+
+
+def task_config(run: str | Path) -> TaskConfig | None:
+    """The synthetic tasks' settings the run in directory ``run`` trained on (its ``config.json``'s
+    ``data``), so held-out problems drawn for it are the problems it learned (modsum's modulus and
+    lengths, flip-flop's lengths, chain's steps); None where ``run`` has no run config."""
+    path = Path(run) / "config.json"
+    return task_settings(load_run_config(path).data) if path.is_file() else None
+
+
+def task_settings(data: DataConfig) -> TaskConfig:
+    """The synthetic tasks' part of a run's data settings."""
+    return TaskConfig(**{k: getattr(data, k) for k in TaskConfig.__dataclass_fields__})
