@@ -361,20 +361,21 @@ def zoo_seeds_page(results: Path, name: str = "zoo_cpu_seeds.json") -> str:
 
 
 def readings_table(readings: dict[str, dict]) -> str:
-    """Readings named ``WHERE/WHAT`` as a table: a row per ``WHERE``, a column per ``WHAT`` (in the
+    """Readings named ``WHERE/WHAT`` as tables: a row per ``WHERE``, a column per ``WHAT`` (in the
     order they first appear), each cell ``seed_cell`` of the seeds' values; a name without ``/``
-    is its own row, in the column ``value``."""
+    is its own row, in the column ``value``. Consecutive rows with the same measures share a
+    table; a row with other measures starts the next."""
     rows: dict[str, dict[str, list[float]]] = {}
-    columns: list[str] = []
     for key, reading in readings.items():
         where, _, what = key.rpartition("/")
         where, what = (where, what) if where else (key, "value")
         rows.setdefault(where, {})[what] = reading["values"]
-        if what not in columns:
-            columns.append(what)
-    return table(
-        ["reading", *columns], [[where, *(seed_cell(c[w]) if w in c else "" for w in columns)] for where, c in rows.items()]
-    )
+    tables: list[tuple[list[str], list[list[str]]]] = []
+    for where, cells in rows.items():
+        if not tables or tables[-1][0] != list(cells):
+            tables.append((list(cells), []))
+        tables[-1][1].append([where, *(seed_cell(v) for v in cells.values())])
+    return "\n".join(table(["reading", *columns], body) for columns, body in tables)
 
 
 def seed_readings_page(results: Path, name: str = "zoo_analyses.json") -> str:
@@ -393,6 +394,45 @@ def seed_readings_page(results: Path, name: str = "zoo_analyses.json") -> str:
         body += [f"### {group}", "", readings_table(readings)]
     seeds = data["seeds"]
     return frame(f"Probes, dynamics and traces at {seeds} seeds (measured)", [(name, data)], "\n".join(body), [], results)
+
+
+def data_efficiency_table(study: dict) -> str:
+    """The data-efficiency study's readings: per FBT budget and regime, FBT's and the baseline's
+    validation loss and the token ratio, each across seeds (``seed_cell``), and the seeds whose
+    ratio lies outside the baseline's budgets (bounds)."""
+    rows = []
+    for r in study["readings"].values():
+        ratio = r["token_ratio"]
+        rows.append(
+            [
+                f"{r['tokens']:,}",
+                r["regime"],
+                seed_cell(r["fbt_loss"]["values"]),
+                seed_cell(r["baseline_loss"]["values"]) if r["baseline_loss"] else "",
+                seed_cell(ratio["values"], 2) if ratio else "-",
+                ", ".join(r["censored"]) or "-",
+            ]
+        )
+    header = ["FBT tokens", "FBT regime", "FBT loss", "baseline loss, same tokens", "token ratio", "bounds"]
+    return table(header, rows)
+
+
+def data_efficiency_page(results: Path, name: str = "study_data_efficiency.json") -> str:
+    study = read(results, name)
+    body = [
+        "## FBT's validation loss against the baseline's tokens",
+        "",
+        "Validation loss: the held-out completion loss averaged over the three tasks. Token ratio: the tokens",
+        "at which the seed's baseline curve (its three budgets, linear in log tokens) reaches FBT's loss, over",
+        "FBT's tokens (above 1: the baseline needs more data). A seed whose FBT loss lies outside the",
+        "baseline's budgets gives a bound instead (`>2`: more than twice; `<1`: fewer than FBT's tokens);",
+        f"the interval is over the seeds with a ratio. Each cell: mean over {study['seeds']} training seeds, its",
+        "95% Student-t interval, the seeds' values.",
+        "",
+        data_efficiency_table(study),
+    ]
+    title = f"FBT data efficiency, `{study['scale']}` zoo at {study['seeds']} seeds (measured)"
+    return frame(title, [(name, study)], "\n".join(body), [], results)
 
 
 # ---------------------------------------------------------------- probes
@@ -1105,6 +1145,7 @@ PAGES: dict[str, tuple[str, Callable[[Path], str]]] = {
     "zoo.md": ("the earlier reference zoo (one seed): accuracy, losses, train time", zoo_page),
     "zoo_seeds.md": ("the reference zoo at three seeds: accuracy with intervals, competence, time", zoo_seeds_page),
     "zoo_quick.md": ("the quick first-run zoo: accuracy, competence, time", lambda r: zoo_seeds_page(r, "zoo_quick.json")),
+    "zoo_analyses.md": ("the three-seed zoo's probes, dynamics and traces, each reading across seeds", seed_readings_page),
     "probes.md": ("the layer-0 probe study", probes_page),
     "dynamics.md": ("feedback-map stability", dynamics_page),
     "traces.md": ("trace lengths", traces_page),

@@ -47,10 +47,10 @@ def commands(zoo: Path, seed: int) -> list[tuple[list[str], Path]]:
     return cmds
 
 
-def run_verbs(work: list[tuple[list[str], Path]], log: Path) -> float:
+def run_verbs(work: list[tuple[list[str], Path]], log: Path) -> tuple[float, int]:
     """Run each verb in turn (one run's probes hold its results/ in turn), skipping those whose
-    output is there."""
-    started = time.perf_counter()
+    output is there; returns the seconds taken and how many verbs ran."""
+    started, ran = time.perf_counter(), 0
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for argv, output in work:
         if output.is_file():
@@ -60,7 +60,8 @@ def run_verbs(work: list[tuple[list[str], Path]], log: Path) -> float:
             f.write(f"$ workbench {' '.join(argv)}\n")
             f.flush()
             subprocess.run([sys.executable, "-m", "workbench.cli", *argv, *quiet], stdout=f, stderr=f, env=env, check=True)
-    return time.perf_counter() - started
+        ran += 1
+    return time.perf_counter() - started, ran
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -79,7 +80,14 @@ def main(argv: list[str] | None = None) -> None:
     work = sorted(groups.values(), key=lambda g: g[0][0][0] != "dynamics")  # the longest first
     started = time.perf_counter()
     with ThreadPoolExecutor(args.jobs) as pool:
-        seconds = list(pool.map(lambda g: run_verbs(g, log), work))
+        seconds, ran = zip(*pool.map(lambda g: run_verbs(g, log), work))
+    timing = {
+        "commit": source_commit(),
+        "seconds": round(time.perf_counter() - started, 1),
+        "verb_seconds": round(sum(seconds), 1),
+    }
+    if not any(ran) and args.out.is_file():  # only the readings were taken again: the verbs' commit and time stay
+        timing = {key: read_json(args.out)[key] for key in timing} | {"readings_commit": source_commit()}
     per_seed: dict[str, list[dict]] = {}
     for seed in range(args.seeds):
         for argv, output in commands(args.zoo, seed):
@@ -96,10 +104,8 @@ def main(argv: list[str] | None = None) -> None:
         {
             "zoo": str(args.zoo),
             "seeds": args.seeds,
-            "commit": source_commit(),
             "commands": [["workbench", *argv] for argv, _ in commands(args.zoo, 0)],
-            "seconds": round(time.perf_counter() - started, 1),
-            "verb_seconds": round(sum(seconds), 1),
+            **timing,
             "readings": {key: across(rows) for key, rows in per_seed.items()},
         },
     )

@@ -56,7 +56,7 @@ def test_dynamics_readings_take_the_leading_exponent_the_residuals_and_the_regro
 def test_trace_readings_and_their_interval_across_seeds():
     def summary(acc, diff):
         return {
-            "groups": {"fbt/soft": {"accuracy": acc, "mean_trace": 40.0}},
+            "groups": {"fbt/soft": {"accuracy": acc, "mean_trace": 40.0, "unfinished": 0.0}},
             "paired": {"fbt/standard - fbt/soft": {"trace_tokens": {"mean": diff}, "accuracy": {"mean": 0.0}}},
         }
 
@@ -77,7 +77,10 @@ def test_trace_readings_of_seeded_runs_line_up_with_seed_zero():
     def summary(suffix, acc):
         b, f = f"baseline{suffix}/standard", f"fbt{suffix}/soft"
         return {
-            "groups": {b: {"accuracy": 0.5, "mean_trace": 30.0}, f: {"accuracy": acc, "mean_trace": 28.0}},
+            "groups": {
+                b: {"accuracy": 0.5, "mean_trace": 30.0, "unfinished": 0.0},
+                f: {"accuracy": acc, "mean_trace": 28.0, "unfinished": 0.25},
+            },
             "paired": {f"{f} - {b}": {"trace_tokens": {"mean": -2.0}, "accuracy": {"mean": acc - 0.5}}},
         }
 
@@ -86,4 +89,5 @@ def test_trace_readings_of_seeded_runs_line_up_with_seed_zero():
     )
     assert result["fbt/soft/accuracy"]["values"] == [0.5, 0.75, 1.0]
     assert result["fbt/soft - baseline/standard/accuracy"]["values"] == [0.0, 0.25, 0.5]
-    assert len(result) == 6
+    assert result["fbt/soft/unfinished"]["values"] == [0.25, 0.25, 0.25]
+    assert len(result) == 8
