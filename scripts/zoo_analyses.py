@@ -27,6 +27,7 @@ from workbench.storage.provenance import source_commit
 from workbench.training.zoo import seed_name
 
 PROBES = [("baseline", "memory"), ("baseline", "running_sum"), ("fbt", "memory"), ("fbt", "running_sum")]
+PROBE = ["--passes", "2,3"]
 DYNAMICS = ["--horizon", "1040", "--spectra", "2", "--fixed-points", "1", "--starts", "8"]
 TRACES = ["--n", "400", "--difficulty", "1..4", "--passes", "2"]
 TRACE_MEMBERS = ["baseline", "fbt", "hd2", "hd4"]
@@ -36,7 +37,7 @@ def commands(zoo: Path, seed: int) -> list[tuple[list[str], Path]]:
     """``(argv, output)`` of every analysis of seed ``seed``."""
     run = lambda name: zoo / seed_name(name, seed)  # noqa: E731
     out = zoo / "analyses" / f"seed{seed}"
-    cmds = [(["probe", str(run(m)), "--target", t, "--passes", "2,3"], run(m) / "results" / f"probe_{t}.json") for m, t in PROBES]
+    cmds = [(["probe", str(run(m)), "--target", t, *PROBE], run(m) / "results" / f"probe_{t}.json") for m, t in PROBES]
     cmds.append((["dynamics", str(run("fbt")), "--out", str(out / "dynamics"), *DYNAMICS], out / "dynamics" / "dynamics.json"))
     cmds.append(
         (
