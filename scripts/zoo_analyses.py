@@ -7,8 +7,8 @@ docs/dynamics.md and docs/traces.md).
 Runs the CLI verbs (``probe``, ``dynamics``, ``traces``) on each seed's members, ``--jobs`` at a
 time with one torch thread each, writing into each run's ``results/`` (probes) and
 ``ZOO/analyses/`` (dynamics, traces); a verb whose output is already there is not rerun. Then
-reads the reports (``workbench.seed_readings``) and writes the readings across seeds with the
-commands, settings and commit.
+reads the reports (``workbench.seed_readings.zoo_readings``, which the app's Zoo page also shows)
+and writes the readings across seeds with the commands, settings and commit.
 """
 
 from __future__ import annotations
@@ -21,12 +21,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from workbench.seed_readings import across, dynamics_readings, probe_readings, trace_readings
+from workbench.seed_readings import PROBES, analysis_reports, zoo_readings
 from workbench.storage.files import read_json, write_json
 from workbench.storage.provenance import source_commit
 from workbench.training.zoo import seed_name
 
-PROBES = [("baseline", "memory"), ("baseline", "running_sum"), ("fbt", "memory"), ("fbt", "running_sum")]
 PROBE = ["--passes", "2,3"]
 DYNAMICS = ["--horizon", "1040", "--spectra", "2", "--fixed-points", "1", "--starts", "8"]
 TRACES = ["--n", "400", "--difficulty", "1..4", "--passes", "2"]
@@ -35,16 +34,12 @@ TRACE_MEMBERS = ["baseline", "fbt", "hd2", "hd4"]
 
 def commands(zoo: Path, seed: int) -> list[tuple[list[str], Path]]:
     """``(argv, output)`` of every analysis of seed ``seed``."""
-    run = lambda name: zoo / seed_name(name, seed)  # noqa: E731
-    out = zoo / "analyses" / f"seed{seed}"
-    cmds = [(["probe", str(run(m)), "--target", t, *PROBE], run(m) / "results" / f"probe_{t}.json") for m, t in PROBES]
-    cmds.append((["dynamics", str(run("fbt")), "--out", str(out / "dynamics"), *DYNAMICS], out / "dynamics" / "dynamics.json"))
-    cmds.append(
-        (
-            ["traces", *(str(run(m)) for m in TRACE_MEMBERS), "--out", str(out / "traces"), *TRACES],
-            out / "traces" / "summary.json",
-        )
-    )
+    run = lambda name: str(zoo / seed_name(name, seed))  # noqa: E731
+    reports = analysis_reports(zoo, seed)
+    cmds = [(["probe", run(m), "--target", t, *PROBE], reports[f"probe/{m}/{t}"]) for m, t in PROBES]
+    dynamics, traces = reports["dynamics/fbt"], reports["traces"]
+    cmds.append((["dynamics", run("fbt"), "--out", str(dynamics.parent), *DYNAMICS], dynamics))
+    cmds.append((["traces", *(run(m) for m in TRACE_MEMBERS), "--out", str(traces.parent), *TRACES], traces))
     return cmds
 
 
@@ -89,17 +84,6 @@ def main(argv: list[str] | None = None) -> None:
     }
     if not any(ran) and args.out.is_file():  # only the readings were taken again: the verbs' commit and time stay
         timing = {key: read_json(args.out)[key] for key in timing} | {"readings_commit": source_commit()}
-    per_seed: dict[str, list[dict]] = {}
-    for seed in range(args.seeds):
-        for argv, output in commands(args.zoo, seed):
-            report = read_json(output)
-            if argv[0] == "probe":
-                key, readings = f"probe/{Path(argv[1]).name.split('-seed')[0]}/{argv[3]}", probe_readings(report)
-            elif argv[0] == "dynamics":
-                key, readings = "dynamics/fbt", dynamics_readings(next(iter(report["runs"].values())))
-            else:
-                key, readings = "traces", trace_readings(report)
-            per_seed.setdefault(key, []).append(readings)
     write_json(
         args.out,
         {
@@ -107,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
             "seeds": args.seeds,
             "commands": [["workbench", *argv] for argv, _ in commands(args.zoo, 0)],
             **timing,
-            "readings": {key: across(rows) for key, rows in per_seed.items()},
+            "readings": zoo_readings(args.zoo, args.seeds),
         },
     )
     print(f"wrote {args.out}")

@@ -3,16 +3,22 @@ reading a mean with a 95% interval over the seeds (``workbench.training.interval
 of the zoo's probes, dynamics or traces says how much of a difference is the seed.
 
 A reading is named ``WHAT/WHERE`` (for example ``recurrent K=2/layer 0/accuracy``); ``across``
-keeps the names every seed has.
+keeps the names every seed has. ``zoo_readings`` collects them from where
+``scripts/zoo_analyses.py`` has the verbs write a zoo's analyses (``analysis_reports``).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from pathlib import Path
 
 from workbench.comparisons import regrowth_step
+from workbench.storage.files import read_json
 from workbench.training.intervals import seed_interval
+from workbench.training.zoo import seed_name
+
+PROBES = [("baseline", "memory"), ("baseline", "running_sum"), ("fbt", "memory"), ("fbt", "running_sum")]
 
 
 def probe_readings(report: dict) -> dict[str, float]:
@@ -81,3 +87,29 @@ def across(per_seed: Sequence[dict[str, float]]) -> dict[str, dict]:
         return {}
     keys = [k for k in per_seed[0] if all(k in r for r in per_seed[1:])]
     return {k: seed_interval([r[k] for r in per_seed]) for k in keys}
+
+
+def analysis_reports(zoo: Path, seed: int) -> dict[str, Path]:
+    """Where seed ``seed``'s analyses of the zoo at ``zoo`` are, by reading group: each probe sweep
+    of ``PROBES`` in its run's ``results/``, the ``fbt`` dynamics and the trace study under
+    ``ZOO/analyses/seedK/``."""
+    out = Path(zoo) / "analyses" / f"seed{seed}"
+    reports = {f"probe/{m}/{t}": Path(zoo) / seed_name(m, seed) / "results" / f"probe_{t}.json" for m, t in PROBES}
+    return reports | {"dynamics/fbt": out / "dynamics" / "dynamics.json", "traces": out / "traces" / "summary.json"}
+
+
+def zoo_readings(zoo: Path, seeds: int) -> dict[str, dict[str, dict]]:
+    """Every reading group whose report every seed 0..``seeds``-1 has, each reading ``across`` the
+    seeds."""
+    readers = {
+        "probe": probe_readings,
+        "dynamics": lambda r: dynamics_readings(next(iter(r["runs"].values()))),
+        "traces": trace_readings,
+    }
+    groups = {}
+    for group in analysis_reports(zoo, 0):
+        paths = [analysis_reports(zoo, seed)[group] for seed in range(seeds)]
+        if all(p.is_file() for p in paths):
+            read = readers[group.split("/")[0]]
+            groups[group] = across([read(read_json(p)) for p in paths])
+    return groups

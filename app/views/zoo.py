@@ -1,5 +1,6 @@
 """Zoo and studies: each zoo's members across training seeds (accuracy with its 95% interval,
-competence), and each comparison study's readings (``workbench zoo --study``)."""
+competence), its probes, dynamics and traces across seeds where they were run
+(``scripts/zoo_analyses.py``), and each comparison study's readings (``workbench zoo --study``)."""
 
 from pathlib import Path
 
@@ -8,7 +9,8 @@ import streamlit as st
 
 from app.charts import member_accuracy
 from app.state import runs_root, shown_errors
-from workbench.comparisons import reading_rows
+from workbench.comparisons import interval_text, reading_rows
+from workbench.seed_readings import zoo_readings
 from workbench.storage.files import read_json
 from workbench.training.zoo import seed_rows
 
@@ -73,3 +75,17 @@ st.caption(
     "Points: mean accuracy across seeds; bars: the 95% interval (none with one seed). 'qualified seeds' counts "
     "the seeds that reached every competence target (docs/training.md)."
 )
+
+analyses = {} if study else zoo_readings(found[where].parent, seeds)
+if analyses:
+    st.subheader("Probes, dynamics and traces across seeds")
+    group = st.selectbox("Readings", list(analyses), key="zoo_analyses")
+    table = [
+        {"reading": name, "across seeds": interval_text(r), "seeds": ", ".join(f"{v:.3g}" for v in r["values"])}
+        for name, r in analyses[group].items()
+    ]
+    st.dataframe(pd.DataFrame(table), hide_index=True)
+    st.caption(
+        "Each reading of every seed's analysis (`python scripts/zoo_analyses.py ZOO --seeds N`): mean [95% "
+        "Student-t interval] across seeds, then each seed's value. Only readings every seed has are shown."
+    )

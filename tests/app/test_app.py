@@ -571,12 +571,20 @@ def test_zoo_page_shows_seed_spread_and_a_studys_readings(monkeypatch, micro_zoo
     runs = shutil.copytree(micro_zoo, tmp_path / "runs")
     shutil.copytree(micro_study, runs / "studies" / "data-efficiency")
     main(["zoo", "--preset", "micro", "--only", "baseline", "--seeds", "2", "--out", str(runs / "seeded"), "--no-progress"])
+    traces = runs / "analyses" / "seed0" / "traces"  # where scripts/zoo_analyses.py has the verb write
+    main(["traces", str(runs / "baseline"), str(runs / "fbt"), "--n", "6", "--out", str(traces), "--no-progress"])
     at = open_page(monkeypatch, runs, "zoo")
     assert at.title[0].value == "Zoo and studies" and not errors(at)
     assert at.selectbox(key="summary").options == [".", "seeded", "studies/data-efficiency"]
     assert any("plumbing check" in w.value for w in at.warning)
+    assert at.selectbox(key="zoo_analyses").options == ["traces"]  # the only analysis run on this zoo
+    analyses = at.dataframe[-1].value
+    soft = analyses[analyses["reading"] == "fbt/soft/accuracy"]
+    summary = json.loads((traces / "summary.json").read_text())
+    assert soft["seeds"].tolist() == [f"{summary['groups']['fbt/soft']['accuracy']:.3g}"]  # one seed: its value
     at.selectbox(key="summary").set_value("seeded").run()
     assert_clean(at)
+    assert "zoo_analyses" not in [box.key for box in at.selectbox]  # no analyses of that zoo
     table = at.dataframe[-1].value
     assert set(table["member"]) == {"baseline"} and set(table["seeds"]) == {2}
     assert (table["low"] <= table["accuracy"]).all() and (table["accuracy"] <= table["high"]).all()
