@@ -6,14 +6,11 @@ import importlib.util
 import json
 from pathlib import Path
 
-import pytest
-
 from workbench.training.zoo import train_zoo
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.slow
 def test_the_analyses_of_every_seed_line_up(tmp_path, monkeypatch):
     spec = importlib.util.spec_from_file_location("zoo_analyses", ROOT / "scripts" / "zoo_analyses.py")
     script = importlib.util.module_from_spec(spec)
