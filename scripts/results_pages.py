@@ -1145,7 +1145,10 @@ PAGES: dict[str, tuple[str, Callable[[Path], str]]] = {
     "zoo.md": ("the earlier reference zoo (one seed): accuracy, losses, train time", zoo_page),
     "zoo_seeds.md": ("the reference zoo at three seeds: accuracy with intervals, competence, time", zoo_seeds_page),
     "zoo_quick.md": ("the quick first-run zoo: accuracy, competence, time", lambda r: zoo_seeds_page(r, "zoo_quick.json")),
-    "study_data_efficiency.md": ("FBT data efficiency: validation loss and the baseline's token ratio across seeds", data_efficiency_page),
+    "study_data_efficiency.md": (
+        "FBT data efficiency: validation loss and the baseline's token ratio across seeds",
+        data_efficiency_page,
+    ),
     "zoo_analyses.md": ("the three-seed zoo's probes, dynamics and traces, each reading across seeds", seed_readings_page),
     "probes.md": ("the layer-0 probe study", probes_page),
     "dynamics.md": ("feedback-map stability", dynamics_page),
