@@ -6,6 +6,7 @@ or killed to leave a stale lock behind. Wrong targets are trained runs, stores, 
 user files: every verb pointed at something it did not write refuses with one line and changes
 nothing (``faultkit.snapshot`` compares bytes)."""
 
+import contextlib
 import json
 import logging
 import os
@@ -143,6 +144,7 @@ def test_a_claim_refuses_before_creating_anything_and_publishes_atomically(tmp_p
             pass
     with pytest.raises(RuntimeError, match="boom"), claim(tmp_path / "new", "dynamics", overwrite=True) as out:
         (out.staging / "dynamics.json").write_text('{"new": 1}')
+        out.made(out.staging / "dynamics.json")
         raise RuntimeError("boom")  # a failed writer leaves the previous output as it was
     assert (tmp_path / "new" / "dynamics.json").read_text() == "{}" and (tmp_path / "new" / "rollout.png").exists()
     assert not list((tmp_path / "new").glob(".staging-*"))
@@ -539,20 +541,68 @@ def test_a_torn_zoo_summary_is_named(tmp_path):
 
 
 def test_staging_is_removed_only_if_it_is_still_the_directory_that_was_checked(tmp_path):
-    """The one rmtree (``_remove_staging``): a directory swapped in under the checked name, with a
-    copy of the same mark, is a different inode and survives; the checked one itself is removed."""
-    from workbench.storage.outputs import STAGING_MARK, _identity, _remove_staging
+    """``_remove_staging``: a directory swapped in under the checked name, with a copy of the same
+    mark, is a different inode and survives; the checked one itself is removed."""
+    from workbench.storage.outputs import STAGING_MARK, Staging, _identity, _remove_staging
 
     record = {"pid": 999999, "host": "here"}
-    checked = tmp_path / ".staging-999999"
-    checked.mkdir()
-    (checked / STAGING_MARK).write_text(json.dumps(record))
-    identity = _identity(checked)
-    checked.rename(tmp_path / "moved-away")
-    checked.mkdir()  # a look-alike in its place: same name, same mark, a user's file inside
-    (checked / STAGING_MARK).write_text(json.dumps(record))
-    (checked / "keep.txt").write_text("mine")
-    assert not _remove_staging(checked, identity, record) and (checked / "keep.txt").read_text() == "mine"
-    assert not _remove_staging(checked, _identity(checked), {**record, "pid": 1})  # another mark: not ours
-    assert _remove_staging(checked, _identity(checked), record) and not checked.exists()
-    assert not _remove_staging(checked, identity, record)  # nothing there any more
+    staging = Staging(tmp_path / ".staging-999999")
+    staging.path.mkdir()
+    (staging.path / STAGING_MARK).write_text(json.dumps(record))
+    staging.made(staging.path / STAGING_MARK)
+    identity = _identity(staging.path)
+    staging.path.rename(tmp_path / "moved-away")
+    staging.path.mkdir()  # a look-alike in its place: same name, same mark, a user's file inside
+    (staging.path / STAGING_MARK).write_text(json.dumps(record))
+    (staging.path / "keep.txt").write_text("mine")
+    assert _remove_staging(staging, identity, record) is None and (staging.path / "keep.txt").read_text() == "mine"
+    assert _remove_staging(staging, _identity(staging.path), {**record, "pid": 1}) is None  # another mark: not ours
+    # the look-alike's mark is not the recorded one (another inode), and keep.txt was never recorded
+    assert _remove_staging(staging, _identity(staging.path), record) == [STAGING_MARK, "keep.txt"]
+    assert (staging.path / "keep.txt").read_text() == "mine"
+    (staging.path / "keep.txt").unlink()
+    staging.made(staging.path / STAGING_MARK)
+    assert _remove_staging(staging, _identity(staging.path), record) == [] and not staging.path.exists()
+    assert _remove_staging(staging, identity, record) is None  # nothing there any more
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_writer_removes_only_what_it_recorded_making(tmp_path, caplog, fails):
+    """Cleanup removes the staging directory's recorded entries only: files moved into it by hand
+    while the verb runs, at its top or inside a directory the writer made, survive (named in a
+    warning) whether the writer failed or published; what the writer made is gone."""
+    out = tmp_path / "dyn"
+    with claim(out, "dynamics") as first:  # a previous output, so publishing moves one into the trash
+        (first.staging / "dynamics.json").write_text("{}")
+        first.publish()
+
+    def move_in(name: str, to: Path) -> None:
+        (tmp_path / name).write_text(f"mine: {name}")
+        (tmp_path / name).rename(to / name)
+
+    with caplog.at_level("WARNING", logger="workbench.storage.outputs"), contextlib.suppress(RuntimeError):
+        with claim(out, "dynamics", overwrite=True) as writer:
+            (writer.staging / "figures").mkdir()
+            (writer.staging / "figures" / "a.png").write_text("figure")
+            writer.made(writer.staging / "figures")
+            with writer.making():  # a library call that names its own files
+                (writer.staging / "states.safetensors").write_text("states")
+            (writer.staging / "dynamics.json").write_text('{"new": 1}')
+            writer.made(writer.staging / "dynamics.json")
+            if fails:
+                move_in("notes.txt", writer.staging)
+                move_in("deep.txt", writer.staging / "figures")
+                raise RuntimeError("boom")
+            writer.publish(replaces=("figures", "states.safetensors"))
+            move_in("notes.txt", writer.staging)
+            move_in("deep.txt", writer.staging / ".staging-replaced")  # beside the replaced output
+    left = sorted(str(p.relative_to(writer.staging)) for p in writer.staging.rglob("*"))
+    if fails:  # the previous output stands; of the staging, only the user's files and their directory
+        assert left == ["figures", "figures/deep.txt", "notes.txt"], left
+        assert (out / "dynamics.json").read_text() == "{}"
+    else:
+        assert left == [".staging-replaced", ".staging-replaced/deep.txt", "notes.txt"], left
+        assert (out / "dynamics.json").read_text() == '{"new": 1}' and (out / "figures" / "a.png").is_file()
+    assert (writer.staging / "notes.txt").read_text() == "mine: notes.txt"
+    named = [r.getMessage() for r in caplog.records if "did not create" in r.getMessage()]
+    assert len(named) == 1 and "notes.txt" in named[0] and "deep.txt" in named[0], named

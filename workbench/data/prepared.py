@@ -189,10 +189,12 @@ def is_heldout(text: str, seed: int, fraction: float) -> bool:
 
 
 class _ShardWriter:
-    """Appends documents to the shards of one split inside the staging directory."""
+    """Appends documents to the shards of one split inside the staging directory, recording each
+    file it creates with ``made`` (``Staging.made``)."""
 
-    def __init__(self, directory: Path, split: str, dtype, shard_tokens: int):
+    def __init__(self, directory: Path, split: str, dtype, shard_tokens: int, made):
         self.directory, self.split, self.dtype, self.shard_tokens = directory, split, dtype, shard_tokens
+        self.made = made
         self.shards: list[dict] = []
         self._tokens = self._ends = None
         self.documents = self.total = 0
@@ -203,6 +205,7 @@ class _ShardWriter:
         self.shards.append({"tokens": f"{name}.bin", "ends": f"{name}.ends", "n_tokens": 0, "n_documents": 0})
         self._tokens = (self.directory / f"{name}.bin").open("wb")
         self._ends = (self.directory / f"{name}.ends").open("wb")
+        self.made(self.directory / f"{name}.bin", self.directory / f"{name}.ends")
 
     def _close(self) -> None:
         for f in (self._tokens, self._ends):
@@ -263,7 +266,7 @@ def prepare_corpus(
     lost_documents = 0
     done = 0
     with claim(out, "corpus", overwrite=overwrite) as held:
-        writers = {split: _ShardWriter(held.staging, split, dtype, shard_tokens) for split in SPLITS}
+        writers = {split: _ShardWriter(held.staging, split, dtype, shard_tokens, held.made) for split in SPLITS}
         for source in checked:
             batch: list[str] = []
             for text, _ in documents(Path(source["path"])):
@@ -304,6 +307,7 @@ def prepare_corpus(
             "seconds": round(time.perf_counter() - started, 2),
         }
         write_json(held.staging / META, meta)
+        held.made(held.staging / META)
         held.publish(replaces=_is_corpus_file)
     return meta
 

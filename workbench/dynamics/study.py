@@ -253,10 +253,13 @@ def dynamics_study(
                 raise NonFinite.wrap(err, str(r)) from err
         results = {name: f.report for name, f in found.items()}
         states = {name: f.states for name, f in found.items()}
-        figures = [str(out_dir / Path(f).name) for f in plot_dynamics(results, states, out.staging)]
+        plotted = plot_dynamics(results, states, out.staging)
+        out.made(*plotted)
+        figures = [str(out_dir / Path(f).name) for f in plotted]
         report = {"runs": results, "figures": figures, "states": STATES, "commit": source_commit()}
         save_file({name: s.contiguous() for name, s in states.items()}, str(out.staging / STATES))
         write_json(out.staging / "dynamics.json", report)
+        out.made(out.staging / STATES, out.staging / "dynamics.json")
         out.publish(replaces=(*FIGURES, STATES))
     return report
 

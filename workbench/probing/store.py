@@ -218,6 +218,7 @@ def cache_activations(
                 )
             table = pa.table({k: v if isinstance(v, pa.Array) else pa.array(v) for k, v in columns.items()})
             shards.append(_write_shard(out.staging / f"shard-{len(shards):05d}.arrow", table))
+            out.made(out.staging / shards[-1]["name"])
             n_rows += table.num_rows
         meta = {
             "format": FORMAT,
@@ -232,6 +233,7 @@ def cache_activations(
             "shards": shards,
         }
         write_json(out.staging / META, meta)
+        out.made(out.staging / META)
         out.publish(replaces=lambda name: SHARD.match(name) is not None)
     return out_dir
 

@@ -113,9 +113,10 @@ def probe_study(
         staging = held.enter_context(staging_in(results_dir))
         for prefill, k in sweep:
             report(done / total, f"caching activations: {prefill} prefill, K={k}")
-            store_dir = cache_activations(
-                model, examples, hooks, staging / f"store-{prefill}-{k}", prefill=prefill, passes=k, tokenizer=tokenizer
-            )
+            with staging.making():  # a store, written by its own verb
+                store_dir = cache_activations(
+                    model, examples, hooks, staging.path / f"store-{prefill}-{k}", prefill=prefill, passes=k, tokenizer=tokenizer
+                )
             ds, meta = load_store(store_dir, verify=False)  # written just now by this process
             table = ds.select_columns(["seq", "pass", "stream", "token", f"label.{target}"]).with_format("numpy")[:]
             labels = table[f"label.{target}"]
@@ -133,11 +134,9 @@ def probe_study(
                             X, labels[keep], table["seq"][keep], table["token"][keep], seed=seed, mdl=mdl, ranks=ranks
                         )
                     name = f"{hook}__{prefill}-{k}" + (f"__s{stream}" if meta["n_streams"] > 1 else "")
-                    save_probe(
-                        result,
-                        staging / "probes" / f"{name}.safetensors",
-                        {"hook": hook, "prefill": prefill, "passes": k, "stream": stream, "target": target},
-                    )
+                    saved = staging.path / "probes" / f"{name}.safetensors"
+                    save_probe(result, saved, {"hook": hook, "prefill": prefill, "passes": k, "stream": stream, "target": target})
+                    staging.made(saved)
                     rows.append(
                         {
                             "hook": hook,
@@ -177,8 +176,9 @@ def probe_study(
         # publish: the probe weights as one directory swap, then the figure, then the report last
         probes_dir.parent.mkdir(parents=True, exist_ok=True)
         if probes_dir.exists():
-            os.replace(probes_dir, staging / "replaced-probes")
-        os.replace(staging / "probes", probes_dir)
+            os.replace(probes_dir, staging.path / "replaced-probes")
+            staging.made(staging.path / "replaced-probes")  # the previous sweep's, which this one replaces
+        os.replace(staging.path / "probes", probes_dir)
         fsync(probes_dir.parent)
         figure = plot_probe_rows(rows, out.with_suffix(".png"), f"{run_dir.name}: probing {target}", model.arch)
         write_json(out, report)

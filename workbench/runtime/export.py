@@ -94,8 +94,9 @@ def export_hf(model: DecoderLM, out_dir: str | Path, tokenizer: TokenizerBase | 
         missing, unexpected = hf.load_state_dict(hf_state_dict(model), strict=False)
         if unexpected or any(not k.startswith("lm_head") for k in missing):
             raise RuntimeError(f"export mapping is out of date: missing {missing}, unexpected {unexpected}")
-        hf.save_pretrained(out.staging)
-        tokenizer.save(out.staging, model.cfg.n_ctx)
+        with out.making():  # save_pretrained names its own files
+            hf.save_pretrained(out.staging)
+            tokenizer.save(out.staging, model.cfg.n_ctx)
         dropped = {
             "baseline": [],
             "fbt": [name for name, _ in model.named_parameters() if name.startswith("fusion.")],
@@ -117,6 +118,7 @@ def export_hf(model: DecoderLM, out_dir: str | Path, tokenizer: TokenizerBase | 
             "files": sorted(p.name for p in out.staging.iterdir()),
         }
         write_json(out.staging / "workbench_export.json", note)
+        out.made(out.staging / "workbench_export.json")
         out.publish(replaces=previous)
     return out_dir
 

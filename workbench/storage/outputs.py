@@ -11,8 +11,10 @@ create.
   be new, empty, or a previous output of the same kind (recognised by its metadata file), which is
   replaced only with ``overwrite``. Files are written into a hidden staging directory inside it and
   published by ``publish()``, metadata file last, so a reader never sees a half-written output and a
-  killed writer leaves only its staging directory. No process removes another's staging directory:
-  the next holder names a dead writer's leftover in a warning and leaves it for the user to delete.
+  killed writer leaves only its staging directory. The writer records what it creates there
+  (``Claim.made``, ``Claim.making``), and cleanup removes only that (``Staging``). No process
+  removes another's staging directory: the next holder names a dead writer's leftover in a warning
+  and leaves it for the user to delete.
 - Runs, zoos and a run's ``results/`` keep their own rules (resume, refresh) and use ``hold``.
 """
 
@@ -23,7 +25,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import socket
 import sys
 import threading
@@ -180,8 +181,10 @@ def hold(directory: str | Path) -> Iterator[Path]:
 class Claim:
     """A held unit output directory with its staging directory (see ``claim``)."""
 
-    def __init__(self, directory: Path, kind: Kind, previous: bool, staging: Path):
-        self.directory, self.kind, self.previous, self.staging = directory, kind, previous, staging
+    def __init__(self, directory: Path, kind: Kind, previous: bool, staging: Staging):
+        self.directory, self.kind, self.previous = directory, kind, previous
+        self.staging = staging.path  # where the writer writes; it records what it writes with ``made``
+        self.made, self.making = staging.made, staging.making
 
     def publish(self, replaces=()) -> None:
         """Move everything staged into the directory, ``kind.marker`` last. A previous output is
@@ -194,18 +197,22 @@ class Claim:
             raise RuntimeError(f"the {self.kind.noun} in {self.staging} has no {marker}: nothing to publish")
         trash = self.staging / f"{STAGING}replaced"
         trash.mkdir()
+        self.made(trash)
         if self.previous:
             old = self.directory / marker
             if old.exists():
                 os.replace(old, trash / marker)
+                self.made(trash / marker)
             owned = replaces if callable(replaces) else set(replaces).__contains__
             for name in contents(self.directory):
                 if name not in staged and owned(name):
                     os.replace(self.directory / name, trash / name)
+                    self.made(trash / name)  # the previous output's, which the new one replaces
         for name in [n for n in staged if n != marker] + [marker]:
             target = self.directory / name
             if target.exists() and (target.is_dir() and not target.is_symlink()):
                 os.replace(target, trash / name)  # a directory is not replaced by rename in one step
+                self.made(trash / name)
             os.replace(self.staging / name, target)
         fsync(self.directory)
 
@@ -240,10 +247,72 @@ def claim(directory: str | Path, kind: str, *, overwrite: bool = False) -> Itera
         yield Claim(directory, spec, bool(found), staging)
 
 
+class Staging:
+    """A staging directory this process made (``staging_in``) and its manifest: every entry the
+    process created in it, by its path relative to the directory and the identity (device, inode)
+    it had when recorded. Cleanup removes exactly these, so a file that anyone else puts into the
+    directory while the writer runs is left, and named."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.manifest: dict[str, tuple[int, int]] = {}
+
+    def made(self, *paths: str | Path) -> None:
+        """Record ``paths``, just written inside the staging directory, as this process's: each with
+        the directories between it and the staging directory and, for a directory, all it holds."""
+        for path in map(Path, paths):
+            rel = path.relative_to(self.path)
+            for part in [*reversed(rel.parents[:-1]), rel]:
+                self._note(part)
+            if path.is_dir() and not path.is_symlink():
+                for root, dirs, files in os.walk(path):
+                    for name in dirs + files:
+                        self._note(Path(root, name).relative_to(self.path))
+
+    @contextmanager
+    def making(self) -> Iterator[Path]:
+        """Record what appears in the staging directory while the block runs (also when it fails):
+        for a library call that chooses its own file names (``save_pretrained``). A file someone
+        else moves in during the call cannot be told apart, so keep such blocks to the one call."""
+        before = self._entries()
+        try:
+            yield self.path
+        finally:
+            self.manifest.update((rel, ident) for rel, ident in self._entries().items() if before.get(rel) != ident)
+
+    def _note(self, rel: Path) -> None:
+        identity = _identity(self.path / rel)
+        if identity is not None:
+            self.manifest[str(rel)] = identity
+
+    def _entries(self) -> dict[str, tuple[int, int]]:
+        found = {}
+        for root, dirs, files in os.walk(self.path):
+            for name in dirs + files:
+                path = Path(root, name)
+                identity = _identity(path)
+                if identity is not None:
+                    found[str(path.relative_to(self.path))] = identity
+        return found
+
+    def remove_made(self) -> None:
+        """Remove the recorded entries that are still the ones recorded, deepest first; a directory
+        only once empty (``rmdir``), so nothing unrecorded inside one goes with it."""
+        for rel in sorted(self.manifest, key=lambda r: len(Path(r).parts), reverse=True):
+            path = self.path / rel
+            if _identity(path) != self.manifest[rel]:
+                continue
+            try:
+                path.rmdir() if path.is_dir() and not path.is_symlink() else path.unlink()
+            except OSError:
+                pass  # a directory that holds something unrecorded stays, and so does its content
+
+
 @contextmanager
-def staging_in(directory: Path) -> Iterator[Path]:
-    """A fresh staging directory inside ``directory``, which the caller holds, removed when the
-    block ends, and only if it is still the directory this process made, with the mark it wrote.
+def staging_in(directory: Path) -> Iterator[Staging]:
+    """A fresh staging directory inside ``directory``, which the caller holds. When the block ends
+    the directory is removed only if it is still the one this process made, with the mark it wrote,
+    and only with what its manifest records (``Staging``): anything else is left and named.
     What a killed writer left (provably one, ``_staging_record``, its writer dead on this host) is
     named in a warning and left in place: this process did not create it, so it does not delete it
     (staging directories are bookkeeping, so a leftover never blocks a writer)."""
@@ -258,16 +327,20 @@ def staging_in(directory: Path) -> Iterator[Path]:
                 record.get("command"),
                 record["pid"],
             )
-    path = Path(directory) / f"{STAGING}{os.getpid()}"
-    path.mkdir()  # never an existing directory: mkdir fails on one
-    made = _identity(path)
+    staging = Staging(Path(directory) / f"{STAGING}{os.getpid()}")
+    staging.path.mkdir()  # never an existing directory: mkdir fails on one
+    made = _identity(staging.path)
     mark = _holder_record()
     try:
-        (path / STAGING_MARK).write_text(json.dumps(mark) + "\n")
-        yield path
+        (staging.path / STAGING_MARK).write_text(json.dumps(mark) + "\n")
+        staging.made(staging.path / STAGING_MARK)
+        yield staging
     finally:
-        if not _remove_staging(path, made, mark) and (path.exists() or path.is_symlink()):
-            logger.warning("%s: left in place, it is no longer the staging directory this process made", path)
+        left = _remove_staging(staging, made, mark)
+        if left:
+            logger.warning("%s: left in place, holding what this process did not create: %s", staging.path, listing(left))
+        elif left is None and (staging.path.exists() or staging.path.is_symlink()):
+            logger.warning("%s: left in place, it is no longer the staging directory this process made", staging.path)
 
 
 def _identity(path: Path) -> tuple[int, int] | None:
@@ -279,15 +352,20 @@ def _identity(path: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def _remove_staging(path: Path, identity: tuple[int, int] | None, record: dict) -> bool:
-    """Remove ``path``, the only ``rmtree`` in the workbench, called only on the staging directory
-    this process made (``staging_in``), and only if it is still the very directory that was made
-    (same device and inode: not a look-alike renamed or swapped in since) and still carries the mark
-    ``record`` this process wrote. Returns whether it did."""
+def _remove_staging(staging: Staging, identity: tuple[int, int] | None, record: dict) -> list[str] | None:
+    """Remove ``staging``: only if its directory is still the very one that was made (same device
+    and inode: not a look-alike renamed or swapped in since) and still carries the mark ``record``
+    this process wrote (else None, and nothing is touched), and then only what its manifest
+    records. Returns what is left in it (empty when the directory itself is gone)."""
+    path = staging.path
     if identity is None or _identity(path) != identity or _staging_record(path) != record:
-        return False
-    shutil.rmtree(path, ignore_errors=True)
-    return True
+        return None
+    staging.remove_made()
+    try:
+        path.rmdir()
+    except OSError:
+        return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
+    return []
 
 
 def _staging_record(path: Path) -> dict | None:

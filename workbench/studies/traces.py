@@ -355,13 +355,17 @@ def trace_study(
             **summarise(rows, (reference.rpartition("/")[0], reference.rpartition("/")[2])),
         }
         with (out.staging / "traces.csv").open("w", newline="") as f:
+            out.made(out.staging / "traces.csv")  # created just now: removed if the writing fails
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))
             writer.writeheader()
             for r in rows:
                 writer.writerow({**r, "state_norms": json.dumps(r["state_norms"])})
         archs = {Path(run).name: model.arch for run, (model, _) in loaded.items()}
-        summary["figures"] = [str(out_dir / Path(f).name) for f in plot_traces(rows, summary, out.staging, archs)]
+        plotted = plot_traces(rows, summary, out.staging, archs)
+        out.made(*plotted)
+        summary["figures"] = [str(out_dir / Path(f).name) for f in plotted]
         write_json(out.staging / "summary.json", summary)
+        out.made(out.staging / "summary.json")
         out.publish(replaces=("traces.csv", "traces.png"))
     return summary
 
