@@ -41,7 +41,8 @@ from workbench.training.zoo import MAX_SEEDS, SCALES, config_differences, execut
 STUDIES = ("data-efficiency", "three-pass", "hd-ablations")
 BUDGETS = (0.25, 0.5, 1.0)  # data-efficiency: fractions of the scale's training steps
 THREE_PASS = (0.0, 0.03, 0.1, 0.3)  # three-pass: the fractions of 3-pass feedback batches
-HORIZONS = {"micro": 120, "quick": 1000, "cpu": 1000}  # three-pass: rollout steps of the stability measures
+HORIZONS = {"micro": 100, "quick": 1000, "cpu": 1000}  # three-pass: the last step of lambda(T), T = 100, 1000
+PERTURB_AT = 20  # three-pass: the rollout step of the perturbation, where the tangents start too
 FBT_REGIMES = ("standard", "soft", "fused")
 
 
@@ -252,10 +253,12 @@ def regrowth_step(ratios: list[float]) -> int | None:
 
 
 def stability(run: Path, horizon: int) -> dict:
-    """The stability measures of one FBT member (``analyse_run`` on the default prompt)."""
+    """The stability measures of one FBT member (``analyse_run`` on the default prompt), the
+    exponents up to ``horizon`` steps after the perturbation."""
     from workbench.dynamics.study import analyse_run
 
-    report = analyse_run(run, horizon=horizon, n_spectra=1, n_fixed=0, max_passes=8, tangents=1).report
+    rollout = PERTURB_AT + horizon  # the tangents start at the perturbation: lambda(T) needs T steps after it
+    report = analyse_run(run, horizon=rollout, perturb_at=PERTURB_AT, n_spectra=1, n_fixed=0, max_passes=8, tangents=1).report
     return {
         "kpass_residual": {str(r["passes"]): r["relative_residual"] for r in report["kpass"]["rows"] if "relative_residual" in r},
         "lyapunov_tangent": {T: v[0] for T, v in report["lyapunov_tangent"].items() if T in ("100", "1000")},

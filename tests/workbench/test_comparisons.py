@@ -8,9 +8,11 @@ from helpers import assert_usage_error, cli
 
 from workbench.comparisons import (
     BUDGETS,
+    HORIZONS,
     THREE_PASS,
     data_efficiency,
     regrowth_step,
+    stability,
     study_members,
     tokens_to_reach,
 )
@@ -25,6 +27,19 @@ def test_tokens_to_reach_interpolates_in_log_tokens_and_bounds_the_rest():
     assert tokens_to_reach(curve, 1.0) == (pytest.approx(200), "=")
     assert tokens_to_reach(curve, 2.5) == (100, "<")  # worse than the smallest budget's loss
     assert tokens_to_reach(curve, 0.4) == (400, ">")  # better than the largest budget reaches
+
+
+def test_the_stability_measures_reach_the_horizon_they_report(tmp_path):
+    """lambda(T) needs T tangent steps after the perturbation: a rollout of T steps in all (the
+    first cpu study's 1000, perturbed at step 20) never reached lambda(1000)."""
+    from workbench.runtime.checkpoint import save_model
+    from workbench.runtime.config import build_model
+
+    assert set(HORIZONS.values()) == {100, 1000}
+    run = save_model(build_model("fbt", "debug"), tmp_path / "fbt")
+    measured = stability(run, 100)
+    assert list(measured["lyapunov_tangent"]) == ["100"]
+    assert sorted(measured["kpass_residual"], key=int) == [str(k) for k in range(2, 9)]
 
 
 def test_regrowth_is_the_first_step_back_at_the_perturbations_size():
