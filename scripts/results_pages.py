@@ -276,9 +276,10 @@ def zoo_page(results: Path) -> str:
     )
 
 
-def seed_cell(values: list[float], digits: int = 3) -> str:
-    """Mean [95% Student-t interval] over the seeds, then the seeds' values; the interval's t
-    quantiles are tabulated for 2..10 seeds (this page imports nothing beyond the standard library)."""
+def seed_cell(values: list[float], digits: int = 3, listed: bool = True) -> str:
+    """Mean [95% Student-t interval] over the seeds, then (``listed``) the seeds' values; the
+    interval's t quantiles are tabulated for 2..10 seeds (this page imports nothing beyond the
+    standard library)."""
     t975 = {2: 12.706205, 3: 4.302653, 4: 3.182446, 5: 2.776445, 6: 2.570582, 7: 2.446912, 8: 2.364624, 9: 2.306004, 10: 2.262157}
     n, mean = len(values), sum(values) / len(values)
     shown = ", ".join(fixed(v, digits) for v in values)
@@ -286,7 +287,8 @@ def seed_cell(values: list[float], digits: int = 3) -> str:
         return fixed(mean, digits)
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
     half = t975[n] * sd / math.sqrt(n)  # t(0.975, n - 1), keyed by n
-    return f"{fixed(mean, digits)} [{fixed(mean - half, digits)}, {fixed(mean + half, digits)}] ({shown})"
+    interval = f"{fixed(mean, digits)} [{fixed(mean - half, digits)}, {fixed(mean + half, digits)}]"
+    return f"{interval} ({shown})" if listed else interval
 
 
 def zoo_seeds_page(results: Path, name: str = "zoo_cpu_seeds.json") -> str:
@@ -432,6 +434,113 @@ def data_efficiency_page(results: Path, name: str = "study_data_efficiency.json"
         data_efficiency_table(study),
     ]
     title = f"FBT data efficiency, `{study['scale']}` zoo at {study['seeds']} seeds (measured)"
+    return frame(title, [(name, study)], "\n".join(body), [], results)
+
+
+def three_pass_tables(study: dict) -> tuple[str, str]:
+    """The three-pass study's readings, one row per 3-pass fraction: the K-pass residual by K
+    (mean [interval] across seeds), then the stability exponents, the regrowth step of each seed
+    and the accuracies under every regime (mean of the tasks), each with the seeds' values."""
+    readings = sorted(study["readings"].items(), key=lambda item: float(fraction_of(item[0])))
+    passes = sorted({K for _, r in readings for K in r["kpass_residual"]}, key=int)
+    residual = [
+        [fraction_of(member), *[seed_cell(r["kpass_residual"][K]["values"], 2, listed=False) for K in passes]]
+        for member, r in readings
+    ]
+    horizons = sorted({T for _, r in readings for T in r["lyapunov_tangent"]}, key=int)
+    stable = []
+    for member, r in readings:
+        standard = [mean_accuracy(study["models"][run], "standard") for run in r["runs"]]
+        stable.append(
+            [
+                fraction_of(member),
+                *[seed_cell(r["lyapunov_tangent"][T]["values"], 3) if T in r["lyapunov_tangent"] else "-" for T in horizons],
+                ", ".join("never" if s["regrowth_step"] is None else str(s["regrowth_step"]) for s in r["per_seed"]),
+                seed_cell(standard),
+                *[seed_cell(r["accuracy"][regime]["values"]) for regime in ("soft", "fused")],
+            ]
+        )
+    return (
+        table(["3-pass fraction", *[f"K={K}" for K in passes]], residual),
+        table(
+            ["3-pass fraction", *[f"lambda({T})" for T in horizons], "regrowth step", "standard", "soft", "fused"],
+            stable,
+        ),
+    )
+
+
+def fraction_of(member: str) -> str:
+    """``0.03`` of the member ``fbt-3pass0.03``."""
+    return member.removeprefix("fbt-3pass")
+
+
+def mean_accuracy(row: dict, regime: str) -> float:
+    values = [task["accuracy"][regime] for task in row["tasks"].values()]
+    return sum(values) / len(values)
+
+
+def three_pass_page(results: Path, name: str = "study_three_pass.json") -> str:
+    study = read(results, name)
+    residual, stable = three_pass_tables(study)
+    body = [
+        "## The K-pass residual",
+        "",
+        "The relative change of the carried states from K-1 to K parallel passes, on the default prompt (the",
+        "K-pass objective trains with 2 passes, and a `3-pass fraction` of its batches with 3). Each cell:",
+        f"mean [95% Student-t interval] over {study['seeds']} training seeds.",
+        "",
+        residual,
+        "## Stability of the recurrence, and accuracy by regime",
+        "",
+        "lambda(T): the leading Lyapunov exponent of the carried-state map F_t (context frozen) from tangent",
+        "vectors, T steps after a 1e-3 perturbation of the carried state 20 steps into a `soft` rollout (fp64).",
+        "Regrowth step: the first step at which that perturbation is back to its size, per seed (`never`",
+        "within the rollout). Accuracy: held-out accuracy averaged over the three tasks. Each cell: mean",
+        "[95% interval], then the seeds' values.",
+        "",
+        stable,
+    ]
+    title = f"FBT's stability knob (`three_pass_fraction`), `{study['scale']}` zoo at {study['seeds']} seeds (measured)"
+    return frame(title, [(name, study)], "\n".join(body), [], results)
+
+
+def hd_ablations_table(study: dict) -> str:
+    """The HD ablations' readings, one row per member: accuracy (mean of the tasks and per task),
+    completion loss per task, the loss jump at each expansion and training time over ``hd1``."""
+    readings = study["readings"]
+    tasks = sorted({task for r in readings.values() for task in r["tasks"]})
+    rows = []
+    for member, r in readings.items():
+        rows.append(
+            [
+                f"`{member}`",
+                seed_cell(r["accuracy"]["values"]),
+                *[seed_cell(r["tasks"][t]["accuracy"]["values"], listed=False) for t in tasks],
+                *[seed_cell(r["tasks"][t]["completion_loss"]["values"], listed=False) for t in tasks],
+                "; ".join(f"{k}: {seed_cell(v['values'], 2, listed=False)}" for k, v in r["expansion_jumps"].items()) or "-",
+                seed_cell(r["time_vs_hd1"]["values"], 2, listed=False) if r["time_vs_hd1"] else "-",
+            ]
+        )
+    header = ["member", "accuracy", *[f"{t} acc." for t in tasks], *[f"{t} loss" for t in tasks], "loss jump", "time / hd1"]
+    return table(header, rows)
+
+
+def hd_ablations_page(results: Path, name: str = "study_hd_ablations.json") -> str:
+    study = read(results, name)
+    body = [
+        "## Hidden Decoding's ablations",
+        "",
+        "Every member continues the seed's `baseline` for the zoo's HD steps: `hd1` the baseline continued",
+        "alike, `hd2`/`hd4`/`hd8` by progressive expansion, and at n = 4 every stream supervised, the",
+        "sum-of-streams readout, cross-stream attention in every layer, and the shared key/value cache.",
+        "Accuracy and completion loss: held-out problems per task (accuracy: then the mean of the tasks).",
+        "Loss jump: the training loss just after an expansion minus just before. Time: training seconds",
+        f"over `hd1`'s of the same seed. Each cell: mean [95% Student-t interval] over {study['seeds']} training",
+        "seeds (the mean accuracy also lists the seeds' values).",
+        "",
+        hd_ablations_table(study),
+    ]
+    title = f"Hidden Decoding ablations, `{study['scale']}` zoo at {study['seeds']} seeds (measured)"
     return frame(title, [(name, study)], "\n".join(body), [], results)
 
 
@@ -1148,6 +1257,10 @@ PAGES: dict[str, tuple[str, Callable[[Path], str]]] = {
     "study_data_efficiency.md": (
         "FBT data efficiency: validation loss and the baseline's token ratio across seeds",
         data_efficiency_page,
+    ),
+    "study_three_pass.md": (
+        "FBT's stability knob: K-pass residual, Lyapunov exponents, regrowth and accuracy by 3-pass fraction",
+        three_pass_page,
     ),
     "zoo_analyses.md": ("the three-seed zoo's probes, dynamics and traces, each reading across seeds", seed_readings_page),
     "probes.md": ("the layer-0 probe study", probes_page),

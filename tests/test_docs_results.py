@@ -188,3 +188,70 @@ def test_data_efficiency_table_known_answer():
         "| 100 | standard | 1.500 [-4.853, 7.853] (1.000, 2.000) | 1.500 [1.500, 1.500] (1.500, 1.500) | 1.50 | >2 |\n"
         "| 1,000 | soft | 0.500 |  | - | - |\n"
     )
+
+
+def test_three_pass_tables_known_answer():
+    """Rows by fraction (0.1 sorts before 0.3 by value, not by name), the residual as mean
+    [interval], each seed's regrowth step or 'never', and the standard accuracy, which the page
+    averages over the tasks of each seed's row."""
+
+    def run(standard: float) -> dict:
+        return {"tasks": {"a": {"accuracy": {"standard": standard}}, "b": {"accuracy": {"standard": standard + 0.2}}}}
+
+    def reading(runs: list[str], residual: list[float], lam: list[float], regrowth: list, soft: list[float]) -> dict:
+        return {
+            "runs": runs,
+            "kpass_residual": {"2": {"values": residual}},
+            "lyapunov_tangent": {"100": {"values": lam}},
+            "per_seed": [{"regrowth_step": r} for r in regrowth],
+            "accuracy": {"soft": {"values": soft}, "fused": {"values": soft}},
+        }
+
+    study = {
+        "models": {"x": run(0.1), "x-seed1": run(0.3), "y": run(0.5), "y-seed1": run(0.5)},
+        "readings": {
+            "fbt-3pass0.3": reading(["y", "y-seed1"], [0.5, 0.5], [-1.0, -1.0], [None, None], [0.5, 0.5]),
+            "fbt-3pass0.1": reading(["x", "x-seed1"], [1.0, 2.0], [0.0, 0.5], [3, None], [0.25, 0.75]),
+        },
+    }
+    residual, stable = pages.three_pass_tables(study)
+    assert residual == ("| 3-pass fraction | K=2 |\n|---|---|\n| 0.1 | 1.50 [-4.85, 7.85] |\n| 0.3 | 0.50 [0.50, 0.50] |\n")
+    assert stable.splitlines()[2:] == [
+        "| 0.1 | 0.250 [-2.927, 3.427] (0.000, 0.500) | 3, never | 0.300 [-0.971, 1.571] (0.200, 0.400) "
+        "| 0.500 [-2.677, 3.677] (0.250, 0.750) | 0.500 [-2.677, 3.677] (0.250, 0.750) |",
+        "| 0.3 | -1.000 [-1.000, -1.000] (-1.000, -1.000) | never, never | 0.600 [0.600, 0.600] (0.600, 0.600) "
+        "| 0.500 [0.500, 0.500] (0.500, 0.500) | 0.500 [0.500, 0.500] (0.500, 0.500) |",
+    ]
+
+
+def test_hd_ablations_table_known_answer():
+    """One row per member in the readings' order; tasks as sorted columns, accuracy then loss; the
+    jumps by expansion; '-' where a member has no expansion or no hd1 to time against."""
+    cell = {"values": [0.25, 0.75]}
+    study = {
+        "readings": {
+            "hd2": {
+                "accuracy": {"values": [0.5, 0.5]},
+                "tasks": {
+                    "b": {"accuracy": cell, "completion_loss": {"values": [1.0]}},
+                    "a": {"accuracy": cell, "completion_loss": cell},
+                },
+                "expansion_jumps": {"1->2": {"values": [0.5, 1.5]}},
+                "time_vs_hd1": {"values": [2.0, 2.0]},
+            },
+            "hd1": {
+                "accuracy": {"values": [0.25]},
+                "tasks": {"a": {"accuracy": cell, "completion_loss": cell}, "b": {"accuracy": cell, "completion_loss": cell}},
+                "expansion_jumps": {},
+                "time_vs_hd1": None,
+            },
+        }
+    }
+    assert pages.hd_ablations_table(study).splitlines() == [
+        "| member | accuracy | a acc. | b acc. | a loss | b loss | loss jump | time / hd1 |",
+        "|---|---|---|---|---|---|---|---|",
+        "| `hd2` | 0.500 [0.500, 0.500] (0.500, 0.500) | 0.500 [-2.677, 3.677] | 0.500 [-2.677, 3.677] "
+        "| 0.500 [-2.677, 3.677] | 1.000 | 1->2: 1.00 [-5.35, 7.35] | 2.00 [2.00, 2.00] |",
+        "| `hd1` | 0.250 | 0.500 [-2.677, 3.677] | 0.500 [-2.677, 3.677] | 0.500 [-2.677, 3.677] "
+        "| 0.500 [-2.677, 3.677] | - | - |",
+    ]
