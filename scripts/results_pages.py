@@ -469,6 +469,26 @@ def three_pass_tables(study: dict) -> tuple[str, str]:
     )
 
 
+def three_pass_paired_table(study: dict) -> str:
+    """Each nonzero fraction minus the fraction 0 of the same seed: the K-pass residual at the
+    largest K and lambda at the longest horizon, across seeds with the seeds' differences."""
+    readings = dict(sorted(study["readings"].items(), key=lambda item: float(fraction_of(item[0]))))
+    none = readings.pop("fbt-3pass0")
+    K = max(none["per_seed"][0]["kpass_residual"], key=int)
+    T = max(none["per_seed"][0]["lyapunov_tangent"], key=int)
+    rows = []
+    for member, r in readings.items():
+        pairs = list(zip(r["per_seed"], none["per_seed"], strict=True))
+        rows.append(
+            [
+                fraction_of(member),
+                seed_cell([a["kpass_residual"][K] - b["kpass_residual"][K] for a, b in pairs], 3),
+                seed_cell([a["lyapunov_tangent"][T] - b["lyapunov_tangent"][T] for a, b in pairs], 3),
+            ]
+        )
+    return table(["3-pass fraction", f"K-pass residual at K={K}, minus fraction 0", f"lambda({T}), minus fraction 0"], rows)
+
+
 def fraction_of(member: str) -> str:
     """``0.03`` of the member ``fbt-3pass0.03``."""
     return member.removeprefix("fbt-3pass")
@@ -499,6 +519,11 @@ def three_pass_page(results: Path, name: str = "study_three_pass.json") -> str:
         "[95% interval], then the seeds' values.",
         "",
         stable,
+        "## Paired by seed against no 3-pass batches",
+        "",
+        "Each seed's member minus the fraction-0 member of the same training seed.",
+        "",
+        three_pass_paired_table(study),
     ]
     title = f"FBT's stability knob (`three_pass_fraction`), `{study['scale']}` zoo at {study['seeds']} seeds (measured)"
     return frame(title, [(name, study)], "\n".join(body), [], results)

@@ -214,6 +214,18 @@ def test_three_pass_tables_known_answer():
             "fbt-3pass0.1": reading(["x", "x-seed1"], [1.0, 2.0], [0.0, 0.5], [3, None], [0.25, 0.75]),
         },
     }
+    study["readings"]["fbt-3pass0"] = reading(["z", "z-seed1"], [0.0, 0.5], [-2.0, -1.0], [None, None], [0.5, 0.5])
+    study["models"] |= {"z": run(0.0), "z-seed1": run(0.0)}
+    for r in study["readings"].values():  # the per-seed rows the paired table reads
+        r["per_seed"] = [
+            {"kpass_residual": {"2": k}, "lyapunov_tangent": {"100": lam}, "regrowth_step": p["regrowth_step"]}
+            for k, lam, p in zip(r["kpass_residual"]["2"]["values"], r["lyapunov_tangent"]["100"]["values"], r["per_seed"])
+        ]
+    assert pages.three_pass_paired_table(study).splitlines()[2:] == [
+        "| 0.1 | 1.250 [-1.927, 4.427] (1.000, 1.500) | 1.750 [-1.427, 4.927] (2.000, 1.500) |",
+        "| 0.3 | 0.250 [-2.927, 3.427] (0.500, 0.000) | 0.500 [-5.853, 6.853] (1.000, 0.000) |",
+    ]
+    del study["readings"]["fbt-3pass0"]
     residual, stable = pages.three_pass_tables(study)
     assert residual == ("| 3-pass fraction | K=2 |\n|---|---|\n| 0.1 | 1.50 [-4.85, 7.85] |\n| 0.3 | 0.50 [0.50, 0.50] |\n")
     assert stable.splitlines()[2:] == [
