@@ -203,7 +203,10 @@ def test_three_pass_tables_known_answer():
             "runs": runs,
             "kpass_residual": {"2": {"values": residual}},
             "lyapunov_tangent": {"100": {"values": lam}},
-            "per_seed": [{"regrowth_step": r} for r in regrowth],
+            "per_seed": [
+                {"kpass_residual": {"2": k}, "lyapunov_tangent": {"100": v}, "regrowth_step": r}
+                for k, v, r in zip(residual, lam, regrowth, strict=True)
+            ],
             "accuracy": {"soft": {"values": soft}, "fused": {"values": soft}},
         }
 
@@ -216,11 +219,6 @@ def test_three_pass_tables_known_answer():
     }
     study["readings"]["fbt-3pass0"] = reading(["z", "z-seed1"], [0.0, 0.5], [-2.0, -1.0], [None, None], [0.5, 0.5])
     study["models"] |= {"z": run(0.0), "z-seed1": run(0.0)}
-    for r in study["readings"].values():  # the per-seed rows the paired table reads
-        r["per_seed"] = [
-            {"kpass_residual": {"2": k}, "lyapunov_tangent": {"100": lam}, "regrowth_step": p["regrowth_step"]}
-            for k, lam, p in zip(r["kpass_residual"]["2"]["values"], r["lyapunov_tangent"]["100"]["values"], r["per_seed"])
-        ]
     assert pages.three_pass_paired_table(study).splitlines()[2:] == [
         "| 0.1 | 1.250 [-1.927, 4.427] (1.000, 1.500) | 1.750 [-1.427, 4.927] (2.000, 1.500) |",
         "| 0.3 | 0.250 [-2.927, 3.427] (0.500, 0.000) | 0.500 [-5.853, 6.853] (1.000, 0.000) |",
