@@ -550,6 +550,22 @@ def hd_ablations_table(study: dict) -> str:
     return table(header, rows)
 
 
+def hd_ablations_paired_table(study: dict) -> str:
+    """Each member that has a reference (``hd1`` for a stream count, ``hd4`` for an n = 4 ablation)
+    minus it at the same seed: accuracy and completion loss, each the mean of the tasks."""
+    rows = [
+        [
+            f"`{member}`",
+            f"`{r['paired']['reference']}`",
+            seed_cell(r["paired"]["accuracy"]["values"]),
+            seed_cell(r["paired"]["completion_loss"]["values"]),
+        ]
+        for member, r in study["readings"].items()
+        if "paired" in r
+    ]
+    return table(["member", "minus", "accuracy", "completion loss"], rows)
+
+
 def hd_ablations_page(results: Path, name: str = "study_hd_ablations.json") -> str:
     study = read(results, name)
     body = [
@@ -564,6 +580,13 @@ def hd_ablations_page(results: Path, name: str = "study_hd_ablations.json") -> s
         "seeds (the mean accuracy also lists the seeds' values).",
         "",
         hd_ablations_table(study),
+        "## Paired by seed",
+        "",
+        "Each member minus its reference of the same training seed: `hd1` (the baseline continued alike) for",
+        "a stream count, `hd4` for an ablation at n = 4. Accuracy and completion loss are each the mean of the",
+        "tasks; each cell: mean [95% interval], then the seeds' differences.",
+        "",
+        hd_ablations_paired_table(study),
     ]
     title = f"Hidden Decoding ablations, `{study['scale']}` zoo at {study['seeds']} seeds (measured)"
     return frame(title, [(name, study)], "\n".join(body), [], results)

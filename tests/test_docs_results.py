@@ -265,3 +265,13 @@ def test_hd_ablations_table_known_answer():
         "| `hd1` | 0.250 | 0.500 [-2.677, 3.677] | 0.500 [-2.677, 3.677] | 0.500 [-2.677, 3.677] "
         "| 0.500 [-2.677, 3.677] | - | - |",
     ]
+    study["readings"]["hd2"]["paired"] = {
+        "reference": "hd1",
+        "accuracy": {"values": [0.25, -0.25]},
+        "completion_loss": {"values": [-1.0, -0.5]},
+    }
+    assert pages.hd_ablations_paired_table(study).splitlines() == [
+        "| member | minus | accuracy | completion loss |",
+        "|---|---|---|---|",
+        "| `hd2` | `hd1` | 0.000 [-3.177, 3.177] (0.250, -0.250) | -0.750 [-3.927, 2.427] (-1.000, -0.500) |",
+    ]

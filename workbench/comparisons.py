@@ -306,10 +306,19 @@ def _mean_accuracy(row: dict, regime: str) -> float:
 # ---- HD ablations ------------------------------------------------------------------------
 
 
+def hd_reference(member: str) -> str | None:
+    """The member an HD ablation is paired against: ``hd1`` (the baseline continued alike) for a
+    stream count, ``hd4`` for an n = 4 ablation; None for ``hd1``."""
+    if member == "hd1":
+        return None
+    return "hd4" if member.startswith("hd4-") else "hd1"
+
+
 def hd_ablations(models: dict) -> dict:
     """Per HD member: accuracy and completion loss per task, the training loss jump at each
     expansion, and training seconds over those of ``hd1`` (the baseline continued alike) of the same
-    seed, each across seeds."""
+    seed, each across seeds; and ``paired``: the member minus its ``hd_reference`` at the same seed
+    (accuracy and completion loss, each the mean of the tasks), across the seeds both have."""
     by_member: dict[str, dict[int, dict]] = {}
     for row in models.values():
         by_member.setdefault(row["member"], {})[int(row["seed"])] = row
@@ -338,6 +347,22 @@ def hd_ablations(models: dict) -> dict:
             "accuracy": seed_interval([_mean_accuracy(rows[s], "standard") for s in seeds]),
             "expansion_jumps": jumps,
             "time_vs_hd1": seed_interval(ratios) if ratios else None,
+        }
+    for member, reading in readings.items():
+        reference = hd_reference(member)
+        mine, theirs = by_member[member], by_member.get(reference or "", {})
+        seeds = sorted(set(mine) & set(theirs))
+        if not seeds:
+            continue
+        reading["paired"] = {
+            "reference": reference,
+            "seeds": seeds,
+            "accuracy": seed_interval(
+                [_mean_accuracy(mine[s], "standard") - _mean_accuracy(theirs[s], "standard") for s in seeds]
+            ),
+            "completion_loss": seed_interval(
+                [completion_loss(mine[s], "standard") - completion_loss(theirs[s], "standard") for s in seeds]
+            ),
         }
     return readings
 
@@ -377,6 +402,9 @@ def reading_rows(study: dict) -> list[dict]:
                     **{f"{task} completion loss": interval_text(v["completion_loss"]) for task, v in r["tasks"].items()},
                     "loss jumps": ", ".join(f"{k}: {interval_text(v, 2)}" for k, v in r["expansion_jumps"].items()) or "-",
                     "time / hd1": interval_text(r["time_vs_hd1"], 2),
+                    "paired against": r["paired"]["reference"] if "paired" in r else "-",
+                    "accuracy, minus it": interval_text(r["paired"]["accuracy"]) if "paired" in r else "-",
+                    "completion loss, minus it": interval_text(r["paired"]["completion_loss"]) if "paired" in r else "-",
                 }
             )
         else:

@@ -11,6 +11,8 @@ from workbench.comparisons import (
     HORIZONS,
     THREE_PASS,
     data_efficiency,
+    hd_ablations,
+    reading_rows,
     regrowth_step,
     stability,
     study_members,
@@ -77,6 +79,49 @@ def test_data_efficiency_ratios_by_hand():
     assert readings["200/standard"]["token_ratio"]["values"] == pytest.approx([1 / math.sqrt(2)] * 2)
     late = readings["400/fused"]
     assert late["censored"] == [">1"] and late["token_ratio"]["values"] == pytest.approx([1.0])
+
+
+def _hd_row(member, seed, accuracy, loss, seconds, jumps=()):
+    """An HD study row with two tasks: accuracies ``accuracy`` and completion losses ``loss``."""
+    tasks = {
+        task: {"accuracy": {"standard": a}, "answer_loss": {"standard": l}}
+        for task, a, l in zip("ab", accuracy, loss, strict=True)
+    }
+    expansions = [{"from": f, "to": t, "loss_before": b, "loss_after": a} for f, t, b, a in jumps]
+    return {"member": member, "seed": seed, "tasks": tasks, "train_seconds": seconds, "expansions": expansions}
+
+
+def test_hd_ablations_by_hand():
+    """Two seeds. hd1: accuracies (0.2, 0.4) and (0.4, 0.4), mean 0.3 and 0.4; losses (1, 3) and
+    (2, 2), mean 2 both; 100 s and 200 s. hd4: mean accuracy 0.5 and 0.7, losses 1.5 and 1.0,
+    300 s and 500 s (time / hd1: 3.0 and 2.5), jumps 2->4 of 0.5 and 0.25. hd4-shared-kv at seed 0
+    only: accuracy 0.45, loss 2.0. Paired: hd4 - hd1 = +0.2, +0.3 accuracy, -0.5, -1.0 loss;
+    hd4-shared-kv - hd4 (seed 0 only) = -0.05 and +0.5. The baseline is no reading."""
+    models = {
+        "baseline": _hd_row("baseline", 0, (0.0, 0.0), (9.0, 9.0), 50.0),
+        "hd1": _hd_row("hd1", 0, (0.2, 0.4), (1.0, 3.0), 100.0),
+        "hd1-seed1": _hd_row("hd1", 1, (0.4, 0.4), (2.0, 2.0), 200.0),
+        "hd4": _hd_row("hd4", 0, (0.5, 0.5), (1.0, 2.0), 300.0, [(2, 4, 1.0, 1.5)]),
+        "hd4-seed1": _hd_row("hd4", 1, (0.6, 0.8), (1.0, 1.0), 500.0, [(2, 4, 1.0, 1.25)]),
+        "hd4-shared-kv": _hd_row("hd4-shared-kv", 0, (0.4, 0.5), (2.0, 2.0), 600.0),
+    }
+    readings = hd_ablations(models)
+    assert sorted(readings) == ["hd1", "hd4", "hd4-shared-kv"] and "paired" not in readings["hd1"]
+    hd4 = readings["hd4"]
+    assert hd4["accuracy"]["values"] == pytest.approx([0.5, 0.7])
+    assert hd4["tasks"]["b"]["completion_loss"]["values"] == pytest.approx([2.0, 1.0])
+    assert hd4["time_vs_hd1"]["values"] == pytest.approx([3.0, 2.5])
+    assert hd4["expansion_jumps"]["2->4"]["values"] == pytest.approx([0.5, 0.25])
+    assert readings["hd1"]["time_vs_hd1"]["values"] == [1.0, 1.0]
+    assert hd4["paired"]["reference"] == "hd1" and hd4["paired"]["seeds"] == [0, 1]
+    assert hd4["paired"]["accuracy"]["values"] == pytest.approx([0.2, 0.3])
+    assert hd4["paired"]["completion_loss"]["values"] == pytest.approx([-0.5, -1.0])
+    shared = readings["hd4-shared-kv"]["paired"]
+    assert shared["reference"] == "hd4" and shared["seeds"] == [0]
+    assert shared["accuracy"]["values"] == pytest.approx([-0.05]) and shared["completion_loss"]["values"] == pytest.approx([0.5])
+    rows = {row["member"]: row for row in reading_rows({"study": "hd-ablations", "readings": readings})}
+    assert rows["hd4"]["paired against"] == "hd1" and rows["hd4"]["accuracy, minus it"] == "0.25 [-0.385, 0.885]"
+    assert rows["hd1"]["paired against"] == "-" and rows["hd4-shared-kv"]["completion loss, minus it"] == "0.5"
 
 
 def test_members_are_the_budgets_and_fractions_named():
@@ -153,6 +198,12 @@ def test_hd_ablations_on_the_micro_zoo_reusing_its_members(tmp_path, micro_zoo):
     assert list(readings["hd8"]["expansion_jumps"]) == ["2->4", "4->8"] and readings["hd1"]["expansion_jumps"] == {}
     assert readings["hd1"]["time_vs_hd1"]["mean"] == 1.0
     assert set(readings["hd4"]["tasks"]) == {"chain", "modsum", "flipflop"}
+    assert {n: r["paired"]["reference"] for n, r in readings.items() if "paired" in r} == {
+        "hd2": "hd1",
+        "hd4": "hd1",
+        "hd8": "hd1",
+        **{n: "hd4" for n in names if n.startswith("hd4-")},
+    }
 
 
 def test_reuse_needs_a_study_and_a_zoo(tmp_path):
