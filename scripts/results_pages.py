@@ -448,13 +448,14 @@ def three_pass_tables(study: dict) -> tuple[str, str]:
         for member, r in readings
     ]
     horizons = sorted({T for _, r in readings for T in r["lyapunov_tangent"]}, key=int)
+    exponents = [(key, T) for key in exponent_keys([r for _, r in readings]) for T in horizons]
     stable = []
     for member, r in readings:
         standard = [mean_accuracy(study["models"][run], "standard") for run in r["runs"]]
         stable.append(
             [
                 fraction_of(member),
-                *[seed_cell(r["lyapunov_tangent"][T]["values"], 3) if T in r["lyapunov_tangent"] else "-" for T in horizons],
+                *[seed_cell(r[key][T]["values"], 3) if T in r[key] else "-" for key, T in exponents],
                 ", ".join("never" if s["regrowth_step"] is None else str(s["regrowth_step"]) for s in r["per_seed"]),
                 seed_cell(standard),
                 *[seed_cell(r["accuracy"][regime]["values"]) for regime in ("soft", "fused")],
@@ -463,7 +464,14 @@ def three_pass_tables(study: dict) -> tuple[str, str]:
     return (
         table(["3-pass fraction", *[f"K={K}" for K in passes]], residual),
         table(
-            ["3-pass fraction", *[f"lambda({T})" for T in horizons], "regrowth step", "standard", "soft", "fused"],
+            [
+                "3-pass fraction",
+                *[f"{EXPONENTS[key]}({T})" for key, T in exponents],
+                "regrowth step",
+                "standard",
+                "soft",
+                "fused",
+            ],
             stable,
         ),
     )
@@ -471,11 +479,13 @@ def three_pass_tables(study: dict) -> tuple[str, str]:
 
 def three_pass_paired_table(study: dict) -> str:
     """Each nonzero fraction minus the fraction 0 of the same seed: the K-pass residual at the
-    largest K and lambda at the longest horizon, across seeds with the seeds' differences."""
+    largest K and lambda at the longest horizon (F_t's, then the whole step's), across seeds with
+    the seeds' differences."""
     readings = dict(sorted(study["readings"].items(), key=lambda item: float(fraction_of(item[0]))))
     none = readings.pop("fbt-3pass0")
     K = max(none["per_seed"][0]["kpass_residual"], key=int)
     T = max(none["per_seed"][0]["lyapunov_tangent"], key=int)
+    keys = exponent_keys([none, *readings.values()])
     rows = []
     for member, r in readings.items():
         pairs = list(zip(r["per_seed"], none["per_seed"], strict=True))
@@ -483,10 +493,19 @@ def three_pass_paired_table(study: dict) -> str:
             [
                 fraction_of(member),
                 seed_cell([a["kpass_residual"][K] - b["kpass_residual"][K] for a, b in pairs], 3),
-                seed_cell([a["lyapunov_tangent"][T] - b["lyapunov_tangent"][T] for a, b in pairs], 3),
+                *[seed_cell([a[key][T] - b[key][T] for a, b in pairs], 3) for key in keys],
             ]
         )
-    return table(["3-pass fraction", f"K-pass residual at K={K}, minus fraction 0", f"lambda({T}), minus fraction 0"], rows)
+    header = [f"K-pass residual at K={K}", *[f"{EXPONENTS[key]}({T})" for key in keys]]
+    return table(["3-pass fraction", *[f"{h}, minus fraction 0" for h in header]], rows)
+
+
+EXPONENTS = {"lyapunov_tangent": "lambda", "lyapunov_tangent_full": "whole step lambda"}
+
+
+def exponent_keys(readings: list[dict]) -> list[str]:
+    """The exponents every reading has (a study measured before the whole step's has only F_t's)."""
+    return [key for key in EXPONENTS if all(key in r for r in readings)]
 
 
 def fraction_of(member: str) -> str:
@@ -513,7 +532,8 @@ def three_pass_page(results: Path, name: str = "study_three_pass.json") -> str:
         "## Stability of the recurrence, and accuracy by regime",
         "",
         "lambda(T): the leading Lyapunov exponent of the carried-state map F_t (context frozen) from tangent",
-        "vectors, T steps after a 1e-3 perturbation of the carried state 20 steps into a `soft` rollout (fp64).",
+        "vectors, T steps after a 1e-3 perturbation of the carried state 20 steps into a `soft` rollout (fp64);",
+        "whole step: the same through the whole decoding step (the tangent carried in the cache too).",
         "Regrowth step: the first step at which that perturbation is back to its size, per seed (`never`",
         "within the rollout). Accuracy: held-out accuracy averaged over the three tasks. Each cell: mean",
         "[95% interval], then the seeds' values.",
@@ -542,12 +562,27 @@ def hd_ablations_table(study: dict) -> str:
                 seed_cell(r["accuracy"]["values"]),
                 *[seed_cell(r["tasks"][t]["accuracy"]["values"], listed=False) for t in tasks],
                 *[seed_cell(r["tasks"][t]["completion_loss"]["values"], listed=False) for t in tasks],
-                "; ".join(f"{k}: {seed_cell(v['values'], 2, listed=False)}" for k, v in r["expansion_jumps"].items()) or "-",
+                "; ".join(f"{k}: {', '.join(sci(x) for x in v['values'])}" for k, v in r["expansion_jumps"].items()) or "-",
                 seed_cell(r["time_vs_hd1"]["values"], 2, listed=False) if r["time_vs_hd1"] else "-",
+                step_ratio(r["step_time_vs_hd1"]) if "step_time_vs_hd1" in r else "-",
             ]
         )
-    header = ["member", "accuracy", *[f"{t} acc." for t in tasks], *[f"{t} loss" for t in tasks], "loss jump", "time / hd1"]
+    header = [
+        "member",
+        "accuracy",
+        *[f"{t} acc." for t in tasks],
+        *[f"{t} loss" for t in tasks],
+        "loss jump",
+        "time / hd1",
+        "step time / hd1",
+    ]
     return table(header, rows)
+
+
+def step_ratio(entry: dict) -> str:
+    """A side-by-side time ratio: the median, then the range over the repetitions."""
+    low, high = entry["spread"]
+    return f"{entry['ratio']:.2f} ({low:.2f}-{high:.2f})"
 
 
 def hd_ablations_paired_table(study: dict) -> str:
@@ -575,9 +610,11 @@ def hd_ablations_page(results: Path, name: str = "study_hd_ablations.json") -> s
         "alike, `hd2`/`hd4`/`hd8` by progressive expansion, and at n = 4 every stream supervised, the",
         "sum-of-streams readout, cross-stream attention in every layer, and the shared key/value cache.",
         "Accuracy and completion loss: held-out problems per task (accuracy: then the mean of the tasks).",
-        "Loss jump: the training loss just after an expansion minus just before. Time: training seconds",
-        f"over `hd1`'s of the same seed. Each cell: mean [95% Student-t interval] over {study['seeds']} training",
-        "seeds (the mean accuracy also lists the seeds' values).",
+        "Loss jump: the training loss just after an expansion minus just before, per seed. Time: training seconds",
+        "(from the runs' logs, so it carries whatever else loaded the machine while each trained) over `hd1`'s",
+        "of the same seed. Step time: one training step of the seed-0 model over `hd1`'s, measured side by side",
+        "in one process (median, then the range, over 5 interleaved repetitions). Each other cell: mean [95%",
+        f"Student-t interval] over {study['seeds']} training seeds (the mean accuracy also lists the seeds' values).",
         "",
         hd_ablations_table(study),
         "## Paired by seed",
@@ -1309,6 +1346,10 @@ PAGES: dict[str, tuple[str, Callable[[Path], str]]] = {
     "study_three_pass.md": (
         "FBT's stability knob: K-pass residual, Lyapunov exponents, regrowth and accuracy by 3-pass fraction",
         three_pass_page,
+    ),
+    "study_hd_ablations.md": (
+        "Hidden Decoding's ablations: accuracy, loss jumps at expansion and step cost by member, paired by seed",
+        hd_ablations_page,
     ),
     "zoo_analyses.md": ("the three-seed zoo's probes, dynamics and traces, each reading across seeds", seed_readings_page),
     "probes.md": ("the layer-0 probe study", probes_page),

@@ -198,14 +198,20 @@ def test_three_pass_tables_known_answer():
     def run(standard: float) -> dict:
         return {"tasks": {"a": {"accuracy": {"standard": standard}}, "b": {"accuracy": {"standard": standard + 0.2}}}}
 
-    def reading(runs: list[str], residual: list[float], lam: list[float], regrowth: list, soft: list[float]) -> dict:
+    def reading(runs: list[str], residual: list[float], lam: list[float], full: list[float], regrowth: list, soft: list) -> dict:
         return {
             "runs": runs,
             "kpass_residual": {"2": {"values": residual}},
             "lyapunov_tangent": {"100": {"values": lam}},
+            "lyapunov_tangent_full": {"100": {"values": full}},
             "per_seed": [
-                {"kpass_residual": {"2": k}, "lyapunov_tangent": {"100": v}, "regrowth_step": r}
-                for k, v, r in zip(residual, lam, regrowth, strict=True)
+                {
+                    "kpass_residual": {"2": k},
+                    "lyapunov_tangent": {"100": v},
+                    "lyapunov_tangent_full": {"100": w},
+                    "regrowth_step": r,
+                }
+                for k, v, w, r in zip(residual, lam, full, regrowth, strict=True)
             ],
             "accuracy": {"soft": {"values": soft}, "fused": {"values": soft}},
         }
@@ -213,30 +219,32 @@ def test_three_pass_tables_known_answer():
     study = {
         "models": {"x": run(0.1), "x-seed1": run(0.3), "y": run(0.5), "y-seed1": run(0.5)},
         "readings": {
-            "fbt-3pass0.3": reading(["y", "y-seed1"], [0.5, 0.5], [-1.0, -1.0], [None, None], [0.5, 0.5]),
-            "fbt-3pass0.1": reading(["x", "x-seed1"], [1.0, 2.0], [0.0, 0.5], [3, None], [0.25, 0.75]),
+            "fbt-3pass0.3": reading(["y", "y-seed1"], [0.5, 0.5], [-1.0, -1.0], [0.0, 0.0], [None, None], [0.5, 0.5]),
+            "fbt-3pass0.1": reading(["x", "x-seed1"], [1.0, 2.0], [0.0, 0.5], [1.0, 2.0], [3, None], [0.25, 0.75]),
         },
     }
-    study["readings"]["fbt-3pass0"] = reading(["z", "z-seed1"], [0.0, 0.5], [-2.0, -1.0], [None, None], [0.5, 0.5])
+    study["readings"]["fbt-3pass0"] = reading(["z", "z-seed1"], [0.0, 0.5], [-2.0, -1.0], [0.5, 0.5], [None, None], [0.5, 0.5])
     study["models"] |= {"z": run(0.0), "z-seed1": run(0.0)}
     assert pages.three_pass_paired_table(study).splitlines()[2:] == [
-        "| 0.1 | 1.250 [-1.927, 4.427] (1.000, 1.500) | 1.750 [-1.427, 4.927] (2.000, 1.500) |",
-        "| 0.3 | 0.250 [-2.927, 3.427] (0.500, 0.000) | 0.500 [-5.853, 6.853] (1.000, 0.000) |",
+        "| 0.1 | 1.250 [-1.927, 4.427] (1.000, 1.500) | 1.750 [-1.427, 4.927] (2.000, 1.500) "
+        "| 1.000 [-5.353, 7.353] (0.500, 1.500) |",
+        "| 0.3 | 0.250 [-2.927, 3.427] (0.500, 0.000) | 0.500 [-5.853, 6.853] (1.000, 0.000) "
+        "| -0.500 [-0.500, -0.500] (-0.500, -0.500) |",
     ]
     del study["readings"]["fbt-3pass0"]
     residual, stable = pages.three_pass_tables(study)
     assert residual == ("| 3-pass fraction | K=2 |\n|---|---|\n| 0.1 | 1.50 [-4.85, 7.85] |\n| 0.3 | 0.50 [0.50, 0.50] |\n")
     assert stable.splitlines()[2:] == [
-        "| 0.1 | 0.250 [-2.927, 3.427] (0.000, 0.500) | 3, never | 0.300 [-0.971, 1.571] (0.200, 0.400) "
+        "| 0.1 | 0.250 [-2.927, 3.427] (0.000, 0.500) | 1.500 [-4.853, 7.853] (1.000, 2.000) | 3, never | 0.300 [-0.971, 1.571] (0.200, 0.400) "
         "| 0.500 [-2.677, 3.677] (0.250, 0.750) | 0.500 [-2.677, 3.677] (0.250, 0.750) |",
-        "| 0.3 | -1.000 [-1.000, -1.000] (-1.000, -1.000) | never, never | 0.600 [0.600, 0.600] (0.600, 0.600) "
+        "| 0.3 | -1.000 [-1.000, -1.000] (-1.000, -1.000) | 0.000 [0.000, 0.000] (0.000, 0.000) | never, never | 0.600 [0.600, 0.600] (0.600, 0.600) "
         "| 0.500 [0.500, 0.500] (0.500, 0.500) | 0.500 [0.500, 0.500] (0.500, 0.500) |",
     ]
 
 
 def test_hd_ablations_table_known_answer():
     """One row per member in the readings' order; tasks as sorted columns, accuracy then loss; the
-    jumps by expansion; '-' where a member has no expansion or no hd1 to time against."""
+    jumps by expansion, each seed's; '-' where a member has no expansion or no hd1 to time against."""
     cell = {"values": [0.25, 0.75]}
     study = {
         "readings": {
@@ -248,6 +256,7 @@ def test_hd_ablations_table_known_answer():
                 },
                 "expansion_jumps": {"1->2": {"values": [0.5, 1.5]}},
                 "time_vs_hd1": {"values": [2.0, 2.0]},
+                "step_time_vs_hd1": {"ratio": 1.75, "spread": [1.5, 2.25]},
             },
             "hd1": {
                 "accuracy": {"values": [0.25]},
@@ -258,12 +267,12 @@ def test_hd_ablations_table_known_answer():
         }
     }
     assert pages.hd_ablations_table(study).splitlines() == [
-        "| member | accuracy | a acc. | b acc. | a loss | b loss | loss jump | time / hd1 |",
-        "|---|---|---|---|---|---|---|---|",
+        "| member | accuracy | a acc. | b acc. | a loss | b loss | loss jump | time / hd1 | step time / hd1 |",
+        "|---|---|---|---|---|---|---|---|---|",
         "| `hd2` | 0.500 [0.500, 0.500] (0.500, 0.500) | 0.500 [-2.677, 3.677] | 0.500 [-2.677, 3.677] "
-        "| 0.500 [-2.677, 3.677] | 1.000 | 1->2: 1.00 [-5.35, 7.35] | 2.00 [2.00, 2.00] |",
+        "| 0.500 [-2.677, 3.677] | 1.000 | 1->2: 5.0e-1, 1.5e0 | 2.00 [2.00, 2.00] | 1.75 (1.50-2.25) |",
         "| `hd1` | 0.250 | 0.500 [-2.677, 3.677] | 0.500 [-2.677, 3.677] | 0.500 [-2.677, 3.677] "
-        "| 0.500 [-2.677, 3.677] | - | - |",
+        "| 0.500 [-2.677, 3.677] | - | - | - |",
     ]
     study["readings"]["hd2"]["paired"] = {
         "reference": "hd1",

@@ -10,7 +10,8 @@ a 95% interval across seeds (``workbench.training.intervals``).
   in log tokens (``tokens_to_reach``), divided by FBT's tokens: the token ratio.
 - ``three-pass`` (FBT's stability knob): ``fbt.three_pass_fraction`` in {0, 0.03, 0.1, 0.3}; per
   member the K-pass residual at K = 2..8, the leading Lyapunov exponent from tangent vectors at
-  100 and 1000 steps (where the horizon reaches them), the step at which a 1e-3 perturbation of
+  100 and 1000 steps (where the horizon reaches them), of the carried-state map F_t (context
+  frozen) and of the whole decoding step (context carried too), the step at which a 1e-3 perturbation of
   the carried state first regrows to its size (``regrowth_step``), and held-out accuracy under
   ``soft`` and ``fused``.
 - ``hd-ablations`` (the Hidden Decoding paper's ablations): from a ``baseline`` per seed, HD
@@ -18,7 +19,8 @@ a 95% interval across seeds (``workbench.training.intervals``).
   progressive expansion, and at n = 4: every stream supervised, the sum-of-streams readout,
   cross-stream attention in every layer, and the shared key/value cache (later tokens see only the
   last stream's keys and values). Per member: held-out accuracy and completion loss per
-  task, the loss jump at each expansion, and the training time relative to n = 1.
+  task, the loss jump at each expansion, the training time relative to n = 1 (from the runs'
+  logs), and the cost of one training step relative to n = 1, measured side by side.
 """
 
 from __future__ import annotations
@@ -102,7 +104,8 @@ def run_study(
     write ``study.json`` there: the zoo's per-member rows (``models``, ``across_seeds``) and the
     study's ``readings``. ``reuse``: a zoo directory whose finished members the study copies
     instead of training them again where one is the same run (``zoo_counterparts``); their rows
-    keep the zoo's training time and name the copy's source (``reused_from``)."""
+    name the copy's source (``reused_from``), and their ``train_seconds``, from the copied metrics
+    log, are the zoo run's."""
     if not 1 <= seeds <= MAX_SEEDS:
         raise BadInput(f"seeds={seeds}: expected 1..{MAX_SEEDS} training seeds")
     threads, jobs = execution(scale, threads, jobs)
@@ -130,15 +133,16 @@ def run_study(
                     shutil.copytree(source, out / name, ignore=shutil.ignore_patterns(".workbench.lock", ".*.tmp", ".staging*"))
     summary = train_plan(plan, out, out / "study.json", summary, scale=scale, threads=threads, jobs=jobs, progress=progress)
     with hold(out):
-        for name, source in copies.items():
-            zoo_row = read_json(source.parent / "zoo.json")["models"].get(source.name, {})
-            summary["models"][name].update(reused_from=str(source), train_seconds=zoo_row.get("train_seconds"))
+        for name, source in copies.items():  # its training time is the zoo run's, from the copied metrics log
+            summary["models"][name]["reused_from"] = str(source)
         if study == "data-efficiency":
             summary["readings"] = data_efficiency(summary["models"])
         elif study == "three-pass":
             summary["readings"] = three_pass(summary["models"], out, HORIZONS[scale], threads * jobs)
         else:
             summary["readings"] = hd_ablations(summary["models"])
+            for member, ratio in hd_step_times(out, sorted(summary["readings"]), threads).items():
+                summary["readings"][member]["step_time_vs_hd1"] = ratio
         write_json(out / "study.json", summary)
     return summary
 
@@ -262,6 +266,7 @@ def stability(run: Path, horizon: int) -> dict:
     return {
         "kpass_residual": {str(r["passes"]): r["relative_residual"] for r in report["kpass"]["rows"] if "relative_residual" in r},
         "lyapunov_tangent": {T: v[0] for T, v in report["lyapunov_tangent"].items() if T in ("100", "1000")},
+        "lyapunov_tangent_full": {T: v[0] for T, v in report["lyapunov_tangent_full"].items() if T in ("100", "1000")},
         "regrowth_step": regrowth_step(report["per_step"]["perturbation_ratio"]),
         "horizon": report["horizon"],
     }
@@ -290,7 +295,10 @@ def three_pass(models: dict, out: Path, horizon: int, threads: int) -> dict:
             "runs": names,
             "per_seed": rows,
             "kpass_residual": {K: seed_interval([r["kpass_residual"][K] for r in rows]) for K in rows[0]["kpass_residual"]},
-            "lyapunov_tangent": {T: seed_interval([r["lyapunov_tangent"][T] for r in rows]) for T in rows[0]["lyapunov_tangent"]},
+            **{
+                key: {T: seed_interval([r[key][T] for r in rows]) for T in rows[0][key]}
+                for key in ("lyapunov_tangent", "lyapunov_tangent_full")
+            },
             "regrowth_step": seed_interval(regrew) if regrew else None,
             "never_regrew": len(rows) - len(regrew),
             "accuracy": accuracy,
@@ -367,6 +375,40 @@ def hd_ablations(models: dict) -> dict:
     return readings
 
 
+def hd_step_times(out: Path, members: list[str], threads: int, reps: int = 5) -> dict:
+    """The training cost of each HD member (seed 0) against ``hd1``, side by side in this process:
+    one optimiser step (its strategy's loss, backward, AdamW) of the trained model at its final
+    stream count on a fixed batch of the run's shape, every member's steps interleaved ``reps``
+    times after a warm-up (``workbench.bench.timing.measure``) with ``threads`` torch threads (a
+    member's own training threads: more threads than free cores slow small steps most, which
+    squeezes the ratios).
+    Member -> ``{ratio, spread}``: the median over the repetitions of its step time over ``hd1``'s
+    in the same repetition, and their min and max."""
+    from workbench.bench.timing import measure, ratio_of
+    from workbench.bench.train_steps import optimiser_step
+    from workbench.runtime.checkpoint import load_model
+    from workbench.training.train import make_strategy
+
+    def step_of(name: str) -> Callable:
+        cfg = load_run_config(out / name / "config.json")
+        model, strategy = load_model(out / name), make_strategy(cfg)
+        B, last = cfg.train.batch_size, cfg.train.steps - 1
+        sizes = {"batch": B, "seq": cfg.train.seq_len}
+        return optimiser_step(model, lambda x, y: strategy.loss(model, x, y, last, slice(0, B))[0], sizes)
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        times, _ = measure({name: step_of(name) for name in ["hd1", *[m for m in members if m != "hd1"]]}, reps)
+    finally:
+        torch.set_num_threads(before)
+    ratios = {}
+    for name in members:
+        r = ratio_of(times, "hd1", name, what_a="hd1 train step", what_b=f"{name} train step")
+        ratios[name] = {"ratio": r["ratio"], "spread": r["spread"]}
+    return ratios
+
+
 # ---- tables ------------------------------------------------------------------------------
 
 
@@ -402,6 +444,7 @@ def reading_rows(study: dict) -> list[dict]:
                     **{f"{task} completion loss": interval_text(v["completion_loss"]) for task, v in r["tasks"].items()},
                     "loss jumps": ", ".join(f"{k}: {interval_text(v, 2)}" for k, v in r["expansion_jumps"].items()) or "-",
                     "time / hd1": interval_text(r["time_vs_hd1"], 2),
+                    "step time / hd1": f"{r['step_time_vs_hd1']['ratio']:.2f}" if "step_time_vs_hd1" in r else "-",
                     "paired against": r["paired"]["reference"] if "paired" in r else "-",
                     "accuracy, minus it": interval_text(r["paired"]["accuracy"]) if "paired" in r else "-",
                     "completion loss, minus it": interval_text(r["paired"]["completion_loss"]) if "paired" in r else "-",
@@ -413,6 +456,7 @@ def reading_rows(study: dict) -> list[dict]:
                     "member": key,
                     **{f"residual K={K}": interval_text(v, 2) for K, v in r["kpass_residual"].items() if K in ("2", "4", "8")},
                     **{f"lambda({T})": interval_text(v, 2) for T, v in r["lyapunov_tangent"].items()},
+                    **{f"whole-step lambda({T})": interval_text(v, 2) for T, v in r.get("lyapunov_tangent_full", {}).items()},
                     "regrowth step": interval_text(r["regrowth_step"]),
                     "never regrew": f"{r['never_regrew']}/{len(r['runs'])}",
                     **{f"{regime} accuracy": interval_text(v) for regime, v in r["accuracy"].items()},

@@ -63,6 +63,11 @@ if study:
     st.subheader("Readings")
     st.dataframe(pd.DataFrame(reading_rows(summary)), hide_index=True)
     st.caption("Each cell: mean [95% Student-t interval] across training seeds; one seed gives the value alone.")
+    if study == "hd-ablations":
+        st.caption(
+            "But 'step time / hd1': one training step of the seed-0 model over hd1's, measured side by side in one "
+            "process (the median of interleaved repetitions); 'time / hd1' is from the runs' own training logs."
+        )
 
 st.subheader("Members across seeds")
 task = st.radio("Task", sorted(rows["task"].unique()), horizontal=True, key="zoo_task")

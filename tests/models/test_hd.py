@@ -169,6 +169,7 @@ EXPANSIONS = [
     ("1 -> 2, interleaved positions", lambda m: expand_streams(m, 2, cross_layers=(1,), positions="interleaved"), False),
     ("1 -> 2, cross window of 3 positions", lambda m: expand_streams(m, 2, cross_layers=(1,), cross_window=3), False),
     ("1 -> 2, sum readout", lambda m: expand_streams(m, 2, cross_layers=(1,), readout="sum"), False),
+    ("1 -> 2, shared key/value cache", lambda m: expand_streams(m, 2, cross_layers=(1,), kv="shared"), False),
 ]
 
 
@@ -181,7 +182,9 @@ def test_cyclic_replication_keeps_the_smaller_models_function_only_with_one_cros
     equal the smaller model's (to round-off, in fp64). A second cross layer reads the earlier
     streams, which the first one made differ (stream 0 of token i sees only one copy of token i);
     interleaved positions give the copies different rotary phases; a window cuts copies unevenly;
-    a sum readout adds the other streams: then the function changes."""
+    a sum readout adds the other streams; with the shared key/value cache the cross layer sees two
+    copies of its own token's key but one of each earlier token's (only the last stream's stays),
+    so the weights shift: then the function changes."""
     torch.manual_seed(0)
     base = build_model("baseline", "debug", seed=3).double()
     gap = _logit_gap(base, expand(base), tokens(2, 24))

@@ -40,7 +40,7 @@ def test_the_stability_measures_reach_the_horizon_they_report(tmp_path):
     assert set(HORIZONS.values()) == {100, 1000}
     run = save_model(build_model("fbt", "debug"), tmp_path / "fbt")
     measured = stability(run, 100)
-    assert list(measured["lyapunov_tangent"]) == ["100"]
+    assert list(measured["lyapunov_tangent"]) == list(measured["lyapunov_tangent_full"]) == ["100"]
     assert sorted(measured["kpass_residual"], key=int) == [str(k) for k in range(2, 9)]
 
 
@@ -162,7 +162,7 @@ def test_three_pass_on_the_micro_zoo(tmp_path):
     assert sorted(configs.values()) == sorted(THREE_PASS)
     for reading in study["readings"].values():
         assert sorted(reading["kpass_residual"], key=int) == [str(k) for k in range(2, 9)]
-        assert list(reading["lyapunov_tangent"]) == ["100"]
+        assert list(reading["lyapunov_tangent"]) == list(reading["lyapunov_tangent_full"]) == ["100"]
         assert (reading["regrowth_step"] is None) == (reading["never_regrew"] == 1)
         assert set(reading["accuracy"]) == {"soft", "fused"}
 
@@ -197,6 +197,9 @@ def test_hd_ablations_on_the_micro_zoo_reusing_its_members(tmp_path, micro_zoo):
     assert sorted(readings) == sorted(n for n in names if n != "baseline")
     assert list(readings["hd8"]["expansion_jumps"]) == ["2->4", "4->8"] and readings["hd1"]["expansion_jumps"] == {}
     assert readings["hd1"]["time_vs_hd1"]["mean"] == 1.0
+    # the step costs, side by side: hd1 against itself is 1 in every repetition; 8 streams cost more
+    assert readings["hd1"]["step_time_vs_hd1"] == {"ratio": 1.0, "spread": [1.0, 1.0]}
+    assert readings["hd8"]["step_time_vs_hd1"]["ratio"] > readings["hd2"]["step_time_vs_hd1"]["ratio"] > 1
     assert set(readings["hd4"]["tasks"]) == {"chain", "modsum", "flipflop"}
     assert {n: r["paired"]["reference"] for n, r in readings.items() if "paired" in r} == {
         "hd2": "hd1",

@@ -64,6 +64,22 @@ def test_a_zoo_member_is_bitwise_the_same_when_trained_again_and_differs_across_
     cell = zoo["across_seeds"]["fbt"]["tasks"]["chain"]["loss"]["standard"]
     losses = [zoo["models"][n]["tasks"]["chain"]["loss"]["standard"] for n in ("fbt", "fbt-seed1")]
     assert cell["values"] == losses and math.isclose(cell["mean"], sum(losses) / 2)
+    # recorded again by a zoo that finds it trained: the member keeps its training time (from its
+    # metrics log), while this session spent next to none in training
+    again = train_zoo("micro", tmp_path / "a", progress=False, only=["fbt"], seeds=1)["models"]["fbt"]
+    assert again["train_seconds"] == zoo["models"]["fbt"]["train_seconds"] > 0
+    assert again["resumed_from"] == SCALES["micro"]["steps"] and again["session_seconds"] < again["train_seconds"]
+
+
+def test_logged_seconds_sums_each_windows_steps_at_its_rate(tmp_path):
+    """Records at steps 10, 20, 25 with 100, 200 and 50 tokens/s and 10 tokens a step: 10 x 10 / 100
+    + 10 x 10 / 200 + 5 x 10 / 50 = 1 + 0.5 + 1 = 2.5 seconds."""
+    from workbench.training.metrics import logged_seconds
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(f'{{"step": {s}, "tokens_per_s": {r}}}\n' for s, r in ((10, 100), (20, 200), (25, 50))))
+    assert logged_seconds(path, 10) == 2.5
+    assert logged_seconds(tmp_path / "none.jsonl", 10) == 0.0
 
 
 def test_competence_compares_standard_accuracy_with_each_target():

@@ -15,7 +15,7 @@ from workbench.training.runconfig import make_run_config
 from workbench.training.train import FBTStrategy
 
 
-def _train_step(model, loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], sizes: dict, seed: int = 0) -> Callable:
+def optimiser_step(model, loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], sizes: dict, seed: int = 0) -> Callable:
     """One optimiser step on a fixed random batch: ``loss(x, y)``, backward, AdamW; on the model's
     device, in bf16 autocast on CUDA (as training runs there)."""
     device = next(model.parameters()).device
@@ -51,7 +51,7 @@ def _fbt_train_step(preset: str, sizes: dict, passes: int, device: str = "cpu") 
     cfg = make_run_config("fbt", preset, "chain", [f"train.batch_size={sizes['batch']}", f"train.seq_len={sizes['seq']}"])
     model = build_model("fbt", preset, device=device)
     strategy = _FixedPasses(cfg, passes)
-    return _train_step(model, lambda x, y: strategy.loss(model, x, y, 0, slice(0, sizes["batch"]))[0], sizes)
+    return optimiser_step(model, lambda x, y: strategy.loss(model, x, y, 0, slice(0, sizes["batch"]))[0], sizes)
 
 
 def _plain_train_step(model, sizes: dict, hf: bool = False) -> Callable:
@@ -61,7 +61,7 @@ def _plain_train_step(model, sizes: dict, hf: bool = False) -> Callable:
         logits = model(x).logits if hf else model(x)
         return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), x[:, 1:].flatten())
 
-    return _train_step(model, loss, sizes)
+    return optimiser_step(model, loss, sizes)
 
 
 def _hd_model(preset: str, n: int, dense: bool, seed: int = 0, device: str = "cpu"):

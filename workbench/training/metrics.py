@@ -26,3 +26,16 @@ def read_metrics(path: Path) -> list[dict]:
             raise BadInput(f"corrupt line {number} of {path}: {line[:60]!r}") from None
         records.append(record)
     return records
+
+
+def logged_seconds(path: Path, batch_tokens: int) -> float:
+    """The training time of a run from its ``metrics.jsonl``: each record's window (the steps since
+    the record before it, or since step 0) at the record's ``tokens_per_s``, with ``batch_tokens``
+    tokens a step. A resumed run dropped its records after the checkpoint it resumed from, so this
+    is the time of the steps the run kept, over every session that trained it; model building,
+    checkpoint loading before the first step and evaluation are not in it."""
+    seconds, previous = 0.0, 0
+    for record in read_metrics(path):
+        seconds += (record["step"] - previous) * batch_tokens / record["tokens_per_s"]
+        previous = record["step"]
+    return seconds

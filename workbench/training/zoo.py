@@ -36,6 +36,7 @@ from workbench.storage.outputs import hold
 from workbench.storage.provenance import source_commit
 from workbench.training.evaluate import evaluate_run
 from workbench.training.intervals import seed_interval
+from workbench.training.metrics import logged_seconds
 from workbench.training.runconfig import RunConfig, load_run_config, make_run_config, run_config_from_dict
 from workbench.training.train import EXPANSIONS_FILE, check_new_run_dir, train
 
@@ -259,7 +260,10 @@ def train_plan(
             summary["models"][name] = {
                 "member": plain,
                 "seed": seed,
-                "train_seconds": round(done["seconds"], 1),
+                # the run's own training time over every session that trained it (a resumed or
+                # copied member keeps its earlier sessions'); this process's time in ``train``
+                "train_seconds": round(logged_seconds(run / "metrics.jsonl", cfg.train.batch_size * cfg.train.seq_len), 1),
+                "session_seconds": round(done["seconds"], 1),
                 "eval_seconds": evaluation["seconds"],
                 "resumed_from": done["resumed_from"],
                 "tokens": cfg.train.steps * cfg.train.batch_size * cfg.train.seq_len,
