@@ -33,7 +33,9 @@ def logged_seconds(path: Path, batch_tokens: int) -> float:
     the record before it, or since step 0) at the record's ``tokens_per_s``, with ``batch_tokens``
     tokens a step. A resumed run dropped its records after the checkpoint it resumed from, so this
     is the time of the steps the run kept, over every session that trained it; model building,
-    checkpoint loading before the first step and evaluation are not in it."""
+    checkpoint loading before the first step and evaluation are not in it. (A resume from a
+    checkpoint between two records counts the steps from the earlier record at the resumed
+    window's rate: exact where checkpoints fall on logged steps, as in the zoo.)"""
     seconds, previous = 0.0, 0
     for record in read_metrics(path):
         seconds += (record["step"] - previous) * batch_tokens / record["tokens_per_s"]
