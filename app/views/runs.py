@@ -25,7 +25,7 @@ def train_zoo_panel() -> None:
         captions=[
             "~15 s on 2 cores: a plumbing check that exercises every page and learns nothing",
             "~11 min: the cpu zoo's tasks for a third of its steps; learns part of the flip-flop, not modsum or chain",
-            "~24 min (estimated): the reference zoo at one seed (docs/training.md; three seeds from the CLI)",
+            "~30 min (estimated): the reference zoo at one seed (docs/training.md; three seeds from the CLI)",
         ],
     )
     out = root / scale
