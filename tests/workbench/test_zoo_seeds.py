@@ -61,6 +61,9 @@ def test_a_zoo_member_is_bitwise_the_same_when_trained_again_and_differs_across_
     assert (
         zoo["models"]["fbt-seed1"]["seed"] == 1 and read_json(tmp_path / "a" / "fbt-seed1" / "config.json")["train"]["seed"] == 1
     )
+    # one member after another: the zoo's wall-clock holds every member's training and evaluation
+    work = sum(m["session_seconds"] + m["eval_seconds"] for m in zoo["models"].values())
+    assert zoo["session_wall_seconds"] > work
     cell = zoo["across_seeds"]["fbt"]["tasks"]["chain"]["loss"]["standard"]
     losses = [zoo["models"][n]["tasks"]["chain"]["loss"]["standard"] for n in ("fbt", "fbt-seed1")]
     assert cell["values"] == losses and math.isclose(cell["mean"], sum(losses) / 2)

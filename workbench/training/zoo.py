@@ -242,8 +242,9 @@ def train_plan(
     """Train (or resume) and evaluate every ``(name, member, seed, config)`` of ``plan`` into
     ``out/name``, ``jobs`` at a time (each in its own process when ``jobs`` > 1; a member
     continued from another starts once that one is done) with ``threads`` torch threads each,
-    holding ``out``; after each, write ``summary`` (its ``models`` and ``across_seeds`` filled in)
-    to ``summary_path``, keeping the entries of members a previous partial run there recorded."""
+    holding ``out``; after each, write ``summary`` (its ``models``, ``across_seeds`` and
+    ``session_wall_seconds`` filled in) to ``summary_path``, keeping the entries of members a
+    previous partial run there recorded."""
     for name, _, _, cfg in plan:  # before anything is written
         check_member(out / name, cfg)
     with hold(out):
@@ -253,6 +254,7 @@ def train_plan(
                 summary["models"].update(previous["models"])
                 summary["seeds"] = max(summary["seeds"], int(previous.get("seeds", 1)))
         summary["commit"] = source_commit()
+        started = time.perf_counter()
 
         def record(name: str, plain: str, seed: int, cfg: RunConfig, done: dict) -> None:
             run = out / name
@@ -273,6 +275,9 @@ def train_plan(
                 "expansions": read_json(run / EXPANSIONS_FILE)["expansions"] if (run / EXPANSIONS_FILE).is_file() else [],
             }
             summary["across_seeds"] = across_seeds(summary["models"])
+            # this process's wall-clock so far (a zoo's budget is measured by it; a resumed or
+            # partial zoo records its own session only)
+            summary["session_wall_seconds"] = round(time.perf_counter() - started, 1)
             write_json(summary_path, summary)  # after every member: a stopped zoo keeps what it finished
 
         if jobs == 1:
