@@ -35,10 +35,21 @@ import torch
 from workbench.runtime.config import make_config
 from workbench.storage.errors import BadInput, MissingFile
 from workbench.storage.files import read_json, write_json
-from workbench.storage.outputs import hold
+from workbench.storage.outputs import LOCK, RECORD, hold, record_made
 from workbench.training.intervals import seed_interval
 from workbench.training.runconfig import load_run_config
-from workbench.training.zoo import MAX_SEEDS, SCALES, config_differences, execution, member_config, seed_name, train_plan
+from workbench.training.train import RUN
+from workbench.training.zoo import (
+    MAX_SEEDS,
+    SCALES,
+    ZOO,
+    config_differences,
+    execution,
+    member_config,
+    previous_summary,
+    seed_name,
+    train_plan,
+)
 
 STUDIES = ("data-efficiency", "three-pass", "hd-ablations")
 BUDGETS = (0.25, 0.5, 1.0)  # data-efficiency: fractions of the scale's training steps
@@ -125,12 +136,15 @@ def run_study(
         "torch": torch.__version__,
         "models": {},
     }
+    previous_summary(out / "study.json")  # a user's file of that name is refused before anything is copied or trained
     copies = zoo_counterparts(plan, Path(reuse)) if reuse is not None else {}
     if copies:
         with hold(out):
             for name, source in copies.items():
                 if not (out / name).exists():  # an earlier copy (or run) there is checked as any member is
-                    shutil.copytree(source, out / name, ignore=shutil.ignore_patterns(".workbench.lock", ".*.tmp", ".staging*"))
+                    ignore = shutil.ignore_patterns(LOCK, RECORD, ".*.tmp", ".staging*")
+                    shutil.copytree(source, out / name, ignore=ignore, symlinks=True)
+                    record_made(out / name, RUN, *(out / name).iterdir())  # the copy is the study's: what it copied
     summary = train_plan(plan, out, out / "study.json", summary, scale=scale, threads=threads, jobs=jobs, progress=progress)
     with hold(out):
         for name, source in copies.items():  # its training time is the zoo run's, from the copied metrics log
@@ -144,6 +158,7 @@ def run_study(
             for member, ratio in hd_step_times(out, sorted(summary["readings"]), threads).items():
                 summary["readings"][member]["step_time_vs_hd1"] = ratio
         write_json(out / "study.json", summary)
+        record_made(out, ZOO, out / "study.json")
     return summary
 
 

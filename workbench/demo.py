@@ -54,7 +54,7 @@ def run_demo(out_dir: str | Path, preset: str = "tiny", seed: int = 0, *, overwr
     make_config("baseline", preset)  # an unknown preset is named before anything is written
     with claim(out_dir, "demo", overwrite=overwrite) as out:
         report = _demo(out, preset, seed)
-        out.publish(replaces=("fbt", "hf_baseline"))
+        out.publish()
     return report
 
 

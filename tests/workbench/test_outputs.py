@@ -24,7 +24,7 @@ from helpers import assert_nothing_lost, assert_usage_error, cli, snapshot, tall
 
 from workbench import build_model, load_model, save_model
 from workbench.probing.store import load_store
-from workbench.storage.outputs import LOCK, STAGING_MARK, OutputBusy, claim, hold
+from workbench.storage.outputs import LOCK, RECORD, STAGING_MARK, OutputBusy, claim, hold, record_made
 from workbench.training.metrics import read_metrics
 
 CONCURRENT = tally("concurrent writers")
@@ -137,8 +137,8 @@ def test_a_claim_refuses_before_creating_anything_and_publishes_atomically(tmp_p
         (out.staging / "rollout.png").write_text("figure")
         (out.staging / "dynamics.json").write_text("{}")
         assert not (tmp_path / "new" / "dynamics.json").exists()  # nothing visible before publish
-        out.publish(replaces=("rollout.png",))
-    assert sorted(p.name for p in (tmp_path / "new").iterdir()) == [LOCK, "dynamics.json", "rollout.png"]
+        out.publish()
+    assert sorted(p.name for p in (tmp_path / "new").iterdir()) == sorted([LOCK, RECORD, "dynamics.json", "rollout.png"])
     with pytest.raises(FileExistsError, match="holds a previous dynamics study: pass --overwrite"):
         with claim(tmp_path / "new", "dynamics"):
             pass
@@ -391,7 +391,7 @@ def test_overwrite_replaces_only_the_previous_output(trained, tmp_path):
     assert cli(argv + ["--overwrite"])[0] is None
     ds, meta = load_store(store)
     assert meta["n_sequences"] == 20 and [s["name"] for s in meta["shards"]] == ["shard-00000.arrow"]
-    assert sorted(p.name for p in store.iterdir()) == [LOCK, "README.txt", "shard-00000.arrow", "store.json"]
+    assert sorted(p.name for p in store.iterdir()) == sorted([LOCK, RECORD, "README.txt", "shard-00000.arrow", "store.json"])
 
 
 def test_a_json_output_replaces_only_an_earlier_json_output(tmp_path):
@@ -476,7 +476,9 @@ def test_a_killed_cache_leaves_only_staging_that_the_next_writer_keeps(tmp_path)
         load_store(store)
     assert cli(argv[:-4] + ["--n", "8", "--out", str(store)])[0] is None  # no --overwrite needed: nothing was published
     # the killed writer's staging is kept, not the next writer's to delete, and does not block it
-    assert sorted(p.name for p in store.iterdir()) == sorted([LOCK, "shard-00000.arrow", "store.json", f".staging-{proc.pid}"])
+    assert sorted(p.name for p in store.iterdir()) == sorted(
+        [LOCK, RECORD, "shard-00000.arrow", "store.json", f".staging-{proc.pid}"]
+    )
     assert (store / f".staging-{proc.pid}" / "shard-00001.arrow").is_file()
     load_store(store)
 
@@ -532,7 +534,9 @@ def test_a_failed_probe_sweep_leaves_no_temporary_directories(tmp_path):
 def test_a_torn_zoo_summary_is_named(tmp_path):
     zoo = tmp_path / "zoo"
     zoo.mkdir()
-    (zoo / "zoo.json").write_text('{"scale": "micro", "models": {"base')  # a non-atomic write cut short
+    (zoo / "zoo.json").write_text("{}")
+    record_made(zoo, "zoo", zoo / "zoo.json")  # the zoo's own summary ...
+    (zoo / "zoo.json").write_text('{"scale": "micro", "models": {"base')  # ... cut short by a write in place
     WRONG["faults_injected"] += 1
     assert_usage_error(
         ["zoo", "--preset", "micro", "--out", str(zoo), "--only", "baseline", "--no-progress"],
@@ -593,7 +597,7 @@ def test_a_writer_removes_only_what_it_recorded_making(tmp_path, caplog, fails):
                 move_in("notes.txt", writer.staging)
                 move_in("deep.txt", writer.staging / "figures")
                 raise RuntimeError("boom")
-            writer.publish(replaces=("figures", "states.safetensors"))
+            writer.publish()
             move_in("notes.txt", writer.staging)
             move_in("deep.txt", writer.staging / ".staging-replaced")  # beside the replaced output
     left = sorted(str(p.relative_to(writer.staging)) for p in writer.staging.rglob("*"))

@@ -188,7 +188,7 @@ def test_probe_out_is_a_directory_and_the_old_file_spelling_still_works(tmp_path
     assert (tmp_path / "file").read_text() == "mine"
     config = (run / "config.json").read_text()  # the old spelling never writes over what is not a probe report
     code, _, err = cli([*argv, "--out", str(run / "config.json"), "--overwrite"])
-    assert code == 2 and "config.json exists and is not a probe report" in err.splitlines()[-1]
+    assert code == 2 and "no probe sweep of this workbench wrote (config.json)" in err.splitlines()[-1]
     assert (run / "config.json").read_text() == config
 
 

@@ -7,6 +7,8 @@ pytest prints every fault class's tally at the end of the session (``tests/helpe
 import contextlib
 import json
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -195,6 +197,13 @@ def replace_file(content):  # a new file (the published weights are a hard link 
     return change
 
 
+def dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+DEAD = dead_pid()  # a killed writer's PID, as atomic_write names its temporary files
 RECOVERABLE = [
     ("metrics with a torn last line", "metrics.jsonl", lambda p: p.write_text(p.read_text() + '{"step": 6, "lo')),
     ("published weights missing", W, remove),
@@ -202,8 +211,8 @@ RECOVERABLE = [
     ("published tokenizer garbage", T, replace_file(b"{")),
     (
         "temp files of killed writes",
-        ".model.safetensors.x1.tmp",
-        lambda p: [p.write_bytes(b"half"), (p.parent / "train_state" / ".state.json.x2.tmp").write_text("{")],
+        f".model.safetensors.wb-{DEAD}-x1.tmp",
+        lambda p: [p.write_bytes(b"half"), (p.parent / "train_state" / f".state.json.wb-{DEAD}-x2.tmp").write_text("{")],
     ),
 ]
 

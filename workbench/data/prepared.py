@@ -308,7 +308,7 @@ def prepare_corpus(
         }
         write_json(held.staging / META, meta)
         held.made(held.staging / META)
-        held.publish(replaces=_is_corpus_file)
+        held.publish()
     return meta
 
 

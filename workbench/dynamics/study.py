@@ -260,7 +260,7 @@ def dynamics_study(
         save_file({name: s.contiguous() for name, s in states.items()}, str(out.staging / STATES))
         write_json(out.staging / "dynamics.json", report)
         out.made(out.staging / STATES, out.staging / "dynamics.json")
-        out.publish(replaces=(*FIGURES, STATES))
+        out.publish()
     return report
 
 

@@ -234,7 +234,7 @@ def cache_activations(
         }
         write_json(out.staging / META, meta)
         out.made(out.staging / META)
-        out.publish(replaces=lambda name: SHARD.match(name) is not None)
+        out.publish()
     return out_dir
 
 
@@ -273,6 +273,14 @@ def load_store(directory: str | Path, *, verify: bool = True):
         if not isinstance(meta.get(key), kind) or isinstance(meta.get(key), bool):
             raise BadInput(f"{where}: {META} field {key!r} is {meta.get(key)!r}, expected {kind.__name__}")
     entries = [e if isinstance(e, dict) else {"name": e} for e in meta["shards"]]  # format 1 listed bare names
+    if meta.get("format", 1) != 1:  # from format 2 on every shard has its size, rows and checksum: none may go missing
+        for entry in entries:
+            missing = [key for key in ("bytes", "rows", "crc32") if key not in entry]
+            if missing:
+                raise BadInput(
+                    f"{where}: shard {entry.get('name')!r} in {META} has no {', '.join(missing)} "
+                    f"(format {meta.get('format')} records them for every shard)"
+                )
     parts, total = [], 0
     for entry in entries:
         name = entry.get("name")

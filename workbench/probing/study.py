@@ -26,9 +26,11 @@ from workbench.runtime.palette import regime_color
 from workbench.runtime.tokenizer import tokenizer_of
 from workbench.storage.errors import BadInput, NotADirectory, OutputExists
 from workbench.storage.files import atomic_write, fsync, read_json, write_json
-from workbench.storage.outputs import hold, staging_in
+from workbench.storage.outputs import discard, foreign_entries, hold, listing, real_directory, record_made, record_of, staging_in
 from workbench.storage.provenance import source_commit
 from workbench.training.runconfig import task_config
+
+RESULTS = "results"  # the kind of the output record of a directory probe sweeps write into
 
 MAX_SEQUENCES = 100_000
 TARGET_TASK = {label: task for task, labels in LABELS.items() for label in labels}
@@ -95,6 +97,10 @@ def probe_study(
     hooks = hook_names(model, hooks or default_hooks(model.cfg.n_layers))  # patterns become the names the store has
     task = TARGET_TASK[target]
     results_dir = Path(out) if out is not None else run_dir / "results"
+    if out is None and results_dir.is_symlink():
+        raise BadInput(
+            f"{results_dir} is a symbolic link, expected the run's own directory: the workbench does not write through links"
+        )
     if results_dir.exists() and not results_dir.is_dir():
         raise NotADirectory(f"{results_dir} is a file: --out takes the directory a probe sweep writes into")
     out = results_dir / (report_name or f"probe_{target}.json")
@@ -174,29 +180,40 @@ def probe_study(
             "rows": rows,
         }
         # publish: the probe weights as one directory swap, then the figure, then the report last
-        probes_dir.parent.mkdir(parents=True, exist_ok=True)
-        if probes_dir.exists():
-            os.replace(probes_dir, staging.path / "replaced-probes")
-            staging.made(staging.path / "replaced-probes")  # the previous sweep's, which this one replaces
+        real_directory(probes_dir.parent)
+        if probes_dir.exists():  # the previous sweep's (``check_probe_outputs``): only what it recorded goes
+            rel = str(probes_dir.relative_to(results_dir))
+            discard(staging, results_dir, rel, staging.path / "replaced-probes", record_of(results_dir, RESULTS))
         os.replace(staging.path / "probes", probes_dir)
         fsync(probes_dir.parent)
         figure = plot_probe_rows(rows, out.with_suffix(".png"), f"{run_dir.name}: probing {target}", model.arch)
         write_json(out, report)
+        record_made(results_dir, RESULTS, probes_dir, figure, out)
     report["figure"] = str(figure)
     return report
 
 
 def check_probe_outputs(out: Path, probes_dir: Path, overwrite: bool) -> None:
     """A sweep writes new files, or replaces a previous sweep's with ``overwrite``; never a file it
-    did not write."""
-    figure = out.with_suffix(".png")
-    if out.exists() and not _is_probe_report(out):
-        raise OutputExists(f"{out} exists and is not a probe report: choose another --out")
-    if figure.exists() and not out.exists():
-        raise OutputExists(f"{figure} exists and belongs to no probe report: choose another --out")
-    previous = [p for p in (out, probes_dir) if p.exists()]
-    if previous and not overwrite:
-        raise OutputExists(f"{previous[0]} holds a previous probe sweep: pass --overwrite to replace it")
+    did not write: a previous sweep's report, figure and probe weights are the ones the directory's
+    record (``RESULTS``) names, with the identity it recorded, and nothing else is among them."""
+    results_dir, figure = out.parent, out.with_suffix(".png")
+    if (results_dir / "probes").is_symlink():
+        raise BadInput(
+            f"{results_dir / 'probes'} is a symbolic link, expected a real directory: the workbench does not write through links"
+        )
+    names = [str(p.relative_to(results_dir)) for p in (out, figure, probes_dir) if p.exists() or p.is_symlink()]
+    if not names:
+        return
+    record = record_of(results_dir, RESULTS)
+    foreign = foreign_entries(results_dir, record, names)
+    if foreign or not (out.exists() and _is_probe_report(out)):
+        raise OutputExists(
+            f"{results_dir} holds files that no probe sweep of this workbench wrote ({listing(foreign or names)}): "
+            "move them away or choose another --out"
+        )
+    if not overwrite:
+        raise OutputExists(f"{out} holds a previous probe sweep: pass --overwrite to replace it")
 
 
 def _is_probe_report(path: Path) -> bool:

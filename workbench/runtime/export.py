@@ -16,8 +16,8 @@ import torch
 
 from models import DecoderLM
 from workbench.runtime.tokenizer import CharTokenizer, TokenizerBase
-from workbench.storage.files import read_json, write_json
-from workbench.storage.outputs import claim
+from workbench.storage.files import write_json
+from workbench.storage.outputs import STAGING_MARK, claim
 
 
 def hf_llama_config(model: DecoderLM, tokenizer: TokenizerBase):
@@ -69,16 +69,6 @@ def hf_state_dict(model: DecoderLM) -> dict[str, torch.Tensor]:
     return {k: v.detach().float().cpu() for k, v in out.items()}
 
 
-HF_FILES = (
-    "config.json",
-    "generation_config.json",
-    "model.safetensors",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-)  # what an export wrote before workbench_export.json listed its files
-
-
 def export_hf(model: DecoderLM, out_dir: str | Path, tokenizer: TokenizerBase | None = None, *, overwrite: bool = False) -> Path:
     """Write ``config.json``, ``model.safetensors`` and the tokenizer files to ``out_dir``: a new or
     empty directory, or a previous export there, replaced only with ``overwrite``."""
@@ -89,7 +79,6 @@ def export_hf(model: DecoderLM, out_dir: str | Path, tokenizer: TokenizerBase | 
         raise ValueError(f"tokenizer has {tokenizer.vocab_size} ids but the model's d_vocab is {model.cfg.d_vocab}")
     out_dir = Path(out_dir)
     with claim(out_dir, "export", overwrite=overwrite) as out:
-        previous = _previous_files(out_dir) if out.previous else ()
         hf = LlamaForCausalLM(hf_llama_config(model, tokenizer))
         missing, unexpected = hf.load_state_dict(hf_state_dict(model), strict=False)
         if unexpected or any(not k.startswith("lm_head") for k in missing):
@@ -115,11 +104,11 @@ def export_hf(model: DecoderLM, out_dir: str | Path, tokenizer: TokenizerBase | 
                 "hd": "the first embedding table and the blocks, read as a single-stream model",
             }[model.arch],
             "dropped": dropped,
-            "files": sorted(p.name for p in out.staging.iterdir()),
+            "files": sorted(p.name for p in out.staging.iterdir() if p.name != STAGING_MARK),  # what the export holds
         }
         write_json(out.staging / "workbench_export.json", note)
         out.made(out.staging / "workbench_export.json")
-        out.publish(replaces=previous)
+        out.publish()
     return out_dir
 
 
@@ -133,10 +122,3 @@ def _restricting_window(model: DecoderLM) -> str | None:
         f"cross_window={window} of layers {list(getattr(model.cfg, 'cross_layers', ()))}: the export attends over the whole "
         "causal context there"
     )
-
-
-def _previous_files(out_dir: Path) -> tuple[str, ...]:
-    files = read_json(out_dir / "workbench_export.json").get("files")
-    if isinstance(files, list) and all(isinstance(f, str) for f in files):
-        return tuple(files)
-    return HF_FILES

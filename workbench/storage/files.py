@@ -4,27 +4,29 @@ objects read with errors that name the file. The bottom of the workbench: it imp
 from __future__ import annotations
 
 import errno
-import glob
 import json
 import os
+import re
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 
 from workbench.storage.errors import BadInput, MissingFile
 
 TMP_SUFFIX = ".tmp"
+TMP_MARK = "wb-"  # a temporary file's name: .NAME.wb-PID-RANDOM.tmp, its writer's PID in it
 
 
 def atomic_write(path: Path, write) -> None:
     """Write through ``write(tmp_path)`` then rename, so a crash never leaves a half-written file
-    (only a hidden ``.NAME.*.tmp`` beside it). The temporary file is fsynced before the rename and
+    (only a hidden ``.NAME.wb-PID-*.tmp`` beside it). The temporary file is fsynced before the rename and
     the directory after it, so once this returns the new file survives a power loss too (a rename
     alone can reach the disk before the data it publishes). OS errors name ``path``, not the
     temporary file."""
     path = Path(path)
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{TMP_MARK}{os.getpid()}-", suffix=TMP_SUFFIX)
     except OSError as err:
         raise _naming(err, path) from err
     except ValueError as err:  # a NUL byte: a path no file system takes
@@ -50,12 +52,34 @@ def _naming(err: OSError, path: Path) -> OSError:
     return OSError(err.errno, f"cannot write {path}: {err.strerror}")  # OSError(errno, ...) keeps the subclass
 
 
-def remove_stale_temps(directory: Path, names) -> None:
-    """Delete what ``atomic_write`` left of ``names`` in ``directory`` when a process was killed
-    mid-write. Only for a directory with one writer (the training process that owns it)."""
-    for name in names:
-        for tmp in Path(directory).glob(f".{glob.escape(name)}.*{TMP_SUFFIX}"):
+def remove_stale_temps(directory: Path, names=None) -> None:
+    """Delete what ``atomic_write`` left of ``names`` (default: of any file) in ``directory`` when a
+    process was killed mid-write: only a regular file named as ``atomic_write`` names its
+    temporaries, owned by this user, whose writer (the PID in its name) no longer runs, so neither a
+    user's look-alike nor a live writer's temporary goes. Only for a directory with one writer at a
+    time (the training process that holds it)."""
+    names = [re.escape(name) for name in names] if names is not None else [".+"]
+    pattern = re.compile(rf"^\.(?:{'|'.join(names)})\.{TMP_MARK}(\d+)-[^./]+{re.escape(TMP_SUFFIX)}$")
+    for tmp in Path(directory).glob(f".*.{TMP_MARK}*{TMP_SUFFIX}"):
+        match = pattern.match(tmp.name)
+        try:
+            st = tmp.lstat()
+        except FileNotFoundError:
+            continue
+        if match and stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and not _running(int(match.group(1))):
             tmp.unlink(missing_ok=True)
+
+
+def _running(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True  # another user's live process, or a PID no process has: left alone either way
+    return True
 
 
 def link_or_copy(src: Path, dst: Path) -> None:

@@ -15,17 +15,28 @@ create.
   (``Claim.made``, ``Claim.making``), and cleanup removes only that (``Staging``). No process
   removes another's staging directory: the next holder names a dead writer's leftover in a warning
   and leaves it for the user to delete.
+- ``DIR/.workbench-output.json``, the output record: the kind of output a verb made in a directory
+  and every entry it made there, by relative path with the (device, inode) it had. A previous output
+  is recognised by its record, never by a file name, and only what the record names (with the same
+  identity) is ever replaced or removed: a user's file of the same name, or one put inside a
+  directory the workbench made, is not the workbench's (``read_record``, ``record_made``,
+  ``foreign_entries``).
 - Runs, zoos and a run's ``results/`` keep their own rules (resume, refresh) and use ``hold``.
+- Nothing is opened for writing through a link: the lock is opened with ``O_NOFOLLOW`` and must be a
+  regular file, and a directory the workbench writes inside a run (``real_directory``) must be a
+  real directory, not a link to one.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import logging
 import os
 import re
 import socket
+import stat
 import sys
 import threading
 import time
@@ -35,31 +46,34 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workbench.storage.errors import BadInput, NotADirectory, OutputBusy, OutputExists
-from workbench.storage.files import fsync
+from workbench.storage.files import fsync, write_json
 
 logger = logging.getLogger(__name__)
 
 LOCK = ".workbench.lock"
+RECORD = ".workbench-output.json"  # the output record: what a verb made in a directory
+RECORD_FORMAT = 1
 STAGING = ".staging-"  # + the writer's PID
 STAGING_MARK = ".workbench-staging"  # inside every staging directory: what makes a leftover one removable
 _STAGING = re.compile(r"^\.staging-(\d+)$")
-_TMP = re.compile(r"^\..+\.tmp$")  # what files.atomic_write leaves when a writer is killed
+_TMP = re.compile(r"^\..+\.wb-\d+-[^.]+\.tmp$")  # what files.atomic_write leaves when a writer is killed
 
 
 @dataclass(frozen=True)
 class Kind:
+    name: str  # "store": the kind an output record names
     noun: str  # "activation store"
     article: str  # "an"
     marker: str  # the metadata file that says a directory holds this kind of output
 
 
 KINDS = {
-    "store": Kind("activation store", "an", "store.json"),
-    "dynamics": Kind("dynamics study", "a", "dynamics.json"),
-    "traces": Kind("trace study", "a", "summary.json"),
-    "export": Kind("Hugging Face export", "a", "workbench_export.json"),
-    "demo": Kind("demo output", "a", "demo.json"),
-    "corpus": Kind("prepared corpus", "a", "corpus.json"),
+    "store": Kind("store", "activation store", "an", "store.json"),
+    "dynamics": Kind("dynamics", "dynamics study", "a", "dynamics.json"),
+    "traces": Kind("traces", "trace study", "a", "summary.json"),
+    "export": Kind("export", "Hugging Face export", "a", "workbench_export.json"),
+    "demo": Kind("demo", "demo output", "a", "demo.json"),
+    "corpus": Kind("corpus", "prepared corpus", "a", "corpus.json"),
 }
 
 _held: dict[Path, list] = {}  # resolved directory -> [thread id, nesting depth]
@@ -69,7 +83,7 @@ _held_guard = threading.Lock()
 def is_bookkeeping(name: str) -> bool:
     """Files of ours that say nothing about what a directory holds: the lock, staging directories,
     and the temporary files of a killed atomic write."""
-    return name == LOCK or bool(_STAGING.match(name)) or bool(_TMP.match(name))
+    return name in (LOCK, RECORD) or bool(_STAGING.match(name)) or bool(_TMP.match(name))
 
 
 def contents(directory: Path) -> list[str]:
@@ -148,10 +162,7 @@ def hold(directory: str | Path) -> Iterator[Path]:
                 entry[1] -= 1
         return
     path = directory / LOCK
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    except OSError as err:
-        raise OSError(err.errno, f"cannot lock {directory}: {err.strerror} ({path})") from None
+    fd = _open_lock(path)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -162,7 +173,10 @@ def hold(directory: str | Path) -> Iterator[Path]:
             ) from None
         stale = _read_record(fd)
         if stale:
-            state = "still running, not holding it" if _alive(stale.get("pid")) else "no longer running"
+            if stale.get("host") != socket.gethostname():  # a pid means nothing on another host
+                state = "on another host: whether it still runs cannot be checked from here"
+            else:
+                state = "still running, not holding it" if _alive(stale.get("pid")) else "no longer running"
             logger.warning("%s: took over a stale lock of %s (%s)", directory, _describe(stale), state)
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(_holder_record()) + "\n").encode(), 0)
@@ -178,6 +192,139 @@ def hold(directory: str | Path) -> Iterator[Path]:
         os.close(fd)  # closing releases the flock
 
 
+def _open_lock(path: Path) -> int:
+    """The lock file, opened for writing only if it is a regular file: never through a link (a
+    planted link would have every writer truncate its target) and never a FIFO or device (opened
+    without blocking, then refused)."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise BadInput(f"cannot lock {path.parent}: {path} is a symbolic link, expected a regular file (remove it)") from None
+        raise OSError(err.errno, f"cannot lock {path.parent}: {err.strerror} ({path})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise BadInput(f"cannot lock {path.parent}: {path} is not a regular file (remove it)")
+    return fd
+
+
+def real_directory(path: str | Path) -> Path:
+    """``path`` as a directory the workbench may write in: made if missing (with its parents), and
+    refused with one line if it is a link (a planted link would send the writes to its target) or
+    anything but a directory."""
+    path = Path(path)
+    if path.is_symlink():
+        raise BadInput(f"{path} is a symbolic link, expected a real directory: the workbench does not write through links")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise NotADirectory(f"{path} exists and is not a directory") from None
+    return path
+
+
+# ---- the output record -------------------------------------------------------------------------
+
+
+def read_record(directory: str | Path) -> dict | None:
+    """The output record of ``directory``, or None when there is none that this workbench wrote (no
+    file, a link, not JSON, or not a record of this format)."""
+    path = Path(directory) / RECORD
+    if path.is_symlink() or not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError):
+        return None
+    ok = (
+        isinstance(record, dict)
+        and record.get("format") == RECORD_FORMAT
+        and isinstance(record.get("kind"), str)
+        and isinstance(record.get("made"), dict)
+    )
+    return record if ok else None
+
+
+def record_of(directory: str | Path, kind: str) -> dict | None:
+    """``directory``'s record if it is one of ``kind``."""
+    record = read_record(directory)
+    return record if record is not None and record["kind"] == kind else None
+
+
+def _write_record(directory: Path, kind: str, made: dict) -> None:
+    old = read_record(directory)
+    if old is not None and old["kind"] == kind and old["made"] == made:
+        return  # nothing new: the file stays as it was
+    record = {"format": RECORD_FORMAT, "kind": kind, "writer": _holder_record(), "made": dict(sorted(made.items()))}
+    write_json(directory / RECORD, record)
+
+
+def new_record(directory: str | Path, kind: str) -> None:
+    """Start ``directory``'s record as a ``kind`` output that has made nothing yet (the caller holds it)."""
+    _write_record(Path(directory), kind, {})
+
+
+def record_made(directory: str | Path, kind: str, *paths: str | Path, recursive: bool = True) -> None:
+    """Add ``paths`` (inside ``directory``, which the caller holds; a directory with all it holds
+    unless not ``recursive``) to ``directory``'s ``kind`` record with the identity they have now,
+    starting the record if there is none, and drop the entries that are gone. Called after every
+    write of a recorded file: a replaced file is a new inode."""
+    directory = Path(directory)
+    record = read_record(directory)
+    if record is not None and record["kind"] != kind:
+        raise OutputExists(f"{directory} holds {record['kind']!r} output, not {kind!r}: choose another directory")
+    made = {rel: ident for rel, ident in (record or {"made": {}})["made"].items() if _identity(directory / rel) is not None}
+    for path in map(Path, paths):
+        path = path if path.is_absolute() else directory / path
+        if recursive:
+            made.update(_identities(path, directory))
+        elif _identity(path) is not None:
+            made[str(path.relative_to(directory))] = [*_identity(path)]
+    _write_record(directory, kind, made)
+
+
+def owns(record: dict | None, directory: Path, rel: str) -> bool:
+    """Whether ``record`` names ``directory / rel`` with the identity it has now."""
+    if record is None:
+        return False
+    identity = _identity(directory / rel)
+    return identity is not None and [*identity] == list(record["made"].get(rel, ()))
+
+
+def foreign_entries(directory: str | Path, record: dict | None, names=None) -> list[str]:
+    """The entries under ``directory`` (or under its top-level ``names``), recursively, that
+    ``record`` does not name with their present identity: what the output it records did not make
+    (a user's file, or one replaced since). Locks and records are bookkeeping at any depth; staging
+    directories, the directory's own bookkeeping."""
+    directory = Path(directory)
+    found = []
+    tops = contents(directory) if names is None else [n for n in names if _identity(directory / n) is not None]
+    for top in tops:
+        for rel, _ in _identities(directory / top, directory).items():
+            if Path(rel).name in (LOCK, RECORD):
+                continue
+            if not owns(record, directory, rel):
+                found.append(rel)
+    return sorted(found)
+
+
+def _identities(path: Path, base: Path) -> dict[str, list[int]]:
+    """``path`` and, for a real directory, everything under it: relative path -> [device, inode]."""
+    found = {}
+    identity = _identity(path)
+    if identity is None:
+        return found
+    found[str(path.relative_to(base))] = [*identity]
+    if path.is_dir() and not path.is_symlink():
+        for root, dirs, files in os.walk(path):
+            for name in dirs + files:
+                entry = Path(root, name)
+                identity = _identity(entry)
+                if identity is not None:
+                    found[str(entry.relative_to(base))] = [*identity]
+    return found
+
+
 class Claim:
     """A held unit output directory with its staging directory (see ``claim``)."""
 
@@ -185,36 +332,65 @@ class Claim:
         self.directory, self.kind, self.previous = directory, kind, previous
         self.staging = staging.path  # where the writer writes; it records what it writes with ``made``
         self.made, self.making = staging.made, staging.making
+        self._staging = staging
 
-    def publish(self, replaces=()) -> None:
+    def publish(self) -> None:
         """Move everything staged into the directory, ``kind.marker`` last. A previous output is
-        invalidated first (its marker goes), then its entries named by ``replaces`` (names, or a
-        callable on a name) that the new output does not bring are removed, and entries with a
-        staged replacement are swapped."""
+        invalidated first (its marker goes), then its entries that the new output does not bring are
+        removed, and entries with a staged replacement are swapped: only what the previous output's
+        record names, with the identity it recorded (``claim`` refused a previous output holding
+        anything else; one put there since stays, named in cleanup's warning). The new record is
+        written before the first entry moves, naming the new entries and the previous ones still in
+        place, so a writer killed half-way leaves nothing unrecorded; then again with the new only."""
         staged = sorted(p.name for p in self.staging.iterdir() if p.name != STAGING_MARK)
         marker = self.kind.marker
         if marker not in staged:
             raise RuntimeError(f"the {self.kind.noun} in {self.staging} has no {marker}: nothing to publish")
+        old = read_record(self.directory) if self.previous else None
+        taken = [n for n in staged if _identity(self.directory / n) is not None and not owns(old, self.directory, n)]
+        if taken:  # before anything moves: a file beside the previous output is the user's, never replaced
+            raise OutputExists(
+                f"{self.directory} holds {listing(taken)}, which the new {self.kind.noun} would replace and no "
+                "previous one wrote: move it away, or choose a new directory"
+            )
+        new = {}
+        for name in staged:
+            new.update(_identities(self.staging / name, self.staging))
         trash = self.staging / f"{STAGING}replaced"
         trash.mkdir()
         self.made(trash)
-        if self.previous:
-            old = self.directory / marker
-            if old.exists():
-                os.replace(old, trash / marker)
-                self.made(trash / marker)
-            owned = replaces if callable(replaces) else set(replaces).__contains__
+        if old is not None:
+            if owns(old, self.directory, marker):
+                self._discard(marker, trash, old)
             for name in contents(self.directory):
-                if name not in staged and owned(name):
-                    os.replace(self.directory / name, trash / name)
-                    self.made(trash / name)  # the previous output's, which the new one replaces
+                if name not in staged and owns(old, self.directory, name):
+                    self._discard(name, trash, old)
+        still = {rel: ident for rel, ident in (old or {"made": {}})["made"].items() if owns(old, self.directory, rel)}
+        _write_record(self.directory, self.kind.name, {**still, **new})
         for name in [n for n in staged if n != marker] + [marker]:
             target = self.directory / name
-            if target.exists() and (target.is_dir() and not target.is_symlink()):
-                os.replace(target, trash / name)  # a directory is not replaced by rename in one step
-                self.made(trash / name)
+            if target.is_dir() and not target.is_symlink():
+                self._discard(name, trash, old)  # a directory is not replaced by rename in one step
             os.replace(self.staging / name, target)
+        _write_record(self.directory, self.kind.name, new)
         fsync(self.directory)
+
+    def _discard(self, name: str, trash: Path, old: dict | None) -> None:
+        discard(self._staging, self.directory, name, trash / name, old)
+
+
+def discard(staging: Staging, directory: Path, rel: str, to: Path, record: dict | None) -> None:
+    """Move the entry ``rel`` of ``directory`` to ``to`` inside ``staging`` and note for removal
+    only what ``record`` names there with the identity it recorded (cleanup leaves the rest in
+    staging, and names it in its warning)."""
+    before = _identities(directory / rel, directory)
+    os.replace(directory / rel, to)
+    moved = to.relative_to(staging.path)
+    for part in reversed(moved.parents[:-1]):
+        staging.note_identity(part, _identity(staging.path / part))
+    for entry, identity in before.items():
+        if record is not None and list(record["made"].get(entry, ())) == identity:
+            staging.note_identity(moved / Path(entry).relative_to(rel), identity)
 
 
 def listing(names: list[str], most: int = 4) -> str:
@@ -279,6 +455,11 @@ class Staging:
             yield self.path
         finally:
             self.manifest.update((rel, ident) for rel, ident in self._entries().items() if before.get(rel) != ident)
+
+    def note_identity(self, rel: Path, identity) -> None:
+        """Record ``rel`` as this process's to remove if it still has ``identity``."""
+        if identity is not None:
+            self.manifest[str(rel)] = tuple(identity)
 
     def _note(self, rel: Path) -> None:
         identity = _identity(self.path / rel)
@@ -384,18 +565,24 @@ def _staging_record(path: Path) -> dict | None:
 
 
 def _check_target(directory: Path, spec: Kind, found: list[str], overwrite: bool) -> None:
+    """A claimed directory is new or empty, or holds a previous output of ``spec``'s kind: its
+    marker and a record of that kind naming it (a file of the right name alone is not one),
+    replaced only with ``overwrite``, and only if none of its entries holds anything the record
+    does not name (a user's file inside a directory it made, or one of its files changed since).
+    Other files beside it are the user's and stay."""
     if not found:
         return
-    if spec.marker not in found or not _is_json_object(directory / spec.marker):
+    record = record_of(directory, spec.name)
+    if spec.marker not in found or record is None or not owns(record, directory, spec.marker):
         raise OutputExists(
-            f"{directory} holds files that are not {spec.article} {spec.noun} ({listing(found)}): choose a new or empty directory"
+            f"{directory} holds files that are not {spec.article} {spec.noun} ({listing(found)}): choose a new or "
+            f"empty directory (a previous output is one whose {RECORD} names it)"
         )
     if not overwrite:
         raise OutputExists(f"{directory} holds a previous {spec.noun}: pass --overwrite to replace it, or choose a new directory")
-
-
-def _is_json_object(path: Path) -> bool:
-    try:
-        return isinstance(json.loads(path.read_text()), dict)
-    except (OSError, ValueError, RecursionError):
-        return False
+    foreign = foreign_entries(directory, record, [name for name in record["made"] if "/" not in name])
+    if foreign:
+        raise OutputExists(
+            f"{directory} holds a previous {spec.noun} with files it did not write among its own ({listing(foreign)}): "
+            "move them away, or choose a new directory"
+        )

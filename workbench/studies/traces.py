@@ -366,7 +366,7 @@ def trace_study(
         summary["figures"] = [str(out_dir / Path(f).name) for f in plotted]
         write_json(out.staging / "summary.json", summary)
         out.made(out.staging / "summary.json")
-        out.publish(replaces=("traces.csv", "traces.png"))
+        out.publish()
     return summary
 
 

@@ -32,7 +32,7 @@ from workbench.runtime.decoding import NonFinite, check_passes, generate, guarde
 from workbench.runtime.tokenizer import TokenizerBase, load_tokenizer
 from workbench.storage.errors import BadInput
 from workbench.storage.files import write_json
-from workbench.storage.outputs import hold
+from workbench.storage.outputs import hold, real_directory
 from workbench.training.runconfig import load_run_config, task_settings
 
 FUSED_PASSES = 2  # K of the fused regime's prefill in a run's own evaluation (results/eval.json)
@@ -174,7 +174,7 @@ def evaluate_run(
     for name in eval_tasks(task or cfg.data.task):
         check_not_trained_on(run_dir, cfg.data.task, name)
     path = run_dir / "results" / eval_file_name(cfg, n, fused_passes, task)
-    with hold(run_dir / "results") if write else nullcontext():
+    with hold(real_directory(run_dir / "results")) if write else nullcontext():  # never a link's target
         result = _evaluate_run(run_dir, cfg, model, tokenizer, n, fused_passes, task)
         if write:
             write_json(path, result)

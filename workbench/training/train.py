@@ -35,7 +35,7 @@ from workbench.runtime.progress import Bar
 from workbench.runtime.tokenizer import CharTokenizer, TokenizerBase, load_tokenizer, tokenizer_of
 from workbench.storage.errors import BadInput, MissingFile, OutputBusy, OutputExists, WorkbenchError
 from workbench.storage.files import atomic_write, link_or_copy, read_json, remove_stale_temps, write_json
-from workbench.storage.outputs import contents, hold, listing
+from workbench.storage.outputs import contents, foreign_entries, hold, listing, owns, real_directory, record_made, record_of
 from workbench.training.flops import peak_flops, train_flops_per_token
 from workbench.training.metrics import read_metrics
 from workbench.training.parallel import Dist, Engine, setup_distributed
@@ -44,6 +44,7 @@ from workbench.training.runconfig import RunConfig, load_run_config
 logger = logging.getLogger(__name__)
 
 STATE_DIR = "train_state"
+RUN = "run"  # the kind of a run directory's output record: what training made there
 
 
 class TrainingDiverged(WorkbenchError, RuntimeError):
@@ -213,13 +214,15 @@ def save_checkpoint(run_dir: Path, model: DecoderLM, opt, cfg: RunConfig, step: 
     previous one or this one) and the run directory's files loadable, except in one window: when an
     HD run has just grown its streams, between publishing the weights and the config (a resume
     publishes them again)."""
-    state_dir = run_dir / STATE_DIR
-    state_dir.mkdir(parents=True, exist_ok=True)
+    state_dir = real_directory(run_dir / STATE_DIR)
+    made = [state_dir]
     if not all((state_dir / name).is_file() for name in TOKENIZER_FILES):  # it never changes: committed once
         tokenizer.save(state_dir)
+        made += [state_dir / name for name in TOKENIZER_FILES]
     meta = {"step": str(step)}
     files = {"weights": f"model-{step}.safetensors", "optimizer": f"optimizer-{step}.safetensors"}
     save_weights(state_dir / files["weights"], model.state_dict(), {"arch": model.arch, **meta})
+    made.append(state_dir / files["weights"])
     sd = opt.state_dict()
     opt_tensors, scalars = {}, {}
     for idx, state in sd["state"].items():
@@ -229,6 +232,7 @@ def save_checkpoint(run_dir: Path, model: DecoderLM, opt, cfg: RunConfig, step: 
             else:
                 scalars[f"{idx}.{key}"] = value
     save_weights(state_dir / files["optimizer"], opt_tensors, meta)
+    made.append(state_dir / files["optimizer"])
     write_json(
         state_dir / "state.json",
         {
@@ -240,20 +244,26 @@ def save_checkpoint(run_dir: Path, model: DecoderLM, opt, cfg: RunConfig, step: 
             "scalars": scalars,
         },
     )
+    record_made(run_dir, RUN, *made, state_dir / "state.json", recursive=False)
     _publish(run_dir, cfg, model.cfg, files, tokenizer)
 
 
 def _publish(run_dir: Path, cfg: RunConfig, model_cfg, files: dict, tokenizer: TokenizerBase) -> None:
     """The run directory's files from the committed checkpoint ``files``; then delete older steps'
-    files and the temporary files of writes a killed process left behind."""
-    state_dir = run_dir / STATE_DIR
+    files and the temporary files of writes a killed process left behind: only what the run's
+    record names with the identity it recorded, so a file the run did not write stays."""
+    state_dir = real_directory(run_dir / STATE_DIR)
     link_or_copy(state_dir / files["weights"], run_dir / "model.safetensors")
     write_json(run_dir / "config.json", {**cfg.to_dict(), "model": model_cfg.to_dict()})
     tokenizer.save(run_dir, model_cfg.n_ctx)
+    record_made(run_dir, RUN, *(run_dir / name for name in ("model.safetensors", "config.json", *TOKENIZER_FILES)))
+    record = record_of(run_dir, RUN)
     for path in state_dir.iterdir():
-        if path.is_file() and path.name not in ("state.json", *TOKENIZER_FILES, *files.values()):
+        rel = f"{STATE_DIR}/{path.name}"
+        if path.name not in ("state.json", *TOKENIZER_FILES, *files.values()) and owns(record, run_dir, rel):
             path.unlink()
     remove_stale_temps(run_dir, ["model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json", "metrics.jsonl"])
+    remove_stale_temps(state_dir)
 
 
 def load_checkpoint(
@@ -264,6 +274,10 @@ def load_checkpoint(
     are published again from it, in case the process that wrote it was killed before it had
     published them."""
     state_dir = run_dir / STATE_DIR
+    if state_dir.is_symlink():
+        raise BadInput(
+            f"{state_dir} is a symbolic link, expected the run's own directory: the workbench does not write through links"
+        )
     state_path = state_dir / "state.json"
     state = read_json(state_path)
     step = state.get("step")
@@ -308,6 +322,8 @@ def load_checkpoint(
     except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as err:
         raise BadInput(f"the optimizer state in {opt_path} and {state_path} does not fit the model: {err}") from err
     if "weights" in state and (not dist.is_initialized() or dist.get_rank() == 0):
+        # the checkpoint it resumes is the run's own (a run trained before runs kept a record has none)
+        record_made(run_dir, RUN, state_dir, state_path, state_dir / weights_name, opt_path, recursive=False)
         _publish(run_dir, cfg, model.cfg, files, tokenizer or run_tokenizer(cfg, run_dir, resume=True))
     return model, opt, step
 
@@ -513,11 +529,15 @@ RUN_FILES = {
 
 def check_new_run_dir(run_dir: Path) -> None:
     """A new run goes into a new or empty directory, or one holding only what a run killed (or
-    diverged) before its first checkpoint left; never over a run or anything else."""
+    diverged) before its first checkpoint left, by that run's record (``RUN``); never over a run
+    or anything else, and never over a file of a run's name that no run recorded making."""
     found = contents(run_dir)
     if (run_dir / "model.safetensors").exists() or (run_dir / STATE_DIR / "state.json").exists():
         raise OutputExists(f"{run_dir} already holds a run; pass --resume to continue it or choose a new --out")
-    foreign = [n for n in found if n not in RUN_FILES]
+    if not found:
+        return
+    record = record_of(run_dir, RUN)
+    foreign = [n for n in found if n not in RUN_FILES] or (foreign_entries(run_dir, record) if record else found)
     if foreign:
         raise OutputExists(
             f"{run_dir} holds files that are not a workbench run ({listing(foreign)}): choose a new or empty --out"
@@ -589,12 +609,17 @@ def train(
             saved = load_run_config(run_dir / "config.json")
             if saved.arch != cfg.arch:
                 raise BadInput(f"--resume: {run_dir} holds an {saved.arch!r} run, not {cfg.arch!r}")
+            if (run_dir / "metrics.jsonl").is_file():
+                read_metrics(run_dir / "metrics.jsonl")  # a corrupt log stops the resume before it writes anything
             model, opt, start = load_checkpoint(run_dir, cfg, device, tokenizer)
         else:
             check_new_run_dir(run_dir)  # again, now that it is held
             model, opt, start = fresh, make_optimizer(fresh, cfg), 0
+            if rank_info.main:
+                record_made(run_dir, RUN)  # the directory is a run's from now on (kept if a killed run started it)
             if before is not None and rank_info.main:
                 write_json(run_dir / INIT_FILE, before)
+                record_made(run_dir, RUN, run_dir / INIT_FILE)
         return _train_loop(cfg, run_dir, rank_info, device, model, opt, start, stream, tokenizer, resume, progress, stop_after)
 
 
@@ -615,6 +640,7 @@ def _record_expansion(run_dir: Path, strategy, plain, grown, stream, cfg: RunCon
     ]  # a resumed run redoes its step
     entries.append({"step": step, "from": plain.n_streams, "to": grown.n_streams, "loss_before": before, "loss_after": after})
     write_json(path, {"expansions": sorted(entries, key=lambda e: e["step"])})
+    record_made(run_dir, RUN, path)
 
 
 def _train_loop(
@@ -650,6 +676,7 @@ def _train_loop(
         _trim_metrics(metrics_path, start)
         if not resume:
             write_json(run_dir / "config.json", {**cfg.to_dict(), "model": model.cfg.to_dict()})
+        record_made(run_dir, RUN, run_dir / "config.json", metrics_path)
 
     report = progress if callable(progress) and rank_info.main else None
     # the terminal bar when asked; the bar also feeds an app job's progress file when there is one
@@ -720,8 +747,11 @@ def _train_loop(
             }
             last_log, tokens_since, flops_since = now, 0, 0.0
             if rank_info.main:
+                new_log = not metrics_path.exists()
                 with metrics_path.open("a") as f:
                     f.write(json.dumps(record) + "\n")
+                if new_log:  # appends keep the file; its creation is recorded once
+                    record_made(run_dir, RUN, metrics_path)
         if bar is not None:
             bar.update(done, f"loss={record['loss']:.3f}, tok_s={record['tokens_per_s']:.0f}" if record else None)
         if report is not None:

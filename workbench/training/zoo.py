@@ -32,13 +32,15 @@ import torch
 from workbench.runtime.progress import PROGRESS_ENV, Bar
 from workbench.storage.errors import BadInput, OutputExists
 from workbench.storage.files import read_json, write_json
-from workbench.storage.outputs import hold
+from workbench.storage.outputs import hold, owns, record_made, record_of
 from workbench.storage.provenance import source_commit
 from workbench.training.evaluate import evaluate_run
 from workbench.training.intervals import seed_interval
 from workbench.training.metrics import logged_seconds
 from workbench.training.runconfig import RunConfig, load_run_config, make_run_config, run_config_from_dict
 from workbench.training.train import EXPANSIONS_FILE, check_new_run_dir, train
+
+ZOO = "zoo"  # the kind of a zoo's (or study's) output record: its summary file is the zoo's own
 
 MAX_SEEDS = 10
 
@@ -247,12 +249,14 @@ def train_plan(
     previous partial run there recorded."""
     for name, _, _, cfg in plan:  # before anything is written
         check_member(out / name, cfg)
+    previous = previous_summary(summary_path)
     with hold(out):
-        if summary_path.exists():  # a partial re-run (``only``) keeps the other members' entries
-            previous = read_json(summary_path)
-            if previous.get("scale") == scale and isinstance(previous.get("models"), dict):
-                summary["models"].update(previous["models"])
-                summary["seeds"] = max(summary["seeds"], int(previous.get("seeds", 1)))
+        previous = previous_summary(summary_path)  # again, now that it is held
+        if (
+            previous is not None and previous.get("scale") == scale
+        ):  # a partial re-run (``only``) keeps the other members' entries
+            summary["models"].update(previous["models"])
+            summary["seeds"] = max(summary["seeds"], previous["seeds"])
         summary["commit"] = source_commit()
         started = time.perf_counter()
 
@@ -279,6 +283,7 @@ def train_plan(
             # partial zoo records its own session only)
             summary["session_wall_seconds"] = round(time.perf_counter() - started, 1)
             write_json(summary_path, summary)  # after every member: a stopped zoo keeps what it finished
+            record_made(out, ZOO, summary_path)
 
         if jobs == 1:
             for name, plain, seed, cfg in plan:
@@ -290,6 +295,28 @@ def train_plan(
         else:
             train_in_parallel(plan, out, threads, jobs, progress, record)
     return summary
+
+
+def previous_summary(path: Path) -> dict | None:
+    """The summary a previous run of this zoo (or study) wrote at ``path``, or None if there is none;
+    refused when the directory's record does not name it (a user's file of that name is not
+    replaced) or when it does not have the shape a zoo writes (``seeds`` a count, ``models`` an
+    object of members)."""
+    if not (path.exists() or path.is_symlink()):
+        return None
+    if not owns(record_of(path.parent, ZOO), path.parent, path.name):
+        raise OutputExists(
+            f"{path} was not written by a workbench zoo or study (its directory's record does not name it): "
+            "move it away or choose another --out"
+        )
+    summary = read_json(path)
+    seeds, models = summary.get("seeds", 1), summary.get("models")
+    if not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1:
+        raise BadInput(f"{path}: seeds={seeds!r}, expected an integer >= 1")
+    if not isinstance(models, dict) or not all(isinstance(v, dict) for v in models.values()):
+        bad = models if not isinstance(models, dict) else {k: v for k, v in models.items() if not isinstance(v, dict)}
+        raise BadInput(f"{path}: models={json.dumps(bad)[:80]}, expected an object of members, each an object")
+    return {**summary, "seeds": seeds}
 
 
 def train_in_parallel(plan: list, out: Path, threads: int, jobs: int, progress: bool | Callable, record: Callable) -> None:
