@@ -29,7 +29,11 @@ def test_export_loads_in_transformers_with_equal_logits(exported):
     tok = AutoTokenizer.from_pretrained(out)
     ids = CharTokenizer().encode("a+b = 3\n")
     assert tok("a+b = 3\n").input_ids == ids and tok.decode(ids) == "a+b = 3\n"
-    assert json.loads((out / "workbench_export.json").read_text())["exact"] is True
+    note = json.loads((out / "workbench_export.json").read_text())
+    assert note["exact"] is True
+    assert note["files"] == sorted(
+        p.name for p in out.iterdir() if not p.name.startswith(".") and p.name != "workbench_export.json"
+    )
 
 
 def test_export_loads_in_transformer_bridge_with_equal_logits(exported):
