@@ -180,12 +180,123 @@ def test_a_tanh_rnn_has_its_known_fixed_points_and_labels():
 )
 def test_maps_without_fixed_points_report_none(F, D, closest):
     """Far out, h + 0.5 exp(-|h|^2) rounds to h exactly: F(h) - h = 0 there without a root, and
-    such points (J - I rounds to 0 too) are refused. The ghost's residual never falls below its
+    such points (F's step around them is below rounding too) are refused. The ghost's residual never falls below its
     gap, 1e-8, which the absolute tolerance (~1e-11 x the map's step) does not forgive."""
     starts = torch.randn(16, D, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     points, report = find_fixed_points(F, starts)
     assert points == [] and report["n_converged"] == 0 and report["unconverged"]["n"] == 16
     assert report["unconverged"]["residual_quantiles"][0] >= closest * (1 - 1e-6)
+
+
+def bump(h):
+    """h + 0.5 exp(-|h|^2): no fixed point anywhere, and for |h| above ~5.8 the bump is below half
+    an ulp of h, so F(h) == h exactly in fp64 (issue #35)."""
+    return h + 0.5 * torch.exp(-h.pow(2).sum(-1, keepdim=True))
+
+
+IDENTITY = "F is the identity to working precision here"
+
+
+@pytest.mark.parametrize("scale", [0.3, 3.0, 30.0])
+def test_where_the_map_is_the_identity_to_working_precision_no_point_is_accepted(scale):
+    """Starts near the bump are pushed out to where F(h) - h rounds to 0; far starts begin there.
+    A zero residual there is rounding, not a root: the step and J - I vanish across the point's
+    neighbourhood, so it is refused, and counted as refused with that reason. Scale 3 is the
+    issue's case (two 'marginal' points at |h| ~ 6 with residual 0)."""
+    starts = torch.randn(16, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * scale
+    points, report = find_fixed_points(bump, starts)
+    assert points == [] and report["n_converged"] == 0 and report["unconverged"]["n"] == 16
+    refused = report["refused"]
+    assert refused["n"] == 16 and refused["reasons"] == {IDENTITY: 16}
+
+
+@pytest.mark.parametrize("scale", [0.3, 3.0, 30.0])
+def test_in_fp32_the_bump_has_no_fixed_point_and_the_solver_does_not_fail(scale):
+    """In fp32 the damped system J_r^T J_r + mu s I is singular where J_r has rank < D (rank 1 on
+    the bump) once mu s falls below eps of J_r^T J_r: that start's step is rejected (more damping),
+    where it used to raise for the whole batch. Every start that settles is refused."""
+    starts = torch.randn(16, 2, generator=torch.Generator().manual_seed(0)) * scale
+    points, report = find_fixed_points(bump, starts)
+    assert points == [] and report["n_converged"] == 0 and report["refused"]["n"] > 0
+
+
+def known_answer_cases():
+    """(map, starts at a given scale, the fixed points it has, their labels): the grid of starts
+    that reaches every point of the cubic and tanh maps, plus random starts at the scale, which
+    set the map's typical step (the median over the starts) and so the residual tolerance."""
+    grid = torch.cartesian_prod(*[torch.linspace(-1.6, 1.6, 7, dtype=torch.float64)] * 2)
+    W = torch.diag(torch.tensor([2.0, 2.0, 0.5], dtype=torch.float64))
+    r = tanh_root(2.0)
+    tanh_points = {(round(x, 8), round(y, 8), 0.0): "stable" if x and y else "saddle" for x in (-r, 0.0, r) for y in (-r, 0.0, r)}
+    cubic_points = {(float(x), float(y)): expected_cubic_label(x, y) for x in (-1, 0, 1) for y in (-1, 0, 1)}
+    F_affine, want = affine_contraction(32)
+    return {
+        "affine": (F_affine, lambda s, g: s * torch.randn(16, 32, generator=g, dtype=torch.float64), want, None),
+        "cubic": (
+            cubic_2d,
+            lambda s, g: torch.cat([grid, s * torch.randn(64, 2, generator=g, dtype=torch.float64)]),
+            cubic_points,
+            9,
+        ),
+        "tanh": (
+            lambda h: torch.tanh(h @ W.T),
+            lambda s, g: torch.cat(
+                [
+                    torch.cartesian_prod(*[torch.linspace(-1.6, 1.6, 5, dtype=torch.float64)] * 3),
+                    s * torch.randn(64, 3, generator=g, dtype=torch.float64),
+                ]
+            ),
+            tanh_points,
+            8,
+        ),
+    }
+
+
+@pytest.mark.parametrize("scale", [0.3, 3.0, 30.0])
+@pytest.mark.parametrize("case", ["affine", "cubic", "tanh"])
+def test_known_fixed_points_are_accepted_from_starts_at_every_scale(case, scale):
+    """The neighbourhood test refuses nothing real: the affine contraction's one point, the cubic
+    map's 9 and the tanh RNN's 9 are all found, with their labels, whatever the scale of the
+    starts (and so of the typical step), and no converged start is refused."""
+    F, make_starts, want, digits = known_answer_cases()[case]
+    starts = make_starts(scale, torch.Generator().manual_seed(1))
+    points, report = find_fixed_points(F, starts)
+    assert report["n_converged"] == sum(p.n_starts for p in points)
+    if case == "affine":
+        assert len(points) == 1 and points[0].label == "stable" and report["n_converged"] == 16
+        torch.testing.assert_close(points[0].state, want, atol=1e-9, rtol=0)
+    else:
+        assert {tuple(round(float(c), digits) for c in p.state): p.label for p in points} == want
+    assert IDENTITY not in report["refused"]["reasons"]
+
+
+@pytest.mark.parametrize("D", [1, 2])
+def test_a_degenerate_fixed_point_exactly_at_a_start_is_accepted(D):
+    """h - h^3 started exactly at its fixed point 0: the residual is 0 and J - I is 0 there, yet
+    F is not the identity around it (the step is -x^3 at x): a real, marginal point."""
+    points, report = find_fixed_points(lambda h: h - h**3, torch.zeros(1, D, dtype=torch.float64))
+    assert len(points) == 1 and points[0].label == "marginal" and float(points[0].state.abs().max()) == 0.0
+    assert report["n_converged"] == 1 and report["refused"]["n"] == 0
+
+
+def test_a_residual_that_fades_without_a_root_is_refused_for_its_newton_step():
+    """h + exp(-h) on h > 0: at h = 25 the residual, 1.4e-11, is below the tolerance the other
+    starts' large steps set and well above rounding, but Newton's step there is 1: no root."""
+    starts = torch.tensor([[-3.0], [-2.0], [-1.0], [25.0]], dtype=torch.float64)
+    points, report = find_fixed_points(lambda h: h + torch.exp(-h), starts, max_iter=0)
+    assert points == [] and report["refused"]["n"] == 1
+    assert list(report["refused"]["reasons"]) == ["the Newton step does not vanish (a residual that fades without a root)"]
+
+
+def test_a_small_residual_that_is_flat_around_the_point_is_refused_as_not_small():
+    """h + 1e-12 + relu(-h)^2: on h > 0 F translates by 1e-12, a thousand ulps at h = 5, below the
+    tolerance the other starts set (~4e-10) and with a zero Newton step (J - I = 0), yet no root:
+    the residual is the step all around the point, not small relative to it."""
+    F = lambda h: h + 1e-12 + torch.relu(-h) ** 2
+    starts = torch.tensor([[-3.0], [-2.0], [-1.0], [5.0]], dtype=torch.float64)
+    points, report = find_fixed_points(F, starts, max_iter=0)
+    assert points == [] and report["refused"]["n"] == 1
+    assert list(report["refused"]["reasons"]) == ["the residual is not small relative to the map's step around it"]
 
 
 def test_a_marginal_fixed_point_is_labelled_marginal():

@@ -202,6 +202,44 @@ def batched_jacobians(F: Map, h: Tensor, max_rows: int = 8192) -> Tensor:
     return torch.cat(out)
 
 
+# why a start whose residual met the tolerance was refused (the report counts each)
+IDENTITY = "F is the identity to working precision here"
+FADING = "the Newton step does not vanish (a residual that fades without a root)"
+NOT_SMALL = "the residual is not small relative to the map's step around it"
+
+
+def neighbourhood_steps(
+    F: Map, h: Tensor, radius: Tensor, n_pairs: int = 4, seed: int = 0, max_rows: int = 8192
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The map's step around each state h [m, D], at the points x = h +- radius u_k (``n_pairs``
+    random unit directions u_k, the same for every state), each as an RMS over those points [m]:
+    ``step`` ||F(x) - x||; ``slope`` radius ||(J(x) - I)^T u_k||, the change J - I makes across the
+    neighbourhood (one VJP per point); ``rounding`` eps || max(|x|, |F(x)|) || (elementwise max),
+    about an ulp of each coordinate: how finely F(x) - x can be known there. One batched forward
+    and backward per chunk of states."""
+    m, D = h.shape
+    u = torch.randn(n_pairs, D, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    u = (u / u.norm(dim=-1, keepdim=True)).to(dtype=h.dtype, device=h.device)
+    u = torch.cat([u, -u])  # symmetric, so a linear residual averages to its value at h
+    K, eps = len(u), torch.finfo(h.dtype).eps
+    rms = lambda v: v.reshape(-1, K).pow(2).mean(-1).sqrt()
+    out = []
+    per_call = max(1, max_rows // K)
+    for hc, rc in zip(h.detach().split(per_call), radius.detach().split(per_call)):
+        U = u.repeat(len(hc), 1)  # [m K, D]
+        X = (hc.repeat_interleave(K, 0) + rc.repeat_interleave(K)[:, None] * U).requires_grad_(True)
+        with torch.enable_grad():
+            Y = F(X)
+            (UJ,) = torch.autograd.grad((Y * U).sum(), X)  # row i: u_i^T J(x_i) (rows do not interact)
+        Y, X = Y.detach(), X.detach()
+        step = (Y - X).norm(dim=-1)
+        slope = rc.repeat_interleave(K) * (UJ - U).norm(dim=-1)
+        rounding = eps * torch.maximum(X.abs(), Y.abs()).norm(dim=-1)
+        out.append(torch.stack([rms(step), rms(slope), rms(rounding)]))
+    step, slope, rounding = torch.cat(out, dim=1)
+    return step, slope, rounding
+
+
 def _residual_tolerances(dtype: torch.dtype) -> tuple[float, float]:
     """(rtol on the residual relative to the map's typical step, xtol on the last Newton step
     relative to 1 + ||h||): about eps^(2/3) and eps^(1/3), what a quadratically converging
@@ -222,6 +260,7 @@ def find_fixed_points(
     marginal_tol: float = 1e-3,
     exact_eig_max_dim: int = 512,
     max_rows: int = 8192,
+    roundings: float = 4.0,
 ) -> tuple[list[FixedPoint], dict]:
     """Fixed points h* = F(h*) from every start [n, D], each solved on its own (batched; nothing
     is shared between starts) by Levenberg-Marquardt, a damped Newton iteration on the residual
@@ -230,13 +269,19 @@ def find_fixed_points(
     not, so it is Newton near a root and gradient descent far from one.
 
     A start converged when ||r|| <= rtol x the map's typical step (the median ||F(h0) - h0|| over
-    the starts: an absolute tolerance in the map's own units) and the undamped Newton step there is
-    <= xtol x (1 + ||h||): a residual that only vanishes at infinity or a near-miss of a fold
-    (a ghost) leaves Newton steps that do not shrink. Converged points closer than ``dedup``
-    (relative) merge; each is labelled from the eigenvalues of dF/dh (``FixedPoint.label``).
-    The report says, for the starts that did not converge, how far they got (their residuals)
-    and how many were still improving at the end (a larger ``max_iter`` may find more) or had
-    stalled (no fixed point within reach of them)."""
+    the starts: an absolute tolerance in the map's own units), and then only if it passes a test
+    in its neighbourhood, the points h +- rho u_k at rho = xtol x (1 + ||h||), the distance within
+    which it is located (``neighbourhood_steps``): (1) the map's step there, or J - I there times
+    rho, exceeds ``roundings`` x the rounding of F(x) - x, else a zero residual is rounding, not a
+    root (``IDENTITY``: far out on h + 0.5 exp(-|h|^2), F(h) == h exactly); (2) the undamped Newton
+    step is <= rho, else the residual fades without a root, at infinity or at a ghost of a fold
+    (``FADING``); (3) ||r|| is at most half the step around it and both the step and J - I are
+    resolved there (``NOT_SMALL``). A degenerate root (J - I = 0 at the point, as for h - h^3 at
+    0) passes: F is not the identity around it. Converged points closer than ``dedup`` (relative)
+    merge; each is labelled from the eigenvalues of dF/dh (``FixedPoint.label``). The report
+    counts the refused starts by reason (``refused``) and says, for every start that did not
+    converge, how far it got (its residual) and how many were still improving at the end (a
+    larger ``max_iter`` may find more) or had stalled (no fixed point within reach of them)."""
     kinds = start_kinds or ["given"] * len(starts)
     default_rtol, default_xtol = _residual_tolerances(starts.dtype)
     rtol, xtol = rtol or default_rtol, xtol or default_xtol
@@ -250,6 +295,7 @@ def find_fixed_points(
     typical = float(norm[finite].median()) if finite.any() else 0.0
     atol = rtol * max(typical, float(torch.finfo(h.dtype).eps))
     mu = torch.full((n,), 1e-3, dtype=h.dtype, device=h.device)
+    mu_min = max(1e-15, 4 * float(torch.finfo(h.dtype).eps))  # below eps the damping rounds away
     history = [norm.clone()]
     last_step = torch.full((n,), float("inf"), dtype=h.dtype, device=h.device)
 
@@ -265,7 +311,10 @@ def find_fixed_points(
         JtJ, Jtr = Jr.transpose(1, 2) @ Jr, (Jr.transpose(1, 2) @ r[idx, :, None])[..., 0]
         # damping relative to J_r's own scale (Marquardt), so it stays Newton near a singular root
         scale = (torch.diagonal(JtJ, dim1=1, dim2=2).mean(-1)).clamp(min=torch.finfo(h.dtype).tiny)
-        step = -torch.linalg.solve(JtJ + (mu[idx] * scale)[:, None, None] * eye, Jtr)
+        step, info = torch.linalg.solve_ex(JtJ + (mu[idx] * scale)[:, None, None] * eye, -Jtr)
+        # a system singular in working precision (J_r of rank < D, the damping rounded away) is a
+        # rejected step: more damping next time, never an exception for the whole batch
+        step[info != 0] = float("nan")
         trial = h[idx] + step
         with torch.no_grad():
             r_trial = F(trial) - trial
@@ -274,7 +323,7 @@ def find_fixed_points(
         accept = idx[better]
         h[accept], r[accept], norm[accept] = trial[better], r_trial[better], n_trial[better]
         last_step[accept] = step[better].norm(dim=-1)
-        mu[accept] = (mu[accept] / 10).clamp(min=1e-15)
+        mu[accept] = (mu[accept] / 10).clamp(min=mu_min)
         mu[idx[~better]] *= 10
         history.append(norm.clone())
         stuck = idx[~better][mu[idx[~better]] > 1e15]  # no descent direction left at any damping
@@ -283,25 +332,39 @@ def find_fixed_points(
     # the undamped Newton step at each final point (least squares where J_r is singular): its size
     # tells a root from a residual that fades without one; taken where it helps, it polishes the
     # point to round-off, so a point does not depend on the tolerance its batch of starts set
-    newton = torch.full((n,), float("inf"), dtype=h.dtype, device=h.device)
-    flat_at = torch.zeros(n, dtype=torch.bool, device=h.device)
+    converged = torch.zeros(n, dtype=torch.bool, device=h.device)
+    refused_at = torch.zeros(n, dtype=torch.bool, device=h.device)
+    refused: dict[str, int] = {}
     small = torch.nonzero(torch.isfinite(norm) & (norm <= atol)).flatten()
     if len(small):
-        J = batched_jacobians(F, h[small], max_rows)
-        Jr = J - eye
+        Jr = batched_jacobians(F, h[small], max_rows) - eye
         step = torch.linalg.lstsq(Jr, -r[small, :, None]).solution[..., 0]
-        # where F is the identity to working precision (J - I rounds to 0), F(h) - h rounds to 0 too
-        # whether or not a root is there (h + 0.5 exp(-|h|^2) far out): nothing can be resolved
-        flat = Jr.abs().amax((1, 2)) <= 4 * torch.finfo(h.dtype).eps * J.abs().amax((1, 2))
-        newton[small] = torch.where(flat, float("inf"), step.norm(dim=-1))
-        flat_at[small] = flat
-        converged_here = newton[small] <= xtol * (1 + h[small].norm(dim=-1))
+        newton = step.norm(dim=-1).nan_to_num(float("inf"))
+        radius = xtol * (1 + h[small].norm(dim=-1))
         with torch.no_grad():
             polished = h[small] + step
             n_polished = (F(polished) - polished).norm(dim=-1)
-        better = converged_here & torch.isfinite(n_polished) & (n_polished < norm[small])
+        better = (newton <= radius) & torch.isfinite(n_polished) & (n_polished < norm[small])
         h[small[better]], norm[small[better]] = polished[better], n_polished[better]
-    converged = torch.isfinite(norm) & (norm <= atol) & (newton <= xtol * (1 + h.norm(dim=-1)))
+        radius = xtol * (1 + h[small].norm(dim=-1))
+        # Where F(h) - h rounds to 0 the residual is 0 and so is Newton's step, root or not, and the
+        # exact J - I can still be far above eps (autograd differentiates a bump that F's sum
+        # rounds away): only the map's step around the point, against its rounding there, tells.
+        # Measured around the point, not at it, so a degenerate root (J - I = 0 there) is kept.
+        step_around, slope_around, rounding = neighbourhood_steps(F, h[small], radius, max_rows=max_rows)
+        step_resolved = step_around > roundings * rounding
+        slope_resolved = slope_around > roundings * rounding
+        identity = ~step_resolved & ~slope_resolved
+        fading = ~identity & ~(newton <= radius)
+        # half the step around it: a degenerate root located to ~radius (h - h^3) stays well below,
+        # a residual that is merely flat there (a translation, a fading tail) does not
+        small_here = step_resolved & slope_resolved & (norm[small] <= 0.5 * step_around)
+        not_small = ~identity & ~fading & ~small_here
+        converged[small] = ~(identity | fading | not_small)
+        refused_at[small] = identity | fading | not_small
+        for reason, mask in ((IDENTITY, identity), (FADING, fading), (NOT_SMALL, not_small)):
+            if int(mask.sum()):
+                refused[reason] = int(mask.sum())
     points: list[FixedPoint] = []
     for i in torch.nonzero(converged).flatten().tolist():
         for p in points:
@@ -316,7 +379,7 @@ def find_fixed_points(
             points.append(FixedPoint(h[i].clone(), float(norm[i]), ev, rho, label == "stable", 1, [kinds[i]], label))
     missed = ~converged
     tail = history[max(0, len(history) - 1 - max(1, len(history) // 10))]  # the residuals a tenth of the budget ago
-    improving = missed & torch.isfinite(norm) & (norm < 0.5 * tail)
+    improving = missed & ~refused_at & torch.isfinite(norm) & (norm < 0.5 * tail)  # refused ones had settled
     residuals = norm[missed]
     report = {
         "n_starts": n,
@@ -325,10 +388,11 @@ def find_fixed_points(
         "iterations": len(history) - 1,
         "atol": atol,
         "typical_step": typical,
+        # met the residual tolerance but were refused, by reason (also counted in unconverged)
+        "refused": {"n": sum(refused.values()), "reasons": refused},
         "unconverged": {
             "n": int(missed.sum()),
             "still_improving": int(improving.sum()),
-            "flat": int((missed & flat_at).sum()),  # ended where F is the identity to working precision
             "residual_quantiles": [
                 float(q)
                 for q in residuals.nan_to_num(float("inf")).quantile(torch.tensor([0.0, 0.5, 1.0], dtype=residuals.dtype))
