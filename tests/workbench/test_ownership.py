@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -186,7 +184,9 @@ def test_a_probe_sweep_refuses_outputs_it_did_not_write(tmp_path):
     for overwrite in (False, True):  # no sweep was here: refused either way
         PLANTED["inputs_tried"] += 1
         PLANTED["faults_injected"] += 1
-        with pytest.raises(OutputExists, match=r"no probe sweep of this workbench wrote \(probes/memory, probes/memory/notes.txt\)"):
+        with pytest.raises(
+            OutputExists, match=r"no probe sweep of this workbench wrote \(probes/memory, probes/memory/notes.txt\)"
+        ):
             check_probe_outputs(report, out / "probes" / "memory", overwrite)
     # a look-alike report of the right shape, with no record of it, is not a previous sweep either
     report.write_text(json.dumps({"rows": [], "target": "memory"}))
@@ -204,19 +204,19 @@ def test_a_probe_sweep_refuses_outputs_it_did_not_write(tmp_path):
         check_probe_outputs(report, out / "probes" / "memory", True)
 
 
-def test_stale_temporaries_are_only_the_workbenchs_own_of_dead_writers(tmp_path):
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    ours = tmp_path / f".config.json.wb-{dead.pid}-x1y2.tmp"
-    live = tmp_path / f".config.json.wb-{os.getpid()}-x1y2.tmp"
-    users = [tmp_path / ".config.json.abc.tmp", tmp_path / ".config.json.wb-notes.tmp"]
-    for path in [ours, live, *users]:
+def test_stale_temporaries_are_only_the_workbenchs_own(tmp_path):
+    """In a directory its caller holds, every temporary named as ``atomic_write`` names them is a
+    killed writer's (whatever its PID, since PIDs are reused); a user's look-alikes and links stay."""
+    ours = [tmp_path / f".config.json.wb-{pid}-x1y2.tmp" for pid in (os.getpid(), 2**22 + 7)]
+    users = [tmp_path / ".config.json.abc.tmp", tmp_path / ".config.json.wb-notes.tmp", tmp_path / ".notes.wb-1-x.tmp"]
+    for path in [*ours, *users]:
         path.write_text("x")
-    link = tmp_path / f".config.json.wb-{dead.pid}-link.tmp"
+    link = tmp_path / ".config.json.wb-12-link.tmp"
     link.symlink_to(users[0])
-    remove_stale_temps(tmp_path, ["config.json"])
+    with hold(tmp_path):
+        remove_stale_temps(tmp_path, ["config.json"])
     PLANTED["inputs_tried"] += 4
-    assert not ours.exists() and live.exists() and all(p.read_text() == "x" for p in users) and link.is_symlink()
+    assert not any(p.exists() for p in ours) and all(p.read_text() == "x" for p in users) and link.is_symlink()
 
 
 def test_an_atomic_write_names_its_temporary_by_its_writer(tmp_path, monkeypatch):

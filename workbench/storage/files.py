@@ -54,32 +54,20 @@ def _naming(err: OSError, path: Path) -> OSError:
 
 def remove_stale_temps(directory: Path, names=None) -> None:
     """Delete what ``atomic_write`` left of ``names`` (default: of any file) in ``directory`` when a
-    process was killed mid-write: only a regular file named as ``atomic_write`` names its
-    temporaries, owned by this user, whose writer (the PID in its name) no longer runs, so neither a
-    user's look-alike nor a live writer's temporary goes. Only for a directory with one writer at a
-    time (the training process that holds it)."""
+    process was killed mid-write: only a regular file of this user named as ``atomic_write`` names
+    its temporaries (``.NAME.wb-PID-*.tmp``), so a user's look-alike (``.config.json.x.tmp``) or a
+    link stays. The caller holds ``directory`` (``outputs.hold``) and has no write in flight there,
+    so no live writer's temporary can be among them: whether the PID in a name still runs is not
+    asked, since PIDs are reused."""
     names = [re.escape(name) for name in names] if names is not None else [".+"]
-    pattern = re.compile(rf"^\.(?:{'|'.join(names)})\.{TMP_MARK}(\d+)-[^./]+{re.escape(TMP_SUFFIX)}$")
+    pattern = re.compile(rf"^\.(?:{'|'.join(names)})\.{TMP_MARK}\d+-[^./]+{re.escape(TMP_SUFFIX)}$")
     for tmp in Path(directory).glob(f".*.{TMP_MARK}*{TMP_SUFFIX}"):
-        match = pattern.match(tmp.name)
         try:
             st = tmp.lstat()
         except FileNotFoundError:
             continue
-        if match and stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and not _running(int(match.group(1))):
+        if pattern.match(tmp.name) and stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
             tmp.unlink(missing_ok=True)
-
-
-def _running(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError, ValueError):
-        return True  # another user's live process, or a PID no process has: left alone either way
-    return True
 
 
 def link_or_copy(src: Path, dst: Path) -> None:
