@@ -4,17 +4,23 @@ before any work, training and eval from them, and continued pretraining of an im
 from __future__ import annotations
 
 import json
+import logging
+import os
 import re
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from helpers import FAST, assert_usage_error, cli
+from helpers import FAST, assert_nothing_lost, assert_usage_error, cli, snapshot, tally
 from pretrained import CONFIG, byte_level_bpe, imported_run
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from workbench.data.prepared import PreparedCorpus, documents, heldout_examples, is_heldout, prepare_corpus
+from workbench.data import prepared
+from workbench.data.prepared import PreparedCorpus, documents, heldout_examples, is_heldout, piece_bounds, prepare_corpus
 from workbench.data.tasks import gsm8k_example
 from workbench.data.windows import TokenStream, batch_windows
 from workbench.runtime.tokenizer import CharTokenizer, HFTokenizer, load_tokenizer
@@ -24,6 +30,7 @@ from workbench.training.runconfig import make_run_config
 from workbench.training.train import fit_fusion, init_from, initial_losses, train
 
 SAMPLE = Path(__file__).parents[1] / "data" / "gsm8k_sample.jsonl"
+COUNTS = tally("hostile corpora")  # malformed sources tried; prepared corpora damaged by hand
 
 
 def sample_texts() -> list[str]:
@@ -117,9 +124,14 @@ def test_text_files_and_saved_datasets_are_read_as_documents(tmp_path):
         ('{"question": "q"}\n', "bad.jsonl:1: expected an object with 'question' and 'answer'"),
         ("[1, 2]\n", "bad.jsonl:1: expected an object"),
         (b'{"text": "a"}\n\xff\xfe\n', "bad.jsonl:2: not UTF-8"),
+        # str(None) made these the text "Q: None" / "None"
+        ('{"question": null, "answer": "#### 1"}\n', "bad.jsonl:1: 'question' is null, expected a string"),
+        ('{"text": "a"}\n{"question": "q", "answer": 7}\n', "bad.jsonl:2: 'answer' is an integer (7), expected a string"),
+        ('{"text": null}\n', "bad.jsonl:1: 'text' is null, expected a string"),
     ],
 )
 def test_bad_sources_are_named_before_any_work(tmp_path, content, match):
+    COUNTS["inputs_tried"] += 1
     (tmp_path / "bad.jsonl").write_bytes(content if isinstance(content, bytes) else content.encode())
     sources = [SAMPLE, tmp_path / "bad.jsonl"]  # the good file first: nothing of it is written either
     with pytest.raises(BadInput, match=re.escape(match)):
@@ -208,6 +220,295 @@ def test_prepare_verb_writes_a_corpus_and_names_bad_input_in_one_line(tmp_path):
         "bad.jsonl:1: not JSON",
     )
     assert not (tmp_path / "d").exists()
+
+
+# ---- hostile sources ----------------------------------------------------------------------
+
+
+def test_a_fifo_or_a_device_is_named_by_what_it_is_and_never_read(tmp_path):
+    COUNTS["inputs_tried"] += 2
+    fifo = tmp_path / "pipe.jsonl"
+    os.mkfifo(fifo)
+
+    def write_nothing():  # a reader that opened the FIFO would block until this opens it, then read EOF
+        with open(fifo, "wb"):
+            pass
+
+    writer = threading.Thread(target=write_nothing, daemon=True)
+    writer.start()
+    try:
+        with pytest.raises(BadInput, match=re.escape(f"corpus source {fifo} is a FIFO (named pipe): expected a regular file")):
+            prepare_corpus([SAMPLE, fifo], CharTokenizer(), tmp_path / "c")
+    finally:
+        reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # lets the writer go
+        writer.join(5)
+        os.close(reader)
+    assert not (tmp_path / "c").exists()
+    (tmp_path / "run").mkdir()
+    CharTokenizer().save(tmp_path / "run")
+    assert_usage_error(
+        ["prepare", "/dev/zero", "--tokenizer", str(tmp_path / "run"), "--out", str(tmp_path / "d")],
+        "/dev/zero is a character device",
+        "a directory saved by datasets' save_to_disk",
+    )
+
+
+def long_text() -> str:
+    return " ".join(sample_texts())  # one document of ~25,000 characters, words and newlines
+
+
+@pytest.mark.parametrize("make", [CharTokenizer, bpe], ids=["char", "bpe"])
+def test_a_long_document_is_tokenized_in_pieces_to_exactly_its_whole_tokens(tmp_path, monkeypatch, make):
+    monkeypatch.setattr(prepared, "PIECE_CHARS", 300)
+    monkeypatch.setattr(prepared, "ENCODE_CHARS", 1000)
+    tok, text = make(), long_text()
+    whole = tok.encode(text)
+    bounds = list(piece_bounds(text, tok))
+    assert bounds[0][0] == 0 and bounds[-1][1] == len(text) and len(bounds) >= len(text) // 300
+    assert all(a < b <= a + 300 and b == c for (a, b), (c, _) in zip(bounds, bounds[1:]))
+    assert sum((tok.encode(text[a:b]) for a, b in bounds), []) == whole
+    if tok.kind == "char":  # one token per character: cut anywhere
+        assert [b for _, b in bounds[:-1]] == list(range(300, 300 * len(bounds[:-1]) + 1, 300))
+    else:  # cut before whitespace that follows a word; cut blindly, the tokens differ
+        assert all(text[b].isspace() and not text[b - 1].isspace() for _, b in bounds[:-1])
+        assert sum((tok.encode(text[a : a + 300]) for a in range(0, len(text), 300)), []) != whole
+    source = tmp_path / "long.jsonl"
+    source.write_text("\n".join(json.dumps({"text": t}) for t in ("before", text, "after")) + "\n")
+    prepare_corpus([source], tok, tmp_path / "c", heldout_fraction=0, shard_tokens=len(whole) // 2)
+    corpus = PreparedCorpus.open(tmp_path / "c")
+    assert all_documents(corpus, "train") == [tok.encode(t) + [tok.eos_id] for t in ("before", text, "after")]
+
+
+def test_a_long_document_that_cannot_be_cut_exactly_is_refused_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(prepared, "PIECE_CHARS", 300)
+    COUNTS["inputs_tried"] += 1
+    (tmp_path / "t.txt").write_text("short\n\n" + "x" * 1000 + "\n")
+    with pytest.raises(BadInput, match=re.escape(f"{tmp_path / 't.txt'}:3: a document of 1,000 characters")) as err:
+        prepare_corpus([tmp_path / "t.txt"], bpe(), tmp_path / "c")
+    assert "no whitespace after a word to cut at" in str(err.value) and "\n" not in str(err.value)
+    assert not (tmp_path / "c").exists()
+    prepare_corpus([tmp_path / "t.txt"], CharTokenizer(), tmp_path / "c", heldout_fraction=0)  # any cut is exact
+    tok = CharTokenizer()
+    assert all_documents(PreparedCorpus.open(tmp_path / "c"), "train")[1] == tok.encode("x" * 1000) + [tok.eos_id]
+
+
+def test_a_document_past_the_size_limit_is_refused_naming_its_file_and_line(tmp_path, monkeypatch):
+    import datasets
+
+    monkeypatch.setattr(prepared, "MAX_DOCUMENT_BYTES", 1000)
+    ok, big = "y" * 1000, "y" * 1001
+    (tmp_path / "a.jsonl").write_text(json.dumps({"text": "fine"}) + "\n" + json.dumps({"text": big}) + "\n")
+    (tmp_path / "b.txt").write_text(f"fine\n\n{ok[:600]}\n{ok[:600]}\n\n{ok}\n")
+    datasets.Dataset.from_list([{"text": "fine"}, {"text": "é" * 501}]).save_to_disk(str(tmp_path / "ds"))
+    cases = [
+        ("a.jsonl", ":2: a line longer than 1,000 bytes, the most one document may hold"),
+        ("b.txt", ":3: a document (lines 3-4 without a blank line between) longer than 1,000 bytes"),
+        ("ds", " row 1: a document longer than 1,000 bytes"),  # 501 characters, 1,002 bytes of UTF-8
+    ]
+    for name, message in cases:
+        COUNTS["inputs_tried"] += 1
+        with pytest.raises(BadInput, match=re.escape(str(tmp_path / name) + message)):
+            prepare_corpus([tmp_path / name], CharTokenizer(), tmp_path / "c")
+    assert not (tmp_path / "c").exists()
+    (tmp_path / "b.txt").write_text(f"fine\n\n{ok}\n")  # at the limit
+    meta = prepare_corpus([tmp_path / "b.txt"], CharTokenizer(), tmp_path / "c", heldout_fraction=0)
+    assert meta["splits"]["train"]["documents"] == 2 and meta["splits"]["train"]["tokens"] == 5 + 1001
+
+
+MEMORY_PROBE = """
+import json, sys
+from workbench.data.prepared import prepare_corpus
+from workbench.runtime.process import peak_rss_mib
+from workbench.runtime.tokenizer import CharTokenizer
+
+tok = CharTokenizer()
+tok.tokenizer.encode_batch(["warm up " * 1000] * 8)
+before = peak_rss_mib()
+prepare_corpus([sys.argv[1]], tok, sys.argv[2], heldout_fraction=0)
+print(json.dumps({"before": before, "after": peak_rss_mib()}))
+"""
+
+
+def test_one_long_document_does_not_cost_hundreds_of_bytes_per_character(tmp_path):
+    """Tokenized whole, a 1 MB document raised the peak by ~400 MiB (~400 bytes per character: the
+    tokenizer's offsets, token strings and alignments for each token); in pieces, by a few copies of
+    the text, its tokens and one bounded batch of tokenizer memory, ~64 MiB here
+    (``scripts/prepare_memory.py --long`` measures it at scale)."""
+    text = (long_text() + " ") * (1_000_000 // len(long_text()))
+    (tmp_path / "long.jsonl").write_text(json.dumps({"text": text}) + "\n")
+    args = [str(tmp_path / "long.jsonl"), str(tmp_path / "c")]
+    done = subprocess.run([sys.executable, "-c", MEMORY_PROBE, *args], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    peak = json.loads(done.stdout.strip().splitlines()[-1])
+    assert peak["after"] - peak["before"] < 160, peak
+    assert len(PreparedCorpus.open(tmp_path / "c").split("train")) == len(text) + 1
+
+
+# ---- hostile corpora: a prepared corpus edited by hand ------------------------------------
+
+
+def edit_meta(directory: Path, edit) -> None:
+    meta = json.loads((directory / "corpus.json").read_text())
+    edit(meta)
+    (directory / "corpus.json").write_text(json.dumps(meta))
+
+
+def first_shard(split="train"):
+    return lambda meta: meta["splits"][split]["shards"][0]
+
+
+@pytest.fixture
+def corpus_dir(tmp_path):
+    prepare_corpus([SAMPLE], CharTokenizer(), tmp_path / "c", heldout_fraction=0.3, shard_tokens=5000)
+    return tmp_path / "c"
+
+
+def open_both(directory: Path, verify: bool = True) -> None:
+    corpus = PreparedCorpus.open(directory, verify=verify)
+    corpus.check_tokenizer(CharTokenizer(), "the test's")
+    corpus.split("train"), corpus.split("heldout")
+
+
+META_EDITS = {
+    "n_tokens missing": (
+        lambda m: first_shard()(m).pop("n_tokens"),
+        "splits.train.shards[0].n_tokens is missing, expected an integer >= 0",
+    ),
+    "n_tokens a string": (
+        lambda m: first_shard()(m).update(n_tokens=str(first_shard()(m)["n_tokens"])),
+        "splits.train.shards[0].n_tokens is a string ('",
+    ),
+    "n_documents negative": (
+        lambda m: first_shard("heldout")(m).update(n_documents=-1),
+        "n_documents is an integer (-1), expected an integer >= 0",
+    ),
+    "a shard named as another split's": (
+        lambda m: first_shard("heldout")(m).update(tokens="train-00000.bin"),
+        "splits.heldout.shards[0].tokens is a string ('train-00000.bin'), expected 'heldout-00000.bin'",
+    ),
+    "split total off by one": (
+        lambda m: m["splits"]["train"].update(tokens=m["splits"]["train"]["tokens"] + 1),
+        ", the sum over its shards",
+    ),
+    "checksum missing": (
+        lambda m: first_shard()(m).pop("ends_crc32"),
+        "splits.train.shards[0].ends_crc32 is missing, expected 8 hex digits",
+    ),
+    "id_limit null": (lambda m: m["tokenizer"].update(id_limit=None), "tokenizer.id_limit is null, expected an integer >= 0"),
+    "id_limit raised": (
+        lambda m: m["tokenizer"].update(id_limit=60000),
+        "tokenizer {'id_limit': 60000, 'eos_id': 2} but the tokenizer",
+    ),
+    "version 3": (lambda m: m.update(version=3), "version 3, expected 'workbench-prepared-corpus' version 1 or 2"),
+    "splits a list": (lambda m: m.update(splits=[]), "splits is a list ([]), expected an object with ['train', 'heldout']"),
+}
+
+
+@pytest.mark.parametrize("case", list(META_EDITS))
+def test_a_hand_edited_corpus_json_is_a_one_line_error_naming_the_field(corpus_dir, case):
+    edit, message = META_EDITS[case]
+    edit_meta(corpus_dir, edit)
+    COUNTS["faults_injected"] += 1
+    before = snapshot(corpus_dir)
+    with pytest.raises(BadInput, match=re.escape(message)) as err:
+        open_both(corpus_dir)
+    assert "\n" not in str(err.value)
+    assert_nothing_lost(before, snapshot(corpus_dir), COUNTS)
+
+
+def rewrite(path: Path, dtype: str, change) -> None:
+    values = np.fromfile(path, dtype=dtype)
+    change(values)
+    values.tofile(path)
+
+
+def swap_two_tokens(values):
+    values[[3, 4]] = values[[4, 3]]  # ids stay in range, sizes and ends stay right: only the CRC32 tells
+
+
+SHARD_EDITS = {
+    "token id past the vocabulary": (
+        "train-00000.bin",
+        "uint16",
+        lambda v: v.__setitem__(7, 60000),
+        "holds token id 60000, but its tokenizer's ids stop at 99",
+    ),
+    "ends reversed": (
+        "heldout-00000.ends",
+        "uint64",
+        lambda v: v.__setitem__(slice(None), v[::-1].copy()),
+        "holds document ends that do not increase strictly",
+    ),
+    "ends shifted by one": ("train-00000.ends", "uint64", lambda v: v.__setitem__(slice(0, -1), v[:-1] - 1), "ends with token"),
+    "bytes swapped": ("train-00000.bin", "uint16", swap_two_tokens, "train-00000.bin does not match its CRC32 in corpus.json"),
+    "torn": ("train-00000.bin", "uint16", None, "train-00000.bin has "),
+}
+
+
+@pytest.mark.parametrize("case", list(SHARD_EDITS))
+def test_a_hand_edited_shard_is_a_one_line_error_naming_the_file(corpus_dir, case):
+    name, dtype, change, message = SHARD_EDITS[case]
+    if change is None:
+        (corpus_dir / name).write_bytes((corpus_dir / name).read_bytes()[:-2])
+    else:
+        rewrite(corpus_dir / name, dtype, change)
+    COUNTS["faults_injected"] += 1
+    before = snapshot(corpus_dir)
+    with pytest.raises(BadInput, match=re.escape(message)) as err:
+        open_both(corpus_dir)
+    assert "\n" not in str(err.value)
+    assert_nothing_lost(before, snapshot(corpus_dir), COUNTS)
+    if case == "bytes swapped":
+        open_both(corpus_dir, verify=False)  # contents are verified on request; sizes and ids always
+
+
+def test_training_on_a_corpus_with_ids_past_the_vocabulary_is_a_one_line_error_before_the_run(corpus_dir, tmp_path):
+    rewrite(corpus_dir / "train-00000.bin", "uint16", lambda v: v.__setitem__(slice(None, None, 7), 60000))
+    COUNTS["faults_injected"] += 1
+    before = snapshot(corpus_dir)
+    task = f"prepared:{corpus_dir}"
+    sets = [f"--set={s}" for s in FAST + ["train.steps=2"]]
+    argv = ["train", "--arch", "baseline", "--preset", "debug", "--task", task, "--out", str(tmp_path / "run"), *sets]
+    assert_usage_error([*argv, "--no-progress"], "train-00000.bin holds token id 60000")  # was: ValueError traceback
+    assert not (tmp_path / "run").exists()
+    assert_nothing_lost(before, snapshot(corpus_dir), COUNTS)
+
+
+def test_eval_on_a_corpus_with_hand_edited_ends_is_a_one_line_error(tmp_path):
+    prepare_corpus([SAMPLE], CharTokenizer(), tmp_path / "good", heldout_fraction=0.3)
+    cfg = make_run_config("baseline", "debug", f"prepared:{tmp_path / 'good'}", FAST + ["train.steps=1"])
+    train(cfg, tmp_path / "run", progress=False)
+    rewrite(tmp_path / "good" / "heldout-00000.ends", "uint64", lambda v: v.__setitem__(slice(None), v[::-1].copy()))
+    COUNTS["faults_injected"] += 1
+
+    def files():  # but the (empty) lock files: eval takes one on the run's results/
+        return {k: v for k, v in snapshot(tmp_path).items() if Path(k).name != ".workbench.lock"}
+
+    before = files()
+    # was: eval published "loss 0.0" for empty documents, then KeyError: 'accuracy'
+    assert_usage_error(["eval", str(tmp_path / "run"), "--n", "3"], "heldout-00000.ends holds document ends")
+    assert_nothing_lost(before, files(), COUNTS)  # no results/eval.json with a loss of 0.0
+
+
+def test_a_format_1_corpus_is_read_with_every_check_but_the_checksums(corpus_dir, caplog):
+    def to_version_1(meta):
+        meta["version"] = 1
+        for split in meta["splits"].values():
+            for shard in split["shards"]:
+                del shard["tokens_crc32"], shard["ends_crc32"]
+
+    before = {s: all_documents(PreparedCorpus.open(corpus_dir), s) for s in ("train", "heldout")}
+    edit_meta(corpus_dir, to_version_1)
+    rewrite(corpus_dir / "train-00000.bin", "uint16", swap_two_tokens)
+    corpus = PreparedCorpus.open(corpus_dir)
+    with caplog.at_level(logging.WARNING, logger="workbench.data.prepared"):
+        assert all_documents(corpus, "heldout") == before["heldout"]
+        assert all_documents(corpus, "train") != before["train"]  # no checksum to tell the swap
+    assert caplog.text.count("format version 1: its shards carry no checksums") == 2  # once per split opened
+    rewrite(corpus_dir / "train-00000.bin", "uint16", lambda v: v.__setitem__(7, 60000))
+    COUNTS["faults_injected"] += 1
+    with pytest.raises(BadInput, match="holds token id 60000"):
+        corpus.split("train")
 
 
 # ---- continued pretraining of an imported model -------------------------------------------

@@ -3,8 +3,9 @@
 A prepared corpus is a directory:
 
 - ``corpus.json``: the metadata, written last (what makes the directory a corpus): the tokenizer's
-  fingerprint, each source's path, size and SHA-256, per split the documents, tokens and shards,
-  the held-out rule, and the characters the tokenizer could not represent;
+  fingerprint, each source's path, size and SHA-256, per split the documents, tokens and shards
+  (each with its files' CRC32), the held-out rule, and the characters the tokenizer could not
+  represent;
 - ``{split}-{k:05d}.bin``: the tokens of split ``train`` or ``heldout``, raw ``uint16`` (a
   vocabulary below 65,536 ids) or ``uint32``, read through ``numpy.memmap``;
 - ``{split}-{k:05d}.ends``: raw ``uint64``, the end offset of every document in that shard.
@@ -13,7 +14,8 @@ Documents. A JSONL line with ``question`` and ``answer`` (GSM8K) becomes ``Q: {q
 {answer}``, the text the trace study prompts with; a line with ``text`` is that text. A plain text
 file holds documents separated by blank lines. A ``datasets`` dataset saved on disk
 (``save_to_disk``) gives one document per row, from the same columns. Every document is its
-tokens followed by ``<eos>`` (no ``<bos>``); documents never straddle shards.
+tokens followed by ``<eos>`` (no ``<bos>``); documents never straddle shards. A document is at
+most ``MAX_DOCUMENT_BYTES`` of UTF-8 (a longer one is refused, naming its file and line).
 
 Held-out split: a document is held out when the hash of (seed, its text) falls below
 ``heldout_fraction``, so the split needs no second pass and identical documents always land on the
@@ -24,15 +26,28 @@ tokens of the split's token stream, starting anywhere, so it may span the end of
 the start of the next; ``<eos>`` marks the boundary and attention crosses it (GPT-2's rule). The
 windows of a step are a pure function of (seed, step), as for every task.
 
-Streaming: sources are read line by line and tokenized in batches of documents, and shards are
-appended to, so memory does not grow with the corpus (``docs/training.md`` gives the measured peaks).
+Streaming: sources are read line by line and tokenized in batches of at most ``ENCODE_BATCH``
+documents and ``ENCODE_CHARS`` characters; a document longer than ``PIECE_CHARS`` is tokenized in
+pieces (``piece_bounds``), and shards are appended to, so memory grows neither with the corpus nor
+with one document's tokenization (``docs/training.md`` gives the measured peaks).
+
+Integrity (format 2): every shard's two files carry a CRC32 in ``corpus.json``. Opening a split
+always checks its metadata (types, names, counts), each file's size, that document ends increase
+strictly up to the shard's size with ``<eos>`` at each, and that every token id is below the
+tokenizer's limit (one read of the shard); ``verify=True`` (the default, as for the activation
+store) also checks the CRC32s in the same read. Format 1 corpora (no checksums) are read with every
+check but the checksums.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import re
+import stat
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,70 +61,143 @@ from workbench.storage.errors import BadInput, MissingFile
 from workbench.storage.files import read_json, write_json
 from workbench.storage.outputs import check_claim, claim
 
+logger = logging.getLogger(__name__)
+
 FORMAT = "workbench-prepared-corpus"
-VERSION = 1
+VERSION = 2  # 2: a CRC32 per shard file
+READABLE = (1, 2)
 META = "corpus.json"
 SPLITS = ("train", "heldout")
 SHARD_TOKENS = 1 << 26  # tokens per shard before the next document opens a new one (128 MiB at uint16)
 ENCODE_BATCH = 512  # documents tokenized together
+# Hugging Face tokenizers hold a few hundred bytes per character of what they encode at once
+# (offsets, token strings, alignments), so a batch is bounded by characters, not only by documents.
+ENCODE_CHARS = 1 << 18
+PIECE_CHARS = 1 << 16  # a longer document is tokenized in pieces of at most this many characters
+MAX_DOCUMENT_BYTES = 1 << 26  # 64 MiB: what one document may hold; reading it needs a few times that
+PIECE_CHECK = 256  # characters each side of a cut that are tokenized whole and in two to check it
+READ_CHUNK = 1 << 22  # bytes per read when a shard is scanned (token ids, CRC32)
 PREFIX = "prepared:"
+_MISSING = object()
 
 
 # ---- reading sources ----------------------------------------------------------------------
 
 
 def source_kind(path: Path) -> str:
-    """``datasets`` (a directory saved by ``save_to_disk``), ``jsonl`` or ``text``."""
-    if path.is_dir():
+    """``datasets`` (a directory saved by ``save_to_disk``), ``jsonl`` or ``text``. A FIFO, device
+    or socket is refused by its kind without being opened: reading one would block or never end."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise MissingFile(f"no corpus source at {path}") from None
+    except OSError as err:
+        raise BadInput(f"corpus source {path} cannot be inspected ({err.strerror})") from err
+    if stat.S_ISDIR(mode):
         if not ((path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file()):
             raise BadInput(f"{path} is a directory but not a dataset saved by datasets' save_to_disk (no dataset_info.json)")
         return "datasets"
-    if not path.is_file():
-        raise MissingFile(f"no corpus source at {path}")
+    if not stat.S_ISREG(mode):
+        raise BadInput(
+            f"corpus source {path} is {_file_type(mode)}: expected a regular file (JSONL or text) "
+            "or a directory saved by datasets' save_to_disk"
+        )
     return "jsonl" if path.suffix in (".jsonl", ".json") else "text"
+
+
+def _file_type(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _json_kind(value: object) -> str:
+    """How a JSON value that should have been a string reads in an error."""
+    if value is _MISSING:
+        return "missing"
+    if value is None:
+        return "null"
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list", dict: "an object"}
+    return f"{names.get(type(value), type(value).__name__)} ({repr(value)[:40]})"
 
 
 def _row_text(row: object, where: str) -> tuple[str, str]:
     """(document text, format) of one JSONL line or dataset row."""
     if isinstance(row, dict) and "question" in row and "answer" in row:
-        return gsm8k_example(str(row["question"]), str(row["answer"])).text, "gsm8k"
-    if isinstance(row, dict) and isinstance(row.get("text"), str):
+        for key in ("question", "answer"):
+            if not isinstance(row[key], str):  # str() would turn null into the text "None"
+                raise BadInput(f"{where}: {key!r} is {_json_kind(row[key])}, expected a string (GSM8K's {key} text)")
+        return gsm8k_example(row["question"], row["answer"]).text, "gsm8k"
+    if isinstance(row, dict) and "text" in row:
+        if not isinstance(row["text"], str):
+            raise BadInput(f"{where}: 'text' is {_json_kind(row['text'])}, expected a string")
         return row["text"], "text"
     found = sorted(row) if isinstance(row, dict) else type(row).__name__
     raise BadInput(f"{where}: expected an object with 'question' and 'answer' (GSM8K) or 'text', got {found}")
 
 
-def _lines(path: Path) -> Iterator[tuple[int, str]]:
-    """(line number, line) of a UTF-8 file, read one line at a time."""
+def _too_long(where: str, what: str) -> BadInput:
+    return BadInput(
+        f"{where}: {what} longer than {_size(MAX_DOCUMENT_BYTES)}, the most one document may hold "
+        "(split it: one JSONL line or one blank-line-separated paragraph per document)"
+    )
+
+
+def _size(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n:,} bytes"
+
+
+def _lines(path: Path) -> Iterator[tuple[int, str, int]]:
+    """(line number, line, its bytes) of a UTF-8 file, read one line at a time; a line past
+    ``MAX_DOCUMENT_BYTES`` is refused without reading the rest of it."""
     with path.open("rb") as f:
-        for i, raw in enumerate(f, 1):
+        i = 0
+        while raw := f.readline(MAX_DOCUMENT_BYTES + 2):
+            i += 1
+            if len(raw) - raw.endswith(b"\n") > MAX_DOCUMENT_BYTES:
+                raise _too_long(f"{path}:{i}", "a line")
+            n_bytes = len(raw)
             try:
-                yield i, raw.decode("utf-8")
+                line = raw.decode("utf-8")
             except UnicodeDecodeError as err:
                 raise BadInput(f"{path}:{i}: not UTF-8 text ({err})") from err
+            del raw  # a long line is held once, not twice, while its document is used
+            yield i, line, n_bytes
 
 
-def _jsonl_documents(path: Path) -> Iterator[tuple[str, str]]:
-    for i, line in _lines(path):
+def _jsonl_documents(path: Path) -> Iterator[tuple[str, str, str]]:
+    for i, line, _ in _lines(path):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
         except json.JSONDecodeError as err:
             raise BadInput(f"{path}:{i}: not JSON ({err.msg} at column {err.colno}); every line must be one JSON object") from err
-        yield _row_text(row, f"{path}:{i}")
+        yield (f"{path}:{i}", *_row_text(row, f"{path}:{i}"))
 
 
-def _text_documents(path: Path) -> Iterator[tuple[str, str]]:
+def _text_documents(path: Path) -> Iterator[tuple[str, str, str]]:
     lines: list[str] = []
-    for _, line in _lines(path):
+    first = size = 0
+    for i, line, n_bytes in _lines(path):
         if line.strip():
+            if not lines:
+                first, size = i, 0
             lines.append(line)
+            size += n_bytes
+            if size - line.endswith("\n") > MAX_DOCUMENT_BYTES:  # its last newline is not the document's
+                raise _too_long(f"{path}:{first}", f"a document (lines {first}-{i} without a blank line between)")
         elif lines:
-            yield "".join(lines).rstrip("\n"), "text"
-            lines = []
+            document, lines = "".join(lines).rstrip("\n"), []  # the lines go before the document is used
+            yield f"{path}:{first}", document, "text"
     if lines:
-        yield "".join(lines).rstrip("\n"), "text"
+        yield f"{path}:{first}", "".join(lines).rstrip("\n"), "text"
 
 
 def _dataset_rows(path: Path):
@@ -126,7 +214,7 @@ def _dataset_rows(path: Path):
     return data
 
 
-def _dataset_documents(path: Path) -> Iterator[tuple[str, str]]:
+def _dataset_documents(path: Path) -> Iterator[tuple[str, str, str]]:
     data = _dataset_rows(path)
     columns = set(data.column_names)
     if not ({"question", "answer"} <= columns or "text" in columns):
@@ -134,18 +222,29 @@ def _dataset_documents(path: Path) -> Iterator[tuple[str, str]]:
             f"{path}: a dataset with 'question' and 'answer' (GSM8K) or 'text' columns expected, got {sorted(columns)}"
         )
     for i, row in enumerate(data):
-        yield _row_text(row, f"{path} row {i}")
+        text, fmt = _row_text(row, f"{path} row {i}")
+        if len(text) > MAX_DOCUMENT_BYTES // 4 and len(text.encode()) > MAX_DOCUMENT_BYTES:
+            raise _too_long(f"{path} row {i}", "a document")
+        yield f"{path} row {i}", text, fmt
 
 
-def documents(path: Path) -> Iterator[tuple[str, str]]:
-    """(text, format) of every document of one source, in order; errors name the file and line."""
+def located_documents(path: Path) -> Iterator[tuple[str, str, str]]:
+    """(where, text, format) of every document of one source, in order: ``where`` is the file and
+    line (or dataset row) it starts at, for errors."""
     kind = source_kind(path)
     return {"jsonl": _jsonl_documents, "text": _text_documents, "datasets": _dataset_documents}[kind](path)
 
 
-def check_source(path: Path) -> dict:
-    """Read a source once without tokenizing: its hash, size and document count, and every error
-    (not UTF-8, not JSON, wrong fields, no documents) before any work."""
+def documents(path: Path) -> Iterator[tuple[str, str]]:
+    """(text, format) of every document of one source, in order; errors name the file and line."""
+    return ((text, fmt) for _, text, fmt in located_documents(path))
+
+
+def check_source(path: Path, tokenizer: TokenizerBase | None = None) -> dict:
+    """Read a source once without tokenizing it: its hash, size and document count, and every error
+    (not UTF-8, not JSON, wrong fields, too long, no documents) before any work; with ``tokenizer``,
+    also where each long document will be cut (``piece_bounds``: a few hundred characters tokenized
+    per cut), so that one that cannot be cut exactly is refused here too."""
     kind = source_kind(path)
     digest = hashlib.sha256()
     if kind == "datasets":
@@ -157,8 +256,11 @@ def check_source(path: Path) -> dict:
         _hash_file(path, digest)
         size = path.stat().st_size
     formats: dict[str, int] = {}
-    for _, fmt in documents(path):
+    for where, text, fmt in located_documents(path):
         formats[fmt] = formats.get(fmt, 0) + 1
+        if tokenizer is not None and len(text) > PIECE_CHARS:
+            for _ in piece_bounds(text, tokenizer, where):
+                pass
     if not formats:
         raise BadInput(f"{path}: no documents ({'an empty file' if size == 0 else 'only blank lines'})")
     return {"path": str(path.resolve()), "kind": kind, "bytes": size, "sha256": digest.hexdigest(), "documents": formats}
@@ -181,8 +283,10 @@ def file_sha256(path: Path) -> str:
 
 def is_heldout(text: str, seed: int, fraction: float) -> bool:
     """Whether a document with this text is held out (module docstring)."""
-    h = hashlib.blake2b(f"{seed}\0{text}".encode(), digest_size=8).digest()
-    return int.from_bytes(h, "big") < fraction * 2**64
+    h = hashlib.blake2b(f"{seed}\0".encode(), digest_size=8)
+    for at in range(0, len(text), 1 << 20):  # in slices: a long document is not copied whole twice more
+        h.update(text[at : at + (1 << 20)].encode())
+    return int.from_bytes(h.digest(), "big") < fraction * 2**64
 
 
 # ---- writing ------------------------------------------------------------------------------
@@ -190,40 +294,50 @@ def is_heldout(text: str, seed: int, fraction: float) -> bool:
 
 class _ShardWriter:
     """Appends documents to the shards of one split inside the staging directory, recording each
-    file it creates with ``made`` (``Staging.made``)."""
+    file it creates with ``made`` (``Staging.made``) and the CRC32 of what it writes there."""
 
     def __init__(self, directory: Path, split: str, dtype, shard_tokens: int, made):
         self.directory, self.split, self.dtype, self.shard_tokens = directory, split, dtype, shard_tokens
         self.made = made
         self.shards: list[dict] = []
-        self._tokens = self._ends = None
+        self._files: dict = {}  # "tokens" | "ends" -> the open file of the current shard
+        self._crc: dict[str, int] = {}
         self.documents = self.total = 0
 
     def _open(self) -> None:
         self._close()
         name = f"{self.split}-{len(self.shards):05d}"
         self.shards.append({"tokens": f"{name}.bin", "ends": f"{name}.ends", "n_tokens": 0, "n_documents": 0})
-        self._tokens = (self.directory / f"{name}.bin").open("wb")
-        self._ends = (self.directory / f"{name}.ends").open("wb")
+        self._files = {
+            "tokens": (self.directory / f"{name}.bin").open("wb"),
+            "ends": (self.directory / f"{name}.ends").open("wb"),
+        }
+        self._crc = dict.fromkeys(self._files, 0)
         self.made(self.directory / f"{name}.bin", self.directory / f"{name}.ends")
 
-    def _close(self) -> None:
-        for f in (self._tokens, self._ends):
-            if f is not None:
-                f.close()
-        self._tokens = self._ends = None
+    def _write(self, what: str, data: bytes) -> None:
+        self._files[what].write(data)
+        self._crc[what] = zlib.crc32(data, self._crc[what])
 
-    def add(self, ids: list[int]) -> None:
-        if self._tokens is None or (self.shards[-1]["n_tokens"] and self.shards[-1]["n_tokens"] + len(ids) > self.shard_tokens):
+    def _close(self) -> None:
+        for what, f in self._files.items():
+            f.close()
+            self.shards[-1][f"{what}_crc32"] = f"{self._crc[what]:08x}"
+        self._files = {}
+
+    def add(self, parts: list[np.ndarray]) -> None:
+        """One document, its tokens given in parts (the pieces of a long one, then eos)."""
+        n = sum(len(p) for p in parts)
+        if not self._files or (self.shards[-1]["n_tokens"] and self.shards[-1]["n_tokens"] + n > self.shard_tokens):
             self._open()
         shard = self.shards[-1]
-        assert self._tokens is not None and self._ends is not None
-        self._tokens.write(np.asarray(ids, dtype=self.dtype).tobytes())
-        shard["n_tokens"] += len(ids)
+        for part in parts:
+            self._write("tokens", np.asarray(part, dtype=self.dtype).tobytes())
+        shard["n_tokens"] += n
         shard["n_documents"] += 1
-        self._ends.write(np.uint64(shard["n_tokens"]).tobytes())
+        self._write("ends", np.uint64(shard["n_tokens"]).tobytes())
         self.documents += 1
-        self.total += len(ids)
+        self.total += n
 
     def finish(self) -> dict:
         self._close()
@@ -232,6 +346,111 @@ class _ShardWriter:
 
 def token_dtype(tokenizer: TokenizerBase) -> str:
     return "uint16" if tokenizer.id_limit <= 2**16 else "uint32"
+
+
+_CUT = re.compile(r"(?<=\S)\s")  # whitespace after non-whitespace: where whitespace-splitting pre-tokenizers end a word
+
+
+def piece_bounds(text: str, tokenizer: TokenizerBase, where: str = "text") -> Iterator[tuple[int, int]]:
+    """(start, end) of the pieces, at most ``PIECE_CHARS`` characters each, that a long document is
+    tokenized in, chosen so that the pieces' tokens, concatenated, are the whole document's. The
+    character tokenizer (one token per character) is cut anywhere; another tokenizer before a
+    whitespace character that follows a non-whitespace one, where pre-tokenizers that split at
+    whitespace (GPT-2's byte-level rule, Metaspace) end a word, so no token spans the cut. Each cut
+    is also checked, since a tokenizer may not split there: the ``PIECE_CHECK`` characters each side
+    must tokenize the same whole and in two, else an earlier place is tried; ``where`` names the
+    document in the error when none of 16 passes."""
+    start = 0
+    while len(text) - start > PIECE_CHARS:
+        limit = start + PIECE_CHARS
+        candidates = [limit] if tokenizer.kind == "char" else []
+        candidates += _whitespace_cuts(text, start, limit)
+        tried = candidates[:16]
+        cut = next((c for c in tried if _cuts_cleanly(tokenizer, text, c)), None)
+        if cut is None:
+            why = (
+                f"the {tokenizer.kind} tokenizer splits it differently at each of the {len(tried)} whitespace cuts tried"
+                if tried
+                else "there is no whitespace after a word to cut at"
+            )
+            raise BadInput(
+                f"{where}: a document of {len(text):,} characters is tokenized in pieces of at most {PIECE_CHARS:,}, "
+                f"but in characters {start:,}-{limit:,} {why}; split it into shorter documents"
+            )
+        yield start, cut
+        start = cut
+    yield start, len(text)
+
+
+def _whitespace_cuts(text: str, start: int, limit: int, wanted: int = 16) -> list[int]:
+    """Up to ``wanted`` places in (start, limit] before whitespace that follows a word, last first;
+    searched backwards a few thousand characters at a time, as the last ones are nearly always enough."""
+    found: list[int] = []
+    end = limit + 1
+    while end > start + 1 and len(found) < wanted:
+        begin = max(start + 1, end - 4096)
+        found += reversed([m.start() for m in _CUT.finditer(text, begin, end)])
+        end = begin
+    return found[:wanted]
+
+
+def _cuts_cleanly(tokenizer: TokenizerBase, text: str, cut: int) -> bool:
+    begin, end = max(cut - PIECE_CHECK, 0), cut + PIECE_CHECK
+    left, right, whole = tokenizer.tokenizer.encode_batch(
+        [text[begin:cut], text[cut:end], text[begin:end]], add_special_tokens=False
+    )
+    return left.ids + right.ids == whole.ids
+
+
+class _Tokenizing:
+    """Documents in, in order; their tokens out to their split's shards. Short documents are
+    tokenized in batches bounded by count and characters, a long one alone, in pieces."""
+
+    def __init__(self, tokenizer: TokenizerBase, writers: dict, seed: int, fraction: float, progress):
+        self.tokenizer, self.writers, self.seed, self.fraction, self.progress = tokenizer, writers, seed, fraction, progress
+        self.dtype = token_dtype(tokenizer)
+        self.eos = np.array([tokenizer.eos_id], dtype=self.dtype)
+        self.batch: list[str] = []
+        self.chars = self.done = 0
+
+    def add(self, text: str, where: str) -> None:
+        if len(text) <= PIECE_CHARS:
+            self.batch.append(text)
+            self.chars += len(text)
+            if len(self.batch) >= ENCODE_BATCH or self.chars >= ENCODE_CHARS:
+                self.flush()
+            return
+        self.flush()  # the batch before it keeps its place in the shards
+        parts, group = [], []
+        for begin, end in piece_bounds(text, self.tokenizer, where):
+            group.append(text[begin:end])
+            if sum(map(len, group)) >= ENCODE_CHARS:
+                parts += self._encode(group)
+                group = []
+        self._write(text, parts + self._encode(group))
+        self._done(1)
+
+    def flush(self) -> None:
+        if self.batch:
+            for text, ids in zip(self.batch, self._encode(self.batch)):
+                self._write(text, [ids])
+            self._done(len(self.batch))
+            self.batch, self.chars = [], 0
+
+    def _encode(self, texts: list[str]) -> list[np.ndarray]:
+        if not texts:
+            return []
+        encoded = self.tokenizer.tokenizer.encode_batch(texts, add_special_tokens=False)
+        return [np.asarray(enc.ids, dtype=self.dtype) for enc in encoded]
+
+    def _write(self, text: str, parts: list[np.ndarray]) -> None:
+        split = "heldout" if self.fraction and is_heldout(text, self.seed, self.fraction) else "train"
+        self.writers[split].add([*parts, self.eos])
+
+    def _done(self, n: int) -> None:
+        self.done += n
+        if self.progress is not None:
+            self.progress(self.done)
 
 
 def prepare_corpus(
@@ -259,31 +478,26 @@ def prepare_corpus(
     out = Path(out)
     check_claim(out, "corpus", overwrite=overwrite)
     started = time.perf_counter()
-    checked = [check_source(Path(s)) for s in sources]
+    checked = [check_source(Path(s), tokenizer) for s in sources]
     dtype = token_dtype(tokenizer)
     representable: dict[str, bool] = {}
     lost: dict[str, int] = {}
     lost_documents = 0
-    done = 0
     with claim(out, "corpus", overwrite=overwrite) as held:
         writers = {split: _ShardWriter(held.staging, split, dtype, shard_tokens, held.made) for split in SPLITS}
+        tokenizing = _Tokenizing(tokenizer, writers, seed, heldout_fraction, progress)
         for source in checked:
-            batch: list[str] = []
-            for text, _ in documents(Path(source["path"])):
-                batch.append(text)
-                if len(batch) == ENCODE_BATCH:
-                    done += _write_batch(batch, tokenizer, writers, seed, heldout_fraction)
-                    batch = []
-                    if progress is not None:
-                        progress(done)
-                missing = {c for c in set(text) if not representable.setdefault(c, tokenizer.roundtrips(c))}
+            for where, text, _ in located_documents(Path(source["path"])):
+                tokenizing.add(text, where)
+                kinds = set(text)
+                for c in kinds - representable.keys():
+                    representable[c] = tokenizer.roundtrips(c)
+                missing = [c for c in kinds if not representable[c]]
                 if missing:
                     lost_documents += 1
                     for c in missing:
                         lost[c] = lost.get(c, 0) + text.count(c)
-            done += _write_batch(batch, tokenizer, writers, seed, heldout_fraction)
-            if progress is not None:
-                progress(done)
+            tokenizing.flush()
         meta = {
             "format": FORMAT,
             "version": VERSION,
@@ -312,48 +526,85 @@ def prepare_corpus(
     return meta
 
 
-def _is_corpus_file(name: str) -> bool:
-    return name.startswith(tuple(f"{s}-" for s in SPLITS)) and name.endswith((".bin", ".ends"))
-
-
-def _write_batch(texts: list[str], tokenizer: TokenizerBase, writers: dict, seed: int, fraction: float) -> int:
-    if not texts:
-        return 0
-    encoded = tokenizer.tokenizer.encode_batch(texts, add_special_tokens=False)
-    for text, enc in zip(texts, encoded):
-        split = "heldout" if fraction and is_heldout(text, seed, fraction) else "train"
-        writers[split].add([*enc.ids, tokenizer.eos_id])
-    return len(texts)
-
-
 # ---- reading ------------------------------------------------------------------------------
 
 
 @dataclass
 class CorpusSplit:
-    """One split of a prepared corpus: its token stream (``len`` tokens) and its documents."""
+    """One split of a prepared corpus: its token stream (``len`` tokens) and its documents. Made by
+    ``PreparedCorpus.split``, which has checked the metadata; this checks the files (module docstring)."""
 
     directory: Path
     name: str
     dtype: str
     shards: list[dict]
+    id_limit: int = 2**32
+    eos_id: int | None = None
+    verify: bool = True
 
     def __post_init__(self) -> None:
+        self._where = f"prepared corpus {self.directory}"
         self._tokens = [self._map(s["tokens"], self.dtype, s["n_tokens"]) for s in self.shards]
         self._ends = [self._map(s["ends"], "uint64", s["n_documents"]) for s in self.shards]
+        for shard, tokens, ends in zip(self.shards, self._tokens, self._ends):
+            top, crc = self._scan(shard)  # one read; the most telling error first: ids, ends, then bytes
+            if top >= self.id_limit:
+                raise BadInput(
+                    f"{self._where}: {self.directory / shard['tokens']} holds token id {top}, but its tokenizer's "
+                    f"ids stop at {self.id_limit - 1} (altered: prepare the corpus again)"
+                )
+            self._check_ends(shard, tokens, ends)
+            if self.verify and "tokens_crc32" in shard:
+                for what, found in (("tokens", crc), ("ends", _file_crc32(self.directory / shard["ends"]))):
+                    if f"{found:08x}" != shard[f"{what}_crc32"]:
+                        raise BadInput(
+                            f"{self._where}: {self.directory / shard[what]} does not match its CRC32 in {META} "
+                            "(altered bytes: prepare the corpus again)"
+                        )
         sizes = np.array([s["n_tokens"] for s in self.shards], dtype=np.int64)
         self._starts = np.concatenate(([0], np.cumsum(sizes)))  # [n_shards + 1] global offset of each shard
 
     def _map(self, name: str, dtype: str, count: int) -> np.ndarray:
         path = self.directory / name
-        if not path.is_file():
-            raise MissingFile(f"prepared corpus {self.directory}: missing {path}")
+        if path.is_symlink() or not path.is_file():
+            raise MissingFile(f"{self._where}: missing {path} (or not a plain file)")
         expected = count * np.dtype(dtype).itemsize
         if path.stat().st_size != expected:
-            raise BadInput(f"prepared corpus {self.directory}: {path} has {path.stat().st_size} bytes, {META} says {expected}")
+            raise BadInput(f"{self._where}: {path} has {path.stat().st_size} bytes, {META} says {expected} (torn or altered)")
         if count == 0:
             return np.zeros(0, dtype=dtype)
         return np.memmap(path, dtype=dtype, mode="r", shape=(count,))
+
+    def _check_ends(self, shard: dict, tokens: np.ndarray, ends: np.ndarray) -> None:
+        """Document ends increase strictly from at least 1 to the shard's size, each after an eos:
+        reversed or shifted ends would make empty or merged documents (read whole: 8 bytes per document)."""
+        path, ends = self.directory / shard["ends"], np.asarray(ends)
+        n = shard["n_tokens"]
+        bad = np.flatnonzero(ends[1:] <= ends[:-1])
+        if bad.size or (ends.size and (ends[0] < 1 or ends[-1] != n)) or (n and not ends.size):
+            at = f"end {bad[0] + 1} is {ends[bad[0] + 1]} after {ends[bad[0]]}" if bad.size else f"ends {_span(ends)}"
+            raise BadInput(
+                f"{self._where}: {path} holds document ends that do not increase strictly from 1 to the shard's "
+                f"{n} tokens ({at}; altered: prepare the corpus again)"
+            )
+        if self.eos_id is not None and ends.size:
+            last = np.asarray(tokens[(ends - 1).astype(np.int64)])
+            wrong = np.flatnonzero(last != self.eos_id)
+            if wrong.size:
+                raise BadInput(
+                    f"{self._where}: document {wrong[0]} of {self.directory / shard['tokens']} ends with token "
+                    f"{last[wrong[0]]}, not eos {self.eos_id} (altered: prepare the corpus again)"
+                )
+
+    def _scan(self, shard: dict) -> tuple[int, int]:
+        """(largest token id, CRC32 when ``verify``) of a shard's tokens, read once in chunks."""
+        crc, top = 0, -1
+        with (self.directory / shard["tokens"]).open("rb") as f:
+            while block := f.read(READ_CHUNK):
+                if self.verify:
+                    crc = zlib.crc32(block, crc)
+                top = max(top, int(np.frombuffer(block, dtype=self.dtype).max()))
+        return top, crc
 
     def __len__(self) -> int:
         return int(self._starts[-1])
@@ -386,43 +637,119 @@ class CorpusSplit:
                 begin, count = int(end), count + 1
 
 
-class PreparedCorpus:
-    """A prepared corpus opened for reading; ``open`` checks its metadata and files."""
+def _span(ends: np.ndarray) -> str:
+    return "none" if not ends.size else f"{ends[0]}..{ends[-1]}"
 
-    def __init__(self, directory: Path, meta: dict):
-        self.directory, self.meta = directory, meta
+
+def _file_crc32(path: Path) -> int:
+    crc = 0
+    with path.open("rb") as f:
+        while block := f.read(READ_CHUNK):
+            crc = zlib.crc32(block, crc)
+    return crc
+
+
+_CRC = re.compile(r"^[0-9a-f]{8}$")
+
+
+def _check_meta(path: Path, meta: object) -> None:
+    """Every field a reader relies on, with its type: one line naming the field of ``corpus.json``
+    (a hand-edited one gives this, never a KeyError or a TypeError later)."""
+    if not isinstance(meta, dict):
+        raise BadInput(f"{path}: expected a JSON object, got {_json_kind(meta)}")
+    if meta.get("format") != FORMAT or type(meta.get("version")) is not int or meta["version"] not in READABLE:
+        raise BadInput(
+            f"{path}: format {meta.get('format')!r} version {meta.get('version')!r}, expected {FORMAT!r} "
+            f"version {' or '.join(map(str, READABLE))} (prepare the corpus again with this workbench)"
+        )
+
+    def need(ok: bool, name: str, value: object, expected: str) -> None:
+        if not ok:
+            raise BadInput(f"{path}: {name} is {_json_kind(value)}, expected {expected}")
+
+    def count(value: object, name: str) -> int:
+        need(isinstance(value, int) and not isinstance(value, bool) and value >= 0, name, value, "an integer >= 0")
+        return value  # type: ignore[return-value]
+
+    tok = meta.get("tokenizer", _MISSING)
+    need(isinstance(tok, dict), "tokenizer", tok, "an object")
+    fingerprint = tok.get("fingerprint", _MISSING)
+    need(isinstance(fingerprint, str) and bool(fingerprint), "tokenizer.fingerprint", fingerprint, "a string")
+    dtype = meta.get("dtype", _MISSING)
+    need(dtype in ("uint16", "uint32"), "dtype", dtype, "'uint16' or 'uint32'")
+    limit = count(tok.get("id_limit", _MISSING), "tokenizer.id_limit")
+    need(
+        0 < limit <= 2 ** (8 * np.dtype(dtype).itemsize),
+        "tokenizer.id_limit",
+        limit,
+        f"1..{2 ** (8 * np.dtype(dtype).itemsize)} ({dtype})",
+    )
+    eos = count(tok.get("eos_id", _MISSING), "tokenizer.eos_id")
+    need(eos < limit, "tokenizer.eos_id", eos, f"an id below tokenizer.id_limit={limit}")
+    splits = meta.get("splits", _MISSING)
+    need(isinstance(splits, dict) and set(splits) == set(SPLITS), "splits", splits, f"an object with {list(SPLITS)}")
+    for split in SPLITS:
+        entry = splits[split]
+        need(isinstance(entry, dict), f"splits.{split}", entry, "an object")
+        shards = entry.get("shards", _MISSING)
+        need(isinstance(shards, list), f"splits.{split}.shards", shards, "a list")
+        totals = {"n_tokens": 0, "n_documents": 0}
+        for k, shard in enumerate(shards):
+            name = f"splits.{split}.shards[{k}]"
+            need(isinstance(shard, dict), name, shard, "an object")
+            for what, suffix in (("tokens", "bin"), ("ends", "ends")):
+                file = f"{split}-{k:05d}.{suffix}"  # fixed names: an entry cannot point at another split's shard
+                need(shard.get(what) == file, f"{name}.{what}", shard.get(what, _MISSING), repr(file))
+                if meta["version"] >= 2:
+                    crc = shard.get(f"{what}_crc32", _MISSING)
+                    need(isinstance(crc, str) and bool(_CRC.match(crc)), f"{name}.{what}_crc32", crc, "8 hex digits")
+            for key in totals:
+                totals[key] += count(shard.get(key, _MISSING), f"{name}.{key}")
+        for key, total in (("documents", totals["n_documents"]), ("tokens", totals["n_tokens"])):
+            value = count(entry.get(key, _MISSING), f"splits.{split}.{key}")
+            need(value == total, f"splits.{split}.{key}", value, f"{total}, the sum over its shards")
+
+
+class PreparedCorpus:
+    """A prepared corpus opened for reading; ``open`` checks its metadata, ``split`` its files."""
+
+    def __init__(self, directory: Path, meta: dict, verify: bool = True):
+        self.directory, self.meta, self.verify = directory, meta, verify
 
     @classmethod
-    def open(cls, directory: str | Path) -> PreparedCorpus:
+    def open(cls, directory: str | Path, *, verify: bool = True) -> PreparedCorpus:
+        """``verify=False`` skips the CRC32s when a split is opened (sizes, counts, ends and token ids
+        are always checked)."""
         directory = Path(directory)
         path = directory / META
         if not path.is_file():
             raise MissingFile(f"no prepared corpus at {directory} (missing {META}; make one with workbench prepare)")
         meta = read_json(path)
-        if meta.get("format") != FORMAT or meta.get("version") != VERSION:
-            raise BadInput(
-                f"{path}: format {meta.get('format')!r} version {meta.get('version')!r}, expected {FORMAT!r} {VERSION}"
-            )
-        try:
-            fingerprint = meta["tokenizer"]["fingerprint"]
-            dtype, splits = meta["dtype"], meta["splits"]
-            if dtype not in ("uint16", "uint32") or not isinstance(fingerprint, str) or set(splits) != set(SPLITS):
-                raise TypeError
-        except (KeyError, TypeError) as err:
-            raise BadInput(f"{path}: expected tokenizer.fingerprint, dtype uint16|uint32 and splits {SPLITS}") from err
-        return cls(directory, meta)
+        _check_meta(path, meta)
+        return cls(directory, meta, verify)
 
     @property
     def fingerprint(self) -> str:
         return self.meta["tokenizer"]["fingerprint"]
 
     def split(self, name: str) -> CorpusSplit:
-        shards = self.meta["splits"][name]["shards"]
-        for shard in shards:
-            names = (shard.get("tokens"), shard.get("ends"))
-            if not all(isinstance(n, str) and n == Path(n).name for n in names):
-                raise BadInput(f"{self.directory / META}: shard files {names} must be names in {self.directory}")
-        return CorpusSplit(self.directory, name, self.meta["dtype"], shards)
+        tok = self.meta["tokenizer"]
+        if self.verify and self.meta["version"] < 2:
+            logger.warning(
+                "prepared corpus %s is format version %s: its shards carry no checksums, so only their sizes, "
+                "ends and token ids are checked (prepare it again to have them)",
+                self.directory,
+                self.meta["version"],
+            )
+        return CorpusSplit(
+            self.directory,
+            name,
+            self.meta["dtype"],
+            self.meta["splits"][name]["shards"],
+            id_limit=tok["id_limit"],
+            eos_id=tok["eos_id"],
+            verify=self.verify,
+        )
 
     def check_tokenizer(self, tokenizer: TokenizerBase, whose: str) -> None:
         """Refuse ``whose`` tokenizer unless it is the one the corpus was prepared with."""
@@ -432,6 +759,13 @@ class PreparedCorpus:
                 f"prepared corpus {self.directory} was tokenized with {source} (fingerprint {self.fingerprint[:12]}), "
                 f"not {whose} ({tokenizer.kind}, fingerprint {tokenizer.fingerprint[:12]}): "
                 "prepare it again with --tokenizer pointing at that run"
+            )
+        recorded = {k: self.meta["tokenizer"][k] for k in ("id_limit", "eos_id")}
+        actual = {"id_limit": tokenizer.id_limit, "eos_id": tokenizer.eos_id}
+        if recorded != actual:  # the ids are checked against the recorded limit: it must be the tokenizer's
+            raise BadInput(
+                f"{self.directory / META}: tokenizer {recorded} but the tokenizer with that fingerprint has {actual} "
+                "(altered: prepare the corpus again)"
             )
 
 
