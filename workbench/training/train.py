@@ -35,7 +35,17 @@ from workbench.runtime.progress import Bar
 from workbench.runtime.tokenizer import CharTokenizer, TokenizerBase, load_tokenizer, tokenizer_of
 from workbench.storage.errors import BadInput, MissingFile, OutputBusy, OutputExists, WorkbenchError
 from workbench.storage.files import atomic_write, link_or_copy, read_json, remove_stale_temps, write_json
-from workbench.storage.outputs import contents, foreign_entries, hold, listing, owns, real_directory, record_made, record_of
+from workbench.storage.outputs import (
+    RECORD,
+    contents,
+    foreign_entries,
+    hold,
+    listing,
+    owns,
+    real_directory,
+    record_made,
+    record_of,
+)
 from workbench.training.flops import peak_flops, train_flops_per_token
 from workbench.training.metrics import read_metrics
 from workbench.training.parallel import Dist, Engine, setup_distributed
@@ -262,7 +272,7 @@ def _publish(run_dir: Path, cfg: RunConfig, model_cfg, files: dict, tokenizer: T
         rel = f"{STATE_DIR}/{path.name}"
         if path.name not in ("state.json", *TOKENIZER_FILES, *files.values()) and owns(record, run_dir, rel):
             path.unlink()
-    remove_stale_temps(run_dir, ["model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json", "metrics.jsonl"])
+    remove_stale_temps(run_dir, ["model.safetensors", "config.json", *TOKENIZER_FILES, "metrics.jsonl", RECORD])
     remove_stale_temps(state_dir)
 
 
