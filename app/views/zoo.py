@@ -11,11 +11,32 @@ from app.charts import member_accuracy
 from app.state import runs_root, shown_errors
 from workbench.comparisons import interval_text, reading_rows
 from workbench.seed_readings import zoo_readings
+from workbench.storage.errors import BadInput
 from workbench.storage.files import read_json
 from workbench.training.zoo import seed_rows
 
+MAX_SEEDS = 1000  # a zoo.json claiming more is not one the workbench wrote (each seed is a trained zoo)
+
 st.title("Zoo and studies")
 root = runs_root()
+
+
+def read_summary(path: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame | None]:
+    """The ``zoo.json`` or ``study.json`` at ``path``, its members' rows and (a study's) readings;
+    ``BadInput`` naming the file and what in it is wrong when it is not what ``workbench zoo``
+    writes (the page shows that, and the other summaries stay selectable)."""
+    summary = read_json(path)
+    seeds, study = summary.get("seeds", 1), summary.get("study")
+    if type(seeds) is not int or not 1 <= seeds <= MAX_SEEDS:
+        raise BadInput(f"{path}: field 'seeds' must be a whole number from 1 to {MAX_SEEDS}, got {seeds!r:.60}")
+    if study is not None and not isinstance(study, str):
+        raise BadInput(f"{path}: field 'study' must be a string, got {study!r:.60}")
+    try:
+        rows = pd.DataFrame(seed_rows(summary))
+        readings = pd.DataFrame(reading_rows(summary)) if study else None
+    except (AttributeError, IndexError, KeyError, TypeError, ValueError) as err:
+        raise BadInput(f"{path} is not a summary that `workbench zoo` writes: {type(err).__name__}: {err}") from None
+    return summary, rows, readings
 
 
 def summaries(root: Path) -> dict[str, Path]:
@@ -39,7 +60,7 @@ if not found:
 where = st.selectbox("Zoo or study", list(found), key="summary")
 summary = None
 with shown_errors(f"Reading {found[where]}"):
-    summary = read_json(found[where])
+    summary, rows, readings = read_summary(found[where])
 if summary is None:
     st.stop()
 
@@ -49,7 +70,6 @@ st.caption(
     f"{'Study ' + study if study else 'Zoo'} · preset `{summary.get('scale')}` · {seeds} training seed(s) · "
     f"{summary.get('threads')} threads · torch {summary.get('torch')} · commit `{summary.get('commit')}`"
 )
-rows = pd.DataFrame(seed_rows(summary))
 if rows.empty:
     st.info("No member has finished yet.")
     st.stop()
@@ -61,7 +81,7 @@ if bool((rows["qualified seeds"] == "plumbing check").any()):
 
 if study:
     st.subheader("Readings")
-    st.dataframe(pd.DataFrame(reading_rows(summary)), hide_index=True)
+    st.dataframe(readings, hide_index=True)
     st.caption("Each cell: mean [95% Student-t interval] across training seeds; one seed gives the value alone.")
     if study == "hd-ablations":
         st.caption(
@@ -81,7 +101,9 @@ st.caption(
     "the seeds that reached every competence target (docs/training.md)."
 )
 
-analyses = {} if study else zoo_readings(found[where].parent, seeds)
+analyses = {}
+with shown_errors(f"Reading the analyses under {found[where].parent}"):
+    analyses = {} if study else zoo_readings(found[where].parent, seeds)
 if analyses:
     st.subheader("Probes, dynamics and traces across seeds")
     group = st.selectbox("Readings", list(analyses), key="zoo_analyses")

@@ -593,3 +593,144 @@ def test_zoo_page_shows_seed_spread_and_a_studys_readings(monkeypatch, micro_zoo
     readings = at.dataframe[0].value
     assert len(readings) == 9 and set(readings["FBT regime"]) == {"standard", "soft", "fused"}
     assert readings["FBT loss"].str.contains(r"\[").all()  # two seeds: every loss has an interval
+
+
+# Hostile files under the runs root (#35, "the app and its jobs"): a malformed job, probe report or zoo
+# summary is an error element for that job or output, naming the file and the field; the page around
+# it keeps working.
+
+HOSTILE = tally("the app and its jobs")
+
+
+def plant_job(root: Path, name: str, page, progress: dict | None = None, **fields) -> Path:
+    """A job directory as the supervisor leaves a finished job of ``page``, with ``fields`` replaced."""
+    from workbench.storage.files import write_json
+
+    path = root / ".jobs" / name
+    path.mkdir(parents=True)
+    record = {
+        "id": name,
+        "title": f"planted {name}",
+        "argv": ["presets", "--json", str(path / "result.json")],
+        "page": page,
+        "outputs": [],
+        "created": time.time(),
+        "state": "done",
+        "returncode": 0,
+        "finished": time.time(),
+    }
+    write_json(path / "job.json", record | fields)
+    if progress is not None:
+        write_json(path / "progress.json", {"desc": "phase", "fraction": 0.5, "what": "", "updated": time.time()} | progress)
+    return path
+
+
+def test_malformed_job_files_are_error_rows_and_every_page_with_jobs_works(monkeypatch, micro_zoo, tmp_path):
+    runs = shutil.copytree(micro_zoo, tmp_path / "runs")
+    planted = {  # page: [(the file, the field named)]
+        "runs": [
+            ("job.json", "created", {"created": "yesterday"}),
+            ("progress.json", "fraction", {"progress": {"fraction": 7.5}}),
+        ],
+        "probes": [("job.json", "argv", {"argv": 5}), ("progress.json", "fraction", {"progress": {"fraction": "half"}})],
+        "dynamics": [("job.json", "pid", {"state": "running", "pid": 2**80}), ("job.json", "finished", {"finished": 1e20})],
+        "traces": [("job.json", "outputs", {"outputs": None}), ("job.json", "created", {"created": None})],
+    }
+    expected = {}
+    for page, cases in planted.items():
+        for i, (file, name, fields) in enumerate(cases):
+            if "progress" in fields:  # a job still starting, so that its progress is drawn
+                fields = {**fields, "state": "starting", "created": time.time()}
+            path = plant_job(runs, f"{page}-{i}", page, **fields)
+            expected.setdefault(page, []).append((str(path / file), f"'{name}'"))
+    nowhere = plant_job(runs, "no-page", 5)  # its page cannot be read either: listed on every page
+    widgets = {"runs": "train_zoo", "probes": "probe_train", "dynamics": "dyn_run", "traces": "tr_compare"}
+    for page, cases in expected.items():
+        at = open_page(monkeypatch, runs, None if page == "runs" else page)  # renders: no exception
+        shown = errors(at)
+        for file, field in [*cases, (str(nowhere / "job.json"), "'page'")]:
+            assert any(file in e and field in e for e in shown), (page, file, field, shown)
+        assert at.button(key=widgets[page]) is not None  # the page's own work is still offered
+        HOSTILE["inputs_tried"] += len(cases)
+        HOSTILE["faults_injected"] += len(cases)
+
+
+VALID_ROW = {
+    "hook": "hook_embed",
+    "layer": 0.0,
+    "prefill": "standard",
+    "passes": 1,
+    "stream": 0,
+    "accuracy": 0.75,
+    "chance": 0.5,
+    "control_accuracy": 0.6,
+    "control_chance": 0.1,
+    "selectivity": 0.15,
+    "n_train": 30,
+    "n_test": 10,
+    "C": 1.0,
+    "converged": True,
+    "mdl_bits": None,
+    "control_mdl_bits": None,
+    "uniform_bits": None,
+    "compression": None,
+    "control_compression": None,
+    "rank_sweep": [],
+}
+
+
+def test_a_malformed_probe_report_is_an_error_on_the_probes_page(monkeypatch, micro_zoo, tmp_path):
+    runs = shutil.copytree(micro_zoo, tmp_path / "runs")
+    saved = runs / "fbt" / "results" / "probe_memory.json"
+    report = {"run": str(runs / "fbt"), "target": "memory", "task": "flipflop", "n_sequences": 40, "rows": [VALID_ROW]}
+    saved.write_text(json.dumps(report))
+    at = open_page(monkeypatch, runs, "probes")
+    assert not errors(at) and [m.label for m in at.metric] == ["standard"]  # a well-formed report is drawn
+    malformed = [
+        ({**report, "rows": 5}, "'rows'"),
+        ({**report, "rows": []}, "'rows'"),
+        ({**report, "rows": [{"hook": "hook_embed"}]}, "'rows[0].layer'"),
+        ({**report, "rows": [VALID_ROW, {**VALID_ROW, "accuracy": "high"}]}, "'rows[1].accuracy'"),
+        ({**report, "rows": [{**VALID_ROW, "passes": None}]}, "'rows[0].passes'"),
+        ({**report, "rows": [{**VALID_ROW, "rank_sweep": ["low"]}]}, "'rows[0].rank_sweep'"),
+        ({k: v for k, v in report.items() if k != "n_sequences"}, "'n_sequences'"),
+        ([report], "must hold a JSON object"),
+    ]
+    for content, named in malformed:
+        saved.write_text(json.dumps(content))
+        at.run()
+        assert_clean(at)
+        assert any(str(saved) in e and named in e for e in errors(at)), (named, errors(at))
+        assert not at.metric and at.button(key="probe_train").label == "Retrain probes (replaces the saved ones)"
+    HOSTILE["inputs_tried"] += len(malformed)
+    HOSTILE["faults_injected"] += len(malformed)
+
+
+def test_a_malformed_zoo_summary_is_an_error_on_the_zoo_page(monkeypatch, micro_zoo, tmp_path):
+    runs = shutil.copytree(micro_zoo, tmp_path / "runs")
+    summary_path = runs / "zoo.json"
+    summary = json.loads(summary_path.read_text())
+    member = next(iter(summary["models"]))
+    half = json.loads(json.dumps(summary))
+    task = next(iter(half["models"][member]["tasks"]))
+    half["models"][member]["tasks"][task]["accuracy"] = {"standard": "half"}
+    malformed = [
+        ({**summary, "models": 5}, "AttributeError"),
+        ({**summary, "models": {member: {"tasks": 5}}}, "AttributeError"),
+        (half, "ValueError"),
+        ({**summary, "seeds": "x"}, "'seeds'"),
+        ({**summary, "seeds": 10**9}, "'seeds'"),
+        ({**summary, "study": 5}, "'study'"),
+        ({**summary, "study": "data-efficiency", "readings": {"a": {"tokens": 1}}}, "KeyError"),
+    ]
+    (runs / "good").mkdir()
+    shutil.copy(summary_path, runs / "good" / "zoo.json")  # another summary, still shown
+    for content, named in malformed:
+        summary_path.write_text(json.dumps(content))
+        at = open_page(monkeypatch, runs, "zoo")
+        assert any(str(summary_path) in e and named in e for e in errors(at)), (named, errors(at))
+        at.selectbox(key="summary").set_value("good").run()
+        assert_clean(at)
+        assert not errors(at) and not at.dataframe[-1].value.empty
+    HOSTILE["inputs_tried"] += len(malformed)
+    HOSTILE["faults_injected"] += len(malformed)

@@ -112,6 +112,25 @@ FAULTS = [
         ValueError,
         "bad model config .*a size torch cannot allocate",
     ),
+    # sizes no machine holds: named from the config alone, before the weights are read (#35)
+    (
+        "config n_layers 10^9",
+        C,
+        edit_model(n_layers=10**9),
+        ALL,
+        ValueError,
+        r"bad model config .*: n_layers=1000000000: .*more than",
+    ),
+    ("config d_vocab 10^18", C, edit_model(d_vocab=10**18), ALL, ValueError, r"bad model config .*: d_vocab=10{18}: .*more than"),
+    ("config n_streams 10^18", C, edit_model(n_streams=10**18), ("hd",), ValueError, r"n_streams=10{18}: .*more than"),
+    (
+        "config cross_window 10^20",
+        C,
+        edit_model(cross_window=10**20),
+        ("hd",),
+        ValueError,
+        r"bad model config .*cross_window=10{20}: a size torch cannot allocate",
+    ),
     ("config fusion unknown", C, edit_model(fusion="concat"), ("fbt",), ValueError, "fusion='concat'"),
     (
         "config cross_layers an int",
@@ -131,6 +150,10 @@ FAULTS = [
 CASES = [pytest.param(arch, *fault, id=f"{arch}: {fault[0]}") for fault in FAULTS for arch in fault[3]]
 
 
+HOSTILE = tally("hostile model files")
+SIZES = {"config n_layers 10^9", "config d_vocab 10^18", "config n_streams 10^18", "config cross_window 10^20"}
+
+
 @pytest.mark.parametrize("arch,name,file,fault,archs,error,match", CASES)
 def test_a_corrupt_checkpoint_names_the_file_and_the_problem(
     pristine, tmp_path, no_unpickling, arch, name, file, fault, archs, error, match
@@ -138,6 +161,7 @@ def test_a_corrupt_checkpoint_names_the_file_and_the_problem(
     run = shutil.copytree(pristine[arch], tmp_path / "run")
     fault(run / file)
     COUNTS["faults_injected"] += 1
+    HOSTILE["faults_injected"] += name in SIZES
     loader = CharTokenizer.load if file == T else load_model
     with pytest.raises(error, match=match) as info:
         loader(run)

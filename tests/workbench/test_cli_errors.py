@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import tally
 
 import models
 import workbench
@@ -290,3 +291,116 @@ def test_analyse_run_returns_the_report_beside_the_states(tmp_path):
     assert isinstance(result, DynamicsResult) and "_states" not in result.report
     assert json.loads(json.dumps(result.report)) == result.report
     assert result.states.shape == (result.report["horizon"], 32) and result.states.dtype == torch.float32
+
+
+# ---- settings no machine can hold or torch cannot take (#35) ----------------------------
+
+
+SETTINGS = tally("out-of-range settings")
+HOSTILE = tally("hostile model files")
+HUGE = str(10**18)
+TRAIN = ["--no-progress", "--set", "train.steps=2", "--set", "train.batch_size=4", "--set", "train.seq_len=32"]
+
+# (argv, what the one line names); OUT is the output path, which must not appear
+OUT_OF_RANGE = [
+    (["train", "--set", "model.n_layers=1000000000"], ["model.n_layers=1000000000", "more than the"]),
+    (["train", "--set", "train.device=abc"], ["train field device='abc'", "expected auto, cpu, cuda or cuda:N"]),
+    (["train", "--set", "train.device=cuda:99"], ["train field device='cuda:99'", "CUDA device"]),
+    (["train", "--set", f"train.seed={HUGE}"], [f"train field seed={HUGE}", "expected 0..4294967295"]),
+    (["train", "--set", f"train.batch_size={HUGE}"], [f"train.batch_size={HUGE}", "a training step's", "more than the"]),
+    (["train", "--set", f"model.d_vocab={HUGE}"], [f"model.d_vocab={HUGE}", "more than the"]),
+    (["train", "--set", f"model.d_model={HUGE}"], [f"model.d_model={HUGE}", "more than the"]),
+    (["train", "--set", f"model.d_mlp={HUGE}"], [f"model.d_mlp={HUGE}", "more than the"]),
+    (["train", "--arch", "hd", "--set", f"hd.streams={HUGE}"], [f"hd.streams={HUGE}", "more than the"]),
+    (["train", "--arch", "hd", "--set", "hd.streams=[1000000]"], ["hd.streams=1000000", "more than the"]),
+    (
+        ["train", "--arch", "hd", "--set", "hd.streams=2,1000000", "--set", "hd.expand_at=0,1"],
+        ["hd.streams=1000000", "more than the"],
+    ),
+    (["train", "--set", f"model.d_model={10**30}"], [f"d_model={10**30}", "a size torch cannot allocate"]),
+    (["train", "--arch", "hd", "--set", f"model.cross_window={10**20}"], [f"cross_window={10**20}", "2**63 - 1"]),
+    (["train", "--set", "train.lr=1e308"], ["train field lr=1e+308", "expected a number in (0, 1]"]),
+    (["train", "--set", "train.weight_decay=1e308"], ["weight_decay=1e+308", "lr x weight_decay <= 1"]),
+    (["train", "--set", "train.beta1=1"], ["train field beta1=1.0", "[0, 1)"]),
+    (["train", "--set", "train.beta2=1"], ["train field beta2=1.0", "[0, 1)"]),
+    (["train", "--set", f"train.eval_examples={HUGE}"], [f"eval_examples={HUGE}", "expected 0..1,000,000"]),
+    (["generate", "fbt:debug", "--prompt", "a", "--threads", HUGE], [f"--threads {HUGE}", "at most 1,024"]),
+    (["eval", "RUN", "--threads", HUGE], [f"--threads {HUGE}"]),
+    (["cache", "fbt:debug", "--hooks", "hook_embed", "--out", "OUT", "--threads", HUGE], [f"--threads {HUGE}"]),
+    (["probe", "RUN", "--target", "memory", "--out", "OUT", "--threads", HUGE], [f"--threads {HUGE}"]),
+    (["dynamics", "RUN", "--out", "OUT", "--threads", HUGE], [f"--threads {HUGE}"]),
+    (["traces", "RUN", "--out", "OUT", "--threads", HUGE], [f"--threads {HUGE}"]),
+    (["zoo", "--out", "OUT", "--jobs", str(10**20), "--no-progress"], [f"--jobs {10**20}", "at most 1,024"]),
+    (["zoo", "--out", "OUT", "--threads", str(10**20), "--no-progress"], [f"--threads {10**20}", "at most 1,024"]),
+    (["generate", "RUN", "--prompt", "\udcff"], ["--prompt '\\udcff': not UTF-8 text (b'\\xff' at character 0)"]),
+    (["dynamics", "RUN", "--prompt", "ab\udcfe", "--out", "OUT"], ["--prompt 'ab\\udcfe': not UTF-8 text"]),
+]
+
+
+@pytest.mark.parametrize("argv,named", OUT_OF_RANGE, ids=lambda v: " ".join(v)[:60] if isinstance(v, list) else "")
+def test_a_setting_out_of_range_is_one_line_before_anything_is_written(tmp_path, argv, named):
+    """Sizes that would exhaust memory or hang, values torch cannot take, undecodable text: exit 2
+    with one line naming the value, in seconds, and the output directory is never made."""
+    import time
+
+    from helpers import assert_usage_error, stamps
+
+    run = workbench.save_model(build_model("fbt", "debug"), tmp_path / "run")
+    before = stamps(run)
+    argv = [str(tmp_path / "out") if a == "OUT" else str(run) if a == "RUN" else a for a in argv]
+    if argv[0] == "train":  # the setting under test last: a later --set of the same field wins
+        argv = ["train", "--out", str(tmp_path / "out"), *TRAIN, *argv[1:]]
+    SETTINGS["inputs_tried"] += 1
+    threads = torch.get_num_threads()
+    started = time.perf_counter()
+    message = assert_usage_error(argv, *named)
+    assert time.perf_counter() - started < 60, message
+    assert not (tmp_path / "out").exists(), sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert stamps(run) == before and torch.get_num_threads() == threads
+
+
+def test_a_run_whose_config_no_machine_holds_is_refused_by_every_verb_that_loads_it(tmp_path):
+    """A run's config.json saying n_layers 10^9 is named (file and field) by eval and generate in
+    seconds; eval's results/ is not made."""
+    from helpers import assert_usage_error, stamps
+
+    run = workbench.save_model(build_model("fbt", "debug"), tmp_path / "run")
+    config = json.loads((run / "config.json").read_text())
+    config["model"]["n_layers"] = 10**9
+    (run / "config.json").write_text(json.dumps(config))
+    before = stamps(run)
+    for argv in (["eval", str(run), "--n", "2"], ["generate", str(run), "--prompt", "a"]):
+        HOSTILE["faults_injected"] += 1
+        assert_usage_error(argv, f"bad model config in {run / 'config.json'}: n_layers=1000000000", "more than the")
+    assert stamps(run) == before
+
+
+@pytest.mark.slow
+def test_a_resumed_run_whose_saved_batch_no_machine_holds_is_refused(tmp_path):
+    from helpers import assert_usage_error, cli, stamps
+
+    out = str(tmp_path / "run")
+    code, _, err = cli(["train", "--out", out, *TRAIN, "--set", "train.steps=4", "--stop-after", "2"])
+    assert code is None, err
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    config["train"]["batch_size"] = 10**18
+    (tmp_path / "run" / "config.json").write_text(json.dumps(config))
+    before = stamps(tmp_path / "run")
+    SETTINGS["faults_injected"] += 1
+    assert_usage_error(["train", "--resume", "--out", out, "--no-progress"], f"train.batch_size={10**18}", "more than the")
+    assert stamps(tmp_path / "run") == before
+
+
+@pytest.mark.slow
+def test_an_undecodable_prompt_byte_from_a_shell_is_one_line():
+    """``generate --prompt $'\\xff'``: argv bytes that are not UTF-8 reach Python as a lone
+    surrogate; the one line names them."""
+    script = "import sys; from workbench.cli import main; sys.exit(main(sys.argv[1:]))"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env.pop("WORKBENCH_DEBUG", None)
+    argv = [sys.executable.encode(), b"-c", script.encode(), b"generate", b"fbt:debug", b"--prompt", b"x\xff"]
+    proc = subprocess.run(argv, capture_output=True, env=env, timeout=300)
+    err = proc.stderr.decode()
+    SETTINGS["inputs_tried"] += 1
+    assert proc.returncode == 2 and "Traceback" not in err and err.count("\n") == 1, err
+    assert "--prompt 'x\\udcff': not UTF-8 text (b'\\xff' at character 1)" in err, err

@@ -111,6 +111,17 @@ BAD_OVERRIDES = st.one_of(
             "train.beta1=2",
             "model.norm_eps=nan",
             "model.n_heads=-4",
+            # settings that exhausted memory, hung or reached torch before #35 bounded them
+            "model.n_layers=1000000000",
+            "model.d_vocab=1000000000000000000",
+            "model.d_model=1000000000000000000000000000000",
+            "model.cross_window=100000000000000000000",
+            "hd.streams=1000000000000000000",
+            "train.batch_size=1000000000000000000",
+            "train.seed=1000000000000000000",
+            "train.device=abc",
+            "train.lr=1e308",
+            "train.beta2=1",
         ]
     ),
 )
@@ -276,6 +287,7 @@ def argv_strategy(verb: str, bad_runs: list[str], bad_models: list[str], resume_
                 argparse_error,
                 st.sampled_from(["huge", "", "MICRO"]).map(lambda p: ["--preset", p]),
                 st.sampled_from([["--out"], ["--only"]]),
+                st.tuples(st.sampled_from(["--jobs", "--threads"]), st.sampled_from(["0", "-3", "1025", str(10**20)])).map(list),
             ),
         ),
         "presets": st.tuples(st.just([]), st.one_of(argparse_error, NAMES.map(lambda s: [s]), st.just(["--json"]))),

@@ -184,3 +184,71 @@ def test_eval_names_the_config_file_with_a_bad_training_section(tmp_path, capsys
         main(["eval", str(run)])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and str(run / "config.json") in err and "train.steps" in err, err
+
+
+# ---- sizes known before anything is allocated (#35) ---------------------------------------
+
+SIZE_CASES = [
+    ("baseline", {}),
+    ("baseline", {"tie_embeddings": False, "n_kv_heads": 2}),
+    ("fbt", {}),
+    ("fbt", {"fusion": "add", "tie_embeddings": False}),
+    ("hd", {"n_streams": 1}),
+    ("hd", {"n_streams": 3}),
+    ("hd", {"n_streams": 4, "n_kv_heads": 1, "tie_embeddings": False, "kv": "shared"}),
+]
+
+
+@pytest.mark.parametrize("preset", ["debug", "tiny"])
+@pytest.mark.parametrize("arch,overrides", SIZE_CASES, ids=lambda v: str(v))
+def test_the_parameter_count_from_a_config_is_the_models_exactly(arch, overrides, preset):
+    from workbench.runtime.config import model_bytes, parameter_count
+
+    model = build_model(arch, preset, **overrides)
+    count = sum(p.numel() for p in model.parameters())
+    assert parameter_count(model.cfg) == count
+    assert model_bytes(model.cfg) == sum(p.numel() * p.element_size() for p in model.parameters()) == 4 * count
+    assert model_bytes(model.cfg, 2) == 2 * count
+
+
+def test_a_config_past_the_memory_is_refused_by_every_build_naming_the_field(tmp_path, monkeypatch):
+    """Building from a preset with overrides, loading a run, importing: each estimates the model from
+    its config and refuses one that needs more memory than there is, naming the field that makes it
+    large, before it allocates (the patched builders would fail the test)."""
+    from pretrained import hf_llama
+
+    import workbench.runtime.config as config
+    from workbench.runtime.importing import import_hf
+
+    run = save_model(build_model("hd", "debug", n_streams=2), tmp_path / "run")
+    hf_llama(tmp_path / "hf")
+    budget = 4 * sum(p.numel() for p in build_model("hd", "debug", n_streams=2).parameters()) * 2  # two copies fit
+    monkeypatch.setattr(config, "memory_available", lambda device=None: (budget, "a test's budget"))
+    assert isinstance(load_model(run), torch.nn.Module)  # within the budget: nothing changes
+    built = []
+    monkeypatch.setattr(config.ARCHS["hd"][1], "__init__", lambda *a, **k: built.append(a))
+    with pytest.raises(ValueError, match=r"^n_streams=400: the model's [\d,]+ parameters need .* more than the .* available"):
+        build_model("hd", "debug", n_streams=400)
+    with pytest.raises(ValueError, match=r"^d_vocab=100000: "):
+        build_model("hd", "debug", d_vocab=100_000)
+    config_path = run / "config.json"
+    saved = json.loads(config_path.read_text())
+    saved["model"]["n_layers"] = 10_000
+    config_path.write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match=rf"^bad model config in {config_path}: n_layers=10000: .*\(2 copies\) need"):
+        load_model(run)
+    assert built == []
+    hf_config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**hf_config, "intermediate_size": 1_000_000}))
+    with pytest.raises(ValueError, match=r": intermediate_size=1000000: the model's .*\(2 copies\) need"):
+        import_hf(tmp_path / "hf", tmp_path / "imported")
+    assert not (tmp_path / "imported").exists()
+
+
+def test_the_memory_available_is_read_from_the_machine():
+    from workbench.runtime.config import memory_available
+
+    available, source = memory_available()
+    meminfo = dict(line.split(":", 1) for line in open("/proc/meminfo").read().splitlines())
+    total = int(meminfo["MemTotal"].split()[0]) * 1024 + int(meminfo.get("SwapTotal", "0 kB").split()[0]) * 1024
+    assert 0 < available <= total and source

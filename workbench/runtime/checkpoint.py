@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from models import DecoderLM
-from workbench.runtime.config import ARCHS, build_model, config_from_dict, model_from_config
+from workbench.runtime.config import ARCHS, build_model, check_model_fits, config_from_dict, model_from_config
 from workbench.runtime.tokenizer import CharTokenizer, TokenizerBase
 from workbench.storage.errors import BadInput, MissingFile, OutputExists
 from workbench.storage.files import atomic_write, read_json, write_json
@@ -126,6 +126,10 @@ def model_from_weights(arch: str, values: object, weights: Path, config_path: Pa
         cfg = config_from_dict(arch, values)
     except BadInput as err:
         raise BadInput(f"bad model config in {config_path}: {err}") from err
+    # the file's tensors and the model both live in memory until the model is returned; a size no
+    # machine holds (n_layers 10^9) is named here, before even the meta-device build below, which
+    # would take as long as the number of modules it makes
+    check_model_fits(cfg, copies=2, where=f"bad model config in {config_path}: ", device=device, dtype=dtype)
     tensors, _ = load_weights(weights)
     for name, t in tensors.items():  # load_state_dict would silently cast integers and bools to floats
         if not t.is_floating_point():

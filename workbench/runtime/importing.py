@@ -6,15 +6,21 @@ represent exactly are refused by name instead of being loaded wrongly."""
 from __future__ import annotations
 
 import hashlib
+import re
+import struct
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
 
 from models import BaselineLM, ModelConfig
-from workbench.runtime.checkpoint import check_model_target, save_model
-from workbench.runtime.config import config_errors
+from models.layers import SIZE_LIMIT
+from workbench.runtime.checkpoint import CONFIG, save_model
+from workbench.runtime.config import check_model_fits, config_errors
 from workbench.runtime.tokenizer import HFTokenizer, TokenizerBase
-from workbench.storage.errors import BadInput, MissingFile
+from workbench.storage.errors import BadInput, MissingFile, NotADirectory, OutputExists, WorkbenchError
+from workbench.storage.files import read_json
+from workbench.storage.outputs import contents, listing
 
 # Hugging Face Llama parameter names (per layer) -> ours; the inverse of export.hf_state_dict
 LAYER_NAMES = {
@@ -30,6 +36,23 @@ LAYER_NAMES = {
 }
 
 
+IMPORT_KIND = "workbench import"  # the kind in an import's source record: what only an import writes
+
+# Hugging Face's names for the sizes the memory check names (models' SIZE_FIELDS)
+HF_NAMES = {"d_vocab": "vocab_size", "d_model": "hidden_size", "n_layers": "num_hidden_layers", "d_mlp": "intermediate_size"}
+HF_SIZES = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+)
+# errors a parser of a damaged or hostile file raises (struct: GGUF's binary header; ArithmeticError: a
+# config transformers divides by, such as 0 heads)
+PARSE_ERRORS = (OSError, ValueError, KeyError, IndexError, ArithmeticError, EOFError, struct.error, SafetensorError)
+
+
 def model_config_from_hf(hf_config, source: str) -> ModelConfig:
     """``ModelConfig`` of a ``transformers`` Llama config, refusing what the backbone cannot
     represent (each refusal names the field and its value)."""
@@ -37,6 +60,8 @@ def model_config_from_hf(hf_config, source: str) -> ModelConfig:
     model_type = getattr(c, "model_type", None)
     if model_type != "llama":
         raise BadInput(f"{source}: model_type={model_type!r}: only Llama-family models ('llama') can be imported")
+    check_hf_sizes(vars(c), source, required=True)
+    eps = c.rms_norm_eps
     rope = getattr(c, "rope_parameters", None) or {}
     rope_type = rope.get("rope_type", "default") if isinstance(rope, dict) else "default"
     scaling = getattr(c, "rope_scaling", None)
@@ -62,19 +87,109 @@ def model_config_from_hf(hf_config, source: str) -> ModelConfig:
     theta = rope.get("rope_theta") if isinstance(rope, dict) and rope.get("rope_theta") else getattr(c, "rope_theta", None)
     if not isinstance(theta, (int, float)):
         raise BadInput(f"{source}: rope_theta={theta!r}: expected a number")
-    with config_errors():
-        return ModelConfig(
-            d_vocab=c.vocab_size,
-            d_model=c.hidden_size,
-            n_layers=c.num_hidden_layers,
-            n_heads=c.num_attention_heads,
-            n_kv_heads=c.num_key_value_heads,
-            d_mlp=c.intermediate_size,
-            n_ctx=c.max_position_embeddings,
-            rope_base=float(theta),
-            norm_eps=float(c.rms_norm_eps),
-            tie_embeddings=bool(c.tie_word_embeddings),
+    try:
+        with config_errors():
+            return ModelConfig(
+                d_vocab=c.vocab_size,
+                d_model=c.hidden_size,
+                n_layers=c.num_hidden_layers,
+                n_heads=c.num_attention_heads,
+                n_kv_heads=c.num_key_value_heads,
+                d_mlp=c.intermediate_size,
+                n_ctx=c.max_position_embeddings,
+                rope_base=float(theta),
+                norm_eps=float(eps),
+                tie_embeddings=bool(c.tie_word_embeddings),
+            )
+    except BadInput as err:
+        raise BadInput(f"{source}: {err}") from err
+
+
+def check_hf_sizes(values: dict, source: str, *, required: bool = False) -> None:
+    """Refuse a size field of a Hugging Face config (``values``: its fields) that is not an integer
+    in [1, 2**63 - 1], or an ``rms_norm_eps`` that is not a number, by name: ``transformers``
+    divides by some of them before it checks anything. ``required``: the sizes must be there."""
+    for name in (*HF_SIZES, "num_key_value_heads", "head_dim"):
+        value = values.get(name)
+        if value is None and (not required or name not in HF_SIZES):
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= SIZE_LIMIT:
+            raise BadInput(f"{source}: {name}={value!r}: expected an integer in [1, 2**63 - 1]")
+    eps = values.get("rms_norm_eps")
+    if (eps is not None or required) and (not isinstance(eps, (int, float)) or isinstance(eps, bool)):
+        raise BadInput(f"{source}: rms_norm_eps={eps!r}: expected a number")
+
+
+def hf_shape(name: str, cfg: ModelConfig) -> tuple[int, ...] | None:
+    """The shape a Hugging Face Llama tensor ``name`` has in the model ``cfg`` describes (None for a
+    name the import does not read)."""
+    d, kv, mlp = cfg.d_model, (cfg.n_kv_heads or cfg.n_heads) * cfg.d_head, cfg.d_mlp
+    if name in ("model.embed_tokens.weight", "lm_head.weight"):
+        return (cfg.d_vocab, d)
+    if name == "model.norm.weight":
+        return (d,)
+    layer = re.fullmatch(r"model\.layers\.(\d+)\.(.+)", name)
+    if layer is None or int(layer[1]) >= cfg.n_layers:
+        return None
+    return {
+        "self_attn.q_proj.weight": (d, d),
+        "self_attn.k_proj.weight": (kv, d),
+        "self_attn.v_proj.weight": (kv, d),
+        "self_attn.o_proj.weight": (d, d),
+        "mlp.gate_proj.weight": (mlp, d),
+        "mlp.up_proj.weight": (mlp, d),
+        "mlp.down_proj.weight": (d, mlp),
+        "input_layernorm.weight": (d,),
+        "post_attention_layernorm.weight": (d,),
+    }.get(layer[2])
+
+
+def check_safetensors(source: Path, cfg: ModelConfig) -> None:
+    """Read the header of every ``*.safetensors`` file in ``source`` (safetensors checks that its
+    offsets stay inside the file and agree with the shapes it claims) and check the shape of each
+    tensor the import reads against ``cfg``: a truncated file or one claiming huge tensors is named
+    here, before ``transformers`` allocates anything."""
+    for path in sorted(source.glob("*.safetensors")):
+        try:
+            with safe_open(str(path), "pt") as f:
+                shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+        except (SafetensorError, OSError, ValueError) as err:
+            raise BadInput(f"corrupt weights file {path}: {err}") from err
+        for name, shape in shapes.items():
+            expected = hf_shape(name, cfg)
+            if expected is not None and shape != expected:
+                raise BadInput(f"{path}: tensor {name!r} is {list(shape)}, but {source / CONFIG} gives it {list(expected)}")
+
+
+def check_import_target(out: Path) -> None:
+    """An import writes into a new or empty directory. Its own previous import there (recognised by
+    the source record only an import writes, not by file names) is named, and never replaced (the
+    verb has no flag that asks for it); anything else there (a run, a user's files) is refused."""
+    ancestor = out.absolute().parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise NotADirectory(f"{ancestor} exists and is not a directory: {out} cannot be made under it")
+    found = contents(out)
+    if not found:
+        return
+    previous = previous_import(out)
+    if previous is not None:
+        raise OutputExists(
+            f"{out} already holds a model imported from {previous}: an import never replaces one; choose a new or empty directory"
         )
+    raise OutputExists(
+        f"{out} holds files that are not a workbench import ({listing(found)}): an import writes into a new or empty directory"
+    )
+
+
+def previous_import(directory: Path) -> str | None:
+    """The source path an earlier import into ``directory`` recorded, or None if it holds none."""
+    try:
+        source = read_json(directory / CONFIG).get("source")
+    except (OSError, WorkbenchError):
+        return None
+    return str(source.get("path")) if isinstance(source, dict) and source.get("kind") == IMPORT_KIND else None
 
 
 def state_dict_from_hf(hf_state: dict[str, torch.Tensor], cfg: ModelConfig, source: str) -> dict[str, torch.Tensor]:
@@ -119,38 +234,65 @@ def smollm2_gguf() -> Path:
 def import_hf(source: str | Path, out_dir: str | Path, *, gguf_file: str | None = None) -> Path:
     """Import the Llama model in the Hugging Face directory ``source`` (config, safetensors,
     tokenizer) or, with ``gguf_file``, the GGUF file of that name in it, as a ``baseline`` run in
-    ``out_dir`` (a new directory, or one without a model)."""
+    ``out_dir`` (a new or empty directory). Everything that can be checked (the target, the
+    config, the memory the model needs, the weights files' headers, the tokenizer) is checked
+    before the weights are read."""
     from transformers import AutoConfig, AutoTokenizer, LlamaForCausalLM
 
-    source = Path(source)
+    source, out_dir = Path(source), Path(out_dir)
     where = str(source / gguf_file) if gguf_file else str(source)
-    check_model_target(Path(out_dir))  # before minutes of loading, not after
+    check_import_target(out_dir)  # before minutes of loading, not after
     if not source.is_dir() or (gguf_file and not (source / gguf_file).is_file()):
         raise MissingFile(f"no model at {where}")
     kwargs: dict = {"gguf_file": gguf_file} if gguf_file else {}
+    what = "not a readable GGUF file" if gguf_file else "not a Hugging Face model"
+    if not gguf_file and (source / CONFIG).is_file():
+        check_hf_sizes(read_json(source / CONFIG), where)
     try:
         hf_config = AutoConfig.from_pretrained(source, **kwargs)
-    except (OSError, ValueError, KeyError) as err:
-        raise BadInput(f"{where}: not a Hugging Face model ({err})") from err
+    except (*PARSE_ERRORS, TypeError) as err:  # TypeError: a config.json field of the wrong type
+        raise BadInput(f"{where}: {what} ({' '.join(str(err).split())[:300]})") from err
     cfg = model_config_from_hf(hf_config, where)
-    if not gguf_file and not any(source.glob("*.safetensors")) and not any(source.glob("*.bin")):
-        raise MissingFile(f"{where}: no weights (*.safetensors) in the directory")
-    hf = LlamaForCausalLM.from_pretrained(source, torch_dtype=torch.float32, **kwargs)
-    model = BaselineLM(cfg)
-    model.load_state_dict(state_dict_from_hf(hf.state_dict(), cfg, where), strict=True)
-    tokenizer: TokenizerBase = (
-        HFTokenizer.from_transformers(AutoTokenizer.from_pretrained(source, **kwargs), where)
-        if gguf_file
-        else HFTokenizer.from_directory(source)
-    )
+    # transformers' model and ours exist side by side until the import is written
+    check_model_fits(cfg, copies=2, labels=HF_NAMES, where=f"{where}: ")
+    if not gguf_file:
+        if not any(source.glob("*.safetensors")):  # never a pickled *.bin: nothing is unpickled
+            raise MissingFile(f"{where}: no weights (*.safetensors) in the directory")
+        check_safetensors(source, cfg)
+    try:
+        tokenizer: TokenizerBase = (
+            HFTokenizer.from_transformers(AutoTokenizer.from_pretrained(source, **kwargs), where)
+            if gguf_file
+            else HFTokenizer.from_directory(source)
+        )
+    except PARSE_ERRORS as err:
+        raise BadInput(f"{where}: cannot read the tokenizer ({' '.join(str(err).split())[:300]})") from err
     if tokenizer.id_limit > cfg.d_vocab:
         raise BadInput(f"{where}: the tokenizer has ids up to {tokenizer.id_limit - 1}, the model's vocabulary is {cfg.d_vocab}")
+    try:
+        hf = LlamaForCausalLM.from_pretrained(
+            source, torch_dtype=torch.float32, **(kwargs if gguf_file else {"use_safetensors": True})
+        )
+    except PARSE_ERRORS as err:
+        raise BadInput(f"{where}: cannot read the weights ({' '.join(str(err).split())[:300]})") from err
+    model = BaselineLM(cfg)
+    ours = state_dict_from_hf(hf.state_dict(), cfg, where)
+    wrong = [
+        f"{name} is {list(t.shape)}, the config needs {list(model.get_parameter(name).shape)}"
+        for name, t in ours.items()
+        if t.shape != model.get_parameter(name).shape
+    ]
+    if wrong:
+        raise BadInput(f"{where}: the weights do not match its config: {'; '.join(wrong[:3])}")
+    model.load_state_dict(ours, strict=True)
     record = {
+        "kind": IMPORT_KIND,
         "path": str(source.resolve()),
         "gguf_file": gguf_file,
         "sha256": _digest(source / gguf_file) if gguf_file else None,
         "parity": parity(model.eval(), hf.eval(), tokenizer),
     }
+    check_import_target(out_dir)  # again: minutes have passed
     return save_model(model, out_dir, tokenizer, {"source": record})
 
 

@@ -65,8 +65,16 @@ class TokenizerBase:
         return max(self.tokenizer.get_vocab().values()) + 1
 
     def encode(self, text: str, bos: bool = False) -> list[int]:
-        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        ids = self._encoding(text).ids
         return [self.bos_id, *ids] if (bos and self.bos_id is not None) else ids
+
+    def _encoding(self, text: str):
+        try:
+            return self.tokenizer.encode(text, add_special_tokens=False)
+        except TypeError as err:  # checked only on failure: encoding is on every hot path
+            if isinstance(text, str):  # lone surrogates (undecodable argv bytes, a JSON "\udcff"): not text
+                raise BadInput(f"text {text[:60]!r} is not valid Unicode text (it holds lone surrogates)") from err
+            raise
 
     def encode_labelled(self, text: str, labels: dict[str, list[int]]) -> tuple[list[int], dict[str, list[int]]]:
         """``encode(text)`` and its per-token labels from per-character ``labels`` (-1: undefined).
@@ -74,7 +82,7 @@ class TokenizerBase:
         inside a character a later token also ends at (a byte of a multi-byte character) gets -1, as
         does a token ending past a label list's end; labels of characters no token ends at are not
         kept. For the character tokenizer this is the identity."""
-        encoding = self.tokenizer.encode(text, add_special_tokens=False)
+        encoding = self._encoding(text)
         ends = [end for _, end in encoding.offsets]
         last = [j + 1 == len(ends) or ends[j + 1] != end for j, end in enumerate(ends)]
         aligned = {

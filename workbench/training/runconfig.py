@@ -5,16 +5,32 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from models import ModelConfig
-from workbench.data.tasks import TASK_KINDS, TaskConfig
-from workbench.runtime.config import ARCHS, check_json_fields, check_section, config_from_dict, make_config, parse_override
+from models.layers import SIZE_LIMIT
+from workbench.data.tasks import MAX_EXAMPLES, TASK_KINDS, TaskConfig
+from workbench.runtime.config import (
+    ARCHS,
+    check_fits,
+    check_json_fields,
+    check_section,
+    config_from_dict,
+    make_config,
+    model_sizes,
+    parameter_count,
+    parse_override,
+)
 from workbench.storage.errors import BadInput, MissingFile
 from workbench.storage.files import read_json
 from workbench.training.parallel import PARALLEL
+
+SEED_MAX = 2**32 - 1  # what every consumer of a seed takes (the CLI's --seed too)
+DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
 @dataclass
@@ -54,13 +70,28 @@ class TrainConfig:
         for name in ("warmup", "eval_examples", "seed"):
             if getattr(self, name) < 0:
                 raise BadInput(f"train field {name}={getattr(self, name)!r}: expected >= 0")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise BadInput(f"train field lr={self.lr!r}: expected a finite number > 0")
-        for name in ("min_lr_ratio", "beta1", "beta2"):
-            if not 0 <= getattr(self, name) <= 1:
-                raise BadInput(f"train field {name}={getattr(self, name)!r}: expected a number in [0, 1]")
+        if self.seed > SEED_MAX:  # the step generators take seed * 7,000,021 + ... as a 64-bit seed
+            raise BadInput(f"train field seed={self.seed}: expected 0..{SEED_MAX}")
+        if self.eval_examples > MAX_EXAMPLES:
+            raise BadInput(f"train field eval_examples={self.eval_examples}: expected 0..{MAX_EXAMPLES:,} examples per task")
+        if not (0 < self.lr <= 1):
+            # AdamW moves every weight by up to lr a step (weights start near init_std = 0.02); past
+            # float32's range its step size is not even a number
+            raise BadInput(f"train field lr={self.lr!r}: expected a number in (0, 1]")
+        if not DEVICE.fullmatch(self.device):
+            raise BadInput(f"train field device={self.device!r}: expected auto, cpu, cuda or cuda:N")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise BadInput(f"train field min_lr_ratio={self.min_lr_ratio!r}: expected a number in [0, 1]")
+        for name in ("beta1", "beta2"):  # AdamW divides by 1 - beta ** step: 1 is no average at all
+            if not 0 <= getattr(self, name) < 1:
+                raise BadInput(f"train field {name}={getattr(self, name)!r}: expected a number in [0, 1)")
         if self.weight_decay < 0 or self.grad_clip <= 0:
             raise BadInput(f"train fields weight_decay={self.weight_decay}, grad_clip={self.grad_clip}: expected >= 0 and > 0")
+        if self.lr * self.weight_decay > 1:  # AdamW scales every weight by 1 - lr * weight_decay each step
+            raise BadInput(
+                f"train fields lr={self.lr}, weight_decay={self.weight_decay}: expected lr x weight_decay <= 1 "
+                "(each step multiplies every weight by 1 - lr x weight_decay)"
+            )
         if self.batch_size % self.grad_accum:
             raise BadInput(f"train field batch_size={self.batch_size} is not divisible by grad_accum={self.grad_accum}")
 
@@ -152,6 +183,8 @@ class HDTrainConfig:
         pairs = zip(self.streams, self.streams[1:])
         if self.streams[0] < 1 or any(b <= a for a, b in pairs):
             raise BadInput(f"hd field streams={self.streams}: expansion schedule must be increasing and >= 1")
+        if self.streams[-1] > SIZE_LIMIT:
+            raise BadInput(f"hd field streams={self.streams}: {self.streams[-1]} is a size torch cannot allocate")
         if any(b <= a for a, b in zip(self.expand_at, self.expand_at[1:])):
             raise BadInput(f"hd field expand_at={self.expand_at}: expansion steps must be increasing")
         if self.supervise not in ("last", "all"):
@@ -211,7 +244,76 @@ def make_run_config(
         raise BadInput(f"hd field expand_at={cfg.hd.expand_at}: every stage must start before train.steps={cfg.train.steps}")
     if cfg.train.seq_len > model.n_ctx:
         raise BadInput(f"train field seq_len={cfg.train.seq_len} is longer than the context model.n_ctx={model.n_ctx}")
+    check_run_fits(cfg)
     return cfg
+
+
+def training_bytes(cfg: RunConfig, sizes: dict[str, int]) -> int:
+    """A lower bound on the memory a training step of ``cfg`` takes with ``sizes`` (the model's
+    ``SIZE_FIELDS`` at its largest stage, ``batch_size`` and ``seq_len``): what the loop cannot do
+    without, however it is run."""
+    t, s, processes = cfg.train, sizes, _processes()
+    state = 16 * parameter_count(cfg.model, s)  # float32 weights, gradients and AdamW's two moments
+    if t.parallel == "fsdp":  # each process holds its shard of them
+        state //= processes
+    batch = 2 * 8 * s["batch_size"] * s["seq_len"]  # the step's input and target ids (int64), made whole
+    micro = max(s["batch_size"] // (t.grad_accum * processes), 1)
+    positions = micro * s["seq_len"] * s["n_streams"]
+    # each block's input is kept for backward (also with activation checkpointing), at least in 16 bits
+    activations = 2 * positions * s["d_model"] * s["n_layers"]
+    supervised = s["n_streams"] if cfg.hd.supervise == "all" else 1
+    logits = 2 * micro * s["seq_len"] * supervised * s["d_vocab"]
+    return state + batch + activations + logits
+
+
+def check_run_fits(cfg: RunConfig) -> None:
+    """Refuse (``BadInput``, before any file is written) a run whose training step cannot fit in the
+    memory of the device it trains on, naming the settings that make it large: the model at its
+    largest stage (an HD run's last ``hd.streams``), the batch and the sequence length."""
+    sizes = {**model_sizes(cfg.model), "batch_size": cfg.train.batch_size, "seq_len": cfg.train.seq_len}
+    labels = {name: f"model.{name}" for name in sizes} | {"batch_size": "train.batch_size", "seq_len": "train.seq_len"}
+    if cfg.arch == "hd":
+        sizes["n_streams"], labels["n_streams"] = cfg.hd.streams[-1], "hd.streams"
+    check_fits(
+        lambda s: training_bytes(cfg, s),
+        sizes,
+        "a training step's weights, gradients, optimizer state, batch and activations",
+        reference={"batch_size": 16, "seq_len": 128},
+        labels=labels,
+        device=_training_device(cfg.train.device),
+    )
+
+
+def _processes() -> int:
+    """Processes the batch is split over: ``torchrun``'s ``WORLD_SIZE``, else 1."""
+    world = os.environ.get("WORLD_SIZE", "1")
+    return int(world) if world.isdigit() and int(world) > 0 else 1
+
+
+def _training_device(name: str):
+    """The CUDA device ``train.device`` trains on (as ``setup_distributed`` picks it), or None for
+    the CPU; None too for a CUDA device this machine lacks (``check_device_here`` names that)."""
+    import torch
+
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if not name.startswith("cuda") or not torch.cuda.is_available():
+        return None
+    index = int(name.partition(":")[2] or 0)
+    return name if index < torch.cuda.device_count() else None
+
+
+def check_device_here(cfg: RunConfig) -> None:
+    """Refuse a ``train.device`` this machine does not have (a run config may be written for
+    another machine; training it here needs the device here)."""
+    name = cfg.train.device
+    if name in ("auto", "cpu"):
+        return
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if int(name.partition(":")[2] or 0) >= count:
+        raise BadInput(f"train field device={name!r}: this machine has {count} CUDA device(s)")
 
 
 # how a run executes, not what it computes (to rounding): a resume may change these with --set
