@@ -16,7 +16,7 @@ from helpers import FAST, assert_nothing_lost, assert_usage_error, cli, snapshot
 from workbench.probing.study import RESULTS, check_probe_outputs
 from workbench.storage.errors import BadInput, OutputExists
 from workbench.storage.files import atomic_write, remove_stale_temps
-from workbench.storage.outputs import KINDS, LOCK, RECORD, claim, hold, record_made
+from workbench.storage.outputs import KINDS, LOCK, RECORD, claim, hold, owns, record_made, record_of
 from workbench.training.train import RUN, STATE_DIR
 
 PLANTED = tally("planted links and foreign files")
@@ -91,6 +91,39 @@ def test_a_run_killed_before_its_first_checkpoint_is_trained_again_but_not_a_use
     (run / "metrics.jsonl").unlink()
     assert cli([*TRAIN, "--out", str(run), *STEPS])[0] is None  # the killed run's own leftovers: trained over
     assert (run / STATE_DIR / "state.json").is_file()
+
+
+def test_a_run_copied_with_its_times_is_still_the_workbenchs_and_one_copied_without_them_is_not(tmp_path):
+    """A run moved to another disk or machine (``cp -a``, ``rsync -a``, ``shutil.copytree``: new
+    inodes, same times) is still the workbench's, entry by entry, and resumes; a copy that lost its
+    times cannot be told from a user's files of the same names, and a zoo summary copied so is
+    refused with one line saying how to copy."""
+    import shutil
+
+    from workbench.training.zoo import ZOO, previous_summary
+
+    run = tmp_path / "run"
+    assert cli([*TRAIN, "--out", str(run), *STEPS, "--set=train.steps=6", "--stop-after", "2"])[0] is None
+    kept = shutil.copytree(run, tmp_path / "kept")
+    lost = shutil.copytree(run, tmp_path / "lost", copy_function=shutil.copyfile)
+    made = record_of(run, RUN)["made"]
+    assert {"config.json", "metrics.jsonl", "model.safetensors", f"{STATE_DIR}/state.json"} <= set(made)
+    assert all(owns(record_of(kept, RUN), kept, rel) for rel in made)
+    assert not any(owns(record_of(lost, RUN), lost, rel) for rel in made if not (lost / rel).is_dir())
+    assert cli(["train", "--out", str(kept), "--resume", "--no-progress"])[0] is None
+    assert record_of(kept, RUN)["made"]["metrics.jsonl"][:2] == [
+        os.lstat(kept / "metrics.jsonl").st_dev,
+        os.lstat(kept / "metrics.jsonl").st_ino,
+    ]
+    PLANTED["inputs_tried"] += 2
+
+    zoo = tmp_path / "zoo"
+    zoo.mkdir()
+    (zoo / "zoo.json").write_text('{"seeds": 1, "models": {}}')
+    record_made(zoo, ZOO, zoo / "zoo.json")
+    assert previous_summary(shutil.copytree(zoo, tmp_path / "zoo-kept") / "zoo.json") == {"seeds": 1, "models": {}}
+    with pytest.raises(OutputExists, match=r"zoo-lost/zoo.json was not written by a workbench zoo .*cp -a"):
+        previous_summary(shutil.copytree(zoo, tmp_path / "zoo-lost", copy_function=shutil.copyfile) / "zoo.json")
 
 
 def test_zoo_refuses_a_users_zoo_json_and_a_users_file_in_a_member_folder(tmp_path):

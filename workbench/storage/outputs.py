@@ -16,11 +16,11 @@ create.
   removes another's staging directory: the next holder names a dead writer's leftover in a warning
   and leaves it for the user to delete.
 - ``DIR/.workbench-output.json``, the output record: the kind of output a verb made in a directory
-  and every entry it made there, by relative path with the (device, inode) it had. A previous output
-  is recognised by its record, never by a file name, and only what the record names (with the same
-  identity) is ever replaced or removed: a user's file of the same name, or one put inside a
-  directory the workbench made, is not the workbench's (``read_record``, ``record_made``,
-  ``foreign_entries``).
+  and every entry it made there, by relative path with its device, inode, type, size and
+  modification time. A previous output is recognised by its record, never by a file name, and only
+  what the record names (the same file, or a copy that kept its times: ``_same``) is ever replaced
+  or removed: a user's file of the same name, or one put inside a directory the workbench made, is
+  not the workbench's (``read_record``, ``record_made``, ``foreign_entries``).
 - Runs, zoos and a run's ``results/`` keep their own rules (resume, refresh) and use ``hold``.
 - Nothing is opened for writing through a link: the lock is opened with ``O_NOFOLLOW`` and must be a
   regular file, and a directory the workbench writes inside a run (``real_directory``) must be a
@@ -75,6 +75,9 @@ KINDS = {
     "demo": Kind("demo", "demo output", "a", "demo.json"),
     "corpus": Kind("corpus", "prepared corpus", "a", "corpus.json"),
 }
+
+# Said where an output is not recognised as the workbench's: a copy made without its times is not.
+COPIES = "a copied output is recognised only if the copy kept modification times (cp -a, rsync -a)"
 
 _held: dict[Path, list] = {}  # resolved directory -> [thread id, nesting depth]
 _held_guard = threading.Lock()
@@ -252,6 +255,9 @@ def record_of(directory: str | Path, kind: str) -> dict | None:
 
 
 def _write_record(directory: Path, kind: str, made: dict) -> None:
+    # An entry still the one recorded is restamped: a file appended to since, or the copy a copied
+    # output holds, is recognised by its present identity from now on.
+    made = {rel: (now if _same(stamp, now) else stamp) for rel, stamp in made.items() for now in [_stamp(directory / rel)]}
     old = read_record(directory)
     if old is not None and old["kind"] == kind and old["made"] == made:
         return  # nothing new: the file stays as it was
@@ -273,22 +279,41 @@ def record_made(directory: str | Path, kind: str, *paths: str | Path, recursive:
     record = read_record(directory)
     if record is not None and record["kind"] != kind:
         raise OutputExists(f"{directory} holds {record['kind']!r} output, not {kind!r}: choose another directory")
-    made = {rel: ident for rel, ident in (record or {"made": {}})["made"].items() if _identity(directory / rel) is not None}
+    made = {rel: stamp for rel, stamp in (record or {"made": {}})["made"].items() if _stamp(directory / rel) is not None}
     for path in map(Path, paths):
         path = path if path.is_absolute() else directory / path
         if recursive:
-            made.update(_identities(path, directory))
-        elif _identity(path) is not None:
-            made[str(path.relative_to(directory))] = [*_identity(path)]
+            made.update(_stamps(path, directory))
+        elif _stamp(path) is not None:
+            made[str(path.relative_to(directory))] = _stamp(path)
     _write_record(directory, kind, made)
 
 
 def owns(record: dict | None, directory: Path, rel: str) -> bool:
-    """Whether ``record`` names ``directory / rel`` with the identity it has now."""
-    if record is None:
+    """Whether ``record`` names ``directory / rel`` as the entry there now (``_same``)."""
+    return record is not None and _same(record["made"].get(rel), _stamp(directory / rel))
+
+
+def _stamp(path: Path) -> list[int] | None:
+    """What a record keeps of an entry: [device, inode, file type, size (0 for a directory),
+    modification time in ns], or None if nothing is there (a link is not followed)."""
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return None
+    kind = stat.S_IFMT(st.st_mode)
+    return [st.st_dev, st.st_ino, kind, 0 if kind == stat.S_IFDIR else st.st_size, st.st_mtime_ns]
+
+
+def _same(recorded, now: list[int] | None) -> bool:
+    """Whether the entry now at a recorded path is the recorded one: the same file (device, inode
+    and type; appended to since, as a log is), or a copy of it that kept its type, size and
+    modification time to the nanosecond (``cp -a``, ``rsync -a``, ``shutil.copytree``), so a run
+    or zoo copied whole is still the workbench's. A file put there since, even with the same
+    name and content, has another time: it is not."""
+    if now is None or not isinstance(recorded, list) or len(recorded) != 5:
         return False
-    identity = _identity(directory / rel)
-    return identity is not None and [*identity] == list(record["made"].get(rel, ()))
+    return recorded[:3] == now[:3] or recorded[2:] == now[2:]
 
 
 def foreign_entries(directory: str | Path, record: dict | None, names=None) -> list[str]:
@@ -300,7 +325,7 @@ def foreign_entries(directory: str | Path, record: dict | None, names=None) -> l
     found = []
     tops = contents(directory) if names is None else [n for n in names if _identity(directory / n) is not None]
     for top in tops:
-        for rel, _ in _identities(directory / top, directory).items():
+        for rel in _stamps(directory / top, directory):
             if Path(rel).name in (LOCK, RECORD):
                 continue
             if not owns(record, directory, rel):
@@ -308,20 +333,20 @@ def foreign_entries(directory: str | Path, record: dict | None, names=None) -> l
     return sorted(found)
 
 
-def _identities(path: Path, base: Path) -> dict[str, list[int]]:
-    """``path`` and, for a real directory, everything under it: relative path -> [device, inode]."""
+def _stamps(path: Path, base: Path) -> dict[str, list[int]]:
+    """``path`` and, for a real directory, everything under it: relative path -> ``_stamp``."""
     found = {}
-    identity = _identity(path)
-    if identity is None:
+    stamp = _stamp(path)
+    if stamp is None:
         return found
-    found[str(path.relative_to(base))] = [*identity]
+    found[str(path.relative_to(base))] = stamp
     if path.is_dir() and not path.is_symlink():
         for root, dirs, files in os.walk(path):
             for name in dirs + files:
                 entry = Path(root, name)
-                identity = _identity(entry)
-                if identity is not None:
-                    found[str(entry.relative_to(base))] = [*identity]
+                stamp = _stamp(entry)
+                if stamp is not None:
+                    found[str(entry.relative_to(base))] = stamp
     return found
 
 
@@ -355,7 +380,7 @@ class Claim:
             )
         new = {}
         for name in staged:
-            new.update(_identities(self.staging / name, self.staging))
+            new.update(_stamps(self.staging / name, self.staging))
         trash = self.staging / f"{STAGING}replaced"
         trash.mkdir()
         self.made(trash)
@@ -383,14 +408,14 @@ def discard(staging: Staging, directory: Path, rel: str, to: Path, record: dict 
     """Move the entry ``rel`` of ``directory`` to ``to`` inside ``staging`` and note for removal
     only what ``record`` names there with the identity it recorded (cleanup leaves the rest in
     staging, and names it in its warning)."""
-    before = _identities(directory / rel, directory)
+    before = _stamps(directory / rel, directory)
     os.replace(directory / rel, to)
     moved = to.relative_to(staging.path)
     for part in reversed(moved.parents[:-1]):
         staging.note_identity(part, _identity(staging.path / part))
-    for entry, identity in before.items():
-        if record is not None and list(record["made"].get(entry, ())) == identity:
-            staging.note_identity(moved / Path(entry).relative_to(rel), identity)
+    for entry, stamp in before.items():
+        if record is not None and _same(record["made"].get(entry), stamp):
+            staging.note_identity(moved / Path(entry).relative_to(rel), stamp[:2])
 
 
 def listing(names: list[str], most: int = 4) -> str:

@@ -36,6 +36,7 @@ from workbench.runtime.tokenizer import CharTokenizer, TokenizerBase, load_token
 from workbench.storage.errors import BadInput, MissingFile, OutputBusy, OutputExists, WorkbenchError
 from workbench.storage.files import atomic_write, link_or_copy, read_json, remove_stale_temps, write_json
 from workbench.storage.outputs import (
+    COPIES,
     RECORD,
     contents,
     foreign_entries,
@@ -550,7 +551,7 @@ def check_new_run_dir(run_dir: Path) -> None:
     foreign = [n for n in found if n not in RUN_FILES] or (foreign_entries(run_dir, record) if record else found)
     if foreign:
         raise OutputExists(
-            f"{run_dir} holds files that are not a workbench run ({listing(foreign)}): choose a new or empty --out"
+            f"{run_dir} holds files that are not a workbench run ({listing(foreign)}): choose a new or empty --out; " + COPIES
         )
 
 

@@ -32,7 +32,7 @@ import torch
 from workbench.runtime.progress import PROGRESS_ENV, Bar
 from workbench.storage.errors import BadInput, OutputExists
 from workbench.storage.files import read_json, write_json
-from workbench.storage.outputs import hold, owns, record_made, record_of
+from workbench.storage.outputs import COPIES, hold, owns, record_made, record_of
 from workbench.storage.provenance import source_commit
 from workbench.training.evaluate import evaluate_run
 from workbench.training.intervals import seed_interval
@@ -307,7 +307,7 @@ def previous_summary(path: Path) -> dict | None:
     if not owns(record_of(path.parent, ZOO), path.parent, path.name):
         raise OutputExists(
             f"{path} was not written by a workbench zoo or study (its directory's record does not name it): "
-            "move it away or choose another --out"
+            f"move it away or choose another --out; {COPIES}"
         )
     summary = read_json(path)
     seeds, models = summary.get("seeds", 1), summary.get("models")
