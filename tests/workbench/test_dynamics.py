@@ -89,6 +89,33 @@ def test_rollout_beyond_the_context_slides_or_stops():
     assert len(stopped.tokens) == 124 and "context full after 128 tokens" in stopped.stopped
 
 
+def test_a_rollout_allocates_only_the_tokens_it_can_hold_and_decodes_the_same(monkeypatch):
+    """Every row's buffers are preallocated: a short rollout of a long-context model asks for the
+    prompt plus horizon, not n_ctx, and decodes exactly as with a cache of n_ctx."""
+    from models.full_bandwidth import FullBandwidthLM
+
+    model = build_model("fbt", "debug")  # n_ctx = 128
+    prompt = tokens(1, 4)[0].tolist()
+    asked = []
+    make_cache = FullBandwidthLM.make_cache
+
+    def recorded(capacity=None, **kw):
+        asked.append(capacity)
+        return make_cache(model, capacity, **kw)
+
+    monkeypatch.setattr(model, "make_cache", recorded)
+    short = rollout(model, prompt, 20, perturb_at=3, tangents=2)
+    assert asked == [24]
+    monkeypatch.setattr(model, "make_cache", lambda capacity=None, **kw: make_cache(model, None, **kw))
+    full = rollout(model, prompt, 20, perturb_at=3, tangents=2)
+    assert short.tokens == full.tokens
+    for name in ("states", "perturbation_ratio", "tangent_log_growth", "tangent_full_log_growth"):
+        torch.testing.assert_close(getattr(short, name), getattr(full, name), atol=0, rtol=0)
+    monkeypatch.setattr(model, "make_cache", recorded)
+    rollout(model, prompt, 300)
+    assert asked[-1] == 128  # past the context: the window of n_ctx, sliding as before
+
+
 def test_sliding_keeps_relative_positions_exact():
     # One layer: its cached keys depend only on the tokens, so after dropping the oldest half the
     # next step must equal a fresh pass over the kept window started at position 0 (rotary phases

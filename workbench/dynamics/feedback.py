@@ -181,7 +181,9 @@ def rollout(
         raise BadInput(f"token id {bad[0]} is outside the vocabulary [0, {model.cfg.d_vocab})")
     ids = torch.tensor([prompt] * rows, device=device)
     model_check(model.check_tokens, ids)
-    cache = model.make_cache()
+    # buffers for the tokens this rollout can hold (every row preallocates its capacity), the same
+    # slides as at n_ctx: the window fills only where the prompt and horizon pass n_ctx
+    cache = model.make_cache(min(model.cfg.n_ctx, len(prompt) + horizon))
     fuse = torch.ones(rows, 1, dtype=torch.bool, device=device)
     fuse[1] = False
     out = {k: [] for k in ("state", "input", "gate_mean", "gate_entropy", "logit_entropy", "standard", "ratio")}
