@@ -8,12 +8,10 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 import torch
-from safetensors.torch import load_file
 
 from app import jobs
 from app.state import find, pick_run, runs, shown_errors
-from workbench.dynamics.study import DEFAULT_PROMPT, STATES, state_pca
-from workbench.storage.files import read_json
+from workbench.dynamics.study import DEFAULT_PROMPT, read_study, state_pca
 
 st.title("Feedback dynamics")
 st.caption(
@@ -85,9 +83,8 @@ if not (out / "dynamics.json").is_file():
 
 results = {}
 with shown_errors("Reading the analysis"):
-    report = read_json(out / "dynamics.json")
-    saved_states = load_file(str(out / report.get("states", STATES)))
-    results = {run.name: (report["runs"][run.path.name], saved_states[run.path.name].numpy()) for run in chosen}
+    saved = read_study(out, [run.path.name for run in chosen])
+    results = {run.name: (saved[run.path.name][0], saved[run.path.name][1].numpy()) for run in chosen}
     st.caption(f"Saved analysis: {out}")
 if not results:
     st.stop()

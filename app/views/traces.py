@@ -9,8 +9,7 @@ import streamlit as st
 from app import jobs
 from app.charts import accuracy_by_length, trace_histogram
 from app.state import find, pick_run, pieces, runs, show_text, shown_errors, token_strip, tokenizer, tokenizer_summary
-from workbench.storage.files import read_json
-from workbench.studies.traces import CHAT_INSTRUCTION, chat_problem, problems, read_traces
+from workbench.studies.traces import CHAT_INSTRUCTION, chat_problem, problems, read_study
 
 UNITS = {"tokens": "trace_tokens", "characters": "trace_chars"}
 
@@ -89,12 +88,13 @@ if not (out / "summary.json").is_file():
 
 summary = study = None
 with shown_errors("Reading the comparison"):
-    summary, study = read_json(out / "summary.json"), pd.DataFrame(read_traces(out / "traces.csv"))
+    summary, saved = read_study(out, list(by_dir))
+    examples = problems(summary["task"], summary["n_problems"], summary["difficulties"])
+    study = pd.DataFrame(saved)
     st.caption(f"Saved comparison: {out}")
 if summary is None or study is None:
     st.stop()
 study["model"] = study["model"].map(lambda d: by_dir[d].name)
-examples = problems(summary["task"], summary["n_problems"], summary["difficulties"])
 chat_runs = {by_dir[d].name for d in (summary["chat"] or {}).get("runs", [])}
 mixed = len({tok.tokenizer.to_str() for tok in tokenizers.values()}) > 1
 if st.session_state.get("tr_shown") != str(out):  # a new comparison: its unit by default

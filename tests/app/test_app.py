@@ -734,3 +734,26 @@ def test_a_malformed_zoo_summary_is_an_error_on_the_zoo_page(monkeypatch, micro_
         assert not errors(at) and not at.dataframe[-1].value.empty
     HOSTILE["inputs_tried"] += len(malformed)
     HOSTILE["faults_injected"] += len(malformed)
+
+
+def test_a_damaged_saved_analysis_is_an_error_on_the_dynamics_and_traces_pages(monkeypatch, micro_zoo, tmp_path):
+    """The saved output a page finds by its inputs (``jobs.keyed_output``), damaged: an error element
+    naming the file and the field (``read_study``'s checks, tested in test_saved_studies.py), and no
+    exception."""
+    from app import jobs
+
+    runs = shutil.copytree(micro_zoo, tmp_path / "runs")
+    saved = runs / "saved"
+    saved.mkdir()
+    (saved / "dynamics.json").write_text(json.dumps({"runs": {}}))
+    (saved / "summary.json").write_text(json.dumps({"task": "chain"}))
+    (saved / "traces.csv").write_text("model\n")
+    monkeypatch.setattr(jobs, "keyed_output", lambda kind, chosen, settings: saved)
+    for page, named in [
+        ("dynamics", "dynamics.json: field 'runs.fbt' must be an object, got nothing"),
+        ("traces", "field 'n_problems'"),
+    ]:
+        at = open_page(monkeypatch, runs, page)
+        assert any(named in e and str(saved) in e for e in errors(at)), (page, errors(at))
+        HOSTILE["inputs_tried"] += 1
+        HOSTILE["faults_injected"] += 1

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from workbench.dynamics.feedback import RolloutDiverged, feedback_map, feedback_model, kpass_convergence, prefill_context, rollout
 from workbench.dynamics.maps import find_fixed_points, jacobian_summary, lyapunov_from_growth
@@ -17,9 +17,10 @@ from workbench.runtime.checkpoint import load_model
 from workbench.runtime.decoding import NonFinite
 from workbench.runtime.tokenizer import tokenizer_of
 from workbench.storage.errors import BadInput
-from workbench.storage.files import write_json
+from workbench.storage.files import read_json, write_json
 from workbench.storage.outputs import claim
 from workbench.storage.provenance import source_commit
+from workbench.storage.shapes import Each, check_shape
 
 MAX_HORIZON = 100_000  # states are kept for every step: 100k steps of d_model 1024 in float32 is 400 MB
 DEFAULT_PROMPT = "Q: Start with 12. Add 7. Multiply by 3. What is the result?\nA:"
@@ -262,6 +263,57 @@ def dynamics_study(
         out.made(out.staging / STATES, out.staging / "dynamics.json")
         out.publish()
     return report
+
+
+# What readers of a saved study use of each run's report (``analyse_run``): checked by ``read_study``.
+RUN_REPORT = {
+    "stopped": (str, None),
+    "perturb_at": int,
+    "per_step": {"state_norm": [float], "input_norm": [float], "perturbation_ratio": [float]},
+    "lyapunov": Each(float),
+    "lyapunov_tangent?": Each([float]),
+    "lyapunov_tangent_full?": Each([float]),
+    "spectra": [{"step": int, "spectral_radius": float, "spectral_norm": float, "frobenius": float, "eigenvalues": [[float]]}],
+    "fixed_points": [
+        {
+            "step": int,
+            "path_independent": bool,
+            "n_starts?": int,
+            "unconverged?": {"n?": int, "still_improving?": int},
+            "points": [{"stable": bool, "label?": str, "spectral_radius": float, "state": [float]}],
+        }
+    ],
+    "kpass": {"rows": [{"passes": int, "relative_residual?": float, "kl_to_previous?": float}]},
+}
+
+
+def read_study(out_dir: str | Path, names: list[str]) -> dict[str, tuple[dict, torch.Tensor]]:
+    """The saved study in ``out_dir`` for the runs named ``names`` (their directory names): each
+    run's report and its rollout states [steps, d_model]. ``BadInput`` naming the file and the field
+    where the files are not what ``dynamics_study`` writes (edited, cut short, or of other runs)."""
+    path = Path(out_dir) / "dynamics.json"
+    report = read_json(path)
+    check_shape(report, {"runs": {name: RUN_REPORT for name in names}, "states?": str}, path)
+    file = report.get("states", STATES)
+    if Path(file).name != file:
+        raise BadInput(f"{path}: field 'states' must name a file beside it, got {file!r}")
+    try:
+        states = load_file(str(Path(out_dir) / file))
+    except Exception as err:  # noqa: BLE001 - safetensors raises its own error type for a damaged file
+        raise BadInput(f"{Path(out_dir) / file}: not the study's rollout states ({type(err).__name__}: {err})") from None
+    found = {}
+    for name in names:
+        run = report["runs"][name]
+        steps = len(run["per_step"]["state_norm"])
+        tensor = states.get(name)
+        if tensor is None or tensor.dim() != 2 or tensor.shape[0] != steps or not tensor.is_floating_point():
+            shape = None if tensor is None else list(tensor.shape)
+            raise BadInput(f"{Path(out_dir) / file}: {name!r} must be the {steps} rollout states [steps, d_model], got {shape}")
+        for fp in run["fixed_points"]:
+            if any(len(p["state"]) != tensor.shape[1] for p in fp["points"]):
+                raise BadInput(f"{path}: a fixed point of {name!r} at step {fp['step']} is not of d_model={tensor.shape[1]}")
+        found[name] = (run, tensor)
+    return found
 
 
 def state_pca(states: torch.Tensor, fixed_points: list[dict]) -> tuple[torch.Tensor, list[dict]]:

@@ -34,8 +34,9 @@ from workbench.runtime.decoding import REGIMES, NonFinite, generate
 from workbench.runtime.palette import regime_color
 from workbench.runtime.tokenizer import TokenizerBase, tokenizer_of
 from workbench.storage.errors import BadInput
-from workbench.storage.files import write_json
+from workbench.storage.files import read_json, write_json
 from workbench.storage.outputs import check_claim, claim
+from workbench.storage.shapes import Each, check_shape
 
 MARKER = "####"
 MAX_PROBLEMS = 100_000
@@ -376,15 +377,62 @@ TRACE_BOOLS = ("correct", "last_number_correct", "finished")
 
 def read_traces(path: str | Path) -> list[dict]:
     """The rows of a ``traces.csv`` as ``trace_study`` made them: counts as ints, verdicts as
-    bools, the state norms as a list (None for a model without a carried state), no answer as None."""
-    with Path(path).open(newline="") as f:
-        rows = list(csv.DictReader(f))
-    for row in rows:
-        row.update({k: int(row[k]) for k in TRACE_INTS})
+    bools, the state norms as a list (None for a model without a carried state), no answer as None.
+    ``BadInput`` naming the file, the line and the field where a row is not one it writes."""
+    try:
+        with Path(path).open(newline="") as f:
+            rows = list(csv.DictReader(f))
+    except (csv.Error, UnicodeDecodeError) as err:
+        raise BadInput(f"{path}: not a CSV of traces ({err})") from None
+    if not rows:
+        raise BadInput(f"{path}: holds no traces (a study writes a header and one row per problem, model and regime)")
+    for line, row in enumerate(rows, start=2):
+        for k in ("model", "regime", "format", *TRACE_INTS, *TRACE_BOOLS, "state_norms", "answer"):
+            if not isinstance(row.get(k), str):
+                raise BadInput(f"{path}: line {line} has no field {k!r}")
+        try:
+            row.update({k: int(row[k]) for k in TRACE_INTS})
+            row["state_norms"] = json.loads(row["state_norms"])
+        except ValueError as err:
+            raise BadInput(f"{path}: line {line}: {err}") from None
+        if any(row[k] not in ("True", "False") for k in TRACE_BOOLS):
+            raise BadInput(f"{path}: line {line}: fields {', '.join(TRACE_BOOLS)} must be True or False")
         row.update({k: row[k] == "True" for k in TRACE_BOOLS})
-        row["state_norms"] = json.loads(row["state_norms"])
+        if row["state_norms"] is not None and not (
+            isinstance(row["state_norms"], list) and all(isinstance(v, (int, float)) for v in row["state_norms"])
+        ):
+            raise BadInput(f"{path}: line {line}: field 'state_norms' must be null or a list of numbers")
         row["answer"] = row["answer"] or None  # no answer parsed (the CSV cell is empty)
     return rows
+
+
+_STAT = {"mean": float, "ci_low": float, "ci_high": float}
+# What readers of a saved study use of its summary (``trace_study``): checked by ``read_study``.
+SUMMARY = {
+    "task": str,
+    "n_problems": int,
+    "difficulties": ([int], str),
+    "reference": str,
+    "chat": (None, {"runs": [str]}),
+    "paired": Each({"trace_tokens": _STAT, "trace_chars": _STAT, "accuracy": _STAT}),
+}
+
+
+def read_study(out_dir: str | Path, models: list[str]) -> tuple[dict, list[dict]]:
+    """The saved study in ``out_dir`` of the runs named ``models`` (their directory names): its
+    summary and its rows (``read_traces``). ``BadInput`` naming the file and the field where the
+    files are not what ``trace_study`` writes, or are of other runs or problems."""
+    path, table = Path(out_dir) / "summary.json", Path(out_dir) / "traces.csv"
+    summary = read_json(path)
+    check_shape(summary, SUMMARY, path)
+    rows = read_traces(table)
+    for line, row in enumerate(rows, start=2):
+        if row["model"] not in models or row["regime"] not in REGIMES or not 0 <= row["problem_id"] < summary["n_problems"]:
+            raise BadInput(
+                f"{table}: line {line}: model {row['model']!r}, regime {row['regime']!r}, problem {row['problem_id']} is not "
+                f"one of this study's (models {models}, regimes {list(REGIMES)}, problems 0..{summary['n_problems'] - 1})"
+            )
+    return summary, rows
 
 
 def plot_traces(rows: list[dict], summary: dict, out_dir: Path, archs: dict[str, str] | None = None) -> list[str]:
