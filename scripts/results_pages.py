@@ -1,23 +1,36 @@
 #!/usr/bin/env python3
-"""Render the measured-results pages in docs/results/ from the JSON files next to them.
+"""Render the measured-results pages in docs/results/ from the JSON files next to them, and check
+that every committed figure and screenshot was drawn by the code as it is now.
 
-    python scripts/results_pages.py            # (re)write docs/results/*.md
-    python scripts/results_pages.py --check    # exit 1, naming the page, if any page is stale
+    python scripts/results_pages.py              # (re)write docs/results/*.md
+    python scripts/results_pages.py --figures    # also redraw docs/results/*.png (the venv: matplotlib, workbench)
+    python scripts/results_pages.py --check      # exit 1, naming the page or figure, if any is stale
 
 Every number on a generated page is read from a JSON file in docs/results/; the only text typed
 in here is prose, column names, and the command behind a JSON file that does not record its own
 (copied from the docs that quoted it). The topic pages (docs/*.md) keep the interpretation and
-link to these pages. Standard library only: no workbench (and no torch) import.
+link to these pages. The pages and the check are standard library only (and git); only
+``--figures`` imports the workbench's drawing functions.
+
+A figure (docs/results/figures.json) or screenshot (docs/app/screenshots.json, written by
+tests/integration/test_browser.py) is recorded with the commit HEAD was at when it was drawn, the
+code that draws it, any of that code that differed from the commit then, and the PNG's sha256.
+``--check`` fails naming the PNG when the code that draws it changed in a commit after the recorded
+one, when it was drawn from uncommitted code, when the PNG or (for a figure) its JSON data is not
+what was recorded, or when a PNG has no record.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
+import subprocess
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
@@ -68,13 +81,6 @@ DOCS_COMMANDS = {
         "OMP_NUM_THREADS=2 workbench bench --preset small --only smollm2_cache_peak_rss --out /tmp/bench_smollm2_rss.json",
     ],
 }
-
-# Figures the docs show next to a JSON file that does not list them itself.
-DOCS_FIGURES = {
-    "dynamics_cpu_summary.json": ["dynamics_rollout.png"],
-    "probe_fbt_memory.json": ["probe_fbt_memory.png"],
-}
-
 
 # ---------------------------------------------------------------- formatting
 
@@ -184,9 +190,10 @@ def frame(title: str, sources: list[tuple[str, dict]], body: str, figures: list[
     return "\n".join(out) + "\n"
 
 
-def figures_of(name: str, data: dict) -> list[str]:
-    recorded = [Path(path).name for path in data.get("figures", []) if isinstance(path, str)]
-    return list(dict.fromkeys(recorded + DOCS_FIGURES.get(name, [])))
+def figures_of(name: str, data: dict | None = None) -> list[str]:
+    """The committed figures drawn from the JSON file ``name`` (``FIGURES``); a figure a JSON file
+    lists (its study's own output directory) is not one of them unless this script draws it."""
+    return [figure for figure, spec in FIGURES.items() if name in spec.data]
 
 
 # ---------------------------------------------------------------- zoo
@@ -870,6 +877,12 @@ def dynamics_page(results: Path) -> str:
         "eigenvalues of dF/dh (stable, marginal within 1e-3 of the unit circle, saddle, unstable).",
         "",
         dynamics_table(summary),
+        "## Figures",
+        "",
+        "None committed. The study's figures (`rollout.png`, `spectra.png`, `fixed_points.png`, `kpass.png`) are",
+        "drawn from the per-step curves and rollout states in its own `dynamics.json` and `states.safetensors`, which",
+        "this folder does not keep (the summary keeps what the table shows); `workbench dynamics` draws them into its",
+        "output directory.",
     ]
     return frame(
         "Feedback-map stability on the CPU zoo (measured)", [(name, summary)], "\n".join(body), figures_of(name, summary), results
@@ -978,6 +991,11 @@ def traces_page(results: Path) -> str:
         "Accuracy (problems) within shared trace-length bins.",
         "",
         traces_matched_table(summary),
+        "## Figures",
+        "",
+        "None committed. The study's `traces.png` is drawn from its per-problem rows (`traces.csv`), which this",
+        "folder does not keep (the summary keeps what the tables show); `workbench traces` draws it into its output",
+        "directory.",
     ]
     return frame(
         "Trace lengths on the CPU zoo (measured)", [(name, summary)], "\n".join(body), figures_of(name, summary), results
@@ -1256,8 +1274,12 @@ def cpt_page(results: Path) -> str:
         ),
         "## Before training (`init.json`, step 0's batch)",
         "",
+        "The `fbt` row's losses skip each window's first position, which has no previous state to fuse (so its plain",
+        "and fused losses score the same positions); the `hd` and control rows score every position, as the curves'",
+        "step 1 does.",
+        "",
         table(
-            ["run", "loss, plain inputs", "loss, every position fused", "fusion init", "fit R^2 (positions)"],
+            ["run", "loss, plain inputs", "loss, every position after the first fused", "fusion init", "fit R^2 (positions)"],
             [
                 [
                     "`fbt`",
@@ -1333,6 +1355,197 @@ def cpt_page(results: Path) -> str:
     )
 
 
+# ---------------------------------------------------------------- figures and screenshots
+
+FIGURES_MANIFEST = "figures.json"  # beside the figures in docs/results
+SCREENSHOTS = ROOT / "docs" / "app"
+SCREENSHOTS_MANIFEST = "screenshots.json"  # beside the screenshots; tests/integration/test_browser.py writes both
+FIGURES_COMMAND = f"{SCRIPT} --figures"
+# The browser test shoots every page of the app, in this order, over a copy of the quick zoo.
+SCREENSHOT_PAGES = ("runs", "zoo", "probes", "dynamics", "traces", "streams", "playground")
+SCREENSHOTS_COMMAND = (
+    "WORKBENCH_SCREENSHOTS=docs/app WORKBENCH_BROWSER_RUNS=runs/quick WORKBENCH_REQUIRE_BROWSER=1 "
+    ".venv/bin/python -m pytest tests/integration/test_browser.py -k every_page"
+)
+# What draws a screenshot: the pages and their charts, the regime palette, and the test that drives the
+# browser (what it clicks and the viewport). The workbench functions behind the numbers a page shows are
+# not counted: a screenshot shows a page, not a study's result.
+SCREENSHOT_CODE = ("app", "workbench/runtime/palette.py", "tests/integration/test_browser.py")
+
+
+class FigureSpec(NamedTuple):
+    """A committed figure: the JSON files in docs/results it is drawn from, the code that draws it
+    (repository paths: what the check's commit rule watches), what the drawing call takes besides
+    the data (made from the data; recorded and compared), and the call."""
+
+    data: tuple[str, ...]
+    code: tuple[str, ...]
+    args: Callable[[Path], dict]
+    draw: Callable[[Path, Path, dict], object]
+
+
+def probe_sweep_figure(name: str) -> FigureSpec:
+    """A probe sweep's figure as ``workbench probe`` draws it (``plot_probe_rows``: its size, dpi,
+    ticks and palette), from the sweep's committed rows."""
+
+    def args(results: Path) -> dict:
+        sweep = read(results, name)
+        return {"title": f"{Path(sweep['run']).name}: probing {sweep['target']}", "arch": sweep.get("arch")}
+
+    def draw(results: Path, path: Path, args: dict):
+        from workbench.probing.study import plot_probe_rows
+
+        return plot_probe_rows(read(results, name)["rows"], path, args["title"], args["arch"])
+
+    return FigureSpec((name,), ("workbench/probing/study.py", "workbench/runtime/palette.py"), args, draw)
+
+
+FIGURES: dict[str, FigureSpec] = {"probe_fbt_memory.png": probe_sweep_figure("probe_fbt_memory.json")}
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def git(repo: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+
+
+def git_checkout(repo: Path) -> bool:
+    """Whether ``repo`` is the top of a git work tree (and git runs)."""
+    try:
+        top = git(repo, "rev-parse", "--show-toplevel")
+    except OSError:
+        return False
+    return top.returncode == 0 and Path(top.stdout.strip()).resolve() == repo.resolve()
+
+
+def record_drawing(code: Iterable[str], repo: Path = ROOT) -> dict:
+    """What to record of a figure drawn now: HEAD's commit, and which of the ``code`` paths differ
+    from it (changed, staged or untracked files under them); a figure drawn from those is not drawn
+    from the commit, and the check says so until it is redrawn from a commit that has them."""
+    code = list(code)
+    head = git(repo, "rev-parse", "HEAD")
+    if head.returncode != 0:
+        raise RuntimeError(f"{repo}: no commit to record a drawing against ({head.stderr.strip()})")
+    changed = git(repo, "diff", "--name-only", "HEAD", "--", *code).stdout.split("\n")
+    untracked = git(repo, "ls-files", "--others", "--exclude-standard", "--", *code).stdout.split("\n")
+    return {"commit": head.stdout.strip(), "uncommitted": sorted({p for p in changed + untracked if p})}
+
+
+def commit_problems(name: str, entry: dict, code: list[str], command: str, repo: Path) -> list[str]:
+    """The commit rule: ``name`` was drawn at ``entry['commit']``, a commit of HEAD's history, from
+    committed code, and no later commit changed the ``code`` that draws it."""
+    redraw = f"run `{command}` and commit the result"
+    if entry.get("uncommitted"):
+        return [f"{name} was drawn from uncommitted changes to {', '.join(entry['uncommitted'])}: commit them, then {redraw}"]
+    commit = entry.get("commit")
+    if not isinstance(commit, str) or git(repo, "cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
+        return [f"{name}: its recorded commit {commit!r} is not in this repository: {redraw}"]
+    if git(repo, "merge-base", "--is-ancestor", commit, "HEAD").returncode != 0:
+        return [f"{name} was drawn at {commit[:10]}, which is not in HEAD's history: {redraw}"]
+    last = git(repo, "log", "-1", "--format=%H", "HEAD", "--", *code).stdout.strip()
+    if last and git(repo, "merge-base", "--is-ancestor", last, commit).returncode != 0:
+        later = git(repo, "log", "--format=%h", f"{commit}..HEAD", "--", *code).stdout.split()
+        return [
+            f"{name} is stale: drawn at {commit[:10]}, and the code that draws it ({', '.join(code)}) changed "
+            f"since, in {', '.join(later)}: {redraw}"
+        ]
+    return []
+
+
+def drawing_problems(
+    folder: Path,
+    manifest: str,
+    expected: dict[str, dict],
+    command: str,
+    repo: Path | None,
+) -> list[str]:
+    """Everything wrong with the PNGs in ``folder`` against their ``manifest``: ``expected`` gives,
+    per PNG that must be there, the ``code`` that draws it and any other recorded field that must
+    equal what it is now (a figure's data hashes and drawing arguments). A PNG with no record, or a
+    record with no PNG or another PNG's bytes, fails; ``repo`` None skips the commit rule."""
+    path = folder / manifest
+    entries = json.loads(path.read_text()) if path.is_file() else {}
+    problems = []
+    pngs = sorted(p.name for p in folder.glob("*.png"))
+    for name in sorted(set(pngs) | set(entries) | set(expected)):
+        shown_name = shown(folder / name)
+        if name not in expected:
+            what = "" if name in pngs else f", named in {shown(path)},"
+            problems.append(
+                f"{shown_name}{what} is not drawn by anything that records it: remove it, or draw it by code that does"
+            )
+            continue
+        if name not in entries:
+            problems.append(f"{shown_name} has no record in {shown(path)}: run `{command}`")
+            continue
+        if name not in pngs:
+            problems.append(f"{shown_name}, recorded in {shown(path)}, is missing: run `{command}`")
+            continue
+        entry, want = entries[name], expected[name]
+        if entry.get("sha256") != sha256(folder / name):
+            problems.append(f"{shown_name} is not the file {shown(path)} records (sha256 differs): run `{command}`")
+            continue
+        differs = [key for key, value in want.items() if entry.get(key) != value]
+        if differs:
+            problems.append(f"{shown_name} was drawn with other {', '.join(differs)} than now: run `{command}`")
+            continue
+        if repo is not None:
+            problems += commit_problems(shown_name, entry, list(want["code"]), command, repo)
+    return problems
+
+
+def expected_figures(results: Path) -> dict[str, dict]:
+    return {
+        name: {
+            "code": list(spec.code),
+            "data": {data: sha256(results / data) for data in spec.data},
+            "args": spec.args(results),
+        }
+        for name, spec in FIGURES.items()
+    }
+
+
+def draw_figures(results: Path = RESULTS, repo: Path = ROOT) -> list[Path]:
+    """Draw every figure of ``FIGURES`` into ``results`` with the current drawing code, and record
+    each (``figures.json``)."""
+    import matplotlib
+
+    entries = {}
+    for name, spec in FIGURES.items():
+        drawing = record_drawing(spec.code, repo)  # before drawing: the code a figure is drawn with
+        args = spec.args(results)
+        spec.draw(results, results / name, args)
+        entries[name] = {
+            **drawing,
+            "code": list(spec.code),
+            "data": {data: sha256(results / data) for data in spec.data},
+            "args": args,
+            "matplotlib": matplotlib.__version__,
+            "command": FIGURES_COMMAND,
+            "sha256": sha256(results / name),
+        }
+    (results / FIGURES_MANIFEST).write_text(json.dumps(entries, indent=1) + "\n")
+    return [results / name for name in entries]
+
+
+def figure_and_screenshot_problems(results: Path, screenshots: Path | None, repo: Path) -> list[str]:
+    """``--check``'s figures part: the result figures in ``results`` and (unless None) the app's
+    screenshots; the commit rule where ``repo`` is a git checkout with its history."""
+    checked: Path | None = repo
+    if not git_checkout(repo):
+        print(f"{repo} is not a git checkout: the commits figures were drawn at are not checked", file=sys.stderr)
+        checked = None
+    elif git(repo, "rev-parse", "--is-shallow-repository").stdout.strip() == "true":
+        return [f"{repo} is a shallow clone: the commits figures were drawn at cannot be checked (git fetch --unshallow)"]
+    problems = drawing_problems(results, FIGURES_MANIFEST, expected_figures(results), FIGURES_COMMAND, checked)
+    if screenshots is not None:
+        expected = {f"{page}.png": {"code": list(SCREENSHOT_CODE)} for page in SCREENSHOT_PAGES}
+        problems += drawing_problems(screenshots, SCREENSHOTS_MANIFEST, expected, SCREENSHOTS_COMMAND, checked)
+    return problems
+
+
 # ---------------------------------------------------------------- index and driver
 
 PAGES: dict[str, tuple[str, Callable[[Path], str]]] = {
@@ -1371,6 +1584,14 @@ def index_page(results: Path) -> str:
         "",
     ]
     lines += [f"- [{page}]({page}): {what}" for page, (what, _) in PAGES.items()]
+    lines += [
+        "",
+        f"Figures: {', '.join(f'[`{name}`]({name})' for name in FIGURES)}, drawn from the JSON here by "
+        f"`{FIGURES_COMMAND}` with the",
+        f"workbench's drawing functions; [`{FIGURES_MANIFEST}`]({FIGURES_MANIFEST}) records the commit each was drawn "
+        f"from, and `{SCRIPT} --check`",
+        "fails once the code that draws one changes in a later commit (docs/development.md).",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -1391,13 +1612,24 @@ def shown(path: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if any generated page differs from what it would render now")
     parser.add_argument(
-        "--results", type=Path, default=RESULTS, help="the folder of JSON files and pages (default: docs/results)"
+        "--check",
+        action="store_true",
+        help="exit 1 if any generated page differs from what it would render now, or a figure is stale",
+    )
+    parser.add_argument("--figures", action="store_true", help="also redraw the figures with the current drawing code")
+    parser.add_argument(
+        "--results", type=Path, default=RESULTS, help="the folder of JSON files, pages and figures (default: docs/results)"
+    )
+    parser.add_argument(
+        "--screenshots",
+        type=Path,
+        help="the app's screenshots to check (default: docs/app, unless --results names another folder)",
     )
     args = parser.parse_args(argv)
-    pages = render_all(args.results)
+    screenshots = args.screenshots or (SCREENSHOTS if args.results == RESULTS else None)
     if args.check:
+        pages = render_all(args.results)
         stale = [
             page
             for page, text in pages.items()
@@ -1405,8 +1637,14 @@ def main(argv: list[str] | None = None) -> int:
         ]
         for page in stale:
             print(f"{shown(args.results / page)} is stale: run `{SCRIPT}` and commit the result", file=sys.stderr)
-        return 1 if stale else 0
-    for page, text in pages.items():
+        figures = figure_and_screenshot_problems(args.results, screenshots, ROOT)
+        for problem in figures:
+            print(problem, file=sys.stderr)
+        return 1 if stale or figures else 0
+    if args.figures:
+        for path in draw_figures(args.results):
+            print(f"drew {shown(path)}")
+    for page, text in render_all(args.results).items():
         path = args.results / page
         if not path.is_file() or path.read_text() != text:
             path.write_text(text)

@@ -1,7 +1,10 @@
 """The results pages in docs/results/ are what scripts/results_pages.py renders from the JSON next
-to them: a hand edit, or a JSON re-measured without regenerating, fails here."""
+to them: a hand edit, or a JSON re-measured without regenerating, fails here. The committed figures
+and screenshots are drawn by the code as it is now: the commit rule on a synthetic git history, then
+on this repository."""
 
 import importlib.util
+import json
 import shutil
 from pathlib import Path
 
@@ -159,8 +162,6 @@ def test_the_three_seed_zoo_rerun_equals_the_reported_zoo_as_floats(rerun_file, 
     """docs/training.md: the cpu zoo trained again gives every member's held-out evaluation
     exactly, the claim this pins: once with two fbt seeds resumed from checkpoints, once from
     nothing on an idle machine (the budget's measurement)."""
-    import json
-
     reported = json.loads((ROOT / "docs" / "results" / "zoo_cpu_seeds.json").read_text())["models"]
     rerun = json.loads((ROOT / "docs" / "results" / rerun_file).read_text())["models"]
     assert sorted(rerun) == sorted(reported) and len(reported) == 12
@@ -294,3 +295,147 @@ def test_hd_ablations_table_known_answer():
         "|---|---|---|---|",
         "| `hd2` | `hd1` | 0.000 [-3.177, 3.177] (0.250, -0.250) | -0.750 [-3.927, 2.427] (-1.000, -0.500) |",
     ]
+
+
+# ---------------------------------------------------------------- figures and screenshots
+
+
+def _git(repo: Path, *args: str) -> str:
+    import subprocess
+
+    done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
+def _commit(repo: Path, path: str, text: str) -> str:
+    (repo / path).parent.mkdir(parents=True, exist_ok=True)
+    (repo / path).write_text(text)
+    _git(repo, "add", path)
+    _git(repo, "commit", "-q", "-m", f"change {path}")
+    return _git(repo, "rev-parse", "HEAD")
+
+
+def _record(repo: Path, folder: Path, code: list[str], png: str = "fig.png") -> dict:
+    """Draw ``png`` now (its bytes: the drawing code's text) and record it as the pipeline does."""
+    (folder / png).write_bytes(b"".join((repo / c).read_bytes() for c in code if (repo / c).is_file()) or b"png")
+    entry = {**pages.record_drawing(code, repo), "code": code, "sha256": pages.sha256(folder / png)}
+    (folder / "manifest.json").write_text(json.dumps({png: entry}))
+    return entry
+
+
+def _problems(repo: Path, folder: Path, code: list[str]) -> list[str]:
+    return pages.drawing_problems(folder, "manifest.json", {"fig.png": {"code": code}}, "REDRAW", repo)
+
+
+@pytest.fixture
+def history(tmp_path):
+    """A git repository with a drawing file and an unrelated one committed; a folder of figures."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    _git(repo, "config", "user.email", "t@example.com")
+    _git(repo, "config", "user.name", "t")
+    _commit(repo, "draw.py", "def draw(): ...\n")
+    _commit(repo, "other.py", "x = 1\n")
+    folder = tmp_path / "figures"
+    folder.mkdir()
+    return repo, folder
+
+
+def test_a_figure_is_stale_once_its_drawing_code_changes_in_a_later_commit(history):
+    repo, folder = history
+    drawn = _record(repo, folder, ["draw.py"])
+    assert drawn["commit"] == _git(repo, "rev-parse", "HEAD") and drawn["uncommitted"] == []
+    assert _problems(repo, folder, ["draw.py"]) == []
+    _commit(repo, "other.py", "x = 2\n")  # a later commit that leaves the drawing code alone
+    assert _problems(repo, folder, ["draw.py"]) == []
+    changed = _commit(repo, "draw.py", "def draw(): return 1\n")
+    (problem,) = _problems(repo, folder, ["draw.py"])
+    assert problem.endswith(
+        f"fig.png is stale: drawn at {drawn['commit'][:10]}, and the code that draws it (draw.py) changed since, "
+        f"in {changed[:7]}: run `REDRAW` and commit the result"
+    )
+    _record(repo, folder, ["draw.py"])  # redrawn at the commit that changed it
+    assert _problems(repo, folder, ["draw.py"]) == []
+
+
+def test_a_folder_of_drawing_code_and_uncommitted_changes(history):
+    """A directory as drawing code (the app) counts every file under it; a figure drawn while any
+    of its drawing code differs from HEAD, or is untracked, records that and fails the check."""
+    repo, folder = history
+    _commit(repo, "app/page.py", "page = 1\n")
+    drawn = _record(repo, folder, ["app"])
+    assert _problems(repo, folder, ["app"]) == []
+    (repo / "app" / "new.py").write_text("new = 1\n")  # untracked
+    (repo / "draw.py").write_text("def draw(): return 2\n")  # changed, not committed
+    drawn = _record(repo, folder, ["app", "draw.py"])
+    assert drawn["uncommitted"] == ["app/new.py", "draw.py"]
+    (problem,) = _problems(repo, folder, ["app", "draw.py"])
+    assert "fig.png was drawn from uncommitted changes to app/new.py, draw.py: commit them, then run `REDRAW`" in problem
+    _git(repo, "add", "app/new.py", "draw.py")
+    _git(repo, "commit", "-q", "-m", "both")
+    assert _problems(repo, folder, ["app", "draw.py"]) == [problem]  # still drawn from the uncommitted code
+    _record(repo, folder, ["app", "draw.py"])
+    assert _problems(repo, folder, ["app", "draw.py"]) == []
+    _commit(repo, "app/page.py", "page = 2\n")
+    assert "is stale" in _problems(repo, folder, ["app", "draw.py"])[0]
+
+
+def test_a_figure_without_a_true_record_fails(history):
+    repo, folder = history
+    entry = _record(repo, folder, ["draw.py"])
+    manifest = folder / "manifest.json"
+    (folder / "fig.png").write_bytes(b"another drawing")  # replaced by hand
+    assert "fig.png is not the file" in _problems(repo, folder, ["draw.py"])[0]
+    entry = _record(repo, folder, ["draw.py"])
+    (folder / "extra.png").write_bytes(b"x")  # a PNG nothing records
+    assert "extra.png is not drawn by anything that records it" in _problems(repo, folder, ["draw.py"])[0]
+    (folder / "extra.png").unlink()
+    manifest.write_text(json.dumps({"fig.png": dict(entry, commit="0" * 40)}))  # a commit of no history here
+    assert "its recorded commit '0000000000" in _problems(repo, folder, ["draw.py"])[0]
+    manifest.write_text(json.dumps({"fig.png": dict(entry, code=[])}))  # a record that claims less drawing code
+    assert "was drawn with other code than now" in _problems(repo, folder, ["draw.py"])[0]
+    manifest.write_text("{}")
+    assert "fig.png has no record in" in _problems(repo, folder, ["draw.py"])[0]
+    _git(repo, "checkout", "-q", "-b", "side", "HEAD~1")  # the recorded commit is not in HEAD's history
+    _commit(repo, "other.py", "x = 3\n")
+    manifest.write_text(json.dumps({"fig.png": entry}))
+    assert "which is not in HEAD's history" in _problems(repo, folder, ["draw.py"])[0]
+
+
+def test_the_committed_figures_are_drawn_by_the_current_code():
+    """The real check: every PNG in docs/results is a figure this script draws, recorded with the
+    data and the commit it was drawn from, and its drawing code has not changed since."""
+    if not pages.git_checkout(ROOT):
+        pytest.skip(f"{ROOT} is not a git checkout: the recorded commits cannot be checked")
+    assert sorted(p.name for p in (ROOT / "docs" / "results").glob("*.png")) == sorted(pages.FIGURES)
+    assert pages.figure_and_screenshot_problems(ROOT / "docs" / "results", None, ROOT) == []
+
+
+def test_the_screenshots_are_every_page_drawn_by_the_current_app():
+    if not pages.git_checkout(ROOT):
+        pytest.skip(f"{ROOT} is not a git checkout: the recorded commits cannot be checked")
+    folder = ROOT / "docs" / "app"
+    assert sorted(p.name for p in folder.glob("*.png")) == sorted(f"{page}.png" for page in pages.SCREENSHOT_PAGES)
+    expected = {f"{page}.png": {"code": list(pages.SCREENSHOT_CODE)} for page in pages.SCREENSHOT_PAGES}
+    assert pages.drawing_problems(folder, pages.SCREENSHOTS_MANIFEST, expected, pages.SCREENSHOTS_COMMAND, ROOT) == []
+
+
+def test_a_figure_drawn_from_other_data_is_stale_until_redrawn(tmp_path, capsys):
+    results = tmp_path / "results"
+    shutil.copytree(ROOT / "docs" / "results", results)
+    sweep = json.loads((results / "probe_fbt_memory.json").read_text())
+    sweep["rows"][0]["accuracy"] = 0.99  # re-measured, the figure not redrawn
+    (results / "probe_fbt_memory.json").write_text(json.dumps(sweep))
+    capsys.readouterr()
+    assert pages.main(["--check", "--results", str(results)]) == 1
+    err = capsys.readouterr().err
+    assert "probe_fbt_memory.png was drawn with other data than now" in err and "probes.md is stale" in err
+    assert pages.main(["--figures", "--results", str(results)]) == 0
+    assert json.loads((results / "figures.json").read_text())["probe_fbt_memory.png"]["data"] == {
+        "probe_fbt_memory.json": pages.sha256(results / "probe_fbt_memory.json")
+    }
+    capsys.readouterr()
+    pages.main(["--check", "--results", str(results)])
+    err = capsys.readouterr().err
+    assert "probe_fbt_memory.png was drawn with other data" not in err and "is stale" not in err

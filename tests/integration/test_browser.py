@@ -1,13 +1,22 @@
 """The app end to end in a real browser: ``workbench app`` on a free port, Debian's Chromium driven
 by Playwright through every page, one probe run, one dynamics analysis and one trace comparison
-(all background jobs); screenshots go to the test's tmp dir (and to ``$WORKBENCH_SCREENSHOTS`` when
-set, which is how docs/ gets them; the app then serves a copy of ``$WORKBENCH_BROWSER_RUNS`` instead
-of the micro zoo).
+(all background jobs); screenshots of every page go to the test's tmp dir.
+
+``$WORKBENCH_SCREENSHOTS`` (a folder: docs/app) makes the test the source of docs/app/*.png: once
+every page has been shot, it copies the screenshots there with ``screenshots.json``, recording the
+commit they were drawn from and the code that draws them (``scripts/results_pages.py --check``
+fails when that code changes in a later commit). The app then serves a copy of
+``$WORKBENCH_BROWSER_RUNS`` (the docs: runs/quick) instead of the micro zoo:
+
+    WORKBENCH_SCREENSHOTS=docs/app WORKBENCH_BROWSER_RUNS=runs/quick WORKBENCH_REQUIRE_BROWSER=1 \
+        .venv/bin/python -m pytest tests/integration/test_browser.py -k every_page
 
 Needs ``/usr/bin/chromium`` (``apt-get install chromium``; never a browser download). Without it
 the test is skipped, unless ``WORKBENCH_REQUIRE_BROWSER=1`` (set by CI), where it fails."""
 
 import contextlib
+import importlib.util
+import json
 import os
 import shutil
 import socket
@@ -19,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = [
     "--headless",
@@ -31,6 +41,14 @@ FLAGS = [
     "--disable-sync",
     "--disable-dev-shm-usage",
 ]
+
+
+def results_pages():
+    """scripts/results_pages.py: what a screenshot's record holds and which pages there are."""
+    spec = importlib.util.spec_from_file_location("results_pages", ROOT / "scripts" / "results_pages.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def free_port() -> int:
@@ -71,8 +89,9 @@ def serving(runs: Path, tmp_path: Path):
 
 
 @pytest.fixture
-def server(micro_zoo, tmp_path):
-    source = Path(os.environ.get("WORKBENCH_BROWSER_RUNS") or micro_zoo)
+def server(request, tmp_path):
+    given = os.environ.get("WORKBENCH_BROWSER_RUNS")
+    source = Path(given) if given else request.getfixturevalue("micro_zoo")  # trained only when needed
     with serving(shutil.copytree(source, tmp_path / "runs"), tmp_path) as url:
         yield url
 
@@ -102,11 +121,11 @@ def test_every_page_in_chromium(server, tmp_path):
     require_chromium()
     from playwright.sync_api import sync_playwright
 
-    shots = [tmp_path / "screenshots"] + (
-        [Path(os.environ["WORKBENCH_SCREENSHOTS"])] if os.environ.get("WORKBENCH_SCREENSHOTS") else []
-    )
-    for d in shots:
-        d.mkdir(parents=True, exist_ok=True)
+    pages = results_pages()
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    publish = Path(os.environ["WORKBENCH_SCREENSHOTS"]) if os.environ.get("WORKBENCH_SCREENSHOTS") else None
+    drawing = pages.record_drawing(pages.SCREENSHOT_CODE) if publish else None  # the code the pages are drawn with
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
@@ -114,18 +133,24 @@ def test_every_page_in_chromium(server, tmp_path):
 
         def settle(text: str) -> None:
             settled(page, text)
+            # `workbench app` hides Streamlit's developer toolbar (--client.toolbarMode minimal); with it
+            # shown this button is there on every page
+            assert page.get_by_role("button", name="Deploy").count() == 0
 
         def fill(label: str, value: str) -> None:
             page.get_by_label(label).fill(value)
             page.get_by_label(label).press("Enter")
 
         def shoot(name: str) -> None:
-            for d in shots:
-                page.screenshot(path=str(d / f"{name}.png"), full_page=True)
+            page.screenshot(path=str(shots / f"{name}.png"), full_page=True)
 
         page.goto(server)
         settle("Training curves")
         shoot("runs")
+
+        page.goto(f"{server}/zoo")
+        settle("Members across seeds")
+        shoot("zoo")
 
         # the sweep is a background job: it survives leaving the page (in the app, and by loading
         # another URL, a new browser session) and its results show when the page is opened again
@@ -167,9 +192,33 @@ def test_every_page_in_chromium(server, tmp_path):
         shoot("playground")
         browser.close()
 
-    assert sorted(f.name for f in shots[0].iterdir()) == sorted(
-        f"{n}.png" for n in ["runs", "probes", "dynamics", "traces", "streams", "playground"]
-    )
+    assert sorted(f.name for f in shots.iterdir()) == sorted(f"{n}.png" for n in pages.SCREENSHOT_PAGES)
+    if publish:
+        assert pages.record_drawing(pages.SCREENSHOT_CODE) == drawing, "the app's code or HEAD changed while it was shot"
+        publish_screenshots(pages, shots, publish, drawing)
+
+
+def publish_screenshots(pages, shots: Path, folder: Path, drawing: dict) -> None:
+    """Every page's screenshot into ``folder`` (a previous page's there replaced), with its record
+    in ``screenshots.json``: the commit and code it was drawn from, the runs it shows, its sha256."""
+    source = os.environ.get("WORKBENCH_BROWSER_RUNS")
+    zoo = Path(source) / "zoo.json" if source else None
+    runs = {"runs": source or "the micro zoo (test fixture)"}
+    if zoo is not None and zoo.is_file():
+        summary = json.loads(zoo.read_text())
+        runs["zoo"] = {key: summary.get(key) for key in ("scale", "seeds", "commit")}
+    folder.mkdir(parents=True, exist_ok=True)
+    entries = {}
+    for name in pages.SCREENSHOT_PAGES:
+        shutil.copyfile(shots / f"{name}.png", folder / f"{name}.png")
+        entries[f"{name}.png"] = {
+            **drawing,
+            "code": list(pages.SCREENSHOT_CODE),
+            **runs,
+            "command": pages.SCREENSHOTS_COMMAND,
+            "sha256": pages.sha256(folder / f"{name}.png"),
+        }
+    (folder / pages.SCREENSHOTS_MANIFEST).write_text(json.dumps(entries, indent=1) + "\n")
 
 
 def test_the_playground_generates_from_an_imported_model_in_chat_format(tmp_path):
