@@ -92,7 +92,7 @@ def measured(source: Path, meta: dict) -> dict:
 def long_document(source: Path, characters: int) -> str:
     """The source's documents joined by spaces and repeated to ``characters``: ordinary text with
     words, digits and newlines, as one document."""
-    from workbench.data.prepared import documents
+    from workbench.data.sources import documents
 
     text = " ".join(t for t, _ in documents(source))
     return (text + " ") * (characters // (len(text) + 1)) + text[: characters % (len(text) + 1)]

@@ -19,8 +19,10 @@ from helpers import FAST, assert_nothing_lost, assert_usage_error, cli, snapshot
 from pretrained import CONFIG, byte_level_bpe, imported_run
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from workbench.data import prepared
-from workbench.data.prepared import PreparedCorpus, documents, heldout_examples, is_heldout, piece_bounds, prepare_corpus
+from workbench.data import pieces, prepared, sources
+from workbench.data.pieces import piece_bounds
+from workbench.data.prepared import PreparedCorpus, heldout_examples, is_heldout, prepare_corpus
+from workbench.data.sources import documents
 from workbench.data.tasks import gsm8k_example
 from workbench.data.windows import TokenStream, batch_windows
 from workbench.runtime.tokenizer import CharTokenizer, HFTokenizer, load_tokenizer
@@ -259,7 +261,7 @@ def long_text() -> str:
 
 @pytest.mark.parametrize("make", [CharTokenizer, bpe], ids=["char", "bpe"])
 def test_a_long_document_is_tokenized_in_pieces_to_exactly_its_whole_tokens(tmp_path, monkeypatch, make):
-    monkeypatch.setattr(prepared, "PIECE_CHARS", 300)
+    monkeypatch.setattr(pieces, "PIECE_CHARS", 300)
     monkeypatch.setattr(prepared, "ENCODE_CHARS", 1000)
     tok, text = make(), long_text()
     whole = tok.encode(text)
@@ -280,7 +282,7 @@ def test_a_long_document_is_tokenized_in_pieces_to_exactly_its_whole_tokens(tmp_
 
 
 def test_a_long_document_that_cannot_be_cut_exactly_is_refused_in_one_line(tmp_path, monkeypatch):
-    monkeypatch.setattr(prepared, "PIECE_CHARS", 300)
+    monkeypatch.setattr(pieces, "PIECE_CHARS", 300)
     COUNTS["inputs_tried"] += 1
     (tmp_path / "t.txt").write_text("short\n\n" + "x" * 1000 + "\n")
     with pytest.raises(BadInput, match=re.escape(f"{tmp_path / 't.txt'}:3: a document of 1,000 characters")) as err:
@@ -295,7 +297,7 @@ def test_a_long_document_that_cannot_be_cut_exactly_is_refused_in_one_line(tmp_p
 def test_a_document_past_the_size_limit_is_refused_naming_its_file_and_line(tmp_path, monkeypatch):
     import datasets
 
-    monkeypatch.setattr(prepared, "MAX_DOCUMENT_BYTES", 1000)
+    monkeypatch.setattr(sources, "MAX_DOCUMENT_BYTES", 1000)
     ok, big = "y" * 1000, "y" * 1001
     (tmp_path / "a.jsonl").write_text(json.dumps({"text": "fine"}) + "\n" + json.dumps({"text": big}) + "\n")
     (tmp_path / "b.txt").write_text(f"fine\n\n{ok[:600]}\n{ok[:600]}\n\n{ok}\n")

@@ -42,10 +42,8 @@ check but the checksums.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import re
-import stat
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -54,8 +52,16 @@ from pathlib import Path
 
 import numpy as np
 
+from workbench.data import pieces
 from workbench.data.answers import parse_final_answer
-from workbench.data.tasks import Example, gsm8k_example
+from workbench.data.pieces import piece_bounds
+from workbench.data.sources import (
+    _MISSING,
+    _json_kind,
+    check_source,
+    located_documents,
+)
+from workbench.data.tasks import Example
 from workbench.runtime.tokenizer import TokenizerBase
 from workbench.storage.errors import BadInput, MissingFile
 from workbench.storage.files import read_json, write_json
@@ -73,212 +79,8 @@ ENCODE_BATCH = 512  # documents tokenized together
 # Hugging Face tokenizers hold a few hundred bytes per character of what they encode at once
 # (offsets, token strings, alignments), so a batch is bounded by characters, not only by documents.
 ENCODE_CHARS = 1 << 18
-PIECE_CHARS = 1 << 16  # a longer document is tokenized in pieces of at most this many characters
-MAX_DOCUMENT_BYTES = 1 << 26  # 64 MiB: what one document may hold; reading it needs a few times that
-PIECE_CHECK = 256  # characters each side of a cut that are tokenized whole and in two to check it
 READ_CHUNK = 1 << 22  # bytes per read when a shard is scanned (token ids, CRC32)
 PREFIX = "prepared:"
-_MISSING = object()
-
-
-# ---- reading sources ----------------------------------------------------------------------
-
-
-def source_kind(path: Path) -> str:
-    """``datasets`` (a directory saved by ``save_to_disk``), ``jsonl`` or ``text``. A FIFO, device
-    or socket is refused by its kind without being opened: reading one would block or never end."""
-    try:
-        mode = path.stat().st_mode
-    except FileNotFoundError:
-        raise MissingFile(f"no corpus source at {path}") from None
-    except OSError as err:
-        raise BadInput(f"corpus source {path} cannot be inspected ({err.strerror})") from err
-    if stat.S_ISDIR(mode):
-        if not ((path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file()):
-            raise BadInput(f"{path} is a directory but not a dataset saved by datasets' save_to_disk (no dataset_info.json)")
-        return "datasets"
-    if not stat.S_ISREG(mode):
-        raise BadInput(
-            f"corpus source {path} is {_file_type(mode)}: expected a regular file (JSONL or text) "
-            "or a directory saved by datasets' save_to_disk"
-        )
-    return "jsonl" if path.suffix in (".jsonl", ".json") else "text"
-
-
-def _file_type(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISFIFO, "a FIFO (named pipe)"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
-def _json_kind(value: object) -> str:
-    """How a JSON value that should have been a string reads in an error."""
-    if value is _MISSING:
-        return "missing"
-    if value is None:
-        return "null"
-    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list", dict: "an object"}
-    return f"{names.get(type(value), type(value).__name__)} ({repr(value)[:40]})"
-
-
-def _row_text(row: object, where: str) -> tuple[str, str]:
-    """(document text, format) of one JSONL line or dataset row."""
-    if isinstance(row, dict) and "question" in row and "answer" in row:
-        for key in ("question", "answer"):
-            if not isinstance(row[key], str):  # str() would turn null into the text "None"
-                raise BadInput(f"{where}: {key!r} is {_json_kind(row[key])}, expected a string (GSM8K's {key} text)")
-        return gsm8k_example(row["question"], row["answer"]).text, "gsm8k"
-    if isinstance(row, dict) and "text" in row:
-        if not isinstance(row["text"], str):
-            raise BadInput(f"{where}: 'text' is {_json_kind(row['text'])}, expected a string")
-        return row["text"], "text"
-    found = sorted(row) if isinstance(row, dict) else type(row).__name__
-    raise BadInput(f"{where}: expected an object with 'question' and 'answer' (GSM8K) or 'text', got {found}")
-
-
-def _too_long(where: str, what: str) -> BadInput:
-    return BadInput(
-        f"{where}: {what} longer than {_size(MAX_DOCUMENT_BYTES)}, the most one document may hold "
-        "(split it: one JSONL line or one blank-line-separated paragraph per document)"
-    )
-
-
-def _size(n: int) -> str:
-    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n:,} bytes"
-
-
-def _lines(path: Path) -> Iterator[tuple[int, str, int]]:
-    """(line number, line, its bytes) of a UTF-8 file, read one line at a time; a line past
-    ``MAX_DOCUMENT_BYTES`` is refused without reading the rest of it."""
-    with path.open("rb") as f:
-        i = 0
-        while raw := f.readline(MAX_DOCUMENT_BYTES + 2):
-            i += 1
-            if len(raw) - raw.endswith(b"\n") > MAX_DOCUMENT_BYTES:
-                raise _too_long(f"{path}:{i}", "a line")
-            n_bytes = len(raw)
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                raise BadInput(f"{path}:{i}: not UTF-8 text ({err})") from err
-            del raw  # a long line is held once, not twice, while its document is used
-            yield i, line, n_bytes
-
-
-def _jsonl_documents(path: Path) -> Iterator[tuple[str, str, str]]:
-    for i, line, _ in _lines(path):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise BadInput(f"{path}:{i}: not JSON ({err.msg} at column {err.colno}); every line must be one JSON object") from err
-        yield (f"{path}:{i}", *_row_text(row, f"{path}:{i}"))
-
-
-def _text_documents(path: Path) -> Iterator[tuple[str, str, str]]:
-    lines: list[str] = []
-    first = size = 0
-    for i, line, n_bytes in _lines(path):
-        if line.strip():
-            if not lines:
-                first, size = i, 0
-            lines.append(line)
-            size += n_bytes
-            if size - line.endswith("\n") > MAX_DOCUMENT_BYTES:  # its last newline is not the document's
-                raise _too_long(f"{path}:{first}", f"a document (lines {first}-{i} without a blank line between)")
-        elif lines:
-            document, lines = "".join(lines).rstrip("\n"), []  # the lines go before the document is used
-            yield f"{path}:{first}", document, "text"
-    if lines:
-        yield f"{path}:{first}", "".join(lines).rstrip("\n"), "text"
-
-
-def _dataset_rows(path: Path):
-    import datasets
-
-    try:
-        data = datasets.load_from_disk(str(path))
-    except Exception as err:  # datasets raises several kinds for a broken directory
-        raise BadInput(f"{path}: could not load the saved dataset ({err})") from err
-    if isinstance(data, datasets.DatasetDict):
-        if "train" not in data:
-            raise BadInput(f"{path} holds splits {sorted(data)}: expected a 'train' split (or save one split)")
-        data = data["train"]
-    return data
-
-
-def _dataset_documents(path: Path) -> Iterator[tuple[str, str, str]]:
-    data = _dataset_rows(path)
-    columns = set(data.column_names)
-    if not ({"question", "answer"} <= columns or "text" in columns):
-        raise BadInput(
-            f"{path}: a dataset with 'question' and 'answer' (GSM8K) or 'text' columns expected, got {sorted(columns)}"
-        )
-    for i, row in enumerate(data):
-        text, fmt = _row_text(row, f"{path} row {i}")
-        if len(text) > MAX_DOCUMENT_BYTES // 4 and len(text.encode()) > MAX_DOCUMENT_BYTES:
-            raise _too_long(f"{path} row {i}", "a document")
-        yield f"{path} row {i}", text, fmt
-
-
-def located_documents(path: Path) -> Iterator[tuple[str, str, str]]:
-    """(where, text, format) of every document of one source, in order: ``where`` is the file and
-    line (or dataset row) it starts at, for errors."""
-    kind = source_kind(path)
-    return {"jsonl": _jsonl_documents, "text": _text_documents, "datasets": _dataset_documents}[kind](path)
-
-
-def documents(path: Path) -> Iterator[tuple[str, str]]:
-    """(text, format) of every document of one source, in order; errors name the file and line."""
-    return ((text, fmt) for _, text, fmt in located_documents(path))
-
-
-def check_source(path: Path, tokenizer: TokenizerBase | None = None) -> dict:
-    """Read a source once without tokenizing it: its hash, size and document count, and every error
-    (not UTF-8, not JSON, wrong fields, too long, no documents) before any work; with ``tokenizer``,
-    also where each long document will be cut (``piece_bounds``: a few hundred characters tokenized
-    per cut), so that one that cannot be cut exactly is refused here too."""
-    kind = source_kind(path)
-    digest = hashlib.sha256()
-    if kind == "datasets":
-        for file in sorted(p for p in path.rglob("*") if p.is_file()):
-            digest.update(file.relative_to(path).as_posix().encode() + b"\0")
-            _hash_file(file, digest)
-        size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-    else:
-        _hash_file(path, digest)
-        size = path.stat().st_size
-    formats: dict[str, int] = {}
-    for where, text, fmt in located_documents(path):
-        formats[fmt] = formats.get(fmt, 0) + 1
-        if tokenizer is not None and len(text) > PIECE_CHARS:
-            for _ in piece_bounds(text, tokenizer, where):
-                pass
-    if not formats:
-        raise BadInput(f"{path}: no documents ({'an empty file' if size == 0 else 'only blank lines'})")
-    return {"path": str(path.resolve()), "kind": kind, "bytes": size, "sha256": digest.hexdigest(), "documents": formats}
-
-
-def _hash_file(path: Path, digest) -> None:
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    _hash_file(path, digest)
-    return digest.hexdigest()
-
-
-# ---- the held-out rule --------------------------------------------------------------------
 
 
 def is_heldout(text: str, seed: int, fraction: float) -> bool:
@@ -348,60 +150,6 @@ def token_dtype(tokenizer: TokenizerBase) -> str:
     return "uint16" if tokenizer.id_limit <= 2**16 else "uint32"
 
 
-_CUT = re.compile(r"(?<=\S)\s")  # whitespace after non-whitespace: where whitespace-splitting pre-tokenizers end a word
-
-
-def piece_bounds(text: str, tokenizer: TokenizerBase, where: str = "text") -> Iterator[tuple[int, int]]:
-    """(start, end) of the pieces, at most ``PIECE_CHARS`` characters each, that a long document is
-    tokenized in, chosen so that the pieces' tokens, concatenated, are the whole document's. The
-    character tokenizer (one token per character) is cut anywhere; another tokenizer before a
-    whitespace character that follows a non-whitespace one, where pre-tokenizers that split at
-    whitespace (GPT-2's byte-level rule, Metaspace) end a word, so no token spans the cut. Each cut
-    is also checked, since a tokenizer may not split there: the ``PIECE_CHECK`` characters each side
-    must tokenize the same whole and in two, else an earlier place is tried; ``where`` names the
-    document in the error when none of 16 passes."""
-    start = 0
-    while len(text) - start > PIECE_CHARS:
-        limit = start + PIECE_CHARS
-        candidates = [limit] if tokenizer.kind == "char" else []
-        candidates += _whitespace_cuts(text, start, limit)
-        tried = candidates[:16]
-        cut = next((c for c in tried if _cuts_cleanly(tokenizer, text, c)), None)
-        if cut is None:
-            why = (
-                f"the {tokenizer.kind} tokenizer splits it differently at each of the {len(tried)} whitespace cuts tried"
-                if tried
-                else "there is no whitespace after a word to cut at"
-            )
-            raise BadInput(
-                f"{where}: a document of {len(text):,} characters is tokenized in pieces of at most {PIECE_CHARS:,}, "
-                f"but in characters {start:,}-{limit:,} {why}; split it into shorter documents"
-            )
-        yield start, cut
-        start = cut
-    yield start, len(text)
-
-
-def _whitespace_cuts(text: str, start: int, limit: int, wanted: int = 16) -> list[int]:
-    """Up to ``wanted`` places in (start, limit] before whitespace that follows a word, last first;
-    searched backwards a few thousand characters at a time, as the last ones are nearly always enough."""
-    found: list[int] = []
-    end = limit + 1
-    while end > start + 1 and len(found) < wanted:
-        begin = max(start + 1, end - 4096)
-        found += reversed([m.start() for m in _CUT.finditer(text, begin, end)])
-        end = begin
-    return found[:wanted]
-
-
-def _cuts_cleanly(tokenizer: TokenizerBase, text: str, cut: int) -> bool:
-    begin, end = max(cut - PIECE_CHECK, 0), cut + PIECE_CHECK
-    left, right, whole = tokenizer.tokenizer.encode_batch(
-        [text[begin:cut], text[cut:end], text[begin:end]], add_special_tokens=False
-    )
-    return left.ids + right.ids == whole.ids
-
-
 class _Tokenizing:
     """Documents in, in order; their tokens out to their split's shards. Short documents are
     tokenized in batches bounded by count and characters, a long one alone, in pieces."""
@@ -414,7 +162,7 @@ class _Tokenizing:
         self.chars = self.done = 0
 
     def add(self, text: str, where: str) -> None:
-        if len(text) <= PIECE_CHARS:
+        if len(text) <= pieces.PIECE_CHARS:
             self.batch.append(text)
             self.chars += len(text)
             if len(self.batch) >= ENCODE_BATCH or self.chars >= ENCODE_CHARS:

@@ -24,7 +24,8 @@ import torch.nn.functional as F
 
 from models import DecoderLM, NonFiniteActivation
 from workbench.data.answers import is_correct
-from workbench.data.prepared import PreparedCorpus, corpus_dir, file_sha256, heldout_examples, source_hashes
+from workbench.data.prepared import PreparedCorpus, corpus_dir, heldout_examples, source_hashes
+from workbench.data.sources import file_sha256
 from workbench.data.splits import heldout_task
 from workbench.data.tasks import MAX_EXAMPLES, SYNTHETIC, Example
 from workbench.runtime.checkpoint import load_model
