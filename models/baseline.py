@@ -93,8 +93,14 @@ class DecoderLM(HookedRootModule):
         self.patterns_forced = enabled
 
     def _finish_init(self) -> None:
-        init_weights(self, self.cfg)
+        init_weights(self, self.cfg, self.added_parameters())
         self.setup()
+
+    def added_parameters(self) -> dict[str, int]:
+        """What this architecture adds to the baseline: parameter name -> the index along dim 0
+        from which the tensor is its own (0: all of it). ``init_weights`` draws these after, and
+        apart from, the parameters it shares with the baseline (matched initialisation)."""
+        return {}
 
     # ---- inputs -------------------------------------------------------------------------------
 

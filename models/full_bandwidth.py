@@ -40,8 +40,10 @@ class Fusion(nn.Module):
     def __init__(self, cfg: FBTConfig):
         super().__init__()
         self.kind = cfg.fusion
-        self.W_U = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
-        self.W_G = nn.Linear(cfg.d_model, cfg.d_model, bias=False) if cfg.fusion == "glu" else None
+        # skip_init: a Linear's constructor would draw its own initialisation from the global
+        # generator, shifting the draws of everything init_weights initialises after it
+        self.W_U = nn.utils.skip_init(nn.Linear, cfg.d_model, cfg.d_model, bias=False)
+        self.W_G = nn.utils.skip_init(nn.Linear, cfg.d_model, cfg.d_model, bias=False) if cfg.fusion == "glu" else None
         self.hook_state = HookPoint()  # [batch, pos, d_model] carried state h_{t-1} fed in at t
         self.hook_value = HookPoint()  # [batch, pos, d_model] value path W_U h_{t-1}
         self.hook_gate = HookPoint()  # [batch, pos, d_model] sigmoid(W_G e_t) (glu only)
@@ -68,6 +70,9 @@ class FullBandwidthLM(DecoderLM):
         super().__init__(cfg)
         self.fusion = Fusion(cfg)
         self._finish_init()
+
+    def added_parameters(self) -> dict[str, int]:
+        return {f"fusion.{name}": 0 for name, _ in self.fusion.named_parameters()}
 
     def run_passes(
         self,

@@ -101,6 +101,9 @@ class HiddenDecodingLM(DecoderLM):
         # hook_embed: [batch, n_streams * pos, d_model], the interleaved stack input
         self._finish_init()
 
+    def added_parameters(self) -> dict[str, int]:
+        return {"embed.W_E": 1}  # the first stream's table is the baseline's embedding
+
     def stream_positions(self, positions: Tensor) -> Tensor:
         n = self.n_streams
         if self.cfg.positions == "token":

@@ -580,14 +580,34 @@ class Block(nn.Module):
         return self.hook_resid_post(x + self.hook_mlp_out(self.mlp(self.ln2(x, ctx.sink))))
 
 
-def init_weights(model: nn.Module, cfg: ModelConfig) -> None:
+def init_weights(model: nn.Module, cfg: ModelConfig, added: dict[str, int] | None = None) -> None:
     """Normal(0, init_std) everywhere; residual output projections scaled by 1/sqrt(2 n_layers)
-    so the residual stream (and the carried state) keeps O(1) scale as depth grows."""
-    residual_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)
-    for name, p in model.named_parameters():
-        if name.endswith("ln1.w") or name.endswith("ln2.w") or name.endswith("ln_final.w"):
-            nn.init.ones_(p)
-        elif name.endswith("attn.W_O.weight") or name.endswith("mlp.W_out.weight"):
-            nn.init.normal_(p, std=residual_std)
-        else:
-            nn.init.normal_(p, std=cfg.init_std)
+    so the residual stream (and the carried state) keeps O(1) scale as depth grows.
+
+    Matched initialisation: ``added`` names what an architecture adds to the baseline (parameter
+    name -> the index along dim 0 from which it is its own: 0 for a whole tensor, 1 for HD's stream
+    tables after the first). Everything else is drawn first, from the global generator in the
+    baseline's order, so at one seed it is bitwise the baseline's; the added parts are drawn after
+    it, from a generator of their own seeded by one draw of the global one."""
+    added = added or {}
+    params = list(model.named_parameters())
+    with torch.no_grad():
+        for name, p in params:
+            _init_parameter(name, p[: added[name]] if name in added else p, cfg, None)
+        if added:
+            # a CPU draw even where the model is built on the meta device (a checkpoint's shapes)
+            own = torch.Generator().manual_seed(int(torch.randint(2**62, (), device="cpu")))
+            for name, p in params:
+                if name in added and not p.is_meta:
+                    _init_parameter(name, p[added[name] :], cfg, own)
+
+
+def _init_parameter(name: str, p: Tensor, cfg: ModelConfig, generator: torch.Generator | None) -> None:
+    if not p.numel():
+        return
+    if name.endswith("ln1.w") or name.endswith("ln2.w") or name.endswith("ln_final.w"):
+        p.fill_(1.0)
+    elif name.endswith("attn.W_O.weight") or name.endswith("mlp.W_out.weight"):
+        p.normal_(0.0, cfg.init_std / math.sqrt(2 * cfg.n_layers), generator=generator)
+    else:
+        p.normal_(0.0, cfg.init_std, generator=generator)
