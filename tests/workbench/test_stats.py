@@ -1,0 +1,130 @@
+"""workbench.training.stats: known answers derived by hand or from scipy, and the coverage of the
+seed-by-problem interval measured by simulation."""
+
+import math
+
+import numpy as np
+import pytest
+from scipy.stats import binomtest
+from scipy.stats import t as student_t
+
+from workbench.training import stats
+from workbench.training.intervals import seed_interval
+
+
+@pytest.mark.parametrize("k,n", [(0, 10), (10, 10), (3, 10), (47, 96), (500, 1000), (1, 1)])
+@pytest.mark.parametrize("level", [0.9, 0.95, 0.99])
+def test_wilson_is_scipys_wilson_interval_and_stays_in_0_1(k, n, level):
+    expected = binomtest(k, n).proportion_ci(confidence_level=level, method="wilson")
+    low, high = stats.wilson(k, n, level)
+    assert low == pytest.approx(expected.low, abs=1e-12) and high == pytest.approx(expected.high, abs=1e-12)
+    assert 0.0 <= low < high <= 1.0
+
+
+def test_the_crossed_interval_of_a_two_by_two_matrix_by_hand():
+    """y = [[1, 2], [3, 6]]: mean 3; seed means 1.5, 4.5 give MS_seed = 2 x 4.5 = 9; problem means
+    2, 4 give MS_problem = 2 x 2 = 4; residuals +-0.5 give MS_resid = 1. Var = (9 + 4 - 1) / 4 = 3;
+    Satterthwaite df = 12^2 / (9^2 + 4^2 + 1^2) = 144 / 98."""
+    cell = stats.crossed_interval([[1.0, 2.0], [3.0, 6.0]])
+    df = 144 / 98
+    half = student_t.ppf(0.975, df) * math.sqrt(3)
+    assert cell["mean"] == 3.0 and cell["se"] == pytest.approx(math.sqrt(3)) and cell["df"] == pytest.approx(df)
+    assert cell["low"] == pytest.approx(3 - half) and cell["high"] == pytest.approx(3 + half)
+    assert cell["p"] == pytest.approx(2 * student_t.sf(3 / math.sqrt(3), df))
+
+
+def test_a_variance_component_estimated_below_zero_is_zero():
+    """y = [[1, 0], [0, 1]]: seed and problem means are all 0.5 (MS 0), residuals +-0.5 (MS 1):
+    both components are estimated at 0, leaving Var = MS_resid / 4 = 0.25 on 1 degree of freedom."""
+    cell = stats.crossed_interval([[1.0, 0.0], [0.0, 1.0]])
+    assert cell["se"] == pytest.approx(0.5) and cell["df"] == pytest.approx(1.0)
+    assert cell["high"] - cell["mean"] == pytest.approx(student_t.ppf(0.975, 1) * 0.5)
+
+
+def test_one_problem_is_the_student_t_interval_across_seeds_and_one_seed_across_problems():
+    values = [0.61, 0.72, 0.55, 0.68]
+    across_seeds = stats.crossed_interval(np.array(values)[:, None])
+    reference = seed_interval(values)
+    assert across_seeds["low"] == pytest.approx(reference["low"]) and across_seeds["high"] == pytest.approx(reference["high"])
+    across_problems = stats.crossed_interval(np.array(values)[None, :])
+    assert across_problems["low"] == pytest.approx(reference["low"]) and across_problems["n_seeds"] == 1
+
+
+def _simulate_coverage(S, P, sd_seed, sd_problem, sd_resid, binary, sims=1000, seed=0, interval=stats.crossed_interval):
+    rng = np.random.default_rng(seed)
+    if binary:  # the mean of a logistic model over seeds and problems, by a large sample
+        a, b = rng.normal(0, sd_seed, 2000)[:, None], rng.normal(0, sd_problem, 2000)[None]
+        truth = float((1 / (1 + np.exp(-(0.8 + a + b)))).mean())
+    covered = 0
+    for _ in range(sims):
+        a, b = rng.normal(0, sd_seed, (S, 1)), rng.normal(0, sd_problem, (1, P))
+        if binary:
+            y = (rng.random((S, P)) < 1 / (1 + np.exp(-(0.8 + a + b)))).astype(float)
+        else:
+            y, truth = 0.5 + a + b + rng.normal(0, sd_resid, (S, P)), 0.5
+        cell = interval(y)
+        covered += cell["low"] <= truth <= cell["high"]
+    return covered / sims
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(S=5, P=200, sd_seed=0.1, sd_problem=0.01, sd_resid=0.3, binary=False),  # seeds dominate
+        dict(S=5, P=200, sd_seed=0.0, sd_problem=0.2, sd_resid=0.3, binary=False),  # problems dominate
+        dict(S=5, P=200, sd_seed=0.05, sd_problem=0.1, sd_resid=0.3, binary=False),
+        dict(S=5, P=200, sd_seed=0.3, sd_problem=1.0, sd_resid=0.0, binary=True),  # accuracies
+    ],
+)
+def test_the_95_percent_interval_covers_the_known_mean_in_93_to_97_percent_of_1000_simulations(case):
+    coverage = _simulate_coverage(**case)
+    assert 0.93 <= coverage <= 0.97, coverage
+
+
+def test_the_coverage_simulation_fails_an_interval_that_ignores_the_problems():
+    """The control: a Student-t interval across seed means alone, which treats the problems as
+    fixed, covers the mean over problems far too rarely where problems vary."""
+
+    def seeds_only(y):
+        return seed_interval(y.mean(axis=1))
+
+    case = dict(S=5, P=200, sd_seed=0.0, sd_problem=0.2, sd_resid=0.3, binary=False)
+    assert _simulate_coverage(**case, interval=seeds_only) < 0.9
+
+
+def test_holm_by_hand():
+    """p = 0.01, 0.04, 0.03, 0.005: sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1 gives 0.02,
+    0.03, 0.06, 0.04, made non-decreasing: 0.02, 0.03, 0.06, 0.06."""
+    assert stats.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert stats.holm([0.5, 0.9]) == [1.0, 1.0] and stats.holm([]) == []
+
+
+def test_a_paired_difference_counts_seeds_and_is_the_interval_of_the_differences():
+    rng = np.random.default_rng(1)
+    a = rng.random((3, 50))
+    b = a + np.array([[0.02], [-0.01], [0.03]]) + rng.normal(0, 0.1, (3, 50))
+    cell = stats.paired_difference(a, b)
+    assert {k: cell[k] for k in ("seeds_higher", "seeds_lower")} == {"seeds_higher": 2, "seeds_lower": 1}
+    assert cell["mean"] == pytest.approx(stats.crossed_interval(b - a)["mean"])
+    with pytest.raises(ValueError, match="one shape"):
+        stats.paired_difference(a, b[:, :10])
+
+
+def test_the_wording_rule_never_calls_an_interval_through_zero_an_effect():
+    noise = {"mean": 0.01, "low": -0.02, "high": 0.04, "n_seeds": 5, "seeds_higher": 5, "level": 0.95}
+    assert stats.describe(noise).startswith("no detectable difference: +0.010 [-0.020, +0.040], 5 of 5 seeds higher")
+    effect = {**noise, "low": 0.005, "p": 0.004}
+    assert stats.describe(effect) == "+0.010 [+0.005, +0.040], 5 of 5 seeds higher"
+    # the same effect in a family of three where Holm leaves it at 0.012 (detectable) or 0.06 (not)
+    family = stats.family({"x": effect, "y": {**effect, "p": 0.5}, "z": {**effect, "p": 0.02}})
+    assert family["x"]["p_holm"] == pytest.approx(0.012) and family["x"]["detectable"]
+    assert family["z"]["p_holm"] == pytest.approx(0.04) and family["z"]["detectable"]
+    weak = stats.family({"x": {**effect, "p": 0.02}, "y": {**effect, "p": 0.03}, "z": {**effect, "p": 0.5}})
+    assert not weak["x"]["detectable"] and stats.describe(weak["x"]).startswith("no detectable difference")
+    assert "Holm p = 0.06 over 3" in stats.describe(weak["x"])
+
+
+@pytest.mark.parametrize("bad", [[[1.0]], [], [[1.0, float("nan")]], [1.0, 2.0]])
+def test_crossed_interval_refuses_what_is_not_a_matrix_of_two_finite_values(bad):
+    with pytest.raises(ValueError):
+        stats.crossed_interval(bad)
