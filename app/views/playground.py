@@ -55,6 +55,9 @@ elif is_hd:
 compare = st.checkbox(
     "Also show the run without the intervention", value=True, key="pg_compare", disabled=intervention == Intervention()
 )
+stop_at_eos = st.checkbox(
+    "Stop at <eos>", value=True, key="pg_eos", help="Off: generate the whole budget, to see what the model does past its end."
+)
 
 if st.button("Generate", key="pg_generate", type="primary"):
     if not regimes:
@@ -76,6 +79,7 @@ if st.button("Generate", key="pg_generate", type="primary"):
                             max_new_tokens=max_new,
                             intervention=v,
                             tokenizer=tok,
+                            stop_at_eos=stop_at_eos,
                         )
                     )
         st.session_state["playground"] = outs

@@ -235,6 +235,7 @@ def test_playground_generates_under_each_regime_and_intervenes(monkeypatch, zoo)
     at = open_page(monkeypatch, zoo, "playground")
     assert any("plumbing check" in w.value for w in at.warning)  # a micro-zoo run says what it is
     at.slider(key="pg_new").set_value(12)
+    at.checkbox(key="pg_eos").uncheck()  # an untrained model may end at once: generate the whole budget
     at.button(key="pg_generate").click().run()
     assert_clean(at)
     strips = [h.proto.body for h in at.get("html")]
