@@ -57,15 +57,19 @@ def test_ddp_matches_one_process_accumulating_the_same_rows(tmp_path, arch):
     as accumulation does (halving is exact in binary). FBT covers the single-pass steps, where
     the fusion has no gradient and AdamW must skip it (with a zero gradient instead, weight decay
     and the moments would move it); HD covers the expansion 1 -> 2 streams at step 3, which
-    re-wraps the grown model. == 1 process with the whole batch up to summation order (1e-6).
-    With loss_on=completion each rank's loss is weighted by its share of the step's scored
-    targets, so the whole batch's mean is still what is trained."""
+    re-wraps the grown model. == 1 process with the whole batch up to summation order: the halves'
+    gradients differ from the whole batch's by rounding, which six steps of AdamW amplify by an
+    amount that depends on the draw (measured over seeds 0-2 of both FBT variants: 1.2e-7 to
+    4.1e-6 since matched initialisation, 6e-8 to 6.7e-7 on the draws before it), hence 1e-5, a
+    tenth of what unscaled halves of a completion-only batch move them by (~1e-4). With
+    loss_on=completion each rank's loss is weighted by its share of the step's scored targets, so
+    the whole batch's mean is still what is trained."""
     run_train(tmp_path / "ddp", *arch, procs=2)
     run_train(tmp_path / "accum", *arch, "--set", "train.grad_accum=2")
     run_train(tmp_path / "one", *arch)
     ddp = weights(tmp_path / "ddp")
     assert_same(ddp, weights(tmp_path / "accum"))
-    assert_same(ddp, weights(tmp_path / "one"), atol=1e-6)
+    assert_same(ddp, weights(tmp_path / "one"), atol=1e-5)
     if arch is HD:
         assert ddp["embed.W_E"].shape[0] == 2
     ranks = read_metrics(tmp_path / "ddp" / "metrics.jsonl")

@@ -15,7 +15,7 @@ from workbench.runtime.config import build_model
 from workbench.runtime.tokenizer import CharTokenizer
 from workbench.training.metrics import read_metrics
 from workbench.training.runconfig import make_run_config
-from workbench.training.train import Strategy, TrainingDiverged, ntp_loss, train
+from workbench.training.train import FBTStrategy, Strategy, TrainingDiverged, ntp_loss, train
 
 
 def weights(run: Path) -> dict:
@@ -31,7 +31,8 @@ def config(arch, *extra, steps=12):
     "arch,extra",
     [
         ("baseline", []),
-        ("fbt", ["fbt.feedback_start=0.25", "fbt.three_pass_fraction=0.5"]),
+        ("fbt", ["fbt.feedback_start=0.25", "fbt.three_pass_fraction=0.5"]),  # the warm switch at step 3
+        ("fbt", ["fbt.feedback_start=0.34", "fbt.ramp=0.5"]),  # at step 4, where the resume starts, mid-ramp
         ("hd", ["hd.streams=1,2,3", "hd.expand_at=0,5,9"]),
     ],
 )
@@ -45,6 +46,43 @@ def test_resume_reaches_the_uninterrupted_weights(tmp_path, arch, extra):
     a, b = weights(tmp_path / "straight"), weights(tmp_path / "split")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert strip_timing(tmp_path / "straight" / "metrics.jsonl") == strip_timing(tmp_path / "split" / "metrics.jsonl")
+    switch = [
+        (run / "feedback_switch.json").read_text()
+        for run in (tmp_path / "straight", tmp_path / "split")
+        if (run / "feedback_switch.json").is_file()
+    ]
+    assert len(switch) == (2 if arch == "fbt" else 0) and len(set(switch)) <= 1
+
+
+def test_the_feedback_passes_weights_ramp_up_from_the_switch():
+    """feedback_start 0.3 of 100 steps, ramp 0.1: pass 1 keeps its weight, passes 2-3 get
+    (step - 30 + 1) / 10 of theirs from step 30 to 39, then all of it; ramp 0 gives all at once."""
+    cfg = make_run_config("fbt", "debug", "mix", FAST + ["train.steps=100", "fbt.feedback_start=0.3", "fbt.ramp=0.1"])
+    strategy = FBTStrategy(cfg)
+    assert [strategy.ramp(s) for s in (30, 31, 38, 39, 60)] == [0.1, 0.2, 0.9, 1.0, 1.0]
+    assert FBTStrategy(make_run_config("fbt", "debug", "mix", FAST + ["fbt.ramp=0"])).ramp(0) == 1.0
+    model = build_model("fbt", "debug")
+    B, T = cfg.train.batch_size, cfg.train.seq_len
+    x, y = torch.randint(0, model.cfg.d_vocab, (2, B, T))
+    total, info = strategy.loss(model, x, y, 32, slice(0, B))
+    assert info["passes"] == 2 and total.item() == pytest.approx(info["loss_pass1"] + 0.3 * info["loss_pass2"], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_a_warm_switch_starts_pass_2_within_twice_pass_1_where_a_cold_one_starts_past_it(tmp_path):
+    """Issue #36's setting: --preset tiny --task mix, seq 64, 150 steps, feedback_start 0.8, every
+    step logged. With the warm switch (the default) the first 2-pass step's pass-2 loss is within
+    2x its pass-1 loss; feedback_switch.json records the fit and, on the same rows before it, the
+    fused loss the cold fusion gives: past 2x the plain loss (the control: a cold switch is seen)."""
+    extra = ["train.seq_len=64", "train.steps=150", "fbt.feedback_start=0.8", "train.log_every=1"]
+    train(make_run_config("fbt", "tiny", "mix", extra), tmp_path / "warm", progress=False)
+    first = next(r for r in read_metrics(tmp_path / "warm" / "metrics.jsonl") if r["passes"] > 1)
+    assert first["step"] == 121 and first["loss_pass2"] < 2 * first["loss_pass1"], first
+    switch = json.loads((tmp_path / "warm" / "feedback_switch.json").read_text())
+    assert switch["step"] == 120 and switch["r2"] > 0.5, switch
+    assert switch["loss_fused_cold"] > 2 * switch["loss_plain"] > switch["loss_fused_warm"], switch
+    config = json.loads((tmp_path / "warm" / "config.json").read_text())["fbt"]
+    assert (config["switch"], config["ramp"]) == ("warm", 0.1)
 
 
 @pytest.mark.slow

@@ -138,6 +138,7 @@ class DataConfig(TaskConfig):
 
 
 FUSION_INITS = ("random", "regression")
+SWITCHES = ("warm", "cold")
 
 
 @dataclass
@@ -152,11 +153,19 @@ class FBTTrainConfig:
     # squares map from the carried state h_{t-1} to the next token's embedding e_t, W_G = 0, so the
     # fused input starts as the state's best linear guess of the plain input; docs/training.md)
     fusion_init: str = "regression"
+    # at feedback_start: "warm" fits the fusion from the backbone trained so far (the regression
+    # init above, GLU only), "cold" leaves it at its random initialisation (before issue #36)
+    switch: str = "warm"
+    # the feedback passes' loss weights rise linearly from 0 to pass_weights over this fraction of
+    # train.steps after feedback_start (0: at once, as before issue #36)
+    ramp: float = 0.1
 
     def __post_init__(self) -> None:
         check_section(self)
         self.pass_weights = tuple(self.pass_weights)
-        for name in ("feedback_start", "three_pass_fraction", "prefix_max"):
+        if self.switch not in SWITCHES:
+            raise BadInput(f"fbt field switch={self.switch!r}: expected one of {SWITCHES}")
+        for name in ("feedback_start", "three_pass_fraction", "prefix_max", "ramp"):
             if not 0 <= getattr(self, name) <= 1:
                 raise BadInput(f"fbt field {name}={getattr(self, name)!r}: expected a number in [0, 1]")
         if len(self.pass_weights) != 3 or any(w < 0 for w in self.pass_weights):

@@ -105,7 +105,37 @@ class Strategy:
 class FBTStrategy(Strategy):
     """Single-pass batches first; then 2-pass batches with a few 3-pass ones. The pass count, the
     plain prefixes and the state jitter of a step depend only on (seed, step) and the global row,
-    so every process and every resume draws the same."""
+    so every process and every resume draws the same. The switch to feedback is warm by default:
+    at its step the fusion is fitted from the backbone (``fit_fusion`` on ``stream``) and the
+    feedback passes' loss weights ramp up from 0 (``fbt.switch``, ``fbt.ramp``)."""
+
+    def __init__(self, cfg: RunConfig, stream: Windows | None = None):
+        super().__init__(cfg)
+        self.stream = stream
+        self.fit: dict | None = None  # the last fit, with the step it was made at
+
+    def switch_step(self) -> int:
+        return round(self.cfg.fbt.feedback_start * self.cfg.train.steps)
+
+    def grows(self, model, step):
+        """At the switch step (after a single-pass phase), a warm switch fits a GLU fusion."""
+        fbt = self.cfg.fbt
+        return fbt.switch == "warm" and getattr(model.cfg, "fusion", None) == "glu" and step == self.switch_step() > 0
+
+    def prepare(self, model, step):
+        if not self.grows(model, step) or (self.fit is not None and self.fit["step"] == step):  # fitted already
+            return model
+        if self.stream is None:
+            raise ValueError("a warm feedback switch fits the fusion on the training stream: make_strategy(cfg, stream)")
+        self.fit = {"step": step, **fit_fusion(model, self.stream, self.cfg)}
+        logger.info("step %d: feedback switches on; fusion fitted (R^2 %.3f)", step, self.fit["r2"])
+        return model
+
+    def ramp(self, step: int) -> float:
+        """The factor on the feedback passes' loss weights at ``step``: (step - switch + 1) / ramp
+        steps, at most 1."""
+        length = round(self.cfg.fbt.ramp * self.cfg.train.steps)
+        return 1.0 if length <= 0 else min(1.0, (step - self.switch_step() + 1) / length)
 
     def passes(self, step: int) -> int:
         fbt, train = self.cfg.fbt, self.cfg.train
@@ -136,7 +166,8 @@ class FBTStrategy(Strategy):
 
         states = model.run_passes(x, K, fuse_mask=fuse.to(x.device), perturb=jitter, detach_states=fbt.detach)
         losses = [ntp_loss(model.readout(h), y, weight) for h in states]
-        total = cast(Tensor, sum(w * l for w, l in zip(fbt.pass_weights, losses)))
+        weights = [fbt.pass_weights[0], *(w * self.ramp(step) for w in fbt.pass_weights[1:])]
+        total = cast(Tensor, sum(w * l for w, l in zip(weights, losses)))
         return total, {"loss": total.item(), "passes": K, **{f"loss_pass{k + 1}": l.item() for k, l in enumerate(losses)}}
 
 
@@ -173,8 +204,11 @@ class HDStrategy(Strategy):
         return train_flops_per_token(model, T, copies=n, readouts=readouts, keys_per_layer=keys)
 
 
-def make_strategy(cfg: RunConfig) -> Strategy:
-    return {"baseline": Strategy, "fbt": FBTStrategy, "hd": HDStrategy}[cfg.arch](cfg)
+def make_strategy(cfg: RunConfig, stream: Windows | None = None) -> Strategy:
+    """The run's strategy; ``stream``, the training stream, is what a warm FBT switch fits on."""
+    if cfg.arch == "fbt":
+        return FBTStrategy(cfg, stream)
+    return {"baseline": Strategy, "hd": HDStrategy}[cfg.arch](cfg)
 
 
 # ---- optimiser and schedule ---------------------------------------------------------------
@@ -525,9 +559,11 @@ def _trim_metrics(path: Path, before_step: int) -> None:
 
 INIT_FILE = "init.json"  # a run made by --init-from: its losses before training (``initial_losses``)
 EXPANSIONS_FILE = "expansions.json"  # an HD run: its loss before and after each expansion in training
+SWITCH_FILE = "feedback_switch.json"  # an FBT run with a warm switch: the fusion's fit and the losses around it
 RUN_FILES = {
     INIT_FILE,
     EXPANSIONS_FILE,
+    SWITCH_FILE,
     "config.json",
     "metrics.jsonl",
     "model.safetensors",
@@ -654,6 +690,27 @@ def _record_expansion(run_dir: Path, strategy, plain, grown, stream, cfg: RunCon
     record_made(run_dir, RUN, path)
 
 
+@torch.no_grad()
+def _record_switch(run_dir: Path, strategy: FBTStrategy, model, stream, cfg: RunConfig, step: int, device, rows: int) -> None:
+    """Fit the fusion of a warm switch (``strategy.prepare``) and write ``feedback_switch.json``:
+    the fit, and on the rows of the step's batch (the first micro-batch) the plain loss and the
+    loss with every position after the first fused (pass 2, no prefix, no jitter) before and after
+    the fit: the jump the switch would have caused cold, and the one it causes warm."""
+    x, y = batch_windows(stream, cfg.train.seed, step, cfg.train.batch_size, cfg.train.seq_len)
+    x, y = x[:rows].to(device), y[:rows].to(device)
+    was_training = model.training
+    model.eval()
+    try:
+        plain, cold = (ntp_loss(model.readout(h)[:, 1:], y[:, 1:]).item() for h in model.run_passes(x, 2))
+        strategy.prepare(model, step)
+        warm = ntp_loss(model.readout(model.run_passes(x, 2)[1])[:, 1:], y[:, 1:]).item()
+    finally:
+        model.train(was_training)
+    path = run_dir / SWITCH_FILE
+    write_json(path, {**(strategy.fit or {}), "loss_plain": plain, "loss_fused_cold": cold, "loss_fused_warm": warm})
+    record_made(run_dir, RUN, path)
+
+
 def _train_loop(
     cfg: RunConfig,
     run_dir: Path,
@@ -671,7 +728,7 @@ def _train_loop(
     t = cfg.train
     per_rank = t.batch_size // rank_info.world
     micro = per_rank // t.grad_accum
-    strategy = make_strategy(cfg)
+    strategy = make_strategy(cfg, stream)
     bf16 = (device.type == "cuda" and t.bf16) or (device.type == "cpu" and t.cpu_bf16)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
 
@@ -699,8 +756,10 @@ def _train_loop(
     for step in range(start, end):
         if strategy.grows(model, step):  # on the unsharded model; the grown one is sharded again
             plain, plain_opt = engine.gather(model, opt, new_optimizer)
+            if rank_info.main and isinstance(strategy, FBTStrategy):
+                _record_switch(run_dir, strategy, plain, stream, cfg, step, device, micro)
             grown = strategy.prepare(plain, step)
-            if rank_info.main:
+            if rank_info.main and isinstance(strategy, HDStrategy):
                 _record_expansion(run_dir, strategy, plain, grown, stream, cfg, step, device, micro)
             model, step_loss, opt = engine.shard(grown, carry_optimizer(plain, plain_opt, grown, cfg), strategy, new_optimizer)
         lr = lr_at(cfg, step)
