@@ -257,8 +257,8 @@ def poisoned(step: int, where: str):
     """Within the context, training step ``step`` makes a parameter NaN or its gradient inf."""
     real = training.make_strategy
 
-    def make(cfg):
-        strategy = real(cfg)
+    def make(cfg, stream=None):
+        strategy = real(cfg, stream)
         loss = strategy.loss
 
         def poisoned(model, x, y, s, rows, weight=None):
