@@ -76,6 +76,7 @@ def test_bad_arguments_are_usage_errors(argv, match, capsys):
     assert re.search(match, err), err
 
 
+@pytest.mark.slow
 def test_train_then_eval_from_the_cli(tmp_path):
     run = tmp_path / "run"
     main(

@@ -31,6 +31,7 @@ def test_tokens_to_reach_interpolates_in_log_tokens_and_bounds_the_rest():
     assert tokens_to_reach(curve, 0.4) == (400, ">")  # better than the largest budget reaches
 
 
+@pytest.mark.slow
 def test_the_stability_measures_reach_the_horizon_they_report(tmp_path):
     """lambda(T) needs T tangent steps after the perturbation: a rollout of T steps in all (the
     first cpu study's 1000, perturbed at step 20) never reached lambda(1000)."""

@@ -218,6 +218,7 @@ def test_tangent_growth_along_a_rollout_is_the_exact_jacobians_volume_growth(fbt
         assert float(roll.tangent_log_growth[i, 0]) <= float(torch.linalg.matrix_norm(J, 2).log()) + 1e-10
 
 
+@pytest.mark.slow
 def test_full_step_tangent_is_the_perturbation_curves_linearisation(fbt64):
     """The full set's first tangent starts along the perturbation and goes where the perturbation
     goes (through the carried state and the keys and values each step writes), so in fp64 its

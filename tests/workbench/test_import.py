@@ -312,6 +312,7 @@ def smollm2_file() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("keep", [0, 100, 5000, 0.9])
 def test_a_cut_gguf_file_is_named_as_an_unreadable_gguf_file(tmp_path, keep):
     source = smollm2_file()
@@ -324,6 +325,7 @@ def test_a_cut_gguf_file_is_named_as_an_unreadable_gguf_file(tmp_path, keep):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_a_gguf_file_whose_metadata_claims_10_to_the_9_layers_is_refused_by_name(tmp_path, monkeypatch):
     """The sizes a GGUF's metadata gives reach the same memory check before any weight is read."""
     from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM

@@ -32,6 +32,7 @@ def wait(job, until, timeout=120.0):
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_a_job_runs_its_verb_and_records_the_end_and_the_summary(tmp_path):
     job = start_job(tmp_path, ["presets"], title="list presets", page="p", outputs=[str(tmp_path / "x")])
     assert job.state in ("starting", "running") and job.running and job.path.parent == tmp_path / ".jobs"
@@ -42,6 +43,7 @@ def test_a_job_runs_its_verb_and_records_the_end_and_the_summary(tmp_path):
     assert [j.id for j in list_jobs(tmp_path, "p")] == [job.id] and list_jobs(tmp_path, "other") == []
 
 
+@pytest.mark.slow
 def test_a_failing_verb_is_a_failed_job_with_its_error_in_the_log(tmp_path):
     job = wait(start_job(tmp_path, ["eval", str(tmp_path / "nothing")], title="eval"), lambda j: not j.running)
     assert (job.state, job.returncode) == ("failed", 2)
@@ -49,6 +51,7 @@ def test_a_failing_verb_is_a_failed_job_with_its_error_in_the_log(tmp_path):
     assert job.result() is None
 
 
+@pytest.mark.slow
 def test_a_job_outlives_the_process_that_started_it_and_reports_progress(tmp_path):
     """The starting process exits at once (as a browser session or app server may); the job goes
     on, its progress file fills, and it finishes."""
@@ -65,6 +68,7 @@ def test_a_job_outlives_the_process_that_started_it_and_reports_progress(tmp_pat
     assert (run / "model.safetensors").is_file()
 
 
+@pytest.mark.slow
 def test_cancel_stops_the_verb_cleanly_and_a_killed_supervisor_is_lost(tmp_path):
     run = tmp_path / "run"
     job = start_job(tmp_path, [*TRAIN, "--set", "train.steps=100000", "--out", str(run)], title="long")
@@ -82,6 +86,7 @@ def test_cancel_stops_the_verb_cleanly_and_a_killed_supervisor_is_lost(tmp_path)
     assert job.state == "lost" and read_json(job.path / "job.json")["state"] == "running"
 
 
+@pytest.mark.slow
 def test_a_job_directory_is_never_reused_and_bad_argv_is_refused(tmp_path):
     a = start_job(tmp_path, ["presets"], title="a")
     b = start_job(tmp_path, ["presets"], title="b")
@@ -106,6 +111,7 @@ def test_the_progress_bar_writes_the_job_file_only_when_asked(tmp_path, monkeypa
     assert read_json(path) | {"updated": 0} == {"desc": "phase", "fraction": 0.7, "what": "three", "updated": 0}
 
 
+@pytest.mark.slow
 def test_a_job_started_here_lists_with_the_newest_first(tmp_path):
     jobs = [start_job(tmp_path, ["presets"], title=str(i)) for i in range(2)]
     assert [j.title for j in list_jobs(tmp_path)] == ["1", "0"]
@@ -314,6 +320,7 @@ def supervise_planted(path: Path) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_the_supervisor_appends_only_to_a_log_of_its_own(tmp_path):
     """A log.txt that is a link (or a FIFO, or another name of someone's file) is refused with one
     line naming it; the job ends as failed with that reason, and the file it pointed at is intact."""
@@ -397,6 +404,7 @@ def exited(pid: int) -> bool:
         return True
 
 
+@pytest.mark.slow
 def test_a_verb_that_outlives_its_killed_supervisor_is_found_by_its_lock_and_cancelled(tmp_path):
     """The supervisor is killed alone (not its process group): the verb still runs and holds the run
     directory. The job is orphaned, not lost, and Cancel gives the verb its Ctrl-C, after which it

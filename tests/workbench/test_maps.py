@@ -101,6 +101,7 @@ def affine_contraction(D: int, seed: int = 0):
     return (lambda h: h @ A.T + b), torch.linalg.solve(torch.eye(D, dtype=torch.float64) - A, b)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("D", [128, 512])
 def test_an_affine_contraction_at_width_128_and_512_has_its_one_fixed_point_found_from_every_start(D):
     F, want = affine_contraction(D)
@@ -361,6 +362,7 @@ def test_tangent_lyapunov_with_a_complex_dominant_pair(dtype):
     assert all(abs(float(a) - b) < 0.01 for a, b in zip(lam[-1], want)), lam[-1]
 
 
+@pytest.mark.slow
 def test_tangent_lyapunov_of_a_nonlinear_map_at_its_stable_point():
     """Along a trajectory that settles on the stable fixed point 1 of x + 0.3 (x - x^3), the
     exponent tends to log F'(1) = log 0.4."""

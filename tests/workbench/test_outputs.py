@@ -449,6 +449,7 @@ def test_a_staging_directory_swapped_under_its_writer_is_left_alone(tmp_path):
     assert (writer.staging / "data.txt").read_text() == "mine"
 
 
+@pytest.mark.slow
 def test_a_killed_cache_leaves_only_staging_that_the_next_writer_keeps(tmp_path):
     store = tmp_path / "store"
     argv = [

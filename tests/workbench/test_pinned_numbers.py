@@ -254,6 +254,7 @@ def test_probe_split_by_sequence_stays_at_chance_on_sequence_identity():
 # ---- 4. the probed pass ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_probe_study_probes_the_last_of_the_K_passes(tmp_path, monkeypatch):
     """Pins which activations the probe study hands to the probe for ``recurrent`` K=3: the third
     Jacobi pass of each held-out sequence, run by hand (``jacobi_by_hand``), at the layer-0 input

@@ -331,6 +331,7 @@ print(json.dumps({"before": before, "after": peak_rss_mib()}))
 """
 
 
+@pytest.mark.slow
 def test_one_long_document_does_not_cost_hundreds_of_bytes_per_character(tmp_path):
     """Tokenized whole, a 1 MB document raised the peak by ~400 MiB (~400 bytes per character: the
     tokenizer's offsets, token strings and alignments for each token); in pieces, by a few copies of

@@ -59,6 +59,7 @@ def test_the_cache_verb_encodes_and_labels_with_the_runs_tokenizer(run, tmp_path
     assert (table["label.value"] >= 0).sum() > 0
 
 
+@pytest.mark.slow
 def test_the_probe_verb_sweeps_an_imported_model(run, tmp_path, monkeypatch):
     from workbench.probing import study
 

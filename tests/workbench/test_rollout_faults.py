@@ -79,6 +79,7 @@ def test_a_prompt_that_fills_the_context_stops_at_once_with_the_reason():
     assert out.tokens == [] and out.states.shape == (0, 32) and "context full after 128 tokens" in out.stopped
 
 
+@pytest.mark.slow
 def test_the_dynamics_cli_reports_a_rollout_that_diverges_past_the_context(tmp_path, monkeypatch):
     import workbench.dynamics.study as study
 

@@ -67,6 +67,7 @@ def damaged(source, tmp_path, name, content):
     return copy
 
 
+@pytest.mark.slow
 def test_a_saved_dynamics_study_reads_back_and_every_damage_is_named(saved, tmp_path):
     root, names = saved
     found = read_dynamics(root / "dynamics", names)

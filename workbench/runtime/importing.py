@@ -270,9 +270,8 @@ def import_hf(source: str | Path, out_dir: str | Path, *, gguf_file: str | None 
     if tokenizer.id_limit > cfg.d_vocab:
         raise BadInput(f"{where}: the tokenizer has ids up to {tokenizer.id_limit - 1}, the model's vocabulary is {cfg.d_vocab}")
     try:
-        hf = LlamaForCausalLM.from_pretrained(
-            source, torch_dtype=torch.float32, **(kwargs if gguf_file else {"use_safetensors": True})
-        )
+        weights: dict = kwargs if gguf_file else {"use_safetensors": True}  # typed as kwargs is, for the checker
+        hf = LlamaForCausalLM.from_pretrained(source, torch_dtype=torch.float32, **weights)
     except PARSE_ERRORS as err:
         raise BadInput(f"{where}: cannot read the weights ({' '.join(str(err).split())[:300]})") from err
     model = BaselineLM(cfg)
