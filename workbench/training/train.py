@@ -123,7 +123,7 @@ class FBTStrategy(Strategy):
         return fbt.switch == "warm" and getattr(model.cfg, "fusion", None) == "glu" and step == self.switch_step() > 0
 
     def prepare(self, model, step):
-        if not self.grows(model, step) or (self.fit is not None and self.fit["step"] == step):  # fitted already
+        if not self.grows(model, step):
             return model
         if self.stream is None:
             raise ValueError("a warm feedback switch fits the fusion on the training stream: make_strategy(cfg, stream)")
@@ -511,17 +511,27 @@ def initial_losses(model, stream: Windows, cfg: RunConfig) -> dict:
     previous position's state (pass 2 of the K-pass objective, no prefix, no jitter)."""
     x, y = batch_windows(stream, cfg.train.seed, 0, min(cfg.train.batch_size, 8), cfg.train.seq_len)
     x, y = x.to(model.embed.W_E.device), y.to(model.embed.W_E.device)
+    if model.carries_state:
+        plain, fused = plain_and_fused_losses(model, x, y)
+        return {"loss_plain": plain, "loss_fused": fused, "fusion_init": cfg.fbt.fusion_init}
     was_training = model.training
     model.eval()
     try:
-        if model.carries_state:
-            plain, fused = model.run_passes(x, 2)
-            return {
-                "loss_plain": ntp_loss(model.readout(plain)[:, 1:], y[:, 1:]).item(),
-                "loss_fused": ntp_loss(model.readout(fused)[:, 1:], y[:, 1:]).item(),
-                "fusion_init": cfg.fbt.fusion_init,
-            }
         return {"loss_plain": ntp_loss(model(x), y).item()}
+    finally:
+        model.train(was_training)
+
+
+@torch.no_grad()
+def plain_and_fused_losses(model, x: Tensor, y: Tensor) -> tuple[float, float]:
+    """An FBT model's loss on ``x``/``y`` (eval mode) plain, and with every position after the
+    first fused with the previous position's state (pass 2, no prefix, no jitter); both skip the
+    first position, which has no state to fuse."""
+    was_training = model.training
+    model.eval()
+    try:
+        plain, fused = model.run_passes(x, 2)
+        return ntp_loss(model.readout(plain)[:, 1:], y[:, 1:]).item(), ntp_loss(model.readout(fused)[:, 1:], y[:, 1:]).item()
     finally:
         model.train(was_training)
 
@@ -690,24 +700,20 @@ def _record_expansion(run_dir: Path, strategy, plain, grown, stream, cfg: RunCon
     record_made(run_dir, RUN, path)
 
 
-@torch.no_grad()
-def _record_switch(run_dir: Path, strategy: FBTStrategy, model, stream, cfg: RunConfig, step: int, device, rows: int) -> None:
-    """Fit the fusion of a warm switch (``strategy.prepare``) and write ``feedback_switch.json``:
-    the fit, and on the rows of the step's batch (the first micro-batch) the plain loss and the
-    loss with every position after the first fused (pass 2, no prefix, no jitter) before and after
-    the fit: the jump the switch would have caused cold, and the one it causes warm."""
+def _switch_batch(stream, cfg: RunConfig, step: int, device, rows: int) -> tuple[Tensor, Tensor]:
+    """The rows of ``step``'s batch (its first micro-batch) that ``feedback_switch.json`` scores."""
     x, y = batch_windows(stream, cfg.train.seed, step, cfg.train.batch_size, cfg.train.seq_len)
-    x, y = x[:rows].to(device), y[:rows].to(device)
-    was_training = model.training
-    model.eval()
-    try:
-        plain, cold = (ntp_loss(model.readout(h)[:, 1:], y[:, 1:]).item() for h in model.run_passes(x, 2))
-        strategy.prepare(model, step)
-        warm = ntp_loss(model.readout(model.run_passes(x, 2)[1])[:, 1:], y[:, 1:]).item()
-    finally:
-        model.train(was_training)
+    return x[:rows].to(device), y[:rows].to(device)
+
+
+def _record_switch(run_dir: Path, fit: dict, before: tuple[float, float], model, batch: tuple[Tensor, Tensor]) -> None:
+    """``feedback_switch.json``: the warm switch's fit and, on the switch step's first micro-batch,
+    the plain loss and the fused (pass-2) loss with the fusion before the fit (the jump a cold
+    switch causes) and after it (the one the warm switch causes)."""
+    plain, cold = before
+    warm = plain_and_fused_losses(model, *batch)[1]
     path = run_dir / SWITCH_FILE
-    write_json(path, {**(strategy.fit or {}), "loss_plain": plain, "loss_fused_cold": cold, "loss_fused_warm": warm})
+    write_json(path, {**fit, "loss_plain": plain, "loss_fused_cold": cold, "loss_fused_warm": warm})
     record_made(run_dir, RUN, path)
 
 
@@ -756,10 +762,14 @@ def _train_loop(
     for step in range(start, end):
         if strategy.grows(model, step):  # on the unsharded model; the grown one is sharded again
             plain, plain_opt = engine.gather(model, opt, new_optimizer)
-            if rank_info.main and isinstance(strategy, FBTStrategy):
-                _record_switch(run_dir, strategy, plain, stream, cfg, step, device, micro)
+            switching = rank_info.main and isinstance(strategy, FBTStrategy)
+            if switching:
+                batch = _switch_batch(stream, cfg, step, device, micro)
+                before = plain_and_fused_losses(plain, *batch)
             grown = strategy.prepare(plain, step)
-            if rank_info.main and isinstance(strategy, HDStrategy):
+            if switching:
+                _record_switch(run_dir, cast(dict, cast(FBTStrategy, strategy).fit), before, grown, batch)
+            elif rank_info.main:
                 _record_expansion(run_dir, strategy, plain, grown, stream, cfg, step, device, micro)
             model, step_loss, opt = engine.shard(grown, carry_optimizer(plain, plain_opt, grown, cfg), strategy, new_optimizer)
         lr = lr_at(cfg, step)
