@@ -371,7 +371,19 @@ def cmd_zoo(args) -> dict:
     _check_count(args.jobs, "--jobs", JOBS_MAX)
     if args.study is None and args.reuse is not None:
         raise BadInput(f"--reuse {args.reuse} without --study: only a study copies a zoo's members")
-    if args.study is not None:
+    if args.study == "fbt-vs-baseline":
+        from workbench.studies.fbt_vs_baseline import run_comparison
+
+        if args.only or args.reuse is not None:
+            raise BadInput(f"--only/--reuse with --study {args.study}: it tunes and trains all of its members itself")
+        out = Path(args.out) if args.out is not None else Path("runs") / "studies" / args.study
+        summary = run_comparison(
+            args.preset, out, seeds=args.seeds, threads=args.threads, jobs=args.jobs, progress=not args.no_progress
+        )
+        for name, words in summary["readings"]["wording"].items():
+            print(f"{name}: {words}")
+        written = out / "study.json"
+    elif args.study is not None:
         from workbench.comparisons import run_study
 
         if args.only:
@@ -785,15 +797,16 @@ def build_parser() -> argparse.ArgumentParser:
     # training.zoo.SCALES (a test keeps them equal), spelled here to keep torch out of the parser
     p.add_argument(
         "--preset",
-        choices=["micro", "quick", "cpu"],
+        choices=["micro", "quick", "cpu", "modsum"],
         default="micro",
-        help="micro: seconds, a plumbing check; quick: minutes, first results; cpu: the reference zoo",
+        help="micro: seconds, a plumbing check; quick: minutes, first results; cpu: the reference zoo; "
+        "modsum: --study fbt-vs-baseline's setting (docs/training.md)",
     )
     p.add_argument("--out", default=None, help="directory (default: runs; with --study: runs/studies/STUDY)")
     # comparisons.STUDIES (a test keeps them equal), spelled here to keep torch out of the parser
     p.add_argument(
         "--study",
-        choices=["data-efficiency", "three-pass", "hd-ablations"],
+        choices=["data-efficiency", "three-pass", "hd-ablations", "fbt-vs-baseline"],
         default=None,
         help="train and measure a comparison study instead of the zoo (docs/training.md)",
     )

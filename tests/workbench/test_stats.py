@@ -128,3 +128,32 @@ def test_the_wording_rule_never_calls_an_interval_through_zero_an_effect():
 def test_crossed_interval_refuses_what_is_not_a_matrix_of_two_finite_values(bad):
     with pytest.raises(ValueError):
         stats.crossed_interval(bad)
+
+
+def test_kaplan_meier_by_hand_keeps_censored_runs_at_risk():
+    """Times 1, 2, 2, 3, 4, reached at 1, 2 (one of the two) and 3, censored at 2 and 4. At t=1, 1
+    of 5 at risk: S = 4/5. At t=2, 1 of 4 (the run censored at 2 is still at risk): S = 4/5 x 3/4 =
+    3/5. At t=3, 1 of 2: S = 3/10. The median is 3, the first time S <= 1/2."""
+    times, events = [1, 2, 2, 3, 4], [True, True, False, True, False]
+    curve = stats.kaplan_meier(times, events)
+    assert [t for t, _ in curve] == [1.0, 2.0, 3.0]
+    assert [s for _, s in curve] == pytest.approx([0.8, 0.6, 0.3])
+    assert stats.median_time(times, events) == 3.0
+
+
+def test_a_median_time_is_none_when_most_runs_never_reach_the_threshold():
+    """Dropping the censored runs would give a median of 1; keeping them, S never falls to 1/2."""
+    assert stats.median_time([1, 10, 10], [True, False, False]) is None
+    assert stats.kaplan_meier([1, 10, 10], [True, False, False]) == [(1.0, pytest.approx(2 / 3))]
+
+
+def test_paired_times_count_a_censored_run_as_later_and_test_the_signs():
+    """b reaches the threshold first at 4 seeds, a censored one included (b at 300, a never within
+    its 600 steps); at the fifth neither does. Sign test: 4 of 4, p = 2 / 2^4 = 0.125."""
+    a = [(200, True), (250, True), (600, False), (400, True), (600, False)]
+    b = [(100, True), (150, True), (300, True), (350, True), (600, False)]
+    result = stats.paired_times(a, b)
+    assert result == {"earlier": 4, "later": 0, "undetermined": 1, "p": pytest.approx(0.125)}
+    mirrored = stats.paired_times(b, a)
+    assert (mirrored["earlier"], mirrored["later"]) == (0, 4)
+    assert stats.paired_times([(600, False)], [(600, False)])["p"] == 1.0

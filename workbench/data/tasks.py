@@ -238,14 +238,16 @@ def make_flipflop(rng: random.Random, cfg: TaskConfig) -> Example:
 MAKERS = {"chain": make_chain, "modsum": make_modsum, "flipflop": make_flipflop}
 
 
-SPLITS = ("train", "heldout")
+SPLITS = ("train", "heldout", "validation")
 
 
 def split_rng(stream: str, seed: int, split: str = "train") -> random.Random:
     """The random stream ``stream`` (a task, or a study's own name) for ``seed``. ``train`` is
     seeded with ``"{stream}:{seed}"``, as every run so far was; ``heldout`` with
     ``"{stream}:heldout:{seed}"``, a string no training stream of any seed has, so held-out
-    problems are independent of every training seed's (not a training seed shifted by an offset)."""
+    problems are independent of every training seed's (not a training seed shifted by an offset);
+    ``validation`` (what a tuning sweep scores, neither training data nor test problems) with
+    ``"{stream}:validation:{seed}"``."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}: expected one of {SPLITS}")
     return random.Random(f"{stream}:{seed}" if split == "train" else f"{stream}:{split}:{seed}")

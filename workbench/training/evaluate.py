@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Sequence
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -77,11 +78,19 @@ def evaluate_examples(
     *,
     fused_passes: int | str = FUSED_PASSES,
     batch_size: int = 64,
+    regimes: Sequence[str] | None = None,
+    per_problem: bool = False,
 ) -> dict:
     """One task's row: ``loss``, ``answer_loss`` and ``accuracy`` per regime (module docstring), and
     ``silent_tokens[regime]``: generated ids before <eos> that decode to nothing (pad, other
-    specials, ids past the vocabulary), which the scored text cannot show."""
-    regimes = model.regimes
+    specials, ids past the vocabulary), which the scored text cannot show. ``regimes``: a subset of
+    the model's (default: all). ``per_problem``: also ``correct[regime]`` (1/0 per example) and
+    ``completion_nll[regime]`` (each example's mean completion loss), in the examples' order: what
+    a comparison's seed-by-problem statistics need (``workbench.training.stats``)."""
+    regimes = list(model.regimes if regimes is None else regimes)
+    unknown = [r for r in regimes if r not in model.regimes]
+    if unknown:
+        raise BadInput(f"regimes {unknown}: expected some of {list(model.regimes)}")
     if "fused" in regimes:
         check_passes(model, fused_passes)  # before the losses run, not when the fused regime's turn comes
     eos = tokenizer.eos_id
@@ -96,7 +105,7 @@ def evaluate_examples(
         except NonFiniteActivation as err:  # say which of eval's computations met it
             raise NonFinite.wrap(err, what) from err
 
-    def mean_nll(what: str, regime: str, pairs) -> float:
+    def mean_nll(what: str, regime: str, pairs, each: list | None = None) -> float:
         total, count = 0.0, 0
         for chunk in _batches(pairs, batch_size):
             nll = named(
@@ -111,6 +120,8 @@ def evaluate_examples(
             )
             total += float(nll.nansum())
             count += int((~nll.isnan()).sum())
+            if each is not None:
+                each += nll.nanmean(dim=1).tolist()
         return total / max(count, 1)
 
     row: dict = {"n": len(examples), "loss": {"standard": named("loss[standard]", plain_loss, model, wholes, batch_size)}}
@@ -119,14 +130,18 @@ def evaluate_examples(
         row["loss"]["recurrent"] = mean_nll("loss[recurrent]", "soft", [(w[:1], w[1:]) for w in wholes])
     if not any(prompts):  # plain text (a prepared corpus's text documents): no answer to score
         return row
-    row["answer_loss"] = {r: mean_nll(f"answer_loss[{r}]", r, list(zip(prompts, completions))) for r in regimes}
+    nlls: dict[str, list[float]] = {r: [] for r in regimes}
+    row["answer_loss"] = {r: mean_nll(f"answer_loss[{r}]", r, list(zip(prompts, completions)), nlls[r]) for r in regimes}
     row["accuracy"], row["silent_tokens"], row["accuracy_by_difficulty"] = {}, {}, {}
+    if per_problem:
+        row["completion_nll"], row["correct"] = nlls, {}
     difficulties = sorted({ex.difficulty for ex in examples})
     row["n_by_difficulty"] = {str(d): sum(ex.difficulty == d for ex in examples) for d in difficulties}
     longest = max(len(c) for c in completions) + 8
     for regime in regimes:
         correct = quiet = 0
         hits = dict.fromkeys(difficulties, 0)
+        each: list[int] = []
         for chunk in _batches(list(zip(examples, prompts)), batch_size):
             out = named(
                 f"accuracy[{regime}]",
@@ -141,12 +156,15 @@ def evaluate_examples(
             )
             for (ex, _), ids in zip(chunk, out.completions()):
                 hit = is_correct(ex, tokenizer.decode(ids))
+                each.append(int(hit))
                 correct += hit
                 hits[ex.difficulty] += hit
             quiet += sum(out.silent_counts(silent))
         row["accuracy"][regime] = correct / len(examples)
         row["accuracy_by_difficulty"][regime] = {str(d): hits[d] / row["n_by_difficulty"][str(d)] for d in difficulties}
         row["silent_tokens"][regime] = quiet
+        if per_problem:
+            row["correct"][regime] = each
     return row
 
 

@@ -20,6 +20,11 @@ studentised form in 0.95-1.00 (it counts the residual variance up to three times
 interval covered in 0.935-0.955; ``tests/workbench/test_stats.py`` measures its coverage on 1,000
 simulations per case.
 
+How soon a run reaches a threshold (a loss, an accuracy) is a time to an event: a run that never
+reaches it within its budget is censored there, never dropped, and the times are summarised by the
+Kaplan-Meier curve and its median, and compared between paired runs by the sign of who got there
+first.
+
 A single proportion (k of n) gets the Wilson interval, which stays inside [0, 1]. A family of
 comparisons (a study's declared set) is corrected by Holm's step-down method, and a difference is
 "detectable" only when its Holm-adjusted p-value is below 1 - level: an interval that includes 0
@@ -32,7 +37,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-from scipy.stats import norm
+from scipy.stats import binomtest, norm
 from scipy.stats import t as student_t
 
 
@@ -107,6 +112,48 @@ def paired_difference(a, b, level: float = 0.95) -> dict:
     d = b - a
     per_seed = d.mean(axis=1)
     return {**crossed_interval(d, level), "seeds_higher": int((per_seed > 0).sum()), "seeds_lower": int((per_seed < 0).sum())}
+
+
+def kaplan_meier(times: Sequence[float], events: Sequence[bool]) -> list[tuple[float, float]]:
+    """The Kaplan-Meier estimate of the fraction of runs that have not yet reached a threshold:
+    ``[(t, S(t))]`` just after each distinct time at which one did (``events`` true), S the
+    product over those times of 1 - reached / still at risk. A run censored (never reached it
+    within its budget, ``events`` false) at time t is at risk up to and including t, never dropped."""
+    if len(times) != len(events) or not times:
+        raise ValueError(f"kaplan_meier needs one event flag per time, got {len(times)} times and {len(events)} flags")
+    curve, survival = [], 1.0
+    for t in sorted({float(t) for t, e in zip(times, events) if e}):
+        at_risk = sum(float(u) >= t for u in times)
+        reached = sum(float(u) == t and bool(e) for u, e in zip(times, events))
+        survival *= 1.0 - reached / at_risk
+        curve.append((t, survival))
+    return curve
+
+
+def median_time(times: Sequence[float], events: Sequence[bool]) -> float | None:
+    """The first time at which the Kaplan-Meier fraction not yet at the threshold is at most 1/2;
+    None when more than half of the runs may never reach it (censored before that)."""
+    return next((t for t, survival in kaplan_meier(times, events) if survival <= 0.5), None)
+
+
+def paired_times(a: Sequence[tuple[float, bool]], b: Sequence[tuple[float, bool]]) -> dict:
+    """Which of two models paired by seed reaches a threshold first, each run a ``(time,
+    reached)`` (a run that never reached it censored at its budget): per pair ``b`` is earlier
+    when it reached it before ``a`` reached it or was censored, later in the mirror case, and
+    undetermined when neither reached it, both did at the same time, or one was censored before the
+    other's time. ``p``: the exact two-sided sign test of earlier against later (Gehan's paired
+    score), 1 with no determined pair."""
+    if len(a) != len(b) or not a:
+        raise ValueError(f"paired_times needs pairs, got {len(a)} and {len(b)} runs")
+    earlier = later = 0
+    for (ta, ea), (tb, eb) in zip(a, b):
+        if eb and tb < ta:  # a censored at ta or reached it later
+            earlier += 1
+        elif ea and ta < tb:
+            later += 1
+    n = earlier + later
+    p = float(binomtest(earlier, n, 0.5).pvalue) if n else 1.0
+    return {"earlier": earlier, "later": later, "undetermined": len(a) - n, "p": p}
 
 
 def holm(p_values: Sequence[float]) -> list[float]:

@@ -240,13 +240,16 @@ def train_plan(
     threads: int,
     jobs: int = 1,
     progress: bool | Callable,
+    targets: dict | None = None,
 ) -> dict:
     """Train (or resume) and evaluate every ``(name, member, seed, config)`` of ``plan`` into
     ``out/name``, ``jobs`` at a time (each in its own process when ``jobs`` > 1; a member
     continued from another starts once that one is done) with ``threads`` torch threads each,
     holding ``out``; after each, write ``summary`` (its ``models``, ``across_seeds`` and
     ``session_wall_seconds`` filled in) to ``summary_path``, keeping the entries of members a
-    previous partial run there recorded."""
+    previous partial run there recorded. Competence is judged against the zoo scale's ``TARGETS``,
+    or against ``targets`` for a study's scale of its own."""
+    targets = TARGETS[scale] if scale in TARGETS else targets
     for name, _, _, cfg in plan:  # before anything is written
         check_member(out / name, cfg)
     previous = previous_summary(summary_path)
@@ -274,7 +277,7 @@ def train_plan(
                 "resumed_from": done["resumed_from"],
                 "tokens": cfg.train.steps * cfg.train.batch_size * cfg.train.seq_len,
                 "tasks": evaluation["tasks"],
-                "competence": competence(evaluation["tasks"], TARGETS[scale]),
+                "competence": competence(evaluation["tasks"], targets),
                 # HD: the training loss just before and after each expansion in training
                 "expansions": read_json(run / EXPANSIONS_FILE)["expansions"] if (run / EXPANSIONS_FILE).is_file() else [],
             }

@@ -1,0 +1,439 @@
+"""FBT against the baseline, fair by construction (issue #36): one command,
+``workbench zoo --study fbt-vs-baseline --scale modsum --seeds 5``.
+
+1. **Tuning, by a rule written before the sweep runs** (``RULE``). Each architecture gets the same
+   sweep of learning rates (``lrs`` of the scale); FBT also ``fbt.feedback_start`` in
+   ``FEEDBACK_STARTS`` (at ``fbt.ramp`` 0.1) and then, at its chosen learning rate and start,
+   ``fbt.ramp`` in ``RAMPS``. Every sweep run trains at ``TUNING_SEED``, a seed no comparison
+   member uses, for the full budget, and is scored on the validation split
+   (``tasks.split_rng(..., "validation")``: neither training data nor test problems).
+2. **The comparison**, at training seeds 0..n-1, each architecture at its chosen setting:
+   ``baseline``; ``fbt`` (matched initialisation, warm feedback switch: the defaults); and the
+   control ``fbt-no-feedback``, FBT's model at the baseline's setting with ``fbt.pass_weights=1,0,0``
+   (its feedback passes carry no loss: the baseline on FBT's initialisation and batches, so any
+   difference from the baseline would be the comparison's own bias; with matched initialisation
+   its shared weights are expected bitwise the baseline's).
+3. **Readouts** on the same ``test`` held-out problems for every member (seed 0's held-out stream:
+   seeds and problems crossed): accuracy and completion loss per problem and regime, each member
+   minus the baseline by seed (``stats.paired_difference``); the paired per-step gap of the
+   plain-pass training loss on identical batches; steps until the plain-pass loss, averaged over
+   ``window`` logged steps, first reaches ``threshold`` (censored at the budget, ``stats.paired_times``).
+4. **The family** of ``FAMILY`` comparisons, Holm-corrected together (``stats.family``), worded by
+   ``stats.describe``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+
+from workbench.data.splits import heldout_examples
+from workbench.data.tasks import synthetic_examples
+from workbench.runtime.checkpoint import load_model
+from workbench.runtime.tokenizer import load_tokenizer
+from workbench.storage.errors import BadInput
+from workbench.storage.files import read_json, write_json
+from workbench.storage.outputs import hold, real_directory, record_made
+from workbench.storage.provenance import source_commit
+from workbench.training import stats
+from workbench.training.evaluate import evaluate_examples
+from workbench.training.runconfig import load_run_config, make_run_config, task_settings
+from workbench.training.zoo import MAX_SEEDS, ZOO, previous_summary, seed_name, train_plan
+
+STUDY = "fbt-vs-baseline"
+TUNING_SEED = 1000  # the sweep's training seed: none of the comparison's seeds 0..MAX_SEEDS-1
+FEEDBACK_STARTS = (0.3, 0.7)
+RAMPS = (0.1, 0.3)  # the first is the stage-1 ramp (the default)
+REGIME = {"baseline": "standard", "fbt": "fused"}  # the regime an architecture is tuned and compared in
+RULE = (
+    "Per architecture, the sweep row with the lowest validation completion loss (mean over the "
+    "validation problems' completion tokens) at the full budget, in the architecture's regime "
+    "(baseline: standard; FBT: fused, its feedback at the prompt and at every generated step); ties "
+    "go to the row listed first. FBT: stage 1 chooses the learning rate and feedback_start at "
+    "ramp 0.1, stage 2 the ramp at that learning rate and start."
+)
+TEST_FILE = "comparison_test.json"  # per member, in results/: its per-problem scores
+
+# The scales: ``micro`` checks the plumbing in seconds; ``modsum`` is the setting in which the old
+# zoo's FBT-minus-baseline gap on modsum was measured (issue #36: tiny, p = 3, 1-6 digits, seq 64,
+# batch 16, 600 steps), where a tiny baseline learns modsum within its budget.
+MODSUM = [
+    "data.modsum_p=3",
+    "data.modsum_min_len=1",
+    "data.modsum_max_len=6",
+    "data.loss_on=completion",
+    "data.windows=example",
+]
+SCALES = {
+    "micro": {
+        "preset": "debug",
+        "steps": 40,
+        "jobs": 1,
+        "threads": 2,
+        "lrs": (1e-3, 3e-3, 1e-2),
+        "validation": 48,
+        "test": 64,
+        "threshold": 0.5,
+        "window": 2,
+        "targets": None,
+        "common": [
+            "train.batch_size=8",
+            "train.seq_len=64",
+            "train.warmup=4",
+            "train.log_every=4",
+            "train.checkpoint_every=1000",
+            "train.eval_examples=8",
+            "data.n_train=400",
+            *MODSUM,
+        ],
+    },
+    "modsum": {
+        "preset": "tiny",
+        "steps": 600,
+        "jobs": 2,
+        "threads": 1,
+        "lrs": (5e-4, 1e-3, 2e-3),
+        "validation": 500,
+        "test": 1000,  # binomial standard error <= 0.016 per seed
+        "threshold": 0.25,  # completion loss: chance on p = 3 is ln(3) / 2 = 0.55 (answer and <eos>)
+        "window": 3,
+        "targets": {"modsum": 0.8},
+        "common": [
+            "train.batch_size=16",
+            "train.seq_len=64",
+            "train.warmup=30",
+            "train.log_every=10",
+            "train.checkpoint_every=600",
+            "train.eval_examples=64",
+            "data.n_train=40000",
+            *MODSUM,
+        ],
+    },
+}
+TASK = "modsum"
+CONTROL = "fbt-no-feedback"
+FAMILY = (
+    *(f"fbt {r} - baseline: accuracy" for r in ("standard", "soft", "fused")),
+    *(f"fbt {r} - baseline: completion loss" for r in ("standard", "soft", "fused")),
+    "fbt - baseline: plain-pass training loss, last half",
+    "fbt - baseline: steps to the loss threshold",
+    f"{CONTROL} - baseline: accuracy",
+    f"{CONTROL} - baseline: completion loss",
+)
+
+
+def _scale(scale: str) -> dict:
+    if scale not in SCALES:
+        raise BadInput(f"unknown {STUDY} scale {scale!r}: expected one of {sorted(SCALES)}")
+    return SCALES[scale]
+
+
+def setting_overrides(arch: str, setting: dict) -> list[str]:
+    """The ``--set`` overrides of a tuned ``setting`` (``lr``; FBT also ``feedback_start``, ``ramp``)."""
+    out = [f"train.lr={setting['lr']:g}"]
+    if arch == "fbt":
+        out += [f"fbt.feedback_start={setting['feedback_start']:g}", f"fbt.ramp={setting['ramp']:g}"]
+    return out
+
+
+def member_config(scale: str, arch: str, overrides: list[str]):
+    s = _scale(scale)
+    return make_run_config(arch, s["preset"], TASK, [*s["common"], f"train.steps={s['steps']}", *overrides])
+
+
+def sweep_name(arch: str, setting: dict) -> str:
+    if arch == "baseline":
+        return f"tune-baseline-lr{setting['lr']:g}"
+    return f"tune-fbt-lr{setting['lr']:g}-start{setting['feedback_start']:g}-ramp{setting['ramp']:g}"
+
+
+def stage_one(scale: str) -> list[tuple[str, dict]]:
+    """The sweep rows every architecture gets first: ``(arch, setting)``."""
+    lrs = _scale(scale)["lrs"]
+    rows = [("baseline", {"lr": lr}) for lr in lrs]
+    rows += [("fbt", {"lr": lr, "feedback_start": f, "ramp": RAMPS[0]}) for lr in lrs for f in FEEDBACK_STARTS]
+    return rows
+
+
+def choose(rows: list[dict], arch: str) -> dict:
+    """``RULE`` over the scored sweep ``rows`` of ``arch`` (the first of equal losses)."""
+    mine = [r for r in rows if r["arch"] == arch]
+    if not mine:
+        raise BadInput(f"no sweep row of {arch} to choose from")
+    return min(mine, key=lambda r: r["validation_loss"])  # min keeps the first of ties
+
+
+def validation_loss(run: Path, arch: str, n: int) -> float:
+    """The run's completion loss on ``n`` validation problems, in its architecture's regime."""
+    cfg = load_run_config(run / "config.json")
+    examples = synthetic_examples(TASK, n, 0, task_settings(cfg.data), split="validation")
+    row = evaluate_examples(load_model(run), examples, load_tokenizer(run), regimes=[REGIME[arch]])
+    return row["answer_loss"][REGIME[arch]]
+
+
+def _plan(scale: str, rows: list[tuple[str, dict]], seed: int) -> list:
+    seeded = [f"train.seed={seed}"]
+    return [
+        (
+            sweep_name(arch, setting),
+            sweep_name(arch, setting),
+            seed,
+            member_config(scale, arch, seeded + setting_overrides(arch, setting)),
+        )
+        for arch, setting in rows
+    ]
+
+
+def tune(scale: str, out: Path, *, threads: int, jobs: int, progress: bool | Callable) -> dict:
+    """Run the sweep (both stages) into ``out`` and apply ``RULE``: ``{rule, rows, chosen}``,
+    written to ``out/tuning.json``."""
+    s = _scale(scale)
+    summary = {
+        "study": STUDY,
+        "scale": scale,
+        "seeds": 1,
+        "threads": threads,
+        "jobs": jobs,
+        "torch": torch.__version__,
+        "models": {},
+    }
+    scored: list[dict] = []
+
+    def run_stage(rows: list[tuple[str, dict]]) -> None:
+        rows = [(arch, setting) for arch, setting in rows if all(r["name"] != sweep_name(arch, setting) for r in scored)]
+        plan = _plan(scale, rows, TUNING_SEED)
+        train_plan(
+            plan,
+            out,
+            out / "tuning.json",
+            summary,
+            scale=scale,
+            threads=threads,
+            jobs=jobs,
+            progress=progress,
+            targets=s["targets"],
+        )
+        for (arch, setting), (name, *_) in zip(rows, plan):
+            loss = validation_loss(out / name, arch, s["validation"])
+            scored.append({"name": name, "arch": arch, **setting, "regime": REGIME[arch], "validation_loss": loss})
+
+    run_stage(stage_one(scale))
+    first = choose(scored, "fbt")
+    run_stage([("fbt", {"lr": first["lr"], "feedback_start": first["feedback_start"], "ramp": r}) for r in RAMPS])
+    stage_two = [
+        r for r in scored if r["arch"] == "fbt" and r["lr"] == first["lr"] and r["feedback_start"] == first["feedback_start"]
+    ]
+    chosen = {"baseline": choose(scored, "baseline"), "fbt": choose(stage_two, "fbt")}
+    tuning = {
+        **summary,
+        "rule": RULE,
+        "tuning_seed": TUNING_SEED,
+        "validation_problems": s["validation"],
+        "rows": scored,
+        "chosen": chosen,
+    }
+    with hold(out):
+        write_json(out / "tuning.json", tuning)
+        record_made(out, ZOO, out / "tuning.json")
+    return tuning
+
+
+def comparison_members(chosen: dict) -> list[tuple[str, str, list[str]]]:
+    """``(member, arch, overrides)`` of the comparison at the ``chosen`` settings."""
+    base, fbt = chosen["baseline"], chosen["fbt"]
+    return [
+        ("baseline", "baseline", setting_overrides("baseline", base)),
+        ("fbt", "fbt", setting_overrides("fbt", fbt)),
+        (CONTROL, "fbt", [*setting_overrides("baseline", base), "fbt.pass_weights=1,0,0"]),
+    ]
+
+
+def member_regimes(member: str) -> list[str]:
+    return ["standard", "soft", "fused"] if member == "fbt" else ["standard"]
+
+
+def score_member(run: Path, member: str, n: int) -> dict:
+    """Per regime the 1/0 correctness and the completion loss of each of ``n`` test problems (seed
+    0's held-out stream, the same for every member and seed), written to ``results/TEST_FILE``."""
+    path = run / "results" / TEST_FILE
+    if path.is_file():
+        saved = read_json(path)
+        if saved.get("n") == n and set(saved.get("correct", {})) == set(member_regimes(member)):
+            return saved
+    cfg = load_run_config(run / "config.json")
+    examples = heldout_examples(TASK, n, 0, task_settings(cfg.data))
+    row = evaluate_examples(load_model(run), examples, load_tokenizer(run), regimes=member_regimes(member), per_problem=True)
+    result = {"n": n, "problems_seed": 0, "correct": row["correct"], "completion_nll": row["completion_nll"]}
+    with hold(real_directory(run / "results")):
+        write_json(path, result)
+    return result
+
+
+def plain_losses(run: Path) -> tuple[list[int], list[float]]:
+    """The logged steps and plain-pass training losses (FBT's pass 1, the baseline's loss) of a run."""
+    steps, losses = [], []
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if "step" in record and ("loss_pass1" in record or "loss" in record):
+            steps.append(int(record["step"]))
+            losses.append(float(record.get("loss_pass1", record.get("loss"))))
+    return steps, losses
+
+
+def time_to_threshold(steps: list[int], losses: list[float], threshold: float, window: int, budget: int) -> tuple[int, bool]:
+    """``(step, reached)``: the first logged step at which the mean of the last ``window`` logged
+    losses is at most ``threshold``; ``(budget, False)`` when it never is (censored)."""
+    for i in range(window - 1, len(losses)):
+        if sum(losses[i - window + 1 : i + 1]) / window <= threshold:
+            return steps[i], True
+    return budget, False
+
+
+def shared_bitwise(control: Path, baseline: Path) -> bool:
+    """Whether every tensor the baseline has is bitwise the same in the control's weights."""
+    a, b = load_file(str(baseline / "model.safetensors")), load_file(str(control / "model.safetensors"))
+    return all(name in b and torch.equal(a[name], b[name]) for name in a)
+
+
+def readings(per_seed: dict[int, dict[str, dict]], threshold: float, window: int, budget: int) -> dict:
+    """The study's readouts from ``per_seed[seed][member]`` = ``{correct, completion_nll, steps,
+    losses}`` (``correct`` / ``completion_nll``: regime -> one value per test problem): per member
+    and regime the accuracy with its seed-by-problem interval; every comparison of ``FAMILY`` with
+    Holm's correction; the per-step loss gaps and the times to the threshold."""
+    seeds = sorted(per_seed)
+    S = len(seeds)
+
+    def matrix(member: str, what: str, regime: str) -> np.ndarray:
+        return np.array([per_seed[s][member][what][regime] for s in seeds], dtype=np.float64)
+
+    accuracy = {
+        member: {r: stats.crossed_interval(matrix(member, "correct", r)) for r in member_regimes(member)}
+        for member in ("baseline", "fbt", CONTROL)
+    }
+    cells: dict[str, dict] = {}
+    for r in ("standard", "soft", "fused"):
+        cells[f"fbt {r} - baseline: accuracy"] = stats.paired_difference(
+            matrix("baseline", "correct", "standard"), matrix("fbt", "correct", r)
+        )
+        cells[f"fbt {r} - baseline: completion loss"] = stats.paired_difference(
+            matrix("baseline", "completion_nll", "standard"), matrix("fbt", "completion_nll", r)
+        )
+    steps = per_seed[seeds[0]]["baseline"]["steps"]
+    base_curves = np.array([per_seed[s]["baseline"]["losses"] for s in seeds])
+    fbt_curves = np.array([per_seed[s]["fbt"]["losses"] for s in seeds])
+    gap = fbt_curves - base_curves
+    half = len(steps) // 2
+    cells["fbt - baseline: plain-pass training loss, last half"] = stats.paired_difference(
+        base_curves[:, half:].mean(axis=1, keepdims=True), fbt_curves[:, half:].mean(axis=1, keepdims=True)
+    )
+    reached: dict[str, list[tuple[int, bool]]] = {m: [] for m in ("baseline", "fbt", CONTROL)}
+    for member, rows in reached.items():
+        for s in seeds:
+            rows.append(time_to_threshold(per_seed[s][member]["steps"], per_seed[s][member]["losses"], threshold, window, budget))
+    times = stats.paired_times(reached["baseline"], reached["fbt"])
+    cells["fbt - baseline: steps to the loss threshold"] = {**times, "level": 0.95}
+    cells[f"{CONTROL} - baseline: accuracy"] = stats.paired_difference(
+        matrix("baseline", "correct", "standard"), matrix(CONTROL, "correct", "standard")
+    )
+    cells[f"{CONTROL} - baseline: completion loss"] = stats.paired_difference(
+        matrix("baseline", "completion_nll", "standard"), matrix(CONTROL, "completion_nll", "standard")
+    )
+    family = stats.family({name: cells[name] for name in FAMILY})
+    return {
+        "seeds": seeds,
+        "accuracy": accuracy,
+        "family": family,
+        "wording": {name: _words(cell) for name, cell in family.items()},
+        "loss_gap_per_step": {
+            "steps": steps,
+            "cells": [stats.crossed_interval(gap[:, [i]]) if S > 1 else {"mean": float(gap[0, i])} for i in range(len(steps))],
+        },
+        "time_to_threshold": {
+            "threshold": threshold,
+            "window": window,
+            **{
+                member: {
+                    "per_seed": [{"step": t, "reached": e} for t, e in rows],
+                    "median": stats.median_time([t for t, _ in rows], [e for _, e in rows]),
+                    "kaplan_meier": stats.kaplan_meier([t for t, _ in rows], [e for _, e in rows])
+                    if any(e for _, e in rows)
+                    else [],
+                }
+                for member, rows in reached.items()
+            },
+        },
+    }
+
+
+def _words(cell: dict) -> str:
+    if "earlier" in cell:  # a sign test of who reached the threshold first
+        text = f"FBT first at {cell['earlier']}, the baseline at {cell['later']}, undetermined {cell['undetermined']}; Holm p = {cell['p_holm']:.3g} over {cell['family_size']}"
+        return text if cell["detectable"] else f"no detectable difference: {text}"
+    return stats.describe(cell)
+
+
+def run_comparison(
+    scale: str = "micro",
+    out: str | Path | None = None,
+    *,
+    seeds: int = 5,
+    threads: int | None = None,
+    jobs: int | None = None,
+    progress: bool | Callable = True,
+) -> dict:
+    """Tune (``tune``), train the comparison at seeds 0..``seeds``-1 into ``out`` (default
+    ``runs/studies/fbt-vs-baseline``), score every member on the test problems and write
+    ``study.json``: the tuning, the members' rows and the ``readings``."""
+    s = _scale(scale)
+    if not 2 <= seeds <= MAX_SEEDS:
+        raise BadInput(f"seeds={seeds}: expected 2..{MAX_SEEDS} training seeds (a paired interval needs two)")
+    threads = s["threads"] if threads is None else threads
+    jobs = s["jobs"] if jobs is None else jobs
+    out = Path(out) if out is not None else Path("runs") / "studies" / STUDY
+    previous_summary(out / "study.json")  # a user's file of that name is refused before anything is trained
+    started = time.perf_counter()
+    tuning = tune(scale, out, threads=threads, jobs=jobs, progress=progress)
+    plan = []
+    for seed in range(seeds):
+        for member, arch, overrides in comparison_members(tuning["chosen"]):
+            plan.append((seed_name(member, seed), member, seed, member_config(scale, arch, [f"train.seed={seed}", *overrides])))
+    summary = {
+        "study": STUDY,
+        "scale": scale,
+        "seeds": seeds,
+        "threads": threads,
+        "jobs": jobs,
+        "torch": torch.__version__,
+        "models": {},
+    }
+    summary = train_plan(
+        plan, out, out / "study.json", summary, scale=scale, threads=threads, jobs=jobs, progress=progress, targets=s["targets"]
+    )
+    per_seed: dict[int, dict[str, dict]] = {}
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads * jobs)
+    try:
+        for name, member, seed, _ in plan:
+            scores = score_member(out / name, member, s["test"])
+            steps, losses = plain_losses(out / name)
+            per_seed.setdefault(seed, {})[member] = {**scores, "steps": steps, "losses": losses}
+    finally:
+        torch.set_num_threads(before)
+    with hold(out):
+        summary["tuning"] = {k: tuning[k] for k in ("rule", "tuning_seed", "validation_problems", "rows", "chosen")}
+        summary["family"] = list(FAMILY)
+        summary["readings"] = readings(per_seed, s["threshold"], s["window"], s["steps"])
+        summary["readings"]["control_bitwise_seeds"] = sum(
+            shared_bitwise(out / seed_name(CONTROL, seed), out / seed_name("baseline", seed)) for seed in range(seeds)
+        )
+        summary["commit"] = source_commit()
+        summary["study_wall_seconds"] = round(time.perf_counter() - started, 1)
+        write_json(out / "study.json", summary)
+        record_made(out, ZOO, out / "study.json")
+    return summary
