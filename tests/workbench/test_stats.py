@@ -157,3 +157,13 @@ def test_paired_times_count_a_censored_run_as_later_and_test_the_signs():
     mirrored = stats.paired_times(b, a)
     assert (mirrored["earlier"], mirrored["later"]) == (0, 4)
     assert stats.paired_times([(600, False)], [(600, False)])["p"] == 1.0
+
+
+def test_bounds_clip_an_interval_to_the_range_its_mean_cannot_leave():
+    """Accuracies 0.9 and 1.0 at two seeds (one problem each): t(1) = 12.71 x se 0.05 reaches 1.59;
+    clipped to (0, 1) the upper end is 1, the lower end and the p-value are unchanged."""
+    free = stats.crossed_interval([[0.9], [1.0]])
+    clipped = stats.crossed_interval([[0.9], [1.0]], bounds=(0.0, 1.0))
+    assert free["high"] > 1.5 and clipped["high"] == 1.0
+    assert clipped["low"] == free["low"] and clipped["p"] == free["p"]
+    assert stats.paired_difference([[0.0], [0.3]], [[0.9], [1.0]], bounds=(-1.0, 1.0))["high"] == 1.0  # 0.8 +- 12.7 x 0.1

@@ -313,13 +313,13 @@ def readings(per_seed: dict[int, dict[str, dict]], threshold: float, window: int
         return np.array([per_seed[s][member][what][regime] for s in seeds], dtype=np.float64)
 
     accuracy = {
-        member: {r: stats.crossed_interval(matrix(member, "correct", r)) for r in member_regimes(member)}
+        member: {r: stats.crossed_interval(matrix(member, "correct", r), bounds=(0.0, 1.0)) for r in member_regimes(member)}
         for member in ("baseline", "fbt", CONTROL)
     }
     cells: dict[str, dict] = {}
     for r in ("standard", "soft", "fused"):
         cells[f"fbt {r} - baseline: accuracy"] = stats.paired_difference(
-            matrix("baseline", "correct", "standard"), matrix("fbt", "correct", r)
+            matrix("baseline", "correct", "standard"), matrix("fbt", "correct", r), bounds=(-1.0, 1.0)
         )
         cells[f"fbt {r} - baseline: completion loss"] = stats.paired_difference(
             matrix("baseline", "completion_nll", "standard"), matrix("fbt", "completion_nll", r)
@@ -339,7 +339,7 @@ def readings(per_seed: dict[int, dict[str, dict]], threshold: float, window: int
     times = stats.paired_times(reached["baseline"], reached["fbt"])
     cells["fbt - baseline: steps to the loss threshold"] = {**times, "level": 0.95}
     cells[f"{CONTROL} - baseline: accuracy"] = stats.paired_difference(
-        matrix("baseline", "correct", "standard"), matrix(CONTROL, "correct", "standard")
+        matrix("baseline", "correct", "standard"), matrix(CONTROL, "correct", "standard"), bounds=(-1.0, 1.0)
     )
     cells[f"{CONTROL} - baseline: completion loss"] = stats.paired_difference(
         matrix("baseline", "completion_nll", "standard"), matrix(CONTROL, "completion_nll", "standard")

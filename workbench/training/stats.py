@@ -53,11 +53,13 @@ def wilson(successes: int, n: int, level: float = 0.95) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def crossed_interval(y, level: float = 0.95) -> dict:
+def crossed_interval(y, level: float = 0.95, bounds: tuple[float, float] | None = None) -> dict:
     """Mean of ``y`` [seeds, problems] with its two-way random-effects interval (module docstring):
     ``{mean, low, high, se, df, p, n_seeds, n_problems, level}``, ``p`` the two-sided p-value of
     mean 0. One seed: problems are the only variance measured (said by ``n_seeds``); one problem
-    (a per-seed number such as a loss): the Student-t interval across seeds."""
+    (a per-seed number such as a loss): the Student-t interval across seeds. ``bounds``: the range
+    the mean cannot leave (``(0, 1)`` for an accuracy, ``(-1, 1)`` for a difference of two), to
+    which the interval is clipped: the true value lies inside, so clipping never loses coverage."""
     y = np.asarray(y, dtype=np.float64)
     if y.ndim != 2 or y.shape[0] < 1 or y.shape[1] < 1 or y.size < 2:
         raise ValueError(f"crossed_interval needs a [seeds, problems] matrix of at least 2 values, got shape {y.shape}")
@@ -85,7 +87,10 @@ def crossed_interval(y, level: float = 0.95) -> dict:
         return _cell(mean, mean, mean, 0.0, df, 0.0 if mean else 1.0, S, P, level)
     q = float(student_t.ppf(0.5 + level / 2, df))
     p = float(2 * student_t.sf(abs(mean) / se, df))
-    return _cell(mean, mean - q * se, mean + q * se, se, df, p, S, P, level)
+    low, high = mean - q * se, mean + q * se
+    if bounds is not None:
+        low, high = max(low, bounds[0]), min(high, bounds[1])
+    return _cell(mean, low, high, se, df, p, S, P, level)
 
 
 def _cell(mean, low, high, se, df, p, S, P, level) -> dict:
@@ -102,16 +107,20 @@ def _cell(mean, low, high, se, df, p, S, P, level) -> dict:
     }
 
 
-def paired_difference(a, b, level: float = 0.95) -> dict:
+def paired_difference(a, b, level: float = 0.95, bounds: tuple[float, float] | None = None) -> dict:
     """``b - a`` for two models scored at matched seeds on the same problems ([seeds, problems]
-    each): the crossed interval of the differences, with ``seeds_higher`` / ``seeds_lower`` counting
-    the seeds whose mean difference is above / below 0."""
+    each): the crossed interval of the differences (clipped to ``bounds``), with ``seeds_higher`` /
+    ``seeds_lower`` counting the seeds whose mean difference is above / below 0."""
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if a.shape != b.shape:
         raise ValueError(f"paired_difference needs matrices of one shape, got {a.shape} and {b.shape}")
     d = b - a
     per_seed = d.mean(axis=1)
-    return {**crossed_interval(d, level), "seeds_higher": int((per_seed > 0).sum()), "seeds_lower": int((per_seed < 0).sum())}
+    return {
+        **crossed_interval(d, level, bounds),
+        "seeds_higher": int((per_seed > 0).sum()),
+        "seeds_lower": int((per_seed < 0).sum()),
+    }
 
 
 def kaplan_meier(times: Sequence[float], events: Sequence[bool]) -> list[tuple[float, float]]:
