@@ -611,3 +611,21 @@ def test_a_writer_removes_only_what_it_recorded_making(tmp_path, caplog, fails):
     assert (writer.staging / "notes.txt").read_text() == "mine: notes.txt"
     named = [r.getMessage() for r in caplog.records if "did not create" in r.getMessage()]
     assert len(named) == 1 and "notes.txt" in named[0] and "deep.txt" in named[0], named
+
+
+def test_a_directory_given_relative_to_the_working_directory_records_what_it_made(tmp_path, monkeypatch):
+    """``workbench zoo --out runs/x`` passes relative paths: the record named nothing (the made
+    path was joined onto the directory a second time), so the study's second stage refused its own
+    tuning.json as a user's file."""
+    from workbench.storage.outputs import owns, read_record
+
+    monkeypatch.chdir(tmp_path)
+    out = Path("runs") / "x"
+    with hold(out):
+        (out / "zoo.json").write_text("{}")
+        (out / "run").mkdir()
+        (out / "run" / "a.txt").write_text("a")
+        record_made(out, "zoo", out / "zoo.json", out / "run")
+    made = read_record(out)["made"]
+    assert set(made) == {"zoo.json", "run", "run/a.txt"}
+    assert owns(read_record(out), out, "zoo.json") and owns(read_record(tmp_path / out), tmp_path / out, "zoo.json")

@@ -271,8 +271,8 @@ def new_record(directory: str | Path, kind: str) -> None:
 
 
 def record_made(directory: str | Path, kind: str, *paths: str | Path, recursive: bool = True) -> None:
-    """Add ``paths`` (inside ``directory``, which the caller holds; a directory with all it holds
-    unless not ``recursive``) to ``directory``'s ``kind`` record with the identity they have now,
+    """Add ``paths`` (inside ``directory``, which the caller holds, each as a path of its own, not
+    one relative to ``directory``; a directory with all it holds unless not ``recursive``) to ``directory``'s ``kind`` record with the identity they have now,
     starting the record if there is none, and drop the entries that are gone. Called after every
     write of a recorded file: a replaced file is a new inode."""
     directory = Path(directory)
@@ -280,12 +280,12 @@ def record_made(directory: str | Path, kind: str, *paths: str | Path, recursive:
     if record is not None and record["kind"] != kind:
         raise OutputExists(f"{directory} holds {record['kind']!r} output, not {kind!r}: choose another directory")
     made = {rel: stamp for rel, stamp in (record or {"made": {}})["made"].items() if _stamp(directory / rel) is not None}
-    for path in map(Path, paths):
-        path = path if path.is_absolute() else directory / path
+    base = Path(os.path.abspath(directory))  # a relative path is the working directory's, as every caller's is
+    for path in (Path(os.path.abspath(p)) for p in paths):
         if recursive:
-            made.update(_stamps(path, directory))
+            made.update(_stamps(path, base))
         elif _stamp(path) is not None:
-            made[str(path.relative_to(directory))] = _stamp(path)
+            made[str(path.relative_to(base))] = _stamp(path)
     _write_record(directory, kind, made)
 
 
