@@ -36,6 +36,7 @@ from workbench.runtime.config import make_config
 from workbench.storage.errors import BadInput, MissingFile
 from workbench.storage.files import read_json, write_json
 from workbench.storage.outputs import LOCK, RECORD, hold, record_made
+from workbench.training import stats
 from workbench.training.intervals import seed_interval
 from workbench.training.runconfig import load_run_config
 from workbench.training.train import RUN
@@ -157,6 +158,7 @@ def run_study(
             summary["readings"] = hd_ablations(summary["models"])
             for member, ratio in hd_step_times(out, sorted(summary["readings"]), threads).items():
                 summary["readings"][member]["step_time_vs_hd1"] = ratio
+        summary["family"] = study_family(summary)
         write_json(out / "study.json", summary)
         record_made(out, ZOO, out / "study.json")
     return summary
@@ -422,6 +424,50 @@ def hd_step_times(out: Path, members: list[str], threads: int, reps: int = 5) ->
         r = ratio_of(times, "hd1", name, what_a="hd1 train step", what_b=f"{name} train step")
         ratios[name] = {"ratio": r["ratio"], "spread": r["spread"]}
     return ratios
+
+
+# ---- families ----------------------------------------------------------------------------
+
+
+def study_family(study: dict) -> dict[str, dict]:
+    """A study's declared family of paired comparisons, each across its seeds (``stats.paired_difference``
+    on the per-seed values, in seed order) and Holm-corrected together (``stats.family``):
+    ``three-pass``: each nonzero fraction minus fraction 0 in lambda(1000) of the carried-state map
+    and of the whole step and in the K = 8 residual; ``hd-ablations``: each member minus its
+    reference in accuracy and completion loss; ``data-efficiency``: FBT's completion loss minus the
+    baseline's at the same tokens, per budget and regime."""
+    readings, cells = study.get("readings", {}), {}
+
+    def paired(name: str, a: Sequence[float], b: Sequence[float]) -> None:
+        if len(a) == len(b) and len(a) >= 2:
+            cells[name] = stats.paired_difference([[x] for x in a], [[y] for y in b])
+
+    if study.get("study") == "three-pass":
+        zero = readings.get("fbt-3pass0")
+        for member, r in readings.items():
+            if zero is None or member == "fbt-3pass0":
+                continue
+            for key, label in (("lyapunov_tangent", "lambda(1000)"), ("lyapunov_tangent_full", "whole-step lambda(1000)")):
+                if "1000" in r[key] and "1000" in zero[key]:
+                    paired(f"{member} - fbt-3pass0: {label}", zero[key]["1000"]["values"], r[key]["1000"]["values"])
+            paired(
+                f"{member} - fbt-3pass0: residual K=8", zero["kpass_residual"]["8"]["values"], r["kpass_residual"]["8"]["values"]
+            )
+    elif study.get("study") == "hd-ablations":
+        for member, r in readings.items():
+            if "paired" in r:
+                for what in ("accuracy", "completion_loss"):
+                    values = r["paired"][what]["values"]
+                    paired(f"{member} - {r['paired']['reference']}: {what.replace('_', ' ')}", [0.0] * len(values), values)
+    elif study.get("study") == "data-efficiency":
+        for r in readings.values():
+            if r.get("baseline_loss"):
+                paired(
+                    f"fbt - baseline at {r['tokens']} tokens, {r['regime']}: completion loss",
+                    r["baseline_loss"]["values"],
+                    r["fbt_loss"]["values"],
+                )
+    return stats.family(cells) if cells else {}
 
 
 # ---- tables ------------------------------------------------------------------------------

@@ -217,3 +217,35 @@ def test_reuse_needs_a_study_and_a_zoo(tmp_path):
         f"no zoo there (missing {tmp_path / 'zoo.json'})",
     )
     assert not (tmp_path / "s").exists()  # refused before anything is written
+
+
+def test_a_studys_declared_family_pairs_by_seed_and_corrects_over_all_of_it():
+    """Three-pass with one nonzero fraction: lambda(1000) higher by 1.0, 1.2, 1.4 (mean 1.2, sd 0.2,
+    se 0.2 / sqrt(3), t = 10.39 on 2 df, p = 0.0091); the whole step and K = 8 differ by amounts
+    that spread around 0. Holm over the 3: the smallest p times 3."""
+    from scipy.stats import t as student_t
+
+    from workbench.comparisons import study_family
+
+    def member(lam, full, k8):
+        return {
+            "lyapunov_tangent": {"1000": {"values": lam}},
+            "lyapunov_tangent_full": {"1000": {"values": full}},
+            "kpass_residual": {"8": {"values": k8}},
+        }
+
+    study = {
+        "study": "three-pass",
+        "readings": {
+            "fbt-3pass0": member([-2.0, -2.0, -2.0], [0.0, 0.0, 0.0], [0.9, 0.9, 0.9]),
+            "fbt-3pass0.1": member([-1.0, -0.8, -0.6], [0.01, -0.01, 0.0], [0.5, 1.0, 1.2]),
+        },
+    }
+    family = study_family(study)
+    assert len(family) == 3 and all(c["family_size"] == 3 for c in family.values())
+    cell = family["fbt-3pass0.1 - fbt-3pass0: lambda(1000)"]
+    p = 2 * student_t.sf(1.2 / (0.2 / math.sqrt(3)), 2)
+    assert cell["mean"] == pytest.approx(1.2) and cell["p"] == pytest.approx(p) and cell["seeds_higher"] == 3
+    assert cell["p_holm"] == pytest.approx(3 * p) and cell["detectable"]
+    assert not family["fbt-3pass0.1 - fbt-3pass0: whole-step lambda(1000)"]["detectable"]
+    assert study_family({"study": "hd-ablations", "readings": {"hd1": {}}}) == {}

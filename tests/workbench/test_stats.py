@@ -167,3 +167,16 @@ def test_bounds_clip_an_interval_to_the_range_its_mean_cannot_leave():
     assert free["high"] > 1.5 and clipped["high"] == 1.0
     assert clipped["low"] == free["low"] and clipped["p"] == free["p"]
     assert stats.paired_difference([[0.0], [0.3]], [[0.9], [1.0]], bounds=(-1.0, 1.0))["high"] == 1.0  # 0.8 +- 12.7 x 0.1
+
+
+def test_a_familys_simultaneous_interval_is_bonferronis_by_hand():
+    """mean 1, se 0.5, df 4 in a family of 3: the simultaneous 95% interval is the 1 - 0.05/3 one,
+    1 +- t(0.99167, 4) x 0.5 = 1 +- 1.981 (t = 3.961), wider than the single 1 +- 1.388; a bounded
+    cell is clipped to its bounds."""
+    cell = {"mean": 1.0, "low": 1 - 1.388, "high": 1 + 1.388, "se": 0.5, "df": 4.0, "p": 0.1, "level": 0.95}
+    out = stats.family({"a": cell, "b": {**cell, "p": 0.5}, "c": {**cell, "bounds": [-1.0, 1.0], "p": 0.6}})
+    half = student_t.ppf(1 - 0.05 / 6, 4) * 0.5
+    assert half == pytest.approx(1.981, abs=1e-3)
+    assert out["a"]["family_low"] == pytest.approx(1 - half) and out["a"]["family_high"] == pytest.approx(1 + half)
+    assert out["c"]["family_high"] == 1.0
+    assert stats.describe(out["a"]).startswith(f"no detectable difference: +1.000 [{1 - half:+.3f}, {1 + half:+.3f}]")

@@ -90,6 +90,7 @@ def crossed_interval(y, level: float = 0.95, bounds: tuple[float, float] | None 
     low, high = mean - q * se, mean + q * se
     if bounds is not None:
         low, high = max(low, bounds[0]), min(high, bounds[1])
+        return {**_cell(mean, low, high, se, df, p, S, P, level), "bounds": list(bounds)}
     return _cell(mean, low, high, se, df, p, S, P, level)
 
 
@@ -180,22 +181,33 @@ def holm(p_values: Sequence[float]) -> list[float]:
 
 def family(cells: Mapping[str, dict]) -> dict[str, dict]:
     """A study's declared family of comparisons (name -> ``paired_difference`` or ``crossed_interval``
-    cell), each given ``p_holm`` (Holm over the family, named by ``family_size``) and ``detectable``:
-    whether its adjusted p is below 1 - level."""
+    cell), each given ``p_holm`` (Holm over the family, named by ``family_size``), ``detectable``:
+    whether its adjusted p is below 1 - level, and, for a cell with an interval, the simultaneous
+    interval over the family ``family_low`` / ``family_high`` (Bonferroni: the level 1 - (1 -
+    level) / m interval, which holds for all m together; more conservative than Holm, so a
+    difference Holm detects can still have one that touches 0)."""
     names = list(cells)
     adjusted = holm([cells[n]["p"] for n in names])
-    return {
-        n: {**cells[n], "p_holm": p, "family_size": len(names), "detectable": p < 1 - cells[n]["level"]}
-        for n, p in zip(names, adjusted)
-    }
+    out = {}
+    for n, p in zip(names, adjusted):
+        cell = {**cells[n], "p_holm": p, "family_size": len(names), "detectable": p < 1 - cells[n]["level"]}
+        if "se" in cell and "df" in cell:
+            q = float(student_t.ppf(1 - (1 - cell["level"]) / (2 * len(names)), cell["df"])) if cell["se"] > 0 else 0.0
+            low, high = cell["mean"] - q * cell["se"], cell["mean"] + q * cell["se"]
+            if "bounds" in cell:
+                low, high = max(low, cell["bounds"][0]), min(high, cell["bounds"][1])
+            cell["family_low"], cell["family_high"] = low, high
+        out[n] = cell
+    return out
 
 
 def describe(cell: dict, digits: int = 3) -> str:
     """The wording rule: ``+0.052 [+0.013, +0.091], 5 of 5 seeds higher`` for a detectable
     difference; ``no detectable difference: +0.010 [-0.021, +0.041], 3 of 5 seeds higher`` for one
     whose interval includes 0, or whose Holm-adjusted p (when the cell has one) is not below
-    1 - level."""
-    text = f"{cell['mean']:+.{digits}f} [{cell['low']:+.{digits}f}, {cell['high']:+.{digits}f}]"
+    1 - level. A family's cell shows its simultaneous interval."""
+    low, high = cell.get("family_low", cell["low"]), cell.get("family_high", cell["high"])
+    text = f"{cell['mean']:+.{digits}f} [{low:+.{digits}f}, {high:+.{digits}f}]"
     if "seeds_higher" in cell:
         text += f", {cell['seeds_higher']} of {cell['n_seeds']} seeds higher"
     if "p_holm" in cell:
