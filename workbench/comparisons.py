@@ -481,8 +481,34 @@ def interval_text(cell: dict | None, digits: int = 3) -> str:
     return mean if cell["n"] < 2 else f"{mean} [{cell['low']:.{digits}g}, {cell['high']:.{digits}g}]"
 
 
+def family_rows(study: dict) -> list[dict]:
+    """A study's declared family (``study_family``, or the fair study's), one row per comparison:
+    the difference with its simultaneous interval, the seeds on each side, Holm's p and the
+    reading (``stats.describe``'s rule)."""
+    rows = []
+    for name, cell in study.get("family", {}).items():
+        if "earlier" in cell:  # who reached a threshold first, by seed
+            difference = "-"
+            seeds = f"FBT first {cell['earlier']}, baseline first {cell['later']}, undetermined {cell['undetermined']}"
+        else:
+            low, high = cell.get("family_low", cell["low"]), cell.get("family_high", cell["high"])
+            difference = f"{cell['mean']:+.3g} [{low:+.3g}, {high:+.3g}]"
+            seeds = f"{cell['seeds_higher']} higher, {cell['seeds_lower']} lower"
+        reading = "detectable" if cell["detectable"] else "no detectable difference"
+        rows.append(
+            {"comparison": name, "difference": difference, "seeds": seeds, "Holm p": f"{cell['p_holm']:.3g}", "reading": reading}
+        )
+    return rows
+
+
 def reading_rows(study: dict) -> list[dict]:
     """A study's ``readings`` as table rows of text cells (mean [95% interval] across seeds)."""
+    if study.get("study") == "fbt-vs-baseline":  # accuracy on the shared test problems, seeds x problems
+        return [
+            {"member": member, "regime": regime, "accuracy": f"{c['mean']:.3g} [{c['low']:.3g}, {c['high']:.3g}]"}
+            for member, regimes in study.get("readings", {}).get("accuracy", {}).items()
+            for regime, c in regimes.items()
+        ]
     rows = []
     for key, r in study.get("readings", {}).items():
         if study.get("study") == "data-efficiency":

@@ -9,7 +9,7 @@ import streamlit as st
 
 from app.charts import member_accuracy
 from app.state import runs_root, shown_errors
-from workbench.comparisons import interval_text, reading_rows
+from workbench.comparisons import family_rows, interval_text, reading_rows
 from workbench.seed_readings import zoo_readings
 from workbench.storage.errors import BadInput
 from workbench.storage.files import read_json
@@ -21,8 +21,8 @@ st.title("Zoo and studies")
 root = runs_root()
 
 
-def read_summary(path: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame | None]:
-    """The ``zoo.json`` or ``study.json`` at ``path``, its members' rows and (a study's) readings;
+def read_summary(path: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame | None, pd.DataFrame | None]:
+    """The ``zoo.json`` or ``study.json`` at ``path``, its members' rows and (a study's) readings and family;
     ``BadInput`` naming the file and what in it is wrong when it is not what ``workbench zoo``
     writes (the page shows that, and the other summaries stay selectable)."""
     summary = read_json(path)
@@ -34,9 +34,10 @@ def read_summary(path: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame | None]:
     try:
         rows = pd.DataFrame(seed_rows(summary))
         readings = pd.DataFrame(reading_rows(summary)) if study else None
+        family = pd.DataFrame(family_rows(summary)) if study else None
     except (AttributeError, IndexError, KeyError, TypeError, ValueError) as err:
         raise BadInput(f"{path} is not a summary that `workbench zoo` writes: {type(err).__name__}: {err}") from None
-    return summary, rows, readings
+    return summary, rows, readings, family
 
 
 def summaries(root: Path) -> dict[str, Path]:
@@ -60,7 +61,7 @@ if not found:
 where = st.selectbox("Zoo or study", list(found), key="summary")
 summary = None
 with shown_errors(f"Reading {found[where]}"):
-    summary, rows, readings = read_summary(found[where])
+    summary, rows, readings, family = read_summary(found[where])
 if summary is None:
     st.stop()
 
@@ -87,6 +88,13 @@ if study:
         st.caption(
             "But 'step time / hd1': one training step of the seed-0 model over hd1's, measured side by side in one "
             "process (the median of interleaved repetitions); 'time / hd1' is from the runs' own training logs."
+        )
+    if family is not None and not family.empty:
+        st.subheader(f"The declared family of {len(family)} comparisons")
+        st.dataframe(family, hide_index=True)
+        st.caption(
+            "Each comparison paired by seed; the interval is simultaneous over the family (Bonferroni), the reading "
+            "Holm's: an interval through 0, or a Holm-adjusted p of 0.05 or more, is no detectable difference."
         )
 
 st.subheader("Members across seeds")

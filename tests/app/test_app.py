@@ -594,6 +594,9 @@ def test_zoo_page_shows_seed_spread_and_a_studys_readings(monkeypatch, micro_zoo
     readings = at.dataframe[0].value
     assert len(readings) == 9 and set(readings["FBT regime"]) == {"standard", "soft", "fused"}
     assert readings["FBT loss"].str.contains(r"\[").all()  # two seeds: every loss has an interval
+    family = at.dataframe[1].value  # the study's declared family, Holm-corrected
+    assert len(family) == 9 and set(family["reading"]) <= {"detectable", "no detectable difference"}
+    assert any("declared family of 9" in h.value for h in at.subheader)
 
 
 # Hostile files under the runs root (#35, "the app and its jobs"): a malformed job, probe report or zoo

@@ -164,7 +164,15 @@ def test_the_study_end_to_end_on_the_micro_scale(tmp_path):
     n = fvb.SCALES["micro"]["test"]
     for name in ("baseline", "fbt-seed1", "fbt-no-feedback"):
         assert all(len(v) == n for v in read_json(out / name / "results" / fvb.TEST_FILE)["correct"].values())
-    assert set(study["readings"]["family"]) == set(fvb.FAMILY)
+    assert set(study["family"]) == set(fvb.FAMILY)
+    from workbench.comparisons import family_rows, reading_rows
+
+    assert [r["comparison"] for r in family_rows(study)] == list(fvb.FAMILY)
+    assert {(r["member"], r["regime"]) for r in reading_rows(study)} == {
+        ("baseline", "standard"),
+        *(("fbt", r) for r in ("standard", "soft", "fused")),
+        (fvb.CONTROL, "standard"),
+    }
     assert_usage_error(
         ["zoo", "--study", "fbt-vs-baseline", "--preset", "quick", "--seeds", "2", "--out", str(tmp_path / "q")],
         "quick",

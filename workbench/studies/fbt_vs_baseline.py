@@ -427,8 +427,8 @@ def run_comparison(
         torch.set_num_threads(before)
     with hold(out):
         summary["tuning"] = {k: tuning[k] for k in ("rule", "tuning_seed", "validation_problems", "rows", "chosen")}
-        summary["family"] = list(FAMILY)
         summary["readings"] = readings(per_seed, s["threshold"], s["window"], s["steps"])
+        summary["family"] = summary["readings"].pop("family")  # where every study keeps its family
         summary["readings"]["control_bitwise_seeds"] = sum(
             shared_bitwise(out / seed_name(CONTROL, seed), out / seed_name("baseline", seed)) for seed in range(seeds)
         )
