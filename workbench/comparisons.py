@@ -47,6 +47,7 @@ from workbench.training.zoo import (
     config_differences,
     execution,
     member_config,
+    new_summary,
     previous_summary,
     seed_name,
     train_plan,
@@ -128,15 +129,7 @@ def run_study(
         for (name, arch, overrides, source), member in zip(study_members(study, scale, seed), plain):
             init = str(out / source) if source else None
             plan.append((name, member, seed, member_config(scale, arch, overrides, init)))
-    summary = {
-        "study": study,
-        "scale": scale,
-        "seeds": seeds,
-        "threads": threads,
-        "jobs": jobs,
-        "torch": torch.__version__,
-        "models": {},
-    }
+    summary = new_summary(scale, seeds, threads, jobs, study=study)
     previous_summary(out / "study.json")  # a user's file of that name is refused before anything is copied or trained
     copies = zoo_counterparts(plan, Path(reuse)) if reuse is not None else {}
     if copies:

@@ -44,7 +44,7 @@ from workbench.storage.provenance import source_commit
 from workbench.training import stats
 from workbench.training.evaluate import evaluate_examples
 from workbench.training.runconfig import load_run_config, make_run_config, task_settings
-from workbench.training.zoo import MAX_SEEDS, ZOO, previous_summary, seed_name, train_plan
+from workbench.training.zoo import MAX_SEEDS, ZOO, new_summary, previous_summary, seed_name, train_plan
 
 STUDY = "fbt-vs-baseline"
 TUNING_SEED = 1000  # the sweep's training seed: none of the comparison's seeds 0..MAX_SEEDS-1
@@ -194,15 +194,7 @@ def tune(scale: str, out: Path, *, threads: int, jobs: int, progress: bool | Cal
     """Run the sweep (both stages) into ``out`` and apply ``RULE``: ``{rule, rows, chosen}``,
     written to ``out/tuning.json``."""
     s = _scale(scale)
-    summary = {
-        "study": STUDY,
-        "scale": scale,
-        "seeds": 1,
-        "threads": threads,
-        "jobs": jobs,
-        "torch": torch.__version__,
-        "models": {},
-    }
+    summary = new_summary(scale, 1, threads, jobs, study=STUDY)
     scored: list[dict] = []
 
     def run_stage(rows: list[tuple[str, dict]]) -> None:
@@ -403,15 +395,7 @@ def run_comparison(
     for seed in range(seeds):
         for member, arch, overrides in comparison_members(tuning["chosen"]):
             plan.append((seed_name(member, seed), member, seed, member_config(scale, arch, [f"train.seed={seed}", *overrides])))
-    summary = {
-        "study": STUDY,
-        "scale": scale,
-        "seeds": seeds,
-        "threads": threads,
-        "jobs": jobs,
-        "torch": torch.__version__,
-        "models": {},
-    }
+    summary = new_summary(scale, seeds, threads, jobs, study=STUDY)
     summary = train_plan(
         plan, out, out / "study.json", summary, scale=scale, threads=threads, jobs=jobs, progress=progress, targets=s["targets"]
     )

@@ -186,8 +186,13 @@ def train_zoo(
         for (name, arch, overrides, init), plain in zip(members(scale, out, seed), member_names(scale)):
             if not only or plain in only:
                 plan.append((name, plain, seed, member_config(scale, arch, overrides, init)))
-    summary = {"scale": scale, "seeds": seeds, "threads": threads, "jobs": jobs, "torch": torch.__version__, "models": {}}
+    summary = new_summary(scale, seeds, threads, jobs)
     return train_plan(plan, out, out / "zoo.json", summary, scale=scale, threads=threads, jobs=jobs, progress=progress)
+
+
+def new_summary(scale: str, seeds: int, threads: int, jobs: int, **fields) -> dict:
+    """The head of a zoo's (or, with ``study=``, a study's) summary, before any member is recorded."""
+    return {**fields, "scale": scale, "seeds": seeds, "threads": threads, "jobs": jobs, "torch": torch.__version__, "models": {}}
 
 
 def execution(scale: str, threads: int | None, jobs: int | None) -> tuple[int, int]:
