@@ -293,6 +293,14 @@ def shared_bitwise(control: Path, baseline: Path) -> bool:
     return all(name in b and torch.equal(a[name], b[name]) for name in a)
 
 
+def first_difference(a: dict, b: dict) -> int | None:
+    """The first logged step at which two runs' plain-pass training losses differ (None: never).
+    The control's equal the baseline's to the last bit until its first 2-pass step; from there the
+    gradient norm that clipping divides by also sums the fusion's (zero) gradients, which rounds
+    differently once clipping is active."""
+    return next((step for step, x, y in zip(a["steps"], a["losses"], b["losses"]) if x != y), None)
+
+
 def readings(per_seed: dict[int, dict[str, dict]], threshold: float, window: int, budget: int) -> dict:
     """The study's readouts from ``per_seed[seed][member]`` = ``{correct, completion_nll, steps,
     losses}`` (``correct`` / ``completion_nll``: regime -> one value per test problem): per member
@@ -416,6 +424,9 @@ def run_comparison(
         summary["readings"]["control_bitwise_seeds"] = sum(
             shared_bitwise(out / seed_name(CONTROL, seed), out / seed_name("baseline", seed)) for seed in range(seeds)
         )
+        summary["readings"]["control_same_loss_until"] = [
+            first_difference(per_seed[seed]["baseline"], per_seed[seed][CONTROL]) for seed in range(seeds)
+        ]
         summary["commit"] = source_commit()
         summary["study_wall_seconds"] = round(time.perf_counter() - started, 1)
         write_json(out / "study.json", summary)
