@@ -73,6 +73,10 @@ DOCS_COMMANDS = {
         "workbench traces runs/cpu/fbt runs/cpu/baseline runs/cpu/hd2 runs/cpu/hd4 --task chain "
         "--regimes standard,soft,fused --passes 2 --n 1000 --difficulty 1..4 --out runs/cpu/traces"
     ],
+    "study_fbt_vs_baseline.json": [
+        "workbench zoo --study fbt-vs-baseline --preset modsum --seeds 5",
+        "cp runs/studies/fbt-vs-baseline/study.json docs/results/study_fbt_vs_baseline.json",
+    ],
     "bench_small.json": ["workbench bench --preset small --out docs/results/bench_small.json"],
     "bench_tiny.json": ["workbench bench --preset tiny --out docs/results/bench_tiny.json"],
     "bench_smollm2.json": [  # two runs, their entries in one file
@@ -441,7 +445,8 @@ def data_efficiency_page(results: Path, name: str = "study_data_efficiency.json"
         data_efficiency_table(study),
     ]
     title = f"FBT data efficiency, `{study['scale']}` zoo at {study['seeds']} seeds (measured)"
-    return frame(title, [(name, study)], "\n".join(body), [], results)
+    sources, section = families(results, name)
+    return frame(title, [(name, study), *sources], "\n".join([*body, *section]), [], results)
 
 
 def three_pass_tables(study: dict) -> tuple[str, str]:
@@ -553,7 +558,8 @@ def three_pass_page(results: Path, name: str = "study_three_pass.json") -> str:
         three_pass_paired_table(study),
     ]
     title = f"FBT's stability knob (`three_pass_fraction`), `{study['scale']}` zoo at {study['seeds']} seeds (measured)"
-    return frame(title, [(name, study)], "\n".join(body), [], results)
+    sources, section = families(results, name)
+    return frame(title, [(name, study), *sources], "\n".join([*body, *section]), [], results)
 
 
 def hd_ablations_table(study: dict) -> str:
@@ -633,6 +639,116 @@ def hd_ablations_page(results: Path, name: str = "study_hd_ablations.json") -> s
         hd_ablations_paired_table(study),
     ]
     title = f"Hidden Decoding ablations, `{study['scale']}` zoo at {study['seeds']} seeds (measured)"
+    sources, section = families(results, name)
+    return frame(title, [(name, study), *sources], "\n".join([*body, *section]), [], results)
+
+
+def crossed(cell: dict, digits: int = 3, sign: bool = True) -> str:
+    """A ``workbench.training.stats`` cell: ``+0.052 [+0.013, +0.091]`` (``0.52 [...]`` unsigned)."""
+    return f"{fixed(cell['mean'], digits, sign)} [{fixed(cell['low'], digits, sign)}, {fixed(cell['high'], digits, sign)}]"
+
+
+def family_section(family: dict[str, dict]) -> list[str]:
+    """A study's declared family: per comparison the mean difference with its simultaneous 95%
+    interval over the family (Bonferroni), the seeds on each side, p, Holm's p and the reading."""
+    rows = []
+    for comparison, cell in family.items():
+        if "earlier" in cell:
+            estimate = "-"
+            signs = f"FBT first {cell['earlier']}, baseline first {cell['later']}, undetermined {cell['undetermined']}"
+        else:
+            low, high = cell.get("family_low", cell["low"]), cell.get("family_high", cell["high"])
+            estimate = crossed({"mean": cell["mean"], "low": low, "high": high})
+            signs = f"{cell['seeds_higher']} higher, {cell['seeds_lower']} lower"
+        verdict = "detectable" if cell["detectable"] else "no detectable difference"
+        rows.append([comparison, estimate, signs, f"{cell['p']:.3g}", f"{cell['p_holm']:.3g}", verdict])
+    return [
+        f"## The declared family of {len(family)} comparisons, Holm-corrected",
+        "",
+        "Each comparison paired by seed; the interval is simultaneous over the family (Bonferroni: each at",
+        f"1 - 0.05/{len(family)}); the reading is Holm's (adjusted p below 0.05), which is uniformly more",
+        "powerful, so a detectable difference can still have an interval that touches 0. An interval",
+        "through 0 reads no detectable difference, with the seeds on each side beside it.",
+        "",
+        table(["comparison", "difference [simultaneous 95% interval]", "seeds", "p", "Holm p", "reading"], rows),
+    ]
+
+
+def families(results: Path, name: str) -> tuple[list[tuple[str, dict]], list[str]]:
+    """The source entry and the family section of study file ``name`` from study_families.json."""
+    data = read(results, "study_families.json")
+    return [("study_families.json", data)], family_section(data["families"][name])
+
+
+def fbt_vs_baseline_page(results: Path, name: str = "study_fbt_vs_baseline.json") -> str:
+    study = read(results, name)
+    tuning, readings = study["tuning"], study["readings"]
+    chosen = {row["name"] for row in tuning["chosen"].values()}
+    sweep = [
+        [
+            f"`{row['name']}`" + (" (chosen)" if row["name"] in chosen else ""),
+            f"{row['lr']:g}",
+            f"{row['feedback_start']:g}" if "feedback_start" in row else "-",
+            f"{row['ramp']:g}" if "ramp" in row else "-",
+            row["regime"],
+            f"{row['validation_loss']:.4f}",
+        ]
+        for row in tuning["rows"]
+    ]
+    accuracy = [
+        [f"`{member}`", regime, crossed(cell, sign=False), f"{cell['n_seeds']} x {cell['n_problems']}"]
+        for member, regimes in readings["accuracy"].items()
+        for regime, cell in regimes.items()
+    ]
+    gap = readings["loss_gap_per_step"]
+    every = max(1, len(gap["steps"]) // 10)
+    gaps = [[str(step), crossed(cell)] for i, (step, cell) in enumerate(zip(gap["steps"], gap["cells"])) if (i + 1) % every == 0]
+    times = readings["time_to_threshold"]
+    reach = [
+        [
+            f"`{member}`",
+            ", ".join(str(r["step"]) if r["reached"] else f">{r['step']}" for r in times[member]["per_seed"]),
+            str(times[member]["median"]) if times[member]["median"] is not None else "not reached by half",
+        ]
+        for member in ("baseline", "fbt", "fbt-no-feedback")
+    ]
+    seeds = study["seeds"]
+    body = [
+        "## Tuning, by a rule fixed before the sweep",
+        "",
+        f"Rule: {tuning['rule']} Every sweep run trains at seed {tuning['tuning_seed']} (no comparison member's)",
+        f"and is scored on {tuning['validation_problems']} validation problems (a split of its own: neither",
+        "training data nor the test problems).",
+        "",
+        table(["sweep run", "lr", "feedback_start", "ramp", "regime", "validation loss"], sweep),
+        f"## Accuracy on the same test problems, {seeds} seeds",
+        "",
+        "Each cell: mean [95% interval over seeds and problems] (two-way random effects, Satterthwaite df;",
+        "`workbench.training.stats.crossed_interval`); `fbt-no-feedback` is FBT's model at the baseline's",
+        "setting with no loss on its feedback passes.",
+        "",
+        table(["member", "regime", "accuracy", "seeds x problems"], accuracy),
+        "Compared: each member minus the baseline of its seed, on the same problems (accuracy: 1/0 per",
+        "problem; completion loss: per problem), the plain-pass training loss on identical batches averaged",
+        "over the last half of the logged steps, and which of the pair first brings its plain-pass training",
+        f"loss (averaged over {times['window']} logged steps) to {times['threshold']:g}, a run that never does",
+        "censored at its budget (exact sign test).",
+        "",
+        *family_section(study["family"]),
+        f"The control's weights are bitwise the baseline's at {readings['control_bitwise_seeds']} of {seeds} seeds.",
+        "",
+        "## Plain-pass training loss, FBT minus the baseline, by step",
+        "",
+        "Identical batches at each step (the same seed's data order); mean [95% interval over seeds].",
+        "",
+        table(["step", "FBT - baseline"], gaps),
+        "## Steps to the loss threshold",
+        "",
+        "Per seed (seed 0 first; `>N`: censored at the budget), and the Kaplan-Meier median.",
+        "",
+        table(["member", "steps by seed", "median"], reach),
+    ]
+    title = f"FBT against the baseline, fair by construction: `{study['scale']}` at {seeds} seeds (measured)"
     return frame(title, [(name, study)], "\n".join(body), [], results)
 
 
@@ -1563,6 +1679,10 @@ PAGES: dict[str, tuple[str, Callable[[Path], str]]] = {
     "study_hd_ablations.md": (
         "Hidden Decoding's ablations: accuracy, loss jumps at expansion and step cost by member, paired by seed",
         hd_ablations_page,
+    ),
+    "study_fbt_vs_baseline.md": (
+        "FBT against the baseline with matched initialisation, per-architecture tuning and Holm-corrected family",
+        fbt_vs_baseline_page,
     ),
     "zoo_analyses.md": ("the three-seed zoo's probes, dynamics and traces, each reading across seeds", seed_readings_page),
     "probes.md": ("the layer-0 probe study", probes_page),
