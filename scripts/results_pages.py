@@ -708,7 +708,7 @@ def fbt_vs_baseline_page(results: Path, name: str = "study_fbt_vs_baseline.json"
         [
             f"`{member}`",
             ", ".join(str(r["step"]) if r["reached"] else f">{r['step']}" for r in times[member]["per_seed"]),
-            str(times[member]["median"]) if times[member]["median"] is not None else "not reached by half",
+            f"{times[member]['median']:g}" if times[member]["median"] is not None else "not reached by half",
         ]
         for member in ("baseline", "fbt", "fbt-no-feedback")
     ]
@@ -735,11 +735,17 @@ def fbt_vs_baseline_page(results: Path, name: str = "study_fbt_vs_baseline.json"
         "censored at its budget (exact sign test).",
         "",
         *family_section(study["family"]),
-        f"The control's weights are bitwise the baseline's at {readings['control_bitwise_seeds']} of {seeds} seeds.",
+        f"The control's weights are bitwise the baseline's at {readings['control_bitwise_seeds']} of {seeds} seeds; its",
+        "plain-pass training loss equals the baseline's to the last bit until it first differs, at logged step",
+        ", ".join(str(step) for step in readings.get("control_same_loss_until", [])) + " by seed: the first logs after",
+        "its first 2-pass step, where clipping's gradient norm starts to sum the fusion's zero gradients too",
+        "and rounds differently: from there the two are different sample paths, which sets the noise floor",
+        "of a paired comparison at this budget.",
         "",
         "## Plain-pass training loss, FBT minus the baseline, by step",
         "",
-        "Identical batches at each step (the same seed's data order); mean [95% interval over seeds].",
+        "Identical batches at each step (the same seed's data order); mean [95% interval over seeds]. FBT is",
+        f"the baseline until its feedback starts (feedback_start {tuning['chosen']['fbt']['feedback_start']:g} of the steps).",
         "",
         table(["step", "FBT - baseline"], gaps),
         "## Steps to the loss threshold",
