@@ -287,10 +287,14 @@ def zoo_page(results: Path) -> str:
     )
 
 
-def seed_cell(values: list[float], digits: int = 3, listed: bool = True) -> str:
+ACCURACY, DIFFERENCE = (0.0, 1.0), (-1.0, 1.0)  # where an accuracy's (a difference of two's) interval is clipped
+
+
+def seed_cell(values: list[float], digits: int = 3, listed: bool = True, bounds: tuple[float, float] | None = None) -> str:
     """Mean [95% Student-t interval] over the seeds, then (``listed``) the seeds' values; the
     interval's t quantiles are tabulated for 2..10 seeds (this page imports nothing beyond the
-    standard library)."""
+    standard library). ``bounds``: the range the mean cannot leave, to which the interval is
+    clipped (an accuracy's [0, 1]; ``workbench.training.intervals.seed_interval`` does the same)."""
     t975 = {2: 12.706205, 3: 4.302653, 4: 3.182446, 5: 2.776445, 6: 2.570582, 7: 2.446912, 8: 2.364624, 9: 2.306004, 10: 2.262157}
     n, mean = len(values), sum(values) / len(values)
     shown = ", ".join(fixed(v, digits) for v in values)
@@ -298,7 +302,8 @@ def seed_cell(values: list[float], digits: int = 3, listed: bool = True) -> str:
         return fixed(mean, digits)
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
     half = t975[n] * sd / math.sqrt(n)  # t(0.975, n - 1), keyed by n
-    interval = f"{fixed(mean, digits)} [{fixed(mean - half, digits)}, {fixed(mean + half, digits)}]"
+    low, high = (max(mean - half, bounds[0]), min(mean + half, bounds[1])) if bounds else (mean - half, mean + half)
+    interval = f"{fixed(mean, digits)} [{fixed(low, digits)}, {fixed(high, digits)}]"
     return f"{interval} ({shown})" if listed else interval
 
 
@@ -313,7 +318,7 @@ def zoo_seeds_page(results: Path, name: str = "zoo_cpu_seeds.json") -> str:
     for member, runs in members.items():
         runs = sorted(runs, key=lambda r: models[r]["seed"])
         for regime in _regimes(models, "accuracy")(models[runs[0]]):
-            cells = [seed_cell([models[r]["tasks"][t]["accuracy"][regime] for r in runs]) for t in tasks]
+            cells = [seed_cell([models[r]["tasks"][t]["accuracy"][regime] for r in runs], bounds=ACCURACY) for t in tasks]
             qualified = sum(bool(models[r]["competence"]["qualified"]) for r in runs)
             rows.append([f"`{member}`, {regime}", *cells, f"{qualified}/{len(runs)}"])
     base = sorted(members["baseline"], key=lambda r: models[r]["seed"])
@@ -328,7 +333,8 @@ def zoo_seeds_page(results: Path, name: str = "zoo_cpu_seeds.json") -> str:
                     [
                         models[r]["tasks"][t]["accuracy"][regime] - models[b]["tasks"][t]["accuracy"]["standard"]
                         for r, b in zip(runs, base)
-                    ]
+                    ],
+                    bounds=DIFFERENCE,
                 )
                 for t in tasks
             ]
@@ -387,8 +393,15 @@ def readings_table(readings: dict[str, dict]) -> str:
     for where, cells in rows.items():
         if not tables or tables[-1][0] != list(cells):
             tables.append((list(cells), []))
-        tables[-1][1].append([where, *(seed_cell(v) for v in cells.values())])
+        tables[-1][1].append([where, *(seed_cell(v, bounds=accuracy_bounds(where, what)) for what, v in cells.items())])
     return "\n".join(table(["reading", *columns], body) for columns, body in tables)
+
+
+def accuracy_bounds(where: str, what: str) -> tuple[float, float] | None:
+    """An analysis reading's bounds: an accuracy's [0, 1], a difference of accuracies' [-1, 1]."""
+    if what != "accuracy" and not what.endswith(" accuracy"):
+        return None
+    return DIFFERENCE if " - " in where else ACCURACY
 
 
 def seed_readings_page(results: Path, name: str = "zoo_analyses.json") -> str:
@@ -469,8 +482,8 @@ def three_pass_tables(study: dict) -> tuple[str, str]:
                 fraction_of(member),
                 *[seed_cell(r[key][T]["values"], 3) if T in r[key] else "-" for key, T in exponents],
                 ", ".join("never" if s["regrowth_step"] is None else str(s["regrowth_step"]) for s in r["per_seed"]),
-                seed_cell(standard),
-                *[seed_cell(r["accuracy"][regime]["values"]) for regime in ("soft", "fused")],
+                seed_cell(standard, bounds=ACCURACY),
+                *[seed_cell(r["accuracy"][regime]["values"], bounds=ACCURACY) for regime in ("soft", "fused")],
             ]
         )
     return (
@@ -572,8 +585,8 @@ def hd_ablations_table(study: dict) -> str:
         rows.append(
             [
                 f"`{member}`",
-                seed_cell(r["accuracy"]["values"]),
-                *[seed_cell(r["tasks"][t]["accuracy"]["values"], listed=False) for t in tasks],
+                seed_cell(r["accuracy"]["values"], bounds=ACCURACY),
+                *[seed_cell(r["tasks"][t]["accuracy"]["values"], listed=False, bounds=ACCURACY) for t in tasks],
                 *[seed_cell(r["tasks"][t]["completion_loss"]["values"], listed=False) for t in tasks],
                 "; ".join(f"{k}: {', '.join(sci(x) for x in v['values'])}" for k, v in r["expansion_jumps"].items()) or "-",
                 seed_cell(r["time_vs_hd1"]["values"], 2, listed=False) if r["time_vs_hd1"] else "-",
@@ -605,7 +618,7 @@ def hd_ablations_paired_table(study: dict) -> str:
         [
             f"`{member}`",
             f"`{r['paired']['reference']}`",
-            seed_cell(r["paired"]["accuracy"]["values"]),
+            seed_cell(r["paired"]["accuracy"]["values"], bounds=DIFFERENCE),
             seed_cell(r["paired"]["completion_loss"]["values"]),
         ]
         for member, r in study["readings"].items()

@@ -132,6 +132,7 @@ def test_a_seed_cell_is_the_workbench_interval_across_seeds():
 
 
 def test_readings_table_rows_by_place_and_columns_by_measure():
+    """An accuracy's interval is clipped to [0, 1] (its Student-t one here is [-0.671, 1.871]); other readings are not."""
     readings = {
         "standard/layer 0/accuracy": {"values": [0.5, 0.7]},
         "standard/layer 0/selectivity": {"values": [0.1, 0.1]},
@@ -142,7 +143,7 @@ def test_readings_table_rows_by_place_and_columns_by_measure():
     assert pages.readings_table(readings) == (
         "| reading | accuracy | selectivity |\n"
         "|---|---|---|\n"
-        "| standard/layer 0 | 0.600 [-0.671, 1.871] (0.500, 0.700) | 0.100 [0.100, 0.100] (0.100, 0.100) |\n"
+        "| standard/layer 0 | 0.600 [0.000, 1.000] (0.500, 0.700) | 0.100 [0.100, 0.100] (0.100, 0.100) |\n"
         "| recurrent K=2/layer 0 | 0.750 | 0.250 |\n"
         "\n"
         "| reading | value |\n"
@@ -246,8 +247,8 @@ def test_three_pass_tables_known_answer():
     residual, stable = pages.three_pass_tables(study)
     assert residual == ("| 3-pass fraction | K=2 |\n|---|---|\n| 0.1 | 1.50 [-4.85, 7.85] |\n| 0.3 | 0.50 [0.50, 0.50] |\n")
     assert stable.splitlines()[2:] == [
-        "| 0.1 | 0.250 [-2.927, 3.427] (0.000, 0.500) | 1.500 [-4.853, 7.853] (1.000, 2.000) | 3, never | 0.300 [-0.971, 1.571] (0.200, 0.400) "
-        "| 0.500 [-2.677, 3.677] (0.250, 0.750) | 0.500 [-2.677, 3.677] (0.250, 0.750) |",
+        "| 0.1 | 0.250 [-2.927, 3.427] (0.000, 0.500) | 1.500 [-4.853, 7.853] (1.000, 2.000) | 3, never | 0.300 [0.000, 1.000] (0.200, 0.400) "
+        "| 0.500 [0.000, 1.000] (0.250, 0.750) | 0.500 [0.000, 1.000] (0.250, 0.750) |",  # accuracies clipped to [0, 1]
         "| 0.3 | -1.000 [-1.000, -1.000] (-1.000, -1.000) | 0.000 [0.000, 0.000] (0.000, 0.000) | never, never | 0.600 [0.600, 0.600] (0.600, 0.600) "
         "| 0.500 [0.500, 0.500] (0.500, 0.500) | 0.500 [0.500, 0.500] (0.500, 0.500) |",
     ]
@@ -280,10 +281,10 @@ def test_hd_ablations_table_known_answer():
     assert pages.hd_ablations_table(study).splitlines() == [
         "| member | accuracy | a acc. | b acc. | a loss | b loss | loss jump | time / hd1 | step time / hd1 |",
         "|---|---|---|---|---|---|---|---|---|",
-        "| `hd2` | 0.500 [0.500, 0.500] (0.500, 0.500) | 0.500 [-2.677, 3.677] | 0.500 [-2.677, 3.677] "
+        "| `hd2` | 0.500 [0.500, 0.500] (0.500, 0.500) | 0.500 [0.000, 1.000] | 0.500 [0.000, 1.000] "
         "| 0.500 [-2.677, 3.677] | 1.000 | 1->2: 5.0e-1, 1.5e0 | 2.00 [2.00, 2.00] | 1.75 (1.50-2.25) |",
-        "| `hd1` | 0.250 | 0.500 [-2.677, 3.677] | 0.500 [-2.677, 3.677] | 0.500 [-2.677, 3.677] "
-        "| 0.500 [-2.677, 3.677] | - | - | - |",
+        "| `hd1` | 0.250 | 0.500 [0.000, 1.000] | 0.500 [0.000, 1.000] | 0.500 [-2.677, 3.677] "
+        "| 0.500 [-2.677, 3.677] | - | - | - |",  # accuracies clipped to [0, 1], losses not
     ]
     study["readings"]["hd2"]["paired"] = {
         "reference": "hd1",
@@ -293,7 +294,7 @@ def test_hd_ablations_table_known_answer():
     assert pages.hd_ablations_paired_table(study).splitlines() == [
         "| member | minus | accuracy | completion loss |",
         "|---|---|---|---|",
-        "| `hd2` | `hd1` | 0.000 [-3.177, 3.177] (0.250, -0.250) | -0.750 [-3.927, 2.427] (-1.000, -0.500) |",
+        "| `hd2` | `hd1` | 0.000 [-1.000, 1.000] (0.250, -0.250) | -0.750 [-3.927, 2.427] (-1.000, -0.500) |",
     ]
 
 

@@ -37,7 +37,7 @@ from workbench.storage.errors import BadInput, MissingFile
 from workbench.storage.files import read_json, write_json
 from workbench.storage.outputs import LOCK, RECORD, hold, record_made
 from workbench.training import stats
-from workbench.training.intervals import seed_interval
+from workbench.training.intervals import ACCURACY, ACCURACY_DIFFERENCE, seed_interval
 from workbench.training.runconfig import load_run_config
 from workbench.training.train import RUN
 from workbench.training.zoo import (
@@ -299,7 +299,10 @@ def three_pass(models: dict, out: Path, horizon: int, threads: int) -> dict:
     for member, names in sorted(groups.items()):
         names = sorted(names, key=lambda n: int(models[n]["seed"]))
         rows = [measured[n] for n in names]
-        accuracy = {regime: seed_interval([_mean_accuracy(models[n], regime) for n in names]) for regime in ("soft", "fused")}
+        accuracy = {
+            regime: seed_interval([_mean_accuracy(models[n], regime) for n in names], bounds=ACCURACY)
+            for regime in ("soft", "fused")
+        }
         regrew = [r["regrowth_step"] for r in rows if r["regrowth_step"] is not None]
         readings[member] = {
             "runs": names,
@@ -348,7 +351,7 @@ def hd_ablations(models: dict) -> dict:
         first = rows[seeds[0]]
         tasks = {
             task: {
-                "accuracy": seed_interval([rows[s]["tasks"][task]["accuracy"]["standard"] for s in seeds]),
+                "accuracy": seed_interval([rows[s]["tasks"][task]["accuracy"]["standard"] for s in seeds], bounds=ACCURACY),
                 "completion_loss": seed_interval([rows[s]["tasks"][task]["answer_loss"]["standard"] for s in seeds]),
             }
             for task in first["tasks"]
@@ -362,7 +365,7 @@ def hd_ablations(models: dict) -> dict:
         readings[member] = {
             "seeds": seeds,
             "tasks": tasks,
-            "accuracy": seed_interval([_mean_accuracy(rows[s], "standard") for s in seeds]),
+            "accuracy": seed_interval([_mean_accuracy(rows[s], "standard") for s in seeds], bounds=ACCURACY),
             "expansion_jumps": jumps,
             "time_vs_hd1": seed_interval(ratios) if ratios else None,
         }
@@ -376,7 +379,8 @@ def hd_ablations(models: dict) -> dict:
             "reference": reference,
             "seeds": seeds,
             "accuracy": seed_interval(
-                [_mean_accuracy(mine[s], "standard") - _mean_accuracy(theirs[s], "standard") for s in seeds]
+                [_mean_accuracy(mine[s], "standard") - _mean_accuracy(theirs[s], "standard") for s in seeds],
+                bounds=ACCURACY_DIFFERENCE,
             ),
             "completion_loss": seed_interval(
                 [completion_loss(mine[s], "standard") - completion_loss(theirs[s], "standard") for s in seeds]

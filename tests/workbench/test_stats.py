@@ -180,3 +180,13 @@ def test_a_familys_simultaneous_interval_is_bonferronis_by_hand():
     assert out["a"]["family_low"] == pytest.approx(1 - half) and out["a"]["family_high"] == pytest.approx(1 + half)
     assert out["c"]["family_high"] == 1.0
     assert stats.describe(out["a"]).startswith(f"no detectable difference: +1.000 [{1 - half:+.3f}, {1 + half:+.3f}]")
+
+
+def test_a_seed_interval_of_accuracies_stays_in_0_1():
+    """Flip-flop accuracies 0.906, 0.760, 0.667 (the zoo's baseline): the Student-t interval's upper
+    end is 1.077; clipped to an accuracy's range it is 1, the mean and lower end unchanged."""
+    from workbench.training.intervals import ACCURACY
+
+    free, clipped = seed_interval([0.906, 0.760, 0.667]), seed_interval([0.906, 0.760, 0.667], bounds=ACCURACY)
+    assert free["high"] == pytest.approx(1.077, abs=1e-3) and clipped["high"] == 1.0
+    assert clipped["low"] == free["low"] and clipped["mean"] == free["mean"]

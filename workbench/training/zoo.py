@@ -35,7 +35,7 @@ from workbench.storage.files import read_json, write_json
 from workbench.storage.outputs import COPIES, hold, owns, record_made, record_of
 from workbench.storage.provenance import source_commit
 from workbench.training.evaluate import evaluate_run
-from workbench.training.intervals import seed_interval
+from workbench.training.intervals import ACCURACY, seed_interval
 from workbench.training.metrics import logged_seconds
 from workbench.training.runconfig import RunConfig, load_run_config, make_run_config, run_config_from_dict
 from workbench.training.train import EXPANSIONS_FILE, check_new_run_dir, train
@@ -394,7 +394,10 @@ def across_seeds(models: dict) -> dict:
             for measure in ("loss", "answer_loss", "accuracy"):
                 regimes = models[names[0]]["tasks"][task].get(measure, {})
                 measures[measure] = {
-                    regime: seed_interval([models[n]["tasks"][task][measure][regime] for n in names])
+                    regime: seed_interval(
+                        [models[n]["tasks"][task][measure][regime] for n in names],
+                        bounds=ACCURACY if measure == "accuracy" else None,
+                    )
                     for regime in regimes
                     if all(regime in models[n]["tasks"].get(task, {}).get(measure, {}) for n in names)
                 }
@@ -465,7 +468,7 @@ def seed_rows(summary: dict) -> list[dict]:
         plumbing = any(r.get("competence", {}).get("plumbing_check") for r in runs)
         for task, first in runs[0]["tasks"].items():
             for regime in first.get("accuracy", {}):
-                accuracy = seed_interval([r["tasks"][task]["accuracy"][regime] for r in runs])
+                accuracy = seed_interval([r["tasks"][task]["accuracy"][regime] for r in runs], bounds=ACCURACY)
                 loss = seed_interval([r["tasks"][task]["answer_loss"][regime] for r in runs])
                 rows.append(
                     {
