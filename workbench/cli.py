@@ -797,10 +797,10 @@ def build_parser() -> argparse.ArgumentParser:
     # training.zoo.SCALES (a test keeps them equal), spelled here to keep torch out of the parser
     p.add_argument(
         "--preset",
-        choices=["micro", "quick", "cpu", "modsum"],
+        choices=["micro", "quick", "cpu", "modsum", "flipflop"],
         default="micro",
         help="micro: seconds, a plumbing check; quick: minutes, first results; cpu: the reference zoo; "
-        "modsum: --study fbt-vs-baseline's setting (docs/training.md)",
+        "modsum, flipflop: --study fbt-vs-baseline's settings (docs/training.md)",
     )
     p.add_argument("--out", default=None, help="directory (default: runs; with --study: runs/studies/STUDY)")
     # comparisons.STUDIES (a test keeps them equal), spelled here to keep torch out of the parser

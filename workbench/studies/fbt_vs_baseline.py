@@ -62,7 +62,8 @@ TEST_FILE = "comparison_test.json"  # per member, in results/: its per-problem s
 
 # The scales: ``micro`` checks the plumbing in seconds; ``modsum`` is the setting in which the old
 # zoo's FBT-minus-baseline gap on modsum was measured (issue #36: tiny, p = 3, 1-6 digits, seq 64,
-# batch 16, 600 steps), where a tiny baseline learns modsum within its budget.
+# batch 16, 600 steps), where a tiny baseline learns modsum within its budget; ``flipflop`` the same
+# on the zoo's third task (the threshold, as modsum's, about half the chance-level completion loss).
 MODSUM = [
     "data.modsum_p=3",
     "data.modsum_min_len=1",
@@ -72,6 +73,7 @@ MODSUM = [
 ]
 SCALES = {
     "micro": {
+        "task": "modsum",
         "preset": "debug",
         "steps": 40,
         "jobs": 1,
@@ -94,6 +96,7 @@ SCALES = {
         ],
     },
     "modsum": {
+        "task": "modsum",
         "preset": "tiny",
         "steps": 600,
         "jobs": 2,
@@ -115,8 +118,31 @@ SCALES = {
             *MODSUM,
         ],
     },
+    "flipflop": {  # the same setting on flip-flop (its default 6-16 instructions, 3 channels)
+        "task": "flipflop",
+        "preset": "tiny",
+        "steps": 600,
+        "jobs": 2,
+        "threads": 1,
+        "lrs": (5e-4, 1e-3, 2e-3),
+        "validation": 500,
+        "test": 1000,  # binomial standard error <= 0.016 per seed
+        "threshold": 0.17,  # completion loss: chance on a bit is ln(2) / 2 = 0.35 (answer and <eos>); about half
+        "window": 3,
+        "targets": {"flipflop": 0.95},
+        "common": [
+            "train.batch_size=16",
+            "train.seq_len=64",
+            "train.warmup=30",
+            "train.log_every=10",
+            "train.checkpoint_every=600",
+            "train.eval_examples=64",
+            "data.n_train=40000",
+            "data.loss_on=completion",
+            "data.windows=example",
+        ],
+    },
 }
-TASK = "modsum"
 CONTROL = "fbt-no-feedback"
 FAMILY = (
     *(f"fbt {r} - baseline: accuracy" for r in ("standard", "soft", "fused")),
@@ -144,7 +170,7 @@ def setting_overrides(arch: str, setting: dict) -> list[str]:
 
 def member_config(scale: str, arch: str, overrides: list[str]):
     s = _scale(scale)
-    return make_run_config(arch, s["preset"], TASK, [*s["common"], f"train.steps={s['steps']}", *overrides])
+    return make_run_config(arch, s["preset"], s["task"], [*s["common"], f"train.steps={s['steps']}", *overrides])
 
 
 def sweep_name(arch: str, setting: dict) -> str:
@@ -172,7 +198,7 @@ def choose(rows: list[dict], arch: str) -> dict:
 def validation_loss(run: Path, arch: str, n: int) -> float:
     """The run's completion loss on ``n`` validation problems, in its architecture's regime."""
     cfg = load_run_config(run / "config.json")
-    examples = synthetic_examples(TASK, n, 0, task_settings(cfg.data), split="validation")
+    examples = synthetic_examples(cfg.data.task, n, 0, task_settings(cfg.data), split="validation")
     row = evaluate_examples(load_model(run), examples, load_tokenizer(run), regimes=[REGIME[arch]])
     return row["answer_loss"][REGIME[arch]]
 
@@ -259,7 +285,7 @@ def score_member(run: Path, member: str, n: int) -> dict:
         if saved.get("n") == n and set(saved.get("correct", {})) == set(member_regimes(member)):
             return saved
     cfg = load_run_config(run / "config.json")
-    examples = heldout_examples(TASK, n, 0, task_settings(cfg.data))
+    examples = heldout_examples(cfg.data.task, n, 0, task_settings(cfg.data))
     row = evaluate_examples(load_model(run), examples, load_tokenizer(run), regimes=member_regimes(member), per_problem=True)
     result = {"n": n, "problems_seed": 0, "correct": row["correct"], "completion_nll": row["completion_nll"]}
     with hold(real_directory(run / "results")):
