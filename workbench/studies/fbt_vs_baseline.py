@@ -282,8 +282,12 @@ def score_member(run: Path, member: str, n: int) -> dict:
     path = run / "results" / TEST_FILE
     if path.is_file():
         saved = read_json(path)
-        if saved.get("n") == n and set(saved.get("correct", {})) == set(member_regimes(member)):
-            return saved
+        regimes = set(member_regimes(member))
+        whole = [saved.get(what) for what in ("correct", "completion_nll")]
+        if saved.get("n") == n and all(
+            isinstance(w, dict) and set(w) == regimes and all(len(v) == n for v in w.values()) for w in whole
+        ):
+            return saved  # scored before (a rerun); anything else is scored again
     cfg = load_run_config(run / "config.json")
     examples = heldout_examples(cfg.data.task, n, 0, task_settings(cfg.data))
     row = evaluate_examples(load_model(run), examples, load_tokenizer(run), regimes=member_regimes(member), per_problem=True)
