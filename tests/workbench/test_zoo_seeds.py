@@ -63,7 +63,10 @@ def test_a_zoo_member_is_bitwise_the_same_when_trained_again_and_differs_across_
     )
     # one member after another: the zoo's wall-clock holds every member's training and evaluation
     work = sum(m["session_seconds"] + m["eval_seconds"] for m in zoo["models"].values())
-    assert zoo["session_wall_seconds"] > work
+    # each is rounded (wall and training to 0.1 s, eval to 0.01 s): allow the sum of the half-units
+    # (a loaded machine gave 6.4 against 6.41, the members' own times filling the wall-clock)
+    rounding = 0.05 + sum(0.05 + 0.005 for _ in zoo["models"])
+    assert zoo["session_wall_seconds"] >= work - rounding
     cell = zoo["across_seeds"]["fbt"]["tasks"]["chain"]["loss"]["standard"]
     losses = [zoo["models"][n]["tasks"]["chain"]["loss"]["standard"] for n in ("fbt", "fbt-seed1")]
     assert cell["values"] == losses and math.isclose(cell["mean"], sum(losses) / 2)
