@@ -77,6 +77,10 @@ DOCS_COMMANDS = {
         "workbench zoo --study fbt-vs-baseline --preset modsum --seeds 5",
         "cp runs/studies/fbt-vs-baseline/study.json docs/results/study_fbt_vs_baseline.json",
     ],
+    "study_fbt_vs_baseline_flipflop.json": [
+        "workbench zoo --study fbt-vs-baseline --preset flipflop --seeds 5 --out runs/studies/fbt-vs-baseline-flipflop",
+        "cp runs/studies/fbt-vs-baseline-flipflop/study.json docs/results/study_fbt_vs_baseline_flipflop.json",
+    ],
     "bench_small.json": ["workbench bench --preset small --out docs/results/bench_small.json"],
     "bench_tiny.json": ["workbench bench --preset tiny --out docs/results/bench_tiny.json"],
     "bench_smollm2.json": [  # two runs, their entries in one file
@@ -693,6 +697,14 @@ def families(results: Path, name: str) -> tuple[list[tuple[str, dict]], list[str
     return [("study_families.json", data)], family_section(data["families"][name])
 
 
+def same_start(chosen: dict) -> str:
+    """Whether the tuned FBT is the baseline until its feedback starts (the same learning rate)."""
+    fbt, base = chosen["fbt"], chosen["baseline"]
+    if fbt["lr"] == base["lr"]:
+        return f"At one learning rate FBT is the baseline until its feedback starts (feedback_start {fbt['feedback_start']:g})."
+    return f"FBT trains at lr {fbt['lr']:g}, the baseline at {base['lr']:g}: they differ from the first step."
+
+
 def fbt_vs_baseline_page(results: Path, name: str = "study_fbt_vs_baseline.json") -> str:
     study = read(results, name)
     tuning, readings = study["tuning"], study["readings"]
@@ -757,8 +769,8 @@ def fbt_vs_baseline_page(results: Path, name: str = "study_fbt_vs_baseline.json"
         "",
         "## Plain-pass training loss, FBT minus the baseline, by step",
         "",
-        "Identical batches at each step (the same seed's data order); mean [95% interval over seeds]. FBT is",
-        f"the baseline until its feedback starts (feedback_start {tuning['chosen']['fbt']['feedback_start']:g} of the steps).",
+        "Identical batches at each step (the same seed's data order); mean [95% interval over seeds].",
+        same_start(tuning["chosen"]),
         "",
         table(["step", "FBT - baseline"], gaps),
         "## Steps to the loss threshold",
@@ -1700,8 +1712,12 @@ PAGES: dict[str, tuple[str, Callable[[Path], str]]] = {
         hd_ablations_page,
     ),
     "study_fbt_vs_baseline.md": (
-        "FBT against the baseline with matched initialisation, per-architecture tuning and Holm-corrected family",
+        "FBT against the baseline on modsum: matched initialisation, per-architecture tuning, Holm-corrected family",
         fbt_vs_baseline_page,
+    ),
+    "study_fbt_vs_baseline_flipflop.md": (
+        "FBT against the baseline on flip-flop, the same study",
+        lambda r: fbt_vs_baseline_page(r, "study_fbt_vs_baseline_flipflop.json"),
     ),
     "zoo_analyses.md": ("the three-seed zoo's probes, dynamics and traces, each reading across seeds", seed_readings_page),
     "probes.md": ("the layer-0 probe study", probes_page),
