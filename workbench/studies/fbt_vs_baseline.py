@@ -64,10 +64,25 @@ TEST_FILE = "comparison_test.json"  # per member, in results/: its per-problem s
 # zoo's FBT-minus-baseline gap on modsum was measured (issue #36: tiny, p = 3, 1-6 digits, seq 64,
 # batch 16, 600 steps), where a tiny baseline learns modsum within its budget; ``flipflop`` the same
 # on the zoo's third task (the threshold, as modsum's, about half the chance-level completion loss).
-MODSUM = [
-    "data.modsum_p=3",
-    "data.modsum_min_len=1",
-    "data.modsum_max_len=6",
+MODSUM = ["data.modsum_p=3", "data.modsum_min_len=1", "data.modsum_max_len=6"]
+TINY = {  # the modsum and flip-flop scales' shared settings
+    "preset": "tiny",
+    "steps": 600,
+    "jobs": 2,
+    "threads": 1,
+    "lrs": (5e-4, 1e-3, 2e-3),
+    "validation": 500,
+    "test": 1000,  # binomial standard error <= 0.016 per seed
+    "window": 3,
+}
+TINY_COMMON = [
+    "train.batch_size=16",
+    "train.seq_len=64",
+    "train.warmup=30",
+    "train.log_every=10",
+    "train.checkpoint_every=600",
+    "train.eval_examples=64",
+    "data.n_train=40000",
     "data.loss_on=completion",
     "data.windows=example",
 ]
@@ -92,56 +107,15 @@ SCALES = {
             "train.checkpoint_every=1000",
             "train.eval_examples=8",
             "data.n_train=400",
-            *MODSUM,
-        ],
-    },
-    "modsum": {
-        "task": "modsum",
-        "preset": "tiny",
-        "steps": 600,
-        "jobs": 2,
-        "threads": 1,
-        "lrs": (5e-4, 1e-3, 2e-3),
-        "validation": 500,
-        "test": 1000,  # binomial standard error <= 0.016 per seed
-        "threshold": 0.25,  # completion loss: chance on p = 3 is ln(3) / 2 = 0.55 (answer and <eos>)
-        "window": 3,
-        "targets": {"modsum": 0.8},
-        "common": [
-            "train.batch_size=16",
-            "train.seq_len=64",
-            "train.warmup=30",
-            "train.log_every=10",
-            "train.checkpoint_every=600",
-            "train.eval_examples=64",
-            "data.n_train=40000",
-            *MODSUM,
-        ],
-    },
-    "flipflop": {  # the same setting on flip-flop (its default 6-16 instructions, 3 channels)
-        "task": "flipflop",
-        "preset": "tiny",
-        "steps": 600,
-        "jobs": 2,
-        "threads": 1,
-        "lrs": (5e-4, 1e-3, 2e-3),
-        "validation": 500,
-        "test": 1000,  # binomial standard error <= 0.016 per seed
-        "threshold": 0.17,  # completion loss: chance on a bit is ln(2) / 2 = 0.35 (answer and <eos>); about half
-        "window": 3,
-        "targets": {"flipflop": 0.95},
-        "common": [
-            "train.batch_size=16",
-            "train.seq_len=64",
-            "train.warmup=30",
-            "train.log_every=10",
-            "train.checkpoint_every=600",
-            "train.eval_examples=64",
-            "data.n_train=40000",
             "data.loss_on=completion",
             "data.windows=example",
+            *MODSUM,
         ],
     },
+    "modsum": {**TINY, "task": "modsum", "threshold": 0.25, "targets": {"modsum": 0.8}, "common": [*TINY_COMMON, *MODSUM]},
+    # completion loss: chance is ln(3) / 2 = 0.55 on modsum, ln(2) / 2 = 0.35 on a flip-flop bit
+    # (answer and <eos>); each threshold is about half of it
+    "flipflop": {**TINY, "task": "flipflop", "threshold": 0.17, "targets": {"flipflop": 0.95}, "common": TINY_COMMON},
 }
 CONTROL = "fbt-no-feedback"
 FAMILY = (
