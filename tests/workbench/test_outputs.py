@@ -629,3 +629,19 @@ def test_a_directory_given_relative_to_the_working_directory_records_what_it_mad
     made = read_record(out)["made"]
     assert set(made) == {"zoo.json", "run", "run/a.txt"}
     assert owns(read_record(out), out, "zoo.json") and owns(read_record(tmp_path / out), tmp_path / out, "zoo.json")
+
+
+def test_fsync_refuses_a_link_to_a_file_and_follows_a_link_to_a_directory(tmp_path):
+    import errno
+
+    from workbench.storage.files import fsync
+
+    (tmp_path / "target.txt").write_text("x")
+    (tmp_path / "link.txt").symlink_to(tmp_path / "target.txt")
+    with pytest.raises(OSError) as err:
+        fsync(tmp_path / "link.txt")
+    assert err.value.errno == errno.ELOOP
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "out").symlink_to(tmp_path / "dir")  # a user's --out may be a link to a directory
+    fsync(tmp_path / "out")
+    fsync(tmp_path / "target.txt")

@@ -107,8 +107,11 @@ def read_json(path: str | Path) -> dict:
 
 
 def fsync(path) -> None:
-    """Make a file's data, or the renames into a directory, durable."""
-    fd = os.open(path, os.O_RDONLY)
+    """Make a file's data, or the renames into a directory, durable. A file is opened without
+    following a link (a link planted where the workbench wrote is refused, ELOOP); a directory is
+    followed, since an output directory the user gave may itself be a link (``hold`` allows it).
+    The open is read-only either way: nothing is written through it."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | (0 if os.path.isdir(path) else os.O_NOFOLLOW))
     try:
         os.fsync(fd)
     except OSError as err:
