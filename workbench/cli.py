@@ -761,7 +761,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arch", choices=["baseline", "fbt", "hd"], default=None, help="default baseline; with --resume, the run's")
     p.add_argument("--preset", default=None, help="model sizes (default debug; with --init-from: the source run's)")
     p.add_argument(
-        "--task", default=None, help="chain | modsum | flipflop | mix | jsonl:PATH | text:PATH | hf:NAME | prepared:DIR"
+        "--task",
+        default=None,
+        help="chain | modsum | flipflop | perm | addition | mix | jsonl:PATH | text:PATH | hf:NAME | prepared:DIR",
     )
     p.add_argument("--out", required=True, help="run directory, e.g. runs/NAME")
     p.add_argument(
@@ -905,7 +907,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("traces", help="trace lengths and accuracy per model and regime on the same problems")
     p.add_argument("runs", nargs="+", help="run directories; the first one's first regime is the paired reference")
-    p.add_argument("--task", default="chain", help="chain | gsm8k-jsonl:PATH")
+    p.add_argument("--task", default="chain", help="chain | addition | gsm8k-jsonl:PATH")
     p.add_argument("--regimes", default="standard,soft,fused", help="FBT regimes (other models: standard)")
     p.add_argument(
         "--reference", default=None, help="MODEL/REGIME every other pair is compared with (default: the first run's first regime)"

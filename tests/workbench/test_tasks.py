@@ -12,7 +12,7 @@ from workbench.runtime.tokenizer import CharTokenizer
 from workbench.storage.errors import BadInput
 
 
-@pytest.mark.parametrize("task", ["chain", "modsum", "flipflop", "mix"])
+@pytest.mark.parametrize("task", ["chain", "modsum", "flipflop", "perm", "addition", "mix"])
 def test_same_seed_same_examples_and_labels_align(task):
     a = synthetic_examples(task, 50, seed=3)
     b = synthetic_examples(task, 50, seed=3)
@@ -204,3 +204,149 @@ def test_merge_weights_come_from_the_command_line_and_are_recorded():
 
     cfg = make_run_config("baseline", "debug", "chain", ["data.chain_merge_weights=3,1"])
     assert cfg.to_dict()["data"]["chain_merge_weights"] in ([3.0, 1.0], (3.0, 1.0))
+
+
+# ---- the organisms' tasks: perm, addition, flip-flop densities --------------------------------
+
+
+def _product(points: int, letters: str) -> list[int]:
+    """Where each point ends after applying the letters' permutations in reading order, worked
+    out independently of the task: permutations enumerated by hand as lists, applied to points."""
+    if points == 3:
+        elements = [[0, 1, 2], [0, 2, 1], [1, 0, 2], [1, 2, 0], [2, 0, 1], [2, 1, 0]]
+    else:
+        import itertools
+
+        elements = [list(p) for p in itertools.permutations(range(points))]
+    where = list(range(points))
+    for letter in letters:
+        g = elements[ord(letter) - ord("a")]
+        where = [g[x] for x in where]
+    return where
+
+
+@pytest.mark.parametrize("points", [3, 4])
+def test_perm_answers_and_labels_are_the_running_product(points):
+    import itertools
+
+    elements = [list(p) for p in itertools.permutations(range(points))]
+    seen = set()
+    for ex in synthetic_examples("perm", 200, 0, TaskConfig(perm_points=points, perm_min_len=1, perm_max_len=10)):
+        letters = ex.prompt.removeprefix("P:").removesuffix("=")
+        assert len(letters) == ex.difficulty and 1 <= ex.difficulty <= 10
+        assert elements[ord(ex.answer) - ord("a")] == _product(points, letters)
+        states = ex.labels["perm_state"]
+        for i in range(len(letters) + 1):  # after "P:" and each letter: the product so far
+            assert elements[states[1 + i]] == _product(points, letters[:i])
+        assert states[-2:] == [ord(ex.answer) - ord("a")] * 2
+        seen.update(letters)
+    assert len(seen) == len(elements)  # every element is drawn
+
+
+def test_perm_composes_in_reading_order():
+    # b swaps points 1 and 2, c swaps 0 and 1: b then c sends 0 -> 1, 1 -> 2 -> 2, 2 -> 1 -> 0
+    # (worked by hand), which is [1, 2, 0] = d; c then b is [2, 0, 1] = e: the group is not abelian
+    from workbench.data.tasks import PERMUTATIONS, compose
+
+    b, c = PERMUTATIONS[3][1], PERMUTATIONS[3][2]
+    assert compose(b, c) == (1, 2, 0) == PERMUTATIONS[3][3]
+    assert compose(c, b) == (2, 0, 1) == PERMUTATIONS[3][4]
+
+
+def _schoolbook(a: int, b: int) -> list[int]:
+    """The carry into each digit of a + b, least significant first."""
+    carries, carry = [], 0
+    while a or b or carry:
+        carries.append(carry)
+        carry = (a % 10 + b % 10 + carry) // 10
+        a, b = a // 10, b // 10
+    return carries or [0]
+
+
+@pytest.mark.parametrize("weights", [(1.0,), (0.0, 1.0), (0.0, 0.0, 1.0), (1.0, 1.0, 1.0)])
+def test_addition_scratchpads_are_correct_and_the_answer_is_the_reversed_sum(weights):
+    cfg = TaskConfig(add_min_digits=1, add_max_digits=5, add_verbosity_weights=weights)
+    for ex in synthetic_examples("addition", 150, 0, cfg):
+        ra, rb = ex.prompt.removeprefix("Q: ").removesuffix("\nA:").split("+")
+        a, b = int(ra[::-1]), int(rb[::-1])
+        assert ex.answer == str(a + b)[::-1] and parse_final_answer(ex.completion) == ex.answer
+        assert ex.difficulty == max(len(ra), len(rb))
+        lines = re.findall(r"(\d+)\+(\d+)\+(\d)=(\d+),(\d)", ex.completion)
+        carry, done = 0, 0
+        for ca, cb, c_in, digits, c_out in lines:  # each line: chunk sums, digits reversed
+            assert int(c_in) == carry and len(ca) == len(cb) == len(digits)
+            total = int(ca[::-1]) + int(cb[::-1]) + carry
+            assert digits == str(total % 10 ** len(ca)).rjust(len(ca), "0")[::-1] and int(c_out) == total // 10 ** len(ca)
+            carry, done = int(c_out), done + len(ca)
+        assert done in (0, ex.difficulty)
+        if weights == (1.0,):
+            assert not lines and ex.completion == f" #### {ex.answer}"
+        answer_labels = ex.labels["carry"][len(ex.text) - len(ex.answer) :]
+        assert answer_labels == _schoolbook(a, b)[: len(ex.answer)]
+
+
+def test_addition_verbosity_is_a_property_of_the_problem_and_keeps_the_problems():
+    plain = synthetic_examples("addition", 200, 5, TaskConfig(add_verbosity_weights=(1.0,)))
+    mixed = synthetic_examples("addition", 200, 5, TaskConfig(add_verbosity_weights=(1.0, 1.0, 1.0)))
+    assert [e.prompt for e in plain] == [e.prompt for e in mixed]
+    lines = [e.completion.count("\n") for e in mixed]
+    # three verbosities drawn: none (0 lines), per digit, per two digits
+    assert {0} < set(lines) and sum(n == 0 for n in lines) > 30
+    again = synthetic_examples("addition", 200, 5, TaskConfig(add_verbosity_weights=(1.0, 1.0, 1.0)))
+    assert [e.completion for e in again] == [e.completion for e in mixed]
+
+
+def test_addition_is_scored_by_the_number_after_the_marker():
+    from workbench.data.tasks import addition_example
+
+    ex = addition_example(957, 68, 2)
+    assert ex.answer == "5201" and ex.text.endswith("#### 5201")
+    assert is_correct(ex, " 75+86+0=52,1\n9+0+1=0,1\n#### 5201") and is_correct(ex, " #### 5201")
+    assert not is_correct(ex, " 5201") and not is_correct(ex, " #### 520")
+
+
+def test_flipflop_density_follows_its_weights_and_the_default_is_the_earlier_task():
+    default = synthetic_examples("flipflop", 100, 0)
+    explicit = synthetic_examples("flipflop", 100, 0, TaskConfig(flipflop_weights=(0.5, 0.2, 0.3)))
+    assert [e.text for e in default] == [e.text for e in explicit]
+    sparse = synthetic_examples(
+        "flipflop", 300, 0, TaskConfig(flipflop_weights=(0.1, 0.8, 0.1), flipflop_min_len=20, flipflop_max_len=30)
+    )
+    # every instruction but the last query: a write (a1), an ignore (--) or an answered read (?a1)
+    instructions = [i for e in sparse for i in re.findall(r"\?[a-h][01]|[a-h][01]|--", e.prompt[2:-2])]
+    assert "".join(instructions) == "".join(e.prompt[2:-2] for e in sparse)
+    assert 0.75 < instructions.count("--") / len(instructions) < 0.85
+
+
+def test_a_three_weight_mix_is_the_earlier_mix_and_longer_mixes_add_the_new_tasks():
+    from workbench.training.evaluate import eval_tasks
+
+    old = synthetic_examples("mix", 200, 0, TaskConfig(mix_weights=(1, 6, 3)))
+    padded = synthetic_examples("mix", 200, 0, TaskConfig(mix_weights=(1, 6, 3, 0, 0)))
+    assert [e.text for e in old] == [e.text for e in padded]
+    new = TaskConfig(mix_weights=(0, 1, 1, 2, 0))
+    assert {e.task for e in synthetic_examples("mix", 200, 0, new)} == {"modsum", "flipflop", "perm"}
+    assert eval_tasks("mix", new) == ["modsum", "flipflop", "perm"]
+    assert eval_tasks("mix") == ["chain", "modsum", "flipflop"] and eval_tasks("perm", new) == ["perm"]
+
+
+@pytest.mark.parametrize(
+    "field, value, match",
+    [
+        ("mix_weights", (1, 1), r"mix_weights=\(1\.0, 1\.0\): expected 3\.\.5 non-negative weights \(of chain, modsum"),
+        ("mix_weights", (1, 1, 1, 1, 1, 1), r"mix_weights=.*expected 3\.\.5"),
+        ("flipflop_weights", (1, 1, 0), r"flipflop_weights=\(1\.0, 1\.0, 0\.0\): expected a positive read weight"),
+        ("flipflop_weights", (1, -1, 1), r"flipflop_weights=.*expected 3 non-negative weights \(of write, ignore, read\)"),
+        ("perm_points", 5, r"perm_points=5: expected one of \[3, 4\]"),
+        ("add_verbosity_weights", (0.0,), r"add_verbosity_weights=\(0\.0,\): expected 1\.\.9 .* positive sum"),
+        ("add_max_digits", 65, r"add_max_digits=65: expected at most 64"),
+    ],
+)
+def test_bad_task_settings_are_refused_by_name(field, value, match):
+    with pytest.raises(BadInput, match=match):
+        TaskConfig(**{field: value})
+
+
+def test_perm_min_len_above_max_is_refused():
+    with pytest.raises(BadInput, match="perm_min_len=9 > perm_max_len=8"):
+        TaskConfig(perm_min_len=9)

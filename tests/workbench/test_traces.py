@@ -45,6 +45,18 @@ def test_problems_are_deterministic_and_spread_over_difficulties(tmp_path):
         problems("gsm8k", 3, [1], 0)
 
 
+def test_addition_problems_spread_over_digits_and_the_model_chooses_the_verbosity():
+    a = problems("addition", 30, [1, 3], seed=2)
+    assert [e.text for e in a] == [e.text for e in problems("addition", 30, [1, 3], seed=2)]
+    assert [e.difficulty for e in a] == [1, 3] * 15
+    assert all(len(e.prompt.removeprefix("Q: ").split("+")[0]) == e.difficulty for e in a)  # the first has them all
+    assert a[0].prompt != problems("chain", 1, [1], seed=2)[0].prompt
+    with pytest.raises(ValueError, match=r"difficulties=\[0\]: expected digit counts >= 1"):
+        problems("addition", 3, [0], 0)
+    with pytest.raises(ValueError, match=r"difficulties=\[65\]: expected at most 64 digits"):
+        problems("addition", 3, [65], 0)
+
+
 def test_summary_groups_and_pairs():
     rows = [
         {

@@ -10,6 +10,7 @@ if TYPE_CHECKING:
 
 # GSM8K's official extraction (openai/grade-school-math, dataset.py): "#### " with exactly one space,
 # then an optional minus and ASCII digits, dots and commas; commas are removed, nothing else is.
+TRACED = ("chain", "addition", "gsm8k")  # tasks answered after a written trace
 _FINAL = re.compile(r"#### (-?[0-9.,]+)")
 _NUMBER = re.compile(r"-?[0-9][0-9,]*(?:\.[0-9]+)?")
 
@@ -30,8 +31,8 @@ def last_number(text: str) -> str | None:
 
 
 def is_correct(example: Example, generated: str) -> bool:
-    """Chain/GSM8K: the number after ``####``. Other tasks: the generation starts with the answer
-    (whether the model then stops is not scored)."""
-    if example.task in ("chain", "gsm8k"):
+    """Chain, addition, GSM8K: the number after ``####``. Other tasks: the generation starts with
+    the answer (whether the model then stops is not scored)."""
+    if example.task in TRACED:
         return parse_final_answer(generated) == example.answer
     return bool(example.answer) and generated.startswith(example.answer)

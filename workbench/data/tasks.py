@@ -12,13 +12,23 @@ where a label is undefined.
   running result once a step's result has been written.
 - ``modsum``: a digit string whose answer is its sum mod p. Label ``running_sum``: the sum so far.
 - ``flipflop``: a k-bit flip-flop (``a1`` set channel a, ``b0`` reset b, ``--`` no-op, ``?c``
-  query c, answered by the next character). Label ``memory``: the memory state as a bitmask.
-- ``mix``: a weighted mixture of the three.
+  query c, answered by the next character), instructions drawn write : ignore : read as
+  ``flipflop_weights`` (Liu et al. 2023 train at one ignore density and test at others). Label
+  ``memory``: the memory state as a bitmask.
+- ``perm``: a running product of permutations of ``perm_points`` points (S3: 6 letters, S4: 24),
+  answered by the product (Merrill et al.'s state-tracking task). Label ``perm_state``: the
+  product so far.
+- ``addition``: two numbers written least significant digit first, answered by their sum (also
+  reversed) after a scratchpad whose verbosity is drawn per problem from
+  ``add_verbosity_weights`` (none, one line per digit, one per two digits, ...). Difficulty = the
+  longer operand's digits. Label ``carry``: the carry into the digit being written.
+- ``mix``: a weighted mixture of them (``mix_weights``, in the order of ``SYNTHETIC``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import random
 from dataclasses import dataclass, field
@@ -29,9 +39,15 @@ from workbench.data.answers import parse_final_answer
 from workbench.runtime.config import check_section
 from workbench.storage.errors import BadInput, MissingFile
 
-SYNTHETIC = ("chain", "modsum", "flipflop")
+SYNTHETIC = ("chain", "modsum", "flipflop", "perm", "addition")
 TASK_KINDS = SYNTHETIC + ("mix",)
-LABELS = {"chain": ("value",), "modsum": ("running_sum",), "flipflop": ("memory",)}
+LABELS = {
+    "chain": ("value",),
+    "modsum": ("running_sum",),
+    "flipflop": ("memory",),
+    "perm": ("perm_state",),
+    "addition": ("carry",),
+}
 
 
 @dataclass
@@ -60,7 +76,20 @@ LIMITS = {
     "modsum_max_len": 4096,
     "flipflop_min_len": 4096,
     "flipflop_max_len": 4096,
+    "perm_max_len": 4096,
+    "add_max_digits": 64,
 }
+
+
+# the weight fields of ``TaskConfig``: (fewest, most, what they weigh)
+WEIGHTS = {
+    "mix_weights": (3, len(SYNTHETIC), f"3..{len(SYNTHETIC)} non-negative weights (of {', '.join(SYNTHETIC)})"),
+    "flipflop_weights": (3, 3, "3 non-negative weights (of write, ignore, read)"),
+    "add_verbosity_weights": (1, 9, "1..9 non-negative weights (of no scratchpad, one line per digit, per two, ...)"),
+}
+
+# the elements of S_n in lexicographic order (index 0 the identity), one letter each
+PERMUTATIONS = {n: list(itertools.permutations(range(n))) for n in (3, 4)}
 
 
 @dataclass
@@ -79,17 +108,27 @@ class TaskConfig:
     flipflop_bits: int = 3
     flipflop_min_len: int = 6
     flipflop_max_len: int = 16
-    mix_weights: tuple[float, ...] = (1.0, 1.0, 1.0)  # chain, modsum, flipflop
+    flipflop_weights: tuple[float, ...] = (0.5, 0.2, 0.3)  # write, ignore, read
+    perm_points: int = 3  # S3 (6 elements); 4: S4 (24)
+    perm_min_len: int = 2
+    perm_max_len: int = 8
+    add_min_digits: int = 1
+    add_max_digits: int = 3
+    # weights of a problem's scratchpad: none, one line per digit, one per two digits, ...
+    add_verbosity_weights: tuple[float, ...] = (0.0, 1.0)
+    # chain, modsum, flipflop, perm, addition (``SYNTHETIC``); a shorter tuple weighs the rest 0
+    mix_weights: tuple[float, ...] = (1.0, 1.0, 1.0)
 
     def __post_init__(self) -> None:
         check_section(self)
         for f in dataclasses.fields(TaskConfig):
             value = getattr(self, f.name)
-            if f.name == "mix_weights":
-                value = tuple(value)
-                self.mix_weights = value
-                if len(value) != 3 or any(w < 0 for w in value) or sum(value) <= 0:
-                    raise BadInput(f"data field mix_weights={value!r}: expected 3 non-negative weights with a positive sum")
+            if f.name in WEIGHTS:
+                value = tuple(float(w) for w in value)
+                setattr(self, f.name, value)
+                low, high, what = WEIGHTS[f.name]
+                if not low <= len(value) <= high or any(not w >= 0 for w in value) or not 0 < sum(value) < float("inf"):
+                    raise BadInput(f"data field {f.name}={value!r}: expected {what} with a positive sum")
             elif f.name == "chain_merge_weights":
                 value = tuple(float(w) for w in value)
                 self.chain_merge_weights = value
@@ -104,10 +143,19 @@ class TaskConfig:
             raise BadInput(f"data field modsum_p={self.modsum_p}: expected 2..10 (a one-digit answer)")
         if self.flipflop_bits > 8:
             raise BadInput(f"data field flipflop_bits={self.flipflop_bits}: expected at most 8 channels")
+        if self.flipflop_weights[2] <= 0:
+            raise BadInput(f"data field flipflop_weights={self.flipflop_weights!r}: expected a positive read weight (the last)")
+        if self.perm_points not in PERMUTATIONS:
+            raise BadInput(f"data field perm_points={self.perm_points}: expected one of {sorted(PERMUTATIONS)} (S3, S4)")
         for name, top in LIMITS.items():  # an example must stay a sequence a model can read
             if getattr(self, name) > top:
                 raise BadInput(f"data field {name}={getattr(self, name)}: expected at most {top}")
-        for lo, hi in (("modsum_min_len", "modsum_max_len"), ("flipflop_min_len", "flipflop_max_len")):
+        for lo, hi in (
+            ("modsum_min_len", "modsum_max_len"),
+            ("flipflop_min_len", "flipflop_max_len"),
+            ("perm_min_len", "perm_max_len"),
+            ("add_min_digits", "add_max_digits"),
+        ):
             if getattr(self, lo) > getattr(self, hi):
                 raise BadInput(f"data fields {lo}={getattr(self, lo)} > {hi}={getattr(self, hi)}")
 
@@ -212,7 +260,7 @@ def make_flipflop(rng: random.Random, cfg: TaskConfig) -> Example:
     n = rng.randint(cfg.flipflop_min_len, cfg.flipflop_max_len)
     for i in range(n):
         last = i == n - 1
-        kind = "query" if last else rng.choices(("write", "noop", "query"), (0.5, 0.2, 0.3))[0]
+        kind = "query" if last else rng.choices(("write", "noop", "query"), cfg.flipflop_weights)[0]
         c = rng.randrange(len(channels))
         if kind == "write":
             bit = rng.randint(0, 1)
@@ -235,7 +283,77 @@ def make_flipflop(rng: random.Random, cfg: TaskConfig) -> Example:
     raise AssertionError("unreachable: the last instruction is a query")
 
 
-MAKERS = {"chain": make_chain, "modsum": make_modsum, "flipflop": make_flipflop}
+# ---- perm, addition ------------------------------------------------------------------------
+
+
+def compose(first: tuple[int, ...], then: tuple[int, ...]) -> tuple[int, ...]:
+    """The permutation that applies ``first``, then ``then``: x -> then[first[x]]."""
+    return tuple(then[x] for x in first)
+
+
+def make_perm(rng: random.Random, cfg: TaskConfig) -> Example:
+    elements = PERMUTATIONS[cfg.perm_points]
+    index = {g: i for i, g in enumerate(elements)}
+    n = rng.randint(cfg.perm_min_len, cfg.perm_max_len)
+    drawn = [rng.randrange(len(elements)) for _ in range(n)]
+    state, states = elements[0], [0, 0]  # "P:" sees the identity
+    for i in drawn:
+        state = compose(state, elements[i])
+        states.append(index[state])
+    answer = chr(ord("a") + index[state])
+    states += [index[state], index[state]]  # "=" and the answer
+    prompt = "P:" + "".join(chr(ord("a") + i) for i in drawn) + "="
+    return Example("perm", prompt, answer, answer, n, {"perm_state": states})
+
+
+def scratchpad_verbosity(a: int, b: int, weights: tuple[float, ...]) -> int:
+    """Digits per scratchpad line (0: none) of the problem ``a + b``, drawn from ``weights`` with a
+    generator seeded by the problem itself: drawing takes nothing from the problems' stream."""
+    return random.Random(f"addition-verbosity|{a}|{b}").choices(range(len(weights)), weights)[0]
+
+
+def addition_example(a: int, b: int, verbosity: int) -> Example:
+    """``a + b`` with digits least significant first, and a scratchpad of one line per
+    ``verbosity`` digits (0: none): ``<a's digits>+<b's digits>+<carry in>=<sum's digits>,<carry
+    out>``, each chunk least significant first and the shorter operand padded with zeros."""
+    width = max(len(str(a)), len(str(b)))
+    ra, rb = str(a)[::-1].ljust(width, "0"), str(b)[::-1].ljust(width, "0")
+    total = str(a + b)[::-1]
+    prompt = f"Q: {str(a)[::-1]}+{str(b)[::-1]}\nA:"
+    lines, carries, carry = [], [], 0  # carries: the carry into each line
+    for start in range(0, width, verbosity) if verbosity else ():
+        ca, cb = ra[start : start + verbosity], rb[start : start + verbosity]
+        s = int(ca[::-1]) + int(cb[::-1]) + carry
+        digits = str(s % 10 ** len(ca)).rjust(len(ca), "0")[::-1]
+        lines.append(f"{ca}+{cb}+{carry}={digits},{s // 10 ** len(ca)}")
+        carries.append(carry)
+        carry = s // 10 ** len(ca)
+    completion = " " + "".join(line + "\n" for line in lines) + f"#### {total}"
+    text = prompt + completion
+    label = [-1] * len(text)
+    pos = len(prompt) + 1
+    for line, c in zip(lines, carries):
+        label[pos : pos + len(line)] = [c] * len(line)
+        pos += len(line) + 1
+    carry, pos = 0, len(text) - len(total)
+    for j in range(len(total)):  # the carry into answer digit j
+        label[pos + j] = carry
+        column = (int(ra[j]) + int(rb[j]) if j < width else 0) + carry
+        carry = column // 10
+    return Example("addition", prompt, completion, total, width, {"carry": label})
+
+
+def make_addition(rng: random.Random, cfg: TaskConfig, digits: int | None = None) -> Example:
+    """Operands of ``add_min_digits``..``add_max_digits`` digits each; with ``digits``, the first
+    has exactly that many and the second at most that many (a trace study's difficulty)."""
+    if digits is None:
+        a, b = (rng.randrange(10 ** (rng.randint(cfg.add_min_digits, cfg.add_max_digits))) for _ in range(2))
+    else:
+        a, b = rng.randrange(10 ** (digits - 1) if digits > 1 else 0, 10**digits), rng.randrange(10**digits)
+    return addition_example(a, b, scratchpad_verbosity(a, b, cfg.add_verbosity_weights))
+
+
+MAKERS = {"chain": make_chain, "modsum": make_modsum, "flipflop": make_flipflop, "perm": make_perm, "addition": make_addition}
 
 
 SPLITS = ("train", "heldout", "validation")
@@ -265,7 +383,7 @@ def synthetic_examples(task: str, n: int, seed: int, cfg: TaskConfig | None = No
     rng = split_rng(task, seed, split)
     out = []
     for _ in range(n):
-        kind = rng.choices(SYNTHETIC, cfg.mix_weights)[0] if task == "mix" else task
+        kind = rng.choices(SYNTHETIC[: len(cfg.mix_weights)], cfg.mix_weights)[0] if task == "mix" else task
         out.append(MAKERS[kind](rng, cfg))
     return out
 

@@ -28,7 +28,7 @@ from numpy.typing import ArrayLike
 from models import NonFiniteActivation
 from workbench.data.answers import is_correct, last_number, parse_final_answer
 from workbench.data.splits import heldout_rng
-from workbench.data.tasks import Example, TaskConfig, load_jsonl, make_chain
+from workbench.data.tasks import LIMITS, Example, TaskConfig, load_jsonl, make_addition, make_chain
 from workbench.runtime.checkpoint import load_model
 from workbench.runtime.decoding import REGIMES, NonFinite, generate
 from workbench.runtime.palette import regime_color
@@ -43,11 +43,13 @@ MAX_PROBLEMS = 100_000
 
 
 CHAIN_DIFFICULTIES = [1, 2, 3, 4]  # chain's default; a GSM8K file's default is every problem
+# a synthetic trace task's default difficulties: chain's steps, addition's digits
+DEFAULT_DIFFICULTIES = {"chain": CHAIN_DIFFICULTIES, "addition": [1, 2, 3]}
 
 
 def problems(task: str, n: int, difficulties: list[int] | None, seed: int = 0) -> list[Example]:
-    """``n`` problems: ``chain`` problems spread evenly over ``difficulties`` (steps; default
-    ``CHAIN_DIFFICULTIES``), or the first ``n`` problems of a GSM8K-format JSONL file
+    """``n`` problems: ``chain`` (``addition``) problems spread evenly over ``difficulties``
+    (steps; digits of the longer operand; default ``DEFAULT_DIFFICULTIES``), or the first ``n`` problems of a GSM8K-format JSONL file
     (``gsm8k-jsonl:PATH``) whose difficulty (its number of ``<<`` steps) is in ``difficulties``
     (default: any). A file with fewer such problems is refused, saying how many it has."""
     if not 1 <= n <= MAX_PROBLEMS:
@@ -59,14 +61,18 @@ def problems(task: str, n: int, difficulties: list[int] | None, seed: int = 0) -
             which = f" with difficulty in {difficulties}" if difficulties else ""
             raise BadInput(f"{path} has {len(examples)} problems{which}; n_problems={n} asks for more")
         return examples[:n]
-    if task != "chain":
-        raise BadInput(f"unknown trace task {task!r}: expected 'chain' or 'gsm8k-jsonl:PATH'")
-    difficulties = CHAIN_DIFFICULTIES if difficulties is None else difficulties
+    if task not in DEFAULT_DIFFICULTIES:
+        raise BadInput(f"unknown trace task {task!r}: expected 'chain', 'addition' or 'gsm8k-jsonl:PATH'")
+    difficulties = DEFAULT_DIFFICULTIES[task] if difficulties is None else difficulties
     if not difficulties or min(difficulties) < 1:
-        raise BadInput(f"difficulties={difficulties!r}: expected step counts >= 1")
-    rng = heldout_rng("traces", seed)
-    cfg = TaskConfig(chain_max_steps=max(difficulties))
-    return [make_chain(rng, cfg, difficulties[i % len(difficulties)]) for i in range(n)]
+        raise BadInput(f"difficulties={difficulties!r}: expected {'step' if task == 'chain' else 'digit'} counts >= 1")
+    if task == "addition" and max(difficulties) > LIMITS["add_max_digits"]:
+        raise BadInput(f"difficulties={difficulties!r}: expected at most {LIMITS['add_max_digits']} digits")
+    rng = heldout_rng("traces" if task == "chain" else f"traces-{task}", seed)
+    if task == "chain":
+        cfg = TaskConfig(chain_max_steps=max(difficulties))
+        return [make_chain(rng, cfg, difficulties[i % len(difficulties)]) for i in range(n)]
+    return [make_addition(rng, TaskConfig(), difficulties[i % len(difficulties)]) for i in range(n)]
 
 
 def trace_length(text: str, tokenizer: TokenizerBase) -> int:
@@ -347,7 +353,9 @@ def trace_study(
             "task": task,
             "passes": passes,
             "n_problems": len(examples),
-            "difficulties": "any" if difficulties is None and task != "chain" else list(difficulties or CHAIN_DIFFICULTIES),
+            "difficulties": "any"
+            if difficulties is None and task not in DEFAULT_DIFFICULTIES
+            else list(difficulties or DEFAULT_DIFFICULTIES[task]),
             "max_new_tokens": max_new_tokens,
             "skipped": skipped,
             "lost_characters": lost,

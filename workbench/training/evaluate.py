@@ -28,7 +28,7 @@ from workbench.data.answers import is_correct
 from workbench.data.prepared import PreparedCorpus, corpus_dir, heldout_examples, source_hashes
 from workbench.data.sources import file_sha256
 from workbench.data.splits import heldout_task
-from workbench.data.tasks import MAX_EXAMPLES, SYNTHETIC, Example
+from workbench.data.tasks import MAX_EXAMPLES, SYNTHETIC, Example, TaskConfig
 from workbench.runtime.checkpoint import load_model
 from workbench.runtime.decoding import NonFinite, check_passes, generate, guarded, score_completions
 from workbench.runtime.tokenizer import TokenizerBase, load_tokenizer
@@ -40,8 +40,12 @@ from workbench.training.runconfig import load_run_config, task_settings
 FUSED_PASSES = 2  # K of the fused regime's prefill in a run's own evaluation (results/eval.json)
 
 
-def eval_tasks(task: str) -> list[str]:
-    return list(SYNTHETIC) if task == "mix" else [task]
+def eval_tasks(task: str, data: TaskConfig | None = None) -> list[str]:
+    """The tasks a run on ``task`` is evaluated on: a ``mix``'s tasks of positive weight."""
+    if task != "mix":
+        return [task]
+    weights = (data or TaskConfig()).mix_weights
+    return [name for name, weight in zip(SYNTHETIC, weights) if weight > 0]
 
 
 def _batches(items: list, size: int):
@@ -190,7 +194,7 @@ def evaluate_run(
     if not 1 <= n <= MAX_EXAMPLES:
         raise BadInput(f"n={n}: expected 1..{MAX_EXAMPLES:,} examples per task")
     check_passes(model, fused_passes)
-    for name in eval_tasks(task or cfg.data.task):
+    for name in eval_tasks(task or cfg.data.task, cfg.data):
         check_not_trained_on(run_dir, cfg.data.task, name)
     path = run_dir / "results" / eval_file_name(cfg, n, fused_passes, task)
     with hold(real_directory(run_dir / "results")) if write else nullcontext():  # never a link's target
@@ -252,7 +256,7 @@ def _evaluate_run(
     data = task_settings(cfg.data)
     started = time.perf_counter()
     result = {"run": str(run_dir), "arch": cfg.arch, "fused_passes": fused_passes, "n_examples": n, "tasks": {}}
-    for name in eval_tasks(task or cfg.data.task):
+    for name in eval_tasks(task or cfg.data.task, data):
         directory = corpus_dir(name)
         if directory is not None:
             examples = heldout_examples(PreparedCorpus.open(directory), tokenizer, n)

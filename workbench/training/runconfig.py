@@ -103,7 +103,9 @@ LOSS_WEIGHTS = ("token", "example")
 
 @dataclass
 class DataConfig(TaskConfig):
-    task: str = "mix"  # chain | modsum | flipflop | mix | jsonl:PATH | text:PATH | hf:NAME[:CONFIG] | prepared:DIR
+    task: str = (
+        "mix"  # chain | modsum | flipflop | perm | addition | mix | jsonl:PATH | text:PATH | hf:NAME[:CONFIG] | prepared:DIR
+    )
     n_train: int = 20000  # examples generated for training (synthetic tasks)
     n_val: int = 256  # unused (eval takes its size from --n); kept so earlier run configs load
     # which targets training scores: "all" tokens, or only each example's "completion" (its answer

@@ -1,0 +1,138 @@
+"""Learning curves of candidate model organisms: a ``tiny`` baseline trained on one task alone,
+its held-out accuracy (``standard``, greedy) measured every ``--every`` steps, and the steps at
+which it first reaches the task's competence target. What chose the organisms' tasks and
+budgets (docs/training.md, "Model organisms").
+
+    python scripts/organism_pilots.py --tasks perm,addition --steps 600 --out /tmp/pilots \\
+        --json docs/results/organism_pilots.json
+
+Each candidate trains in ``--out/<name>`` (chunks of ``--every`` steps, resumed from the
+checkpoint each chunk ends at: the same weights as one uninterrupted run) with one torch thread,
+``--jobs`` candidates at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+# name -> (task, settings, competence target); the targets are written before any pilot. The
+# first round (``*-seq256``: 16 x 256 tokens a step, lr 1e-3, the cpu zoo's shapes) learned only
+# flip-flop; the second uses the fair study's modsum shapes (16 x 64, lr 5e-4), at which a tiny
+# baseline learns modsum in 600 steps (docs/results/study_fbt_vs_baseline.json).
+MODSUM = ["data.modsum_p=3", "data.modsum_min_len=1", "data.modsum_max_len=6"]
+FLIPFLOP = ["data.flipflop_bits=2", "data.flipflop_min_len=8", "data.flipflop_max_len=24", "data.flipflop_weights=0.3,0.5,0.2"]
+SEQ256 = ["train.seq_len=256", "train.lr=1e-3"]
+SEQ64 = ["train.seq_len=64", "train.lr=5e-4"]
+CANDIDATES = {
+    "modsum-seq256": ("modsum", MODSUM + SEQ256, 0.9),
+    "flipflop-seq256": ("flipflop", FLIPFLOP + SEQ256, 0.95),
+    "perm-seq256": ("perm", ["data.perm_points=3", "data.perm_min_len=2", "data.perm_max_len=8"] + SEQ256, 0.9),
+    "addition-seq256": (
+        "addition",
+        ["data.add_min_digits=1", "data.add_max_digits=3", "data.add_verbosity_weights=1,1,1"] + SEQ256,
+        0.9,
+    ),
+    "modsum": ("modsum", MODSUM + SEQ64, 0.9),
+    "flipflop": ("flipflop", FLIPFLOP + SEQ64, 0.95),
+    "perm1-4": ("perm", ["data.perm_points=3", "data.perm_min_len=1", "data.perm_max_len=4"] + SEQ64, 0.9),
+    "perm1-6": ("perm", ["data.perm_points=3", "data.perm_min_len=1", "data.perm_max_len=6"] + SEQ64, 0.9),
+    "addition-digits": (
+        "addition",
+        [
+            "data.add_min_digits=1",
+            "data.add_max_digits=3",
+            "data.add_verbosity_weights=0,1",
+            "train.seq_len=128",
+            "train.lr=5e-4",
+        ],
+        0.9,
+    ),
+    "addition-mixed": (
+        "addition",
+        [
+            "data.add_min_digits=1",
+            "data.add_max_digits=3",
+            "data.add_verbosity_weights=1,1,1",
+            "train.seq_len=128",
+            "train.lr=5e-4",
+        ],
+        0.9,
+    ),
+}
+
+COMMON = [
+    "train.batch_size=16",
+    "train.warmup=30",
+    "train.log_every=25",
+    "data.n_train=40000",
+    "data.loss_on=completion",
+    "data.windows=example",
+]
+
+
+def pilot(name: str, steps: int, every: int, out: str, n_eval: int) -> dict:
+    import torch
+
+    from workbench.data.splits import heldout_task
+    from workbench.training.evaluate import evaluate_examples
+    from workbench.training.runconfig import make_run_config, task_settings
+    from workbench.training.train import train
+
+    torch.set_num_threads(1)
+    task, settings, target = CANDIDATES[name]
+    overrides = COMMON + settings + [f"train.steps={steps}", f"train.checkpoint_every={every}"]
+    cfg = make_run_config("baseline", "tiny", task, overrides)
+    run = Path(out) / name
+    examples = heldout_task(task, n_eval, 0, task_settings(cfg.data))
+    curve, started, reached = [], time.perf_counter(), None
+    for step in range(every, steps + 1, every):
+        result = train(cfg, run, resume=step > every, progress=False, stop_after=every)
+        model = result.model.eval()
+        from workbench.runtime.tokenizer import load_tokenizer
+
+        row = evaluate_examples(model, examples, load_tokenizer(run), regimes=["standard"])
+        accuracy = row["accuracy"]["standard"]
+        curve.append({"step": step, "accuracy": accuracy, "seconds": round(time.perf_counter() - started, 1)})
+        print(name, curve[-1], flush=True)
+        if reached is None and accuracy >= target:
+            reached = step
+    return {"task": task, "settings": settings, "target": target, "curve": curve, "reached_at": reached}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", default=",".join(CANDIDATES), help=f"some of {','.join(CANDIDATES)}")
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--every", type=int, default=50)
+    parser.add_argument("--n-eval", type=int, default=200)
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    names = args.tasks.split(",")
+    with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {n: pool.submit(pilot, n, args.steps, args.every, args.out, args.n_eval) for n in names}
+        results = {n: f.result() for n, f in futures.items()}
+    for n, r in results.items():
+        print(n, "reached", r["target"], "at", r["reached_at"], [(c["step"], round(c["accuracy"], 2)) for c in r["curve"]])
+    if args.json:
+        from workbench.storage.provenance import source_commit
+
+        path = Path(args.json)
+        previous = json.loads(path.read_text()) if path.is_file() else {"pilots": {}}
+        previous["pilots"].update({n: {**r, "steps": args.steps, "every": args.every} for n, r in results.items()})
+        previous.update(
+            commit=source_commit(),
+            command="python scripts/organism_pilots.py "
+            + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None and k != "json"),
+        )
+        path.write_text(json.dumps(previous, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
