@@ -63,6 +63,67 @@ CANDIDATES = {
         ],
         0.9,
     ),
+    # alone at the organisms' shapes (16 x 64 tokens, lr 1e-3): addition with its mixed scratchpads
+    "addition-seq64": (
+        "addition",
+        [
+            "data.add_min_digits=1",
+            "data.add_max_digits=3",
+            "data.add_verbosity_weights=1,4,2",
+            "train.seq_len=64",
+            "train.lr=1e-3",
+        ],
+        0.9,
+    ),
+    "perm1-4-lr1e-3": (
+        "perm",
+        ["data.perm_points=3", "data.perm_min_len=1", "data.perm_max_len=4", "train.seq_len=64", "train.lr=1e-3"],
+        0.9,
+    ),
+    # the three tasks in one model at 16 x 64 tokens a step: perm, flip-flop and addition drawn
+    # alike, addition's scratchpads mostly per digit (none : per digit : per two = 1 : 4 : 2)
+    **{
+        f"organisms-lr{lr}": (
+            "mix",
+            [
+                "data.mix_weights=0,0,1,1,1",
+                *FLIPFLOP,
+                "data.perm_points=3",
+                "data.perm_min_len=1",
+                "data.perm_max_len=4",
+                "data.add_min_digits=1",
+                "data.add_max_digits=3",
+                "data.add_verbosity_weights=1,4,2",
+                "train.seq_len=64",
+                f"train.lr={lr}",
+            ],
+            {"flipflop": 0.95, "perm": 0.9, "addition": 0.9},
+        )
+        for lr in ("5e-4", "1e-3")
+    },
+    # at 1 : 1 : 1 perm stayed at chance for 1,500 steps (its one-token answers are a small share
+    # of the scored tokens beside addition's traces): perm drawn 4 times as often, and the same
+    # with each example's targets weighing alike
+    **{
+        f"organisms-{weigh}": (
+            "mix",
+            [
+                "data.mix_weights=0,0,1,4,1",
+                *FLIPFLOP,
+                "data.perm_points=3",
+                "data.perm_min_len=1",
+                "data.perm_max_len=4",
+                "data.add_min_digits=1",
+                "data.add_max_digits=3",
+                "data.add_verbosity_weights=1,4,2",
+                "train.seq_len=64",
+                "train.lr=1e-3",
+                f"data.loss_weight={weigh}",
+            ],
+            {"flipflop": 0.95, "perm": 0.9, "addition": 0.9},
+        )
+        for weigh in ("token", "example")
+    },
 }
 
 COMMON = [
@@ -79,6 +140,7 @@ def pilot(name: str, steps: int, every: int, out: str, n_eval: int) -> dict:
     import torch
 
     from workbench.data.splits import heldout_task
+    from workbench.runtime.tokenizer import load_tokenizer
     from workbench.training.evaluate import evaluate_examples
     from workbench.training.runconfig import make_run_config, task_settings
     from workbench.training.train import train
@@ -88,18 +150,19 @@ def pilot(name: str, steps: int, every: int, out: str, n_eval: int) -> dict:
     overrides = COMMON + settings + [f"train.steps={steps}", f"train.checkpoint_every={every}"]
     cfg = make_run_config("baseline", "tiny", task, overrides)
     run = Path(out) / name
-    examples = heldout_task(task, n_eval, 0, task_settings(cfg.data))
+    targets = target if isinstance(target, dict) else {task: target}
+    examples = {t: heldout_task(t, n_eval, 0, task_settings(cfg.data)) for t in targets}
     curve, started, reached = [], time.perf_counter(), None
     for step in range(every, steps + 1, every):
         result = train(cfg, run, resume=step > every, progress=False, stop_after=every)
         model = result.model.eval()
-        from workbench.runtime.tokenizer import load_tokenizer
-
-        row = evaluate_examples(model, examples, load_tokenizer(run), regimes=["standard"])
-        accuracy = row["accuracy"]["standard"]
+        accuracy = {
+            t: evaluate_examples(model, ex, load_tokenizer(run), regimes=["standard"])["accuracy"]["standard"]
+            for t, ex in examples.items()
+        }
         curve.append({"step": step, "accuracy": accuracy, "seconds": round(time.perf_counter() - started, 1)})
         print(name, curve[-1], flush=True)
-        if reached is None and accuracy >= target:
+        if reached is None and all(accuracy[t] >= targets[t] for t in targets):
             reached = step
     return {"task": task, "settings": settings, "target": target, "curve": curve, "reached_at": reached}
 
@@ -119,7 +182,7 @@ def main() -> None:
         futures = {n: pool.submit(pilot, n, args.steps, args.every, args.out, args.n_eval) for n in names}
         results = {n: f.result() for n, f in futures.items()}
     for n, r in results.items():
-        print(n, "reached", r["target"], "at", r["reached_at"], [(c["step"], round(c["accuracy"], 2)) for c in r["curve"]])
+        print(n, "reached", r["target"], "at", r["reached_at"], [(c["step"], c["accuracy"]) for c in r["curve"]])
     if args.json:
         from workbench.storage.provenance import source_commit
 

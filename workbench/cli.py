@@ -400,6 +400,17 @@ def cmd_zoo(args) -> dict:
             progress=not args.no_progress,
         )
         written = out / "study.json"
+    elif args.preset == "organisms":
+        from workbench.training.zoo import ORGANISMS_FILE, train_organisms
+
+        if args.only:
+            raise BadInput(f"--only {args.only[0]} with --preset organisms: train one organism with --preset org-TASK")
+        out = Path(args.out) if args.out is not None else Path("runs") / "organisms"
+        organisms = train_organisms(out, seeds=args.seeds, threads=args.threads, jobs=args.jobs, progress=not args.no_progress)
+        for task, row in organisms["organisms"].items():
+            print(f"{task:10s} qualified seeds {row['qualified_seeds']}, {row['session_wall_seconds']} s")
+        print(f"wrote {out / ORGANISMS_FILE} in {organisms['session_wall_seconds']} s")
+        return organisms
     else:
         from workbench.training.zoo import train_zoo
 
@@ -799,12 +810,15 @@ def build_parser() -> argparse.ArgumentParser:
     # training.zoo.SCALES (a test keeps them equal), spelled here to keep torch out of the parser
     p.add_argument(
         "--preset",
-        choices=["micro", "quick", "cpu", "modsum", "flipflop"],
+        choices=["micro", "quick", "org-flipflop", "org-perm", "org-addition", "cpu", "organisms", "modsum", "flipflop"],
         default="micro",
-        help="micro: seconds, a plumbing check; quick: minutes, first results; cpu: the reference zoo; "
+        help="micro: seconds, a plumbing check; quick: minutes, a flip-flop learned; org-TASK: one model organism; "
+        "organisms: all three, the reference zoo (into --out/TASK); cpu: the earlier reference zoo; "
         "modsum, flipflop: --study fbt-vs-baseline's settings (docs/training.md)",
     )
-    p.add_argument("--out", default=None, help="directory (default: runs; with --study: runs/studies/STUDY)")
+    p.add_argument(
+        "--out", default=None, help="directory (default: runs; organisms: runs/organisms; with --study: runs/studies/STUDY)"
+    )
     # comparisons.STUDIES (a test keeps them equal), spelled here to keep torch out of the parser
     p.add_argument(
         "--study",
@@ -823,13 +837,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--threads",
         type=int,
         default=None,
-        help="torch threads per member (recorded: the same count trains the same model); default: micro 2, quick 1, cpu 1",
+        help="torch threads per member (recorded: the same count trains the same model); default: micro 2, quick 1, org-flipflop 1, org-perm 1, org-addition 1, cpu 1",
     )
     p.add_argument(
         "--jobs",
         type=int,
         default=None,
-        help="members trained at once, each in its own process; default: micro 1, quick 2, cpu 2",
+        help="members trained at once, each in its own process; default: micro 1, quick 2, org-flipflop 2, org-perm 2, org-addition 2, cpu 2",
     )
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--json", dest="json_out", help="also write the summary here")

@@ -225,7 +225,7 @@ def test_help_shows_every_options_default():
     from workbench.studies import fbt_vs_baseline
 
     extra = [scale for scale in fbt_vs_baseline.SCALES if scale not in SCALES]
-    assert next(a.choices for a in verbs["zoo"]._actions if a.dest == "preset") == list(SCALES) + extra
+    assert next(a.choices for a in verbs["zoo"]._actions if a.dest == "preset") == list(SCALES) + ["organisms"] + extra
     assert tuple(next(a.choices for a in verbs["zoo"]._actions if a.dest == "study")) == (*STUDIES, fbt_vs_baseline.STUDY)
     from workbench.probing.study import N_SEQUENCES
 

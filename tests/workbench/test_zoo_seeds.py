@@ -2,6 +2,7 @@
 differ, and the across-seed intervals computed from the members' own evaluations."""
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -140,3 +141,33 @@ def test_config_differences_name_every_field_but_the_grown_stream_count():
     ablated = {**grown, "model": {**grown["model"], "readout": "sum"}}
     assert config_differences(ablated, wanted) == ["model.readout"]
     assert config_differences({**grown, "arch": "fbt"}, wanted) == ["arch"]
+
+
+@pytest.mark.parametrize("scale", ["quick", "org-flipflop", "org-perm", "org-addition", "cpu"])
+def test_a_zoos_targets_are_the_tasks_its_members_are_evaluated_on(scale):
+    from workbench.training.evaluate import eval_tasks
+    from workbench.training.zoo import TARGETS, member_config, members
+
+    for name, arch, overrides, init in members(scale, Path("zoo")):
+        cfg = member_config(scale, arch, overrides, init)
+        assert eval_tasks(cfg.data.task, cfg.data) == list(TARGETS[scale]), name
+
+
+def test_the_quick_zoo_is_the_flip_flop_organism():
+    from workbench.training.zoo import ORGANISMS, member_config, members
+
+    assert ORGANISMS == {"flipflop": "org-flipflop", "perm": "org-perm", "addition": "org-addition"}
+    for (name, arch, overrides, init), (_, _, same, _) in zip(members("quick", Path("z")), members("org-flipflop", Path("z"))):
+        quick, organism = member_config("quick", arch, overrides, init), member_config("org-flipflop", arch, same, init)
+        assert quick.to_dict() == organism.to_dict(), name
+    assert quick.data.task == "flipflop" and quick.train.seq_len == 64 and quick.data.flipflop_weights == (0.3, 0.5, 0.2)
+
+
+def test_the_organisms_refuse_a_summary_they_did_not_write_before_training(tmp_path):
+    from workbench.storage.errors import OutputExists
+    from workbench.training.zoo import train_organisms
+
+    (tmp_path / "organisms.json").write_text("{}")
+    with pytest.raises(OutputExists, match="organisms.json was not written by workbench zoo --preset organisms"):
+        train_organisms(tmp_path, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["organisms.json"]

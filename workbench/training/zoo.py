@@ -49,8 +49,16 @@ MAX_SEEDS = 10
 # has no targets and its results say nothing about the effects studied. ``cpu`` states what the
 # studies need: correct chain traces to compare lengths, a running sum the model computes for the
 # probes to find, and a memory it keeps.
-TARGETS = {"micro": None, "cpu": {"chain": 0.5, "modsum": 0.8, "flipflop": 0.95}}
-TARGETS["quick"] = TARGETS["cpu"]  # what it reaches in minutes, against the same bar
+# ``quick`` and the organisms: the targets written in scripts/organism_pilots.py before any pilot
+# of those tasks ran (issue #37), reached by a baseline pilot of each alone.
+TARGETS = {
+    "micro": None,
+    "cpu": {"chain": 0.5, "modsum": 0.8, "flipflop": 0.95},
+    "quick": {"flipflop": 0.95},
+    "org-flipflop": {"flipflop": 0.95},
+    "org-perm": {"perm": 0.9},
+    "org-addition": {"addition": 0.9},
+}
 
 # The tasks every zoo trains on (the ``mix`` of chain, modsum and flip-flop), chosen so the effects
 # the studies look for can appear (docs/training.md, "The zoo's tasks", has the pilots behind each
@@ -68,6 +76,57 @@ TASK = [
     "data.windows=example",
     "data.mix_weights=1,6,3",
 ]
+
+# The model organisms (issue #37; docs/training.md, "Model organisms", has the pilots), each a
+# zoo of its own (in one model the three interfere: at 1 : 1 : 1 perm stayed at chance for 1,500
+# steps beside addition's traces, and weighing examples alike starved addition instead):
+# - ``org-flipflop``: a 2-bit flip-flop at ignore density 0.5 (write : ignore : read = 0.3 : 0.5 :
+#   0.2, 8-24 instructions); a tiny baseline alone reached 0.95 in 500 steps, the fastest pilot,
+#   so it is also the ``quick`` zoo. Memory carried in the state.
+# - ``org-perm``: a running product over S3 of 1-4 permutations (0.91 at step 700 and 0.90 at the
+#   end of an 800-step schedule, so the zoo trains 1,000; of 1-6, 0.61 in 800). State tracking,
+#   serial composition.
+# - ``org-addition``: 1-3 digit addition, digits reversed, scratchpads mostly per digit (none : per
+#   digit : per two digits = 1 : 4 : 2; 0.98 at step 800 of 1,000 at lr 1e-3): the task on which a
+#   shorter trace can be chosen and the regimes can differ after the first generated token.
+# All at 16 x 64 tokens a step with completions scored and windows at examples: short windows and
+# a lower learning rate made them learnable in minutes (at 16 x 256 tokens and lr 1e-3 only the
+# flip-flop was learned in 600 steps).
+FLIPFLOP = [
+    "data.flipflop_bits=2",
+    "data.flipflop_min_len=8",
+    "data.flipflop_max_len=24",
+    "data.flipflop_weights=0.3,0.5,0.2",
+]
+PERM = ["data.perm_points=3", "data.perm_min_len=1", "data.perm_max_len=4"]
+ADDITION = ["data.add_min_digits=1", "data.add_max_digits=3", "data.add_verbosity_weights=1,4,2"]
+SHORT = [  # the organisms' shapes: 16 x 64 tokens a step, completions scored, windows at examples
+    "train.batch_size=16",
+    "train.seq_len=64",
+    "train.warmup=30",
+    "train.log_every=25",
+    "train.eval_examples=200",
+    "data.n_train=40000",
+    "data.loss_on=completion",
+    "data.windows=example",
+]
+# per organism: steps, HD's steps, learning rate (the pilots')
+ORGANISM_BUDGETS = {"flipflop": (600, 100, "5e-4"), "perm": (1000, 100, "5e-4"), "addition": (1000, 100, "1e-3")}
+ORGANISMS = {task: f"org-{task}" for task in ORGANISM_BUDGETS}  # ``workbench zoo --preset organisms``
+
+
+def organism(task: str, settings: list[str]) -> dict:
+    steps, hd_steps, lr = ORGANISM_BUDGETS[task]
+    return {
+        "jobs": 2,
+        "threads": 1,
+        "preset": "tiny",
+        "task": task,
+        "steps": steps,
+        "hd_steps": hd_steps,
+        "common": [*SHORT, f"train.lr={lr}", f"train.checkpoint_every={steps}", *settings],
+    }
+
 
 # ``jobs`` members train at once with ``threads`` torch threads each: the defaults fill the
 # reference machine's 2 cores (the micro zoo's models are too small to gain from processes)
@@ -91,24 +150,10 @@ SCALES = {
             *TASK,
         ],
     },
-    "quick": {  # the first run: the cpu zoo's tasks and shapes for a third of the steps
-        "jobs": 2,
-        "threads": 1,
-        "preset": "tiny",
-        "steps": 300,
-        "hd_steps": 60,
-        "common": [
-            "train.batch_size=16",
-            "train.seq_len=256",
-            "train.lr=2e-3",
-            "train.warmup=30",
-            "train.log_every=25",
-            "train.checkpoint_every=300",
-            "train.eval_examples=96",
-            "data.n_train=40000",
-            *TASK,
-        ],
-    },
+    "quick": organism("flipflop", FLIPFLOP),  # the first run: the same as org-flipflop
+    "org-flipflop": organism("flipflop", FLIPFLOP),
+    "org-perm": organism("perm", PERM),
+    "org-addition": organism("addition", ADDITION),
     "cpu": {
         "jobs": 2,
         "threads": 1,
@@ -190,6 +235,45 @@ def train_zoo(
     return train_plan(plan, out, out / "zoo.json", summary, scale=scale, threads=threads, jobs=jobs, progress=progress)
 
 
+ORGANISMS_FILE = "organisms.json"
+
+
+def train_organisms(
+    out: str | Path = "runs/organisms",
+    *,
+    seeds: int = 1,
+    threads: int | None = None,
+    jobs: int | None = None,
+    progress: bool | Callable = True,
+) -> dict:
+    """Every organism's zoo (``ORGANISMS``), one after another, into ``out/TASK`` (each with its
+    ``zoo.json``), and ``out/organisms.json``: per organism its preset, targets, qualified seeds
+    per member and time, with the commit, the seeds and the whole command's wall-clock (the
+    number the reference zoo's budget is read from)."""
+    out = Path(out)
+    path = out / ORGANISMS_FILE
+    if (path.exists() or path.is_symlink()) and not owns(record_of(out, ZOO), out, ORGANISMS_FILE):
+        raise OutputExists(
+            f"{path} was not written by workbench zoo --preset organisms: move it away or choose another --out; {COPIES}"
+        )
+    started = time.perf_counter()
+    summary: dict = {"seeds": seeds, "commit": source_commit(), "torch": torch.__version__, "organisms": {}}
+    for task, scale in ORGANISMS.items():
+        zoo = train_zoo(scale, out / task, progress=progress, seeds=seeds, threads=threads, jobs=jobs)
+        summary["organisms"][task] = {
+            "preset": scale,
+            "zoo": f"{task}/zoo.json",
+            "targets": TARGETS[scale],
+            "qualified_seeds": {m: f"{r['qualified_seeds']}/{len(r['runs'])}" for m, r in zoo.get("across_seeds", {}).items()},
+            "session_wall_seconds": zoo["session_wall_seconds"],
+        }
+        summary["session_wall_seconds"] = round(time.perf_counter() - started, 1)
+        with hold(out):
+            write_json(path, summary)
+            record_made(out, ZOO, path)
+    return summary
+
+
 def new_summary(scale: str, seeds: int, threads: int, jobs: int, **fields) -> dict:
     """The head of a zoo's (or, with ``study=``, a study's) summary, before any member is recorded."""
     return {**fields, "scale": scale, "seeds": seeds, "threads": threads, "jobs": jobs, "torch": torch.__version__, "models": {}}
@@ -208,9 +292,10 @@ def execution(scale: str, threads: int | None, jobs: int | None) -> tuple[int, i
 
 
 def member_config(scale: str, arch: str, overrides: list[str], init: str | None):
-    """The run config of a member of a ``scale`` zoo (or study): the scale's preset, the ``mix``
-    task and its common settings, then the member's own overrides."""
-    return make_run_config(arch, SCALES[scale]["preset"], "mix", SCALES[scale]["common"] + overrides, init_from=init)
+    """The run config of a member of a ``scale`` zoo (or study): the scale's preset, task (``mix``
+    unless it names one) and common settings, then the member's own overrides."""
+    s = SCALES[scale]
+    return make_run_config(arch, s["preset"], s.get("task", "mix"), s["common"] + overrides, init_from=init)
 
 
 def train_member(
