@@ -56,7 +56,8 @@ from workbench.training.zoo import (
 STUDIES = ("data-efficiency", "three-pass", "hd-ablations")
 BUDGETS = (0.25, 0.5, 1.0)  # data-efficiency: fractions of the scale's training steps
 THREE_PASS = (0.0, 0.03, 0.1, 0.3)  # three-pass: the fractions of 3-pass feedback batches
-HORIZONS = {"micro": 100, "quick": 1000, "cpu": 1000}  # three-pass: the last step of lambda(T), T = 100, 1000
+# three-pass: the last step of lambda(T), T = 100, 1000 (micro: 100; every other scale 1000)
+HORIZONS = {scale: 100 if scale == "micro" else 1000 for scale in SCALES}
 PERTURB_AT = 20  # three-pass: the rollout step of the perturbation, where the tangents start too
 FBT_REGIMES = ("standard", "soft", "fused")
 

@@ -761,3 +761,14 @@ def test_a_damaged_saved_analysis_is_an_error_on_the_dynamics_and_traces_pages(m
         assert any(named in e and str(saved) in e for e in errors(at)), (page, errors(at))
         HOSTILE["inputs_tried"] += 1
         HOSTILE["faults_injected"] += 1
+
+
+def test_the_empty_runs_page_offers_every_zoo_and_the_organisms_go_in_one_directory(monkeypatch, tmp_path):
+    root = tmp_path / "runs"
+    root.mkdir()
+    at = open_page(monkeypatch, root)
+    assert list(at.radio(key="zoo_scale").options) == ["micro", "quick", "organisms", "cpu"]
+    for zoo in ("quick", "organisms", "cpu"):
+        at.radio(key="zoo_scale").set_value(zoo).run()
+        assert_clean(at)
+        assert at.button(key="train_zoo").label == f"Train the {zoo} zoo into {root / zoo}"

@@ -179,3 +179,23 @@ def test_the_study_end_to_end_on_the_micro_scale(tmp_path):
         "modsum",
     )
     assert_usage_error(["zoo", "--study", "fbt-vs-baseline", "--seeds", "1", "--out", str(tmp_path / "q")], "seeds=1")
+
+
+@pytest.mark.parametrize("task", ["flipflop", "perm", "addition"])
+def test_the_fair_study_on_an_organism_trains_the_organisms_task_at_its_budget(task):
+    from pathlib import Path
+
+    from workbench.training.zoo import ORGANISMS, member_config, members
+
+    scale = fvb.SCALES[ORGANISMS[task]]
+    _, arch, overrides, init = members(ORGANISMS[task], Path("zoo"))[0]
+    zoo = member_config(ORGANISMS[task], arch, overrides, init)
+    lr = zoo.train.lr
+    from workbench.training.runconfig import make_run_config
+
+    study = make_run_config(
+        "baseline", scale["preset"], scale["task"], [*scale["common"], f"train.lr={lr}", f"train.steps={scale['steps']}"]
+    )
+    assert scale["lrs"][1] == lr and scale["steps"] == zoo.train.steps
+    differ = {k for k, v in study.to_dict()["train"].items() if zoo.to_dict()["train"][k] != v}
+    assert differ == {"log_every"} and study.to_dict()["data"] == zoo.to_dict()["data"]

@@ -44,7 +44,18 @@ from workbench.storage.provenance import source_commit
 from workbench.training import stats
 from workbench.training.evaluate import evaluate_examples
 from workbench.training.runconfig import load_run_config, make_run_config, task_settings
-from workbench.training.zoo import MAX_SEEDS, ZOO, new_summary, previous_summary, seed_name, train_plan
+from workbench.training.zoo import (
+    MAX_SEEDS,
+    ORGANISM_BUDGETS,
+    ORGANISMS,
+    TARGETS,
+    ZOO,
+    new_summary,
+    previous_summary,
+    seed_name,
+    train_plan,
+)
+from workbench.training.zoo import SCALES as SCALES_OF_ZOO
 
 STUDY = "fbt-vs-baseline"
 TUNING_SEED = 1000  # the sweep's training seed: none of the comparison's seeds 0..MAX_SEEDS-1
@@ -116,6 +127,34 @@ SCALES = {
     # completion loss: chance is ln(3) / 2 = 0.55 on modsum, ln(2) / 2 = 0.35 on a flip-flop bit
     # (answer and <eos>); each threshold is about half of it
     "flipflop": {**TINY, "task": "flipflop", "threshold": 0.17, "targets": {"flipflop": 0.95}, "common": TINY_COMMON},
+}
+
+
+def organism_scale(task: str, lrs: tuple[float, ...], threshold: float) -> dict:
+    """The fair study on a model organism (``workbench.training.zoo.ORGANISMS``): its task, settings
+    and budget, a sweep of three learning rates around the organism's own (the middle one), the
+    loss logged every 10 steps for the time to ``threshold``."""
+    steps = ORGANISM_BUDGETS[task][0]
+    common = [line for line in SCALES_OF_ZOO[ORGANISMS[task]]["common"] if not line.startswith(("train.lr=", "train.log_every="))]
+    return {
+        **TINY,
+        "task": task,
+        "steps": steps,
+        "threshold": threshold,
+        "targets": TARGETS[ORGANISMS[task]],
+        "common": [*common, "train.log_every=10"],
+        "lrs": lrs,
+    }
+
+
+# thresholds: perm's chance-level completion loss is ln(6) / 2 = 0.90 (answer and <eos>), a 2-bit
+# flip-flop's ln(2) / 2 = 0.35, each about halved as above; addition's completions are traces,
+# so its threshold is the training loss at which the pilot's held-out accuracy passed one half
+# (0.23 at step 500, accuracy 0.47; 0.11 at step 600, 0.77)
+SCALES |= {
+    "org-flipflop": organism_scale("flipflop", (2.5e-4, 5e-4, 1e-3), 0.17),
+    "org-perm": organism_scale("perm", (2.5e-4, 5e-4, 1e-3), 0.45),
+    "org-addition": organism_scale("addition", (5e-4, 1e-3, 2e-3), 0.2),
 }
 CONTROL = "fbt-no-feedback"
 FAMILY = (

@@ -1,9 +1,11 @@
-"""The reference model set: ``baseline``, ``fbt``, ``hd2`` and ``hd4`` (continued from
-``baseline``), all on the ``mix`` task with the same data order, so FBT and the baseline see equal
-data. FBT without 3-pass batches is the ``three-pass`` study's (``workbench.comparisons``).
+"""The reference model sets: ``baseline``, ``fbt``, ``hd2`` and ``hd4`` (continued from
+``baseline``), on one task (or the ``mix``) with the same data order, so FBT and the baseline see
+equal data. FBT without 3-pass batches is the ``three-pass`` study's (``workbench.comparisons``).
 
-``micro`` finishes in well under 2 minutes on 2 CPU cores (tests, CI); ``cpu`` at three seeds in
-under an hour on 2 idle cores, two members at a time with one thread each (docs/training.md:
+``micro`` finishes in well under 2 minutes on 2 CPU cores (tests, CI); the model organisms
+(``org-flipflop``, ``org-perm``, ``org-addition``; ``train_organisms`` trains all three) are the
+reference zoo, each learned by its baseline in minutes; ``quick`` is ``org-flipflop``, the
+fastest; ``cpu`` is the earlier reference zoo on the chain/modsum/flip-flop mix (docs/training.md:
 measured, with what its members learn).
 
 With ``seeds`` = n every member is trained at training seeds 0..n-1 (``train.seed``: the
