@@ -166,3 +166,30 @@ def gaussian_rows(n_seq=120, per_seq=20, d=16, seed=0, n_types=50):
     groups = np.repeat(np.arange(n_seq), per_seq)
     tokens = rng.integers(0, n_types, size=len(X))
     return X, groups, tokens, rng
+
+
+def fair_study(loss_gap: float, qualified: int = 5, seeds: int = 5, times=((100, True), (300, True))) -> dict:
+    """A fair study whose FBT-minus-baseline training loss differs by ``loss_gap`` at every seed
+    (plus seed noise of sd 0.01), its other comparisons null; ``qualified`` baselines reach their
+    targets; FBT reaches the loss threshold at ``times[0]``, the baseline at ``times[1]``."""
+    import numpy as np
+
+    from workbench.training import stats
+
+    rng = np.random.default_rng(0)
+    base = rng.normal(1.0, 0.05, size=(seeds, 1))
+    cells = {
+        "fbt - baseline: plain-pass training loss, last half": stats.paired_difference(
+            base, base + loss_gap + rng.normal(0, 0.01, size=(seeds, 1))
+        ),
+        "fbt - baseline: steps to the loss threshold": {
+            **stats.paired_times([times[1]] * seeds, [times[0]] * seeds),
+            "level": 0.95,
+        },
+    }
+    correct = rng.integers(0, 2, size=(seeds, 200)).astype(float)
+    cells["fbt fused - baseline: accuracy"] = stats.paired_difference(correct, rng.permuted(correct, axis=1), bounds=(-1, 1))
+    models = {
+        f"baseline-seed{s}": {"member": "baseline", "seed": s, "competence": {"qualified": s < qualified}} for s in range(seeds)
+    }
+    return {"study": "fbt-vs-baseline", "models": models, "family": stats.family(cells)}

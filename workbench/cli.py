@@ -366,6 +366,14 @@ def cmd_eval(args) -> dict:
     return result
 
 
+def study_out(study: str, preset: str) -> Path:
+    """A study's default output: ``runs/organisms/TASK/studies/STUDY`` on an organism (where the
+    claims table looks, ``workbench.claims.study_path``), else ``runs/studies/STUDY``."""
+    if preset.startswith("org-"):
+        return Path("runs") / "organisms" / preset.removeprefix("org-") / "studies" / study
+    return Path("runs") / "studies" / study
+
+
 def cmd_zoo(args) -> dict:
     _check_count(args.threads, "--threads", THREADS_MAX)
     _check_count(args.jobs, "--jobs", JOBS_MAX)
@@ -376,7 +384,7 @@ def cmd_zoo(args) -> dict:
 
         if args.only or args.reuse is not None:
             raise BadInput(f"--only/--reuse with --study {args.study}: it tunes and trains all of its members itself")
-        out = Path(args.out) if args.out is not None else Path("runs") / "studies" / args.study
+        out = Path(args.out) if args.out is not None else study_out(args.study, args.preset)
         summary = run_comparison(
             args.preset, out, seeds=args.seeds, threads=args.threads, jobs=args.jobs, progress=not args.no_progress
         )
@@ -388,7 +396,7 @@ def cmd_zoo(args) -> dict:
 
         if args.only:
             raise BadInput(f"--only {args.only[0]} with --study {args.study}: a study trains all of its members")
-        out = Path(args.out) if args.out is not None else Path("runs") / "studies" / args.study
+        out = Path(args.out) if args.out is not None else study_out(args.study, args.preset)
         summary = run_study(
             args.study,
             args.preset,
@@ -817,7 +825,10 @@ def build_parser() -> argparse.ArgumentParser:
         "modsum, flipflop: --study fbt-vs-baseline's settings (docs/training.md)",
     )
     p.add_argument(
-        "--out", default=None, help="directory (default: runs; organisms: runs/organisms; with --study: runs/studies/STUDY)"
+        "--out",
+        default=None,
+        help="directory (default: runs; organisms: runs/organisms; with --study: runs/studies/STUDY, "
+        "on an organism runs/organisms/TASK/studies/STUDY)",
     )
     # comparisons.STUDIES (a test keeps them equal), spelled here to keep torch out of the parser
     p.add_argument(

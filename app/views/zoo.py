@@ -1,4 +1,4 @@
-"""Zoo and studies: each zoo's members across training seeds (accuracy with its 95% interval,
+"""Zoo and studies: the seeds' claims on the model organisms (``workbench.claims``), each zoo's members across training seeds (accuracy with its 95% interval,
 competence), its probes, dynamics and traces across seeds where they were run
 (``scripts/zoo_analyses.py``), and each comparison study's readings (``workbench zoo --study``)."""
 
@@ -9,6 +9,7 @@ import streamlit as st
 
 from app.charts import member_accuracy
 from app.state import runs_root, shown_errors
+from workbench.claims import claims_from
 from workbench.comparisons import family_rows, interval_text, reading_rows
 from workbench.seed_readings import zoo_readings
 from workbench.storage.errors import BadInput
@@ -41,14 +42,26 @@ def read_summary(path: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame | None, p
 
 
 def summaries(root: Path) -> dict[str, Path]:
-    """Every ``zoo.json`` and ``study.json`` at most three levels under ``root``, by relative path."""
+    """Every ``zoo.json`` and ``study.json`` at most four levels under ``root`` (an organism's study:
+    ``organisms/TASK/studies/STUDY``), by relative path."""
     found = {}
-    for depth in ("", "*/", "*/*/", "*/*/*/"):
+    for depth in ("", "*/", "*/*/", "*/*/*/", "*/*/*/*/"):
         for name in ("zoo.json", "study.json"):
             for path in sorted(root.glob(depth + name)):
                 found[str(path.parent.relative_to(root)) or "."] = path
     return found
 
+
+if (root / "organisms").is_dir():
+    st.subheader("The seeds' claims on the model organisms")
+    table = pd.DataFrame(claims_from(root / "organisms"))
+    st.dataframe(table[["paper", "says", "organism", "verdict", "why", "study", "comparison"]], hide_index=True)
+    st.caption(
+        f"One row per claim and organism, read from the studies under {root / 'organisms'} (`workbench zoo --study "
+        "STUDY --preset org-TASK`): the comparison of the study's declared family, its simultaneous interval and "
+        "Holm's reading; 'not testable here' when the baseline missed a competence target or the readout cannot "
+        "reach significance at this many seeds (docs/training.md, 'The claims')."
+    )
 
 found = summaries(root)
 if not found:

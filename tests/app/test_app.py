@@ -772,3 +772,20 @@ def test_the_empty_runs_page_offers_every_zoo_and_the_organisms_go_in_one_direct
         at.radio(key="zoo_scale").set_value(zoo).run()
         assert_clean(at)
         assert at.button(key="train_zoo").label == f"Train the {zoo} zoo into {root / zoo}"
+
+
+def test_the_zoo_page_shows_the_claims_read_from_the_organisms_studies(monkeypatch, tmp_path):
+    from helpers import fair_study  # the claims tests' study with a known answer
+
+    from workbench.claims import NOT_MEASURED, REPRODUCED, study_path
+    from workbench.storage.files import write_json
+
+    root = tmp_path / "runs"
+    path = study_path(root / "organisms", "fbt-vs-baseline", "perm")
+    path.parent.mkdir(parents=True)
+    write_json(path, fair_study(-0.1))
+    at = open_page(monkeypatch, root, "zoo")
+    table = next(d.value for d in at.dataframe if "verdict" in d.value.columns)
+    rows = {(r["says"], r["organism"]): r["verdict"] for r in table.to_dict("records")}
+    assert rows["lower training loss at equal data", "perm"] == REPRODUCED
+    assert rows["lower training loss at equal data", "flipflop"] == NOT_MEASURED

@@ -164,6 +164,10 @@ FAMILY = (
     "fbt - baseline: steps to the loss threshold",
     f"{CONTROL} - baseline: accuracy",
     f"{CONTROL} - baseline: completion loss",
+    # FBT's own regimes on the same weights (the seeds' claim that soft and fused decoding beat
+    # standard; soft can differ from standard only after the first generated token); from issue
+    # #37 on: the studies measured before it declared the first 10
+    *(f"fbt {r} - fbt standard: accuracy" for r in ("soft", "fused")),
 )
 
 
@@ -387,6 +391,10 @@ def readings(per_seed: dict[int, dict[str, dict]], threshold: float, window: int
     cells[f"{CONTROL} - baseline: completion loss"] = stats.paired_difference(
         matrix("baseline", "completion_nll", "standard"), matrix(CONTROL, "completion_nll", "standard")
     )
+    for r in ("soft", "fused"):
+        cells[f"fbt {r} - fbt standard: accuracy"] = stats.paired_difference(
+            matrix("fbt", "correct", "standard"), matrix("fbt", "correct", r), bounds=(-1.0, 1.0)
+        )
     family = stats.family({name: cells[name] for name in FAMILY})
     return {
         "seeds": seeds,

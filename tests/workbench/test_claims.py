@@ -1,0 +1,133 @@
+"""The claims table: each verdict from a study built by hand, whose answer is known."""
+
+import ast
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import fair_study
+
+from workbench import claims
+from workbench.training import stats
+
+ROOT = Path(__file__).resolve().parents[2]
+CLAIM = {c.key: c for c in claims.CLAIMS}
+
+
+def test_a_detectable_difference_with_the_predicted_sign_is_reproduced():
+    row = claims.read_claim(CLAIM["fbt-loss"], "perm", fair_study(-0.1))
+    assert row["verdict"] == claims.REPRODUCED and row["difference"] == pytest.approx(-0.1, abs=0.02)
+    assert row["high"] < 0 and row["family_size"] == 3 and row["seeds"] == 5
+    assert row["control"].split("::")[0] == "tests/workbench/test_fbt_vs_baseline.py"
+
+
+def test_the_opposite_sign_detectable_is_not_reproduced_and_says_so():
+    row = claims.read_claim(CLAIM["fbt-loss"], "perm", fair_study(+0.1))
+    assert row["verdict"] == claims.NOT_REPRODUCED and row["why"].startswith("the opposite is detectable: +0.1")
+
+
+def test_no_detectable_difference_is_not_reproduced_with_the_size_the_study_could_call():
+    row = claims.read_claim(CLAIM["fbt-fused-accuracy"], "flipflop", fair_study(-0.1))
+    assert row["verdict"] == claims.NOT_REPRODUCED and row["low"] < 0 < row["high"]
+    half = (row["high"] - row["low"]) / 2
+    assert row["why"].startswith("no detectable difference") and f"beyond +-{half:.3f}" in row["why"]
+
+
+def test_steps_to_a_threshold_read_who_got_there_first_where_the_seeds_allow_it():
+    # 10 seeds, all FBT first: sign test p = 2 / 2**10, Holm over 3: 0.0059
+    first = claims.read_claim(CLAIM["fbt-data-efficiency"], "perm", fair_study(-0.1, qualified=10, seeds=10))
+    assert first["verdict"] == claims.REPRODUCED and first["why"] == "FBT first at 10 seeds, the baseline at 0"
+    later = claims.read_claim(
+        CLAIM["fbt-data-efficiency"], "perm", fair_study(-0.1, qualified=10, seeds=10, times=((300, True), (100, True)))
+    )
+    assert later["verdict"] == claims.NOT_REPRODUCED and later["why"].startswith("the opposite is detectable")
+    # 5 seeds: even 5 of 5 one way gives p = 2 / 32 = 0.0625 before Holm: the readout cannot call it
+    five = claims.read_claim(CLAIM["fbt-data-efficiency"], "perm", fair_study(-0.1))
+    assert five["verdict"] == claims.NOT_TESTABLE and five["why"].startswith(
+        "at 5 seeds the sign test's smallest Holm p is 0.188"
+    )
+
+
+def test_a_baseline_short_of_its_targets_makes_the_claim_untestable_and_a_missing_study_unmeasured():
+    row = claims.read_claim(CLAIM["fbt-loss"], "perm", fair_study(-0.1, qualified=4))
+    assert row["verdict"] == claims.NOT_TESTABLE and row["why"] == "the reference member reached its targets at 4 of 5 seeds"
+    missing = claims.read_claim(CLAIM["fbt-loss"], "perm", None)
+    assert missing["verdict"] == claims.NOT_MEASURED
+    assert missing["why"] == "run `workbench zoo --study fbt-vs-baseline --preset org-perm --seeds 5`"
+    older = claims.read_claim(CLAIM["fbt-soft-over-standard"], "addition", fair_study(-0.1))
+    assert older["verdict"] == claims.NOT_MEASURED and "has no 'fbt soft - fbt standard: accuracy'" in older["why"]
+
+
+def test_soft_decoding_can_only_show_where_answers_are_longer_than_a_token():
+    row = claims.read_claim(CLAIM["fbt-soft-over-standard"], "perm", fair_study(-0.1))
+    assert row["verdict"] == claims.NOT_TESTABLE and row["why"] == "the claim cannot show on perm"
+
+
+def _hd_study(cross_minus_hd4: float, noise: float) -> dict:
+    rng = np.random.default_rng(1)
+    hd4 = rng.normal(0.8, 0.05, size=(5, 1))
+    cells = {
+        "hd4-cross-every-layer - hd4: accuracy": stats.paired_difference(
+            hd4, hd4 + cross_minus_hd4 + rng.normal(0, noise, (5, 1))
+        )
+    }
+    models = {f"baseline-seed{s}": {"member": "baseline", "competence": {"qualified": True}} for s in range(5)}
+    return {"study": "hd-ablations", "models": models, "family": stats.family(cells)}
+
+
+def test_a_claim_of_closeness_needs_the_whole_interval_within_the_margin():
+    close = claims.read_claim(CLAIM["hd-few-cross-layers"], "perm", _hd_study(0.0, 0.005))
+    assert close["verdict"] == claims.REPRODUCED and -claims.CLOSE <= close["low"] and close["high"] <= claims.CLOSE
+    wide = claims.read_claim(CLAIM["hd-few-cross-layers"], "perm", _hd_study(0.0, 0.2))
+    assert wide["verdict"] == claims.NOT_REPRODUCED and wide["why"].startswith("undetermined")
+    apart = claims.read_claim(CLAIM["hd-few-cross-layers"], "perm", _hd_study(-0.2, 0.005))
+    assert apart["verdict"] == claims.NOT_REPRODUCED and apart["why"].startswith("a detectable difference")
+
+
+def test_a_study_without_a_baseline_member_is_judged_by_its_reference_members():
+    study = {
+        "models": {
+            **{f"fbt-3pass0-seed{s}": {"member": "fbt-3pass0", "competence": {"qualified": s != 2}} for s in range(3)},
+            **{f"fbt-3pass0.03-seed{s}": {"member": "fbt-3pass0.03", "competence": {"qualified": True}} for s in range(3)},
+        },
+        "family": {"fbt-3pass0.03 - fbt-3pass0: lambda(1000)": {"mean": -0.1, "low": -0.2, "high": -0.05, "detectable": True}},
+    }
+    assert claims.baseline_competence(study) == (2, 3)
+
+
+def test_the_table_has_a_row_per_claim_and_organism_and_every_control_is_a_test_that_exists():
+    table = claims.claims_table(lambda study, organism: None)
+    assert len(table) == len(claims.CLAIMS) * 3 and {r["verdict"] for r in table} == {claims.NOT_MEASURED, claims.NOT_TESTABLE}
+    for path in claims.CONTROLS.values():
+        file, name = path.split("::")
+        tree = ast.parse((ROOT / file).read_text())
+        assert name in {f.name for f in tree.body if isinstance(f, ast.FunctionDef)}, path
+    assert {c.study for c in claims.CLAIMS} <= set(claims.CONTROLS)
+
+
+def test_every_comparison_a_claim_reads_is_one_its_study_declares():
+    from workbench.comparisons import BUDGETS, THREE_PASS, hd_reference  # noqa: F401 (the families' names)
+    from workbench.studies import fbt_vs_baseline
+
+    three = {f"fbt-3pass{f:g} - fbt-3pass0: lambda(1000)" for f in THREE_PASS if f}
+    hd = {f"{m} - {hd_reference(m)}: accuracy" for m in ("hd2", "hd4", "hd8", "hd4-supervise-all", "hd4-readout-sum")}
+    hd |= {f"{m} - hd4: accuracy" for m in ("hd4-cross-every-layer", "hd4-shared-kv")}
+    declared = {"fbt-vs-baseline": set(fbt_vs_baseline.FAMILY), "three-pass": three, "hd-ablations": hd}
+    for c in claims.CLAIMS:
+        assert c.comparison in declared[c.study], c.key
+
+
+def test_the_table_reads_each_study_where_the_cli_writes_it_by_default(tmp_path):
+    from workbench.cli import study_out
+    from workbench.storage.files import write_json
+
+    assert study_out("fbt-vs-baseline", "org-perm") / "study.json" == claims.study_path(
+        Path("runs") / "organisms", "fbt-vs-baseline", "perm"
+    )
+    assert study_out("three-pass", "cpu") == Path("runs") / "studies" / "three-pass"
+    path = claims.study_path(tmp_path, "fbt-vs-baseline", "perm")
+    path.parent.mkdir(parents=True)
+    write_json(path, fair_study(-0.1))
+    rows = {(r["claim"], r["organism"]): r for r in claims.claims_from(tmp_path)}
+    assert rows["fbt-loss", "perm"]["verdict"] == claims.REPRODUCED
+    assert rows["fbt-loss", "flipflop"]["verdict"] == claims.NOT_MEASURED

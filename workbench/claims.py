@@ -1,0 +1,187 @@
+"""The seed papers' claims, each read from the study that tests it on a model organism.
+
+A claim names its study, the organisms it can show on, the comparison of the study's declared
+family that tests it (``study.json``'s ``family``: Holm-corrected, with simultaneous intervals)
+and the sign the paper predicts. ``read_claim`` gives one verdict per claim and organism:
+
+- ``reproduced at this scale``: the comparison is detectable with the predicted sign;
+- ``not reproduced``: no detectable difference (with the smallest difference the study could
+  have called, the half-width of its simultaneous interval), or the opposite sign detectable;
+- ``not testable here``: the baseline did not reach its competence target at every seed, or the
+  claim needs what this scale lacks (the reason is given);
+- ``not measured yet``: the study has not been run on the organism (the command is given).
+
+Each study's positive control is a test that plants an effect of known size through the same
+readout and detects it (``CONTROLS``), so a "not reproduced" comes from a study that could see one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from workbench.storage.files import read_json
+
+REPRODUCED, NOT_REPRODUCED, NOT_TESTABLE, NOT_MEASURED = (
+    "reproduced at this scale",
+    "not reproduced",
+    "not testable here",
+    "not measured yet",
+)
+VERDICTS = (REPRODUCED, NOT_REPRODUCED, NOT_TESTABLE, NOT_MEASURED)
+
+# the test that plants an effect through each study's readouts and detects it, and its null
+CONTROLS = {
+    "fbt-vs-baseline": "tests/workbench/test_fbt_vs_baseline.py::test_a_planted_gain_of_a_tenth_is_detected_through_the_family_correction",
+    "hd-ablations": "tests/workbench/test_controls.py::test_the_hd_ablations_family_detects_a_planted_gain_and_not_its_absence",
+    "three-pass": "tests/workbench/test_controls.py::"
+    "test_the_dynamics_study_finds_a_planted_contraction_and_no_contraction_where_there_is_none",
+}
+CLOSE = 0.05  # a claim that two members are close: the simultaneous interval within +-CLOSE
+
+
+@dataclass(frozen=True)
+class Claim:
+    key: str
+    paper: str  # FBT or HD
+    claim: str  # what the paper says, in a line
+    study: str  # the study that reads it (``workbench zoo --study STUDY``)
+    organisms: tuple[str, ...]  # where it can show (``workbench.training.zoo.ORGANISMS``)
+    comparison: str | None  # the member of the study's family that tests it
+    # the sign of the difference the paper predicts (+1 higher, -1 lower / earlier; 0: close, within
+    # +-CLOSE)
+    sign: int
+    untestable: str | None = None  # why no organism here can test it, when none can
+
+
+ALL = ("flipflop", "perm", "addition")
+CLAIMS = (
+    Claim("fbt-loss", "FBT", "lower training loss at equal data", "fbt-vs-baseline", ALL,
+          "fbt - baseline: plain-pass training loss, last half", -1),
+    Claim("fbt-data-efficiency", "FBT", "reaches a loss in fewer steps (data efficiency)", "fbt-vs-baseline", ALL,
+          "fbt - baseline: steps to the loss threshold", -1),
+    Claim("fbt-fused-accuracy", "FBT", "fused decoding answers better than the baseline", "fbt-vs-baseline", ALL,
+          "fbt fused - baseline: accuracy", 1),
+    Claim("fbt-soft-over-standard", "FBT", "soft decoding above standard on the same weights", "fbt-vs-baseline",
+          ("addition",), "fbt soft - fbt standard: accuracy", 1),
+    Claim("fbt-fused-over-standard", "FBT", "fused decoding above standard on the same weights", "fbt-vs-baseline", ALL,
+          "fbt fused - fbt standard: accuracy", 1),
+    Claim("fbt-contraction", "FBT", "a few percent of 3-pass batches make the feedback map a contraction",
+          "three-pass", ALL, "fbt-3pass0.03 - fbt-3pass0: lambda(1000)", -1),
+    Claim("hd-streams", "HD", "gains grow with the stream count n (2 over 1)", "hd-ablations", ALL,
+          "hd2 - hd1: accuracy", 1),
+    Claim("hd-streams-4", "HD", "gains grow with the stream count n (4 over 1)", "hd-ablations", ALL,
+          "hd4 - hd1: accuracy", 1),
+    Claim("hd-supervise-last", "HD", "last-stream supervision above all streams", "hd-ablations", ALL,
+          "hd4-supervise-all - hd4: accuracy", -1),
+    Claim("hd-readout-last", "HD", "last-stream readout above summed readouts", "hd-ablations", ALL,
+          "hd4-readout-sum - hd4: accuracy", -1),
+    Claim("hd-separate-kv", "HD", "separate key/value caches per stream above a shared one", "hd-ablations", ALL,
+          "hd4-shared-kv - hd4: accuracy", -1),
+    Claim("hd-few-cross-layers", "HD", "a few cross-stream layers close to all layers", "hd-ablations", ALL,
+          "hd4-cross-every-layer - hd4: accuracy", 0),
+)  # fmt: skip
+
+
+def command(claim: Claim, organism: str, seeds: int = 5) -> str:
+    """The command that runs ``claim``'s study on ``organism``."""
+    return f"workbench zoo --study {claim.study} --preset org-{organism} --seeds {seeds}"
+
+
+def baseline_competence(study: Mapping) -> tuple[int, int]:
+    """``(qualified, runs)`` of the study's baseline runs (one per seed): how many reached every
+    competence target. A study without a ``baseline`` member (``three-pass``) counts the runs of its
+    reference member (the first of its family's names after `` - ``), so its own models."""
+    models = list(study.get("models", {}).values())
+    reference = next((n.split(" - ")[1].split(":")[0] for n in study.get("family", {}) if " - " in n), None)
+    for member in ("baseline", reference):
+        runs = [r for r in models if r.get("member") == member]
+        if runs:
+            return sum(bool(r.get("competence", {}).get("qualified")) for r in runs), len(runs)
+    return 0, 0
+
+
+def read_claim(claim: Claim, organism: str, study: Mapping | None) -> dict:
+    """One row of the claims table: the claim on ``organism`` read from ``study`` (its
+    ``study.json``, or None when it has not been run), with the verdict and why."""
+    row = {
+        "claim": claim.key,
+        "paper": claim.paper,
+        "says": claim.claim,
+        "organism": organism,
+        "study": claim.study,
+        "comparison": claim.comparison,
+        "control": CONTROLS.get(claim.study),
+    }
+    if claim.untestable or organism not in claim.organisms:
+        return {**row, "verdict": NOT_TESTABLE, "why": claim.untestable or f"the claim cannot show on {organism}"}
+    if study is None:
+        return {**row, "verdict": NOT_MEASURED, "why": f"run `{command(claim, organism)}`"}
+    qualified, seeds = baseline_competence(study)
+    cell = study.get("family", {}).get(claim.comparison)
+    if cell is None:
+        return {**row, "verdict": NOT_MEASURED, "why": f"the study's family has no '{claim.comparison}' (an older run)"}
+    row |= {"family_size": cell.get("family_size"), "p_holm": cell.get("p_holm"), "seeds": seeds}
+    if seeds == 0 or qualified < seeds:
+        return {
+            **row,
+            "verdict": NOT_TESTABLE,
+            "why": f"the reference member reached its targets at {qualified} of {seeds} seeds",
+        }
+    verdict, why = _verdict(cell, claim.sign)  # NOT_TESTABLE too: a readout that cannot reach significance
+    return {**row, **_interval(cell), "verdict": verdict, "why": why}
+
+
+def _interval(cell: Mapping) -> dict:
+    if "earlier" in cell:
+        return {"difference": None, "low": None, "high": None}
+    return {"difference": cell["mean"], "low": cell.get("family_low", cell["low"]), "high": cell.get("family_high", cell["high"])}
+
+
+def _verdict(cell: Mapping, sign: int) -> tuple[str, str]:
+    detectable = bool(cell.get("detectable"))
+    if "earlier" in cell:  # steps to a threshold: a sign test of who got there first
+        first = f"FBT first at {cell['earlier']} seeds, the baseline at {cell['later']}"
+        pairs = cell["earlier"] + cell["later"] + cell["undetermined"]
+        smallest = min(1.0, 2 * 0.5**pairs * cell.get("family_size", 1))  # all pairs one way, Holm's first step
+        if smallest >= 1 - cell.get("level", 0.95):
+            return NOT_TESTABLE, f"at {pairs} seeds the sign test's smallest Holm p is {smallest:.3g}: {first}"
+        if detectable and (cell["earlier"] > cell["later"]) == (sign < 0):
+            return REPRODUCED, first
+        return NOT_REPRODUCED, ("the opposite is detectable: " if detectable else "no detectable difference: ") + first
+    low, high = _interval(cell)["low"], _interval(cell)["high"]
+    text = f"{cell['mean']:+.3f} [{low:+.3f}, {high:+.3f}]"
+    if sign == 0:  # "close": the whole simultaneous interval within +-CLOSE
+        if -CLOSE <= low and high <= CLOSE:
+            return REPRODUCED, f"within +-{CLOSE}: {text}"
+        if detectable:
+            return NOT_REPRODUCED, f"a detectable difference: {text}"
+        return NOT_REPRODUCED, f"undetermined: {text} is wider than +-{CLOSE}"
+    if detectable and (cell["mean"] > 0) == (sign > 0):
+        return REPRODUCED, text
+    if detectable:
+        return NOT_REPRODUCED, f"the opposite is detectable: {text}"
+    return NOT_REPRODUCED, f"no detectable difference: {text}; the study could call a difference beyond +-{(high - low) / 2:.3f}"
+
+
+def claims_table(studies: Callable[[str, str], Mapping | None]) -> list[dict]:
+    """Every claim on every organism, ``studies(study, organism)`` giving that study's
+    ``study.json`` on the organism or None."""
+    return [read_claim(c, o, studies(c.study, o) if o in c.organisms else None) for c in CLAIMS for o in ALL]
+
+
+def study_path(root: str | Path, study: str, organism: str) -> Path:
+    """Where ``workbench zoo --study STUDY --preset org-ORGANISM`` writes its ``study.json`` by
+    default, under the organisms' directory ``root`` (``runs/organisms``)."""
+    return Path(root) / organism / "studies" / study / "study.json"
+
+
+def claims_from(root: str | Path) -> list[dict]:
+    """The claims table from the studies found under the organisms' directory ``root``."""
+
+    def found(study: str, organism: str) -> Mapping | None:
+        path = study_path(root, study, organism)
+        return read_json(path) if path.is_file() else None
+
+    return claims_table(found)
