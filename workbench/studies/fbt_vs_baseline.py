@@ -147,7 +147,7 @@ def organism_scale(task: str, lrs: tuple[float, ...], threshold: float) -> dict:
     }
 
 
-# thresholds: perm's chance-level completion loss is ln(6) / 2 = 0.90 (answer and <eos>), a 2-bit
+# thresholds: perm's chance-level completion loss is ln(6) / 2 = 0.90 (answer and <eos>), a
 # flip-flop's ln(2) / 2 = 0.35, each about halved as above; addition's completions are traces,
 # so its threshold is the training loss at which the pilot's held-out accuracy passed one half
 # (0.23 at step 500, accuracy 0.47; 0.11 at step 600, 0.77)
