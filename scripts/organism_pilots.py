@@ -28,6 +28,16 @@ MODSUM = ["data.modsum_p=3", "data.modsum_min_len=1", "data.modsum_max_len=6"]
 FLIPFLOP = ["data.flipflop_bits=2", "data.flipflop_min_len=8", "data.flipflop_max_len=24", "data.flipflop_weights=0.3,0.5,0.2"]
 SEQ256 = ["train.seq_len=256", "train.lr=1e-3"]
 SEQ64 = ["train.seq_len=64", "train.lr=5e-4"]
+
+
+def mix_of_three(weights: str, settings: list[str]) -> tuple[str, list[str], dict]:
+    """The flip-flop (two channels, as then), perm over 1-4 and addition in one model."""
+    tasks = ["data.perm_points=3", "data.perm_min_len=1", "data.perm_max_len=4", *ADDITION]
+    return "mix", [f"data.mix_weights={weights}", *FLIPFLOP, *tasks, "train.seq_len=64", *settings], TARGETS
+
+
+ADDITION = ["data.add_min_digits=1", "data.add_max_digits=3", "data.add_verbosity_weights=1,4,2"]
+TARGETS = {"flipflop": 0.95, "perm": 0.9, "addition": 0.9}
 CANDIDATES = {
     "modsum-seq256": ("modsum", MODSUM + SEQ256, 0.9),
     "flipflop-seq256": ("flipflop", FLIPFLOP + SEQ256, 0.95),
@@ -87,46 +97,12 @@ CANDIDATES = {
     ),
     # the three tasks in one model at 16 x 64 tokens a step: perm, flip-flop and addition drawn
     # alike, addition's scratchpads mostly per digit (none : per digit : per two = 1 : 4 : 2)
-    **{
-        f"organisms-lr{lr}": (
-            "mix",
-            [
-                "data.mix_weights=0,0,1,1,1",
-                *FLIPFLOP,
-                "data.perm_points=3",
-                "data.perm_min_len=1",
-                "data.perm_max_len=4",
-                "data.add_min_digits=1",
-                "data.add_max_digits=3",
-                "data.add_verbosity_weights=1,4,2",
-                "train.seq_len=64",
-                f"train.lr={lr}",
-            ],
-            {"flipflop": 0.95, "perm": 0.9, "addition": 0.9},
-        )
-        for lr in ("5e-4", "1e-3")
-    },
+    **{f"organisms-lr{lr}": mix_of_three("0,0,1,1,1", [f"train.lr={lr}"]) for lr in ("5e-4", "1e-3")},
     # at 1 : 1 : 1 perm stayed at chance for 1,500 steps (its one-token answers are a small share
     # of the scored tokens beside addition's traces): perm drawn 4 times as often, and the same
     # with each example's targets weighing alike
     **{
-        f"organisms-{weigh}": (
-            "mix",
-            [
-                "data.mix_weights=0,0,1,4,1",
-                *FLIPFLOP,
-                "data.perm_points=3",
-                "data.perm_min_len=1",
-                "data.perm_max_len=4",
-                "data.add_min_digits=1",
-                "data.add_max_digits=3",
-                "data.add_verbosity_weights=1,4,2",
-                "train.seq_len=64",
-                "train.lr=1e-3",
-                f"data.loss_weight={weigh}",
-            ],
-            {"flipflop": 0.95, "perm": 0.9, "addition": 0.9},
-        )
+        f"organisms-{weigh}": mix_of_three("0,0,1,4,1", ["train.lr=1e-3", f"data.loss_weight={weigh}"])
         for weigh in ("token", "example")
     },
 }
