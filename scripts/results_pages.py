@@ -1698,7 +1698,17 @@ def figure_and_screenshot_problems(results: Path, screenshots: Path | None, repo
 PAGES: dict[str, tuple[str, Callable[[Path], str]]] = {
     "zoo.md": ("the earlier reference zoo (one seed): accuracy, losses, train time", zoo_page),
     "zoo_seeds.md": ("the reference zoo at three seeds: accuracy with intervals, competence, time", zoo_seeds_page),
-    "zoo_quick.md": ("the quick first-run zoo: accuracy, competence, time", lambda r: zoo_seeds_page(r, "zoo_quick.json")),
+    "zoo_quick.md": (
+        "the earlier quick first-run zoo (before the organisms): accuracy, competence, time",
+        lambda r: zoo_seeds_page(r, "zoo_quick.json"),
+    ),
+    **{
+        f"zoo_org_{task}.md": (
+            f"the {task} organism's zoo at five seeds: accuracy with intervals, competence, time",
+            lambda r, task=task: zoo_seeds_page(r, f"zoo_org_{task}.json"),
+        )
+        for task in ("flipflop", "perm", "addition")
+    },
     "study_data_efficiency.md": (
         "FBT data efficiency: validation loss and the baseline's token ratio across seeds",
         data_efficiency_page,
