@@ -440,3 +440,19 @@ def test_a_figure_drawn_from_other_data_is_stale_until_redrawn(tmp_path, capsys)
     pages.main(["--check", "--results", str(results)])
     err = capsys.readouterr().err
     assert "probe_fbt_memory.png was drawn with other data" not in err and "is stale" not in err
+
+
+def test_the_organisms_zoo_is_what_the_docs_say():
+    """docs/training.md, "The organisms' zoo at five seeds": within the 60-minute budget, every
+    baseline at its target at 5 of 5 seeds, each organism's zoo.json beside the summary."""
+    from workbench.training.zoo import ORGANISMS, TARGETS
+
+    summary = json.loads((ROOT / "docs" / "results" / "zoo_organisms.json").read_text())
+    assert summary["seeds"] == 5 and summary["session_wall_seconds"] < 3600 and summary["commit"]
+    for task, row in summary["organisms"].items():
+        zoo = json.loads((ROOT / "docs" / "results" / f"zoo_org_{task}.json").read_text())
+        assert row["preset"] == ORGANISMS[task] == zoo["scale"] and row["targets"] == TARGETS[zoo["scale"]]
+        baselines = [m for m in zoo["models"].values() if m["member"] == "baseline"]
+        assert len(baselines) == 5 and all(m["competence"]["qualified"] for m in baselines), task
+        assert row["qualified_seeds"]["baseline"] == "5/5" and row["session_wall_seconds"] == zoo["session_wall_seconds"]
+    assert sum(r["session_wall_seconds"] for r in summary["organisms"].values()) <= summary["session_wall_seconds"]
