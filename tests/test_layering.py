@@ -89,6 +89,6 @@ def test_workbench_imports_flow_down_the_wings():
 
 def test_every_workbench_module_sits_in_a_wing_or_the_top():
     top = {p.stem for p in (ROOT / "workbench").glob("*.py")} - {"__init__"}
-    assert top == {"cli", "comparisons", "demo", "jobs", "runs", "seed_readings"}, top
+    assert top == {"claims", "cli", "comparisons", "demo", "jobs", "runs", "seed_readings"}, top
     packages = {p.name for p in (ROOT / "workbench").iterdir() if p.is_dir() and p.name != "__pycache__"}
     assert packages == set(WING_RANK) | TOP_PACKAGES
