@@ -62,8 +62,9 @@ TARGETS = {
     "org-addition": {"addition": 0.9},
 }
 
-# The tasks every zoo trains on (the ``mix`` of chain, modsum and flip-flop), chosen so the effects
-# the studies look for can appear (docs/training.md, "The zoo's tasks", has the pilots behind each
+# The tasks the ``micro`` and earlier ``cpu`` zoos train on (the ``mix`` of chain, modsum and
+# flip-flop), chosen so the effects the studies look for could appear (docs/training.md, "The
+# earlier zoo's tasks", has the pilots behind each
 # choice): chain answers that write one or two steps per line, so a model can reach ``####`` in
 # fewer tokens; a running sum mod 3 over 1-6 digits; flip-flop. Only completions are scored and
 # windows start at examples (without both a tiny model does not learn modsum at all), and the mix
