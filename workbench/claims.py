@@ -52,7 +52,6 @@ class Claim:
     # the sign of the difference the paper predicts (+1 higher, -1 lower / earlier; 0: close, within
     # +-CLOSE)
     sign: int
-    untestable: str | None = None  # why no organism here can test it, when none can
 
 
 ALL = ("flipflop", "perm", "addition")
@@ -114,8 +113,8 @@ def read_claim(claim: Claim, organism: str, study: Mapping | None) -> dict:
         "comparison": claim.comparison,
         "control": CONTROLS.get(claim.study),
     }
-    if claim.untestable or organism not in claim.organisms:
-        return {**row, "verdict": NOT_TESTABLE, "why": claim.untestable or f"the claim cannot show on {organism}"}
+    if organism not in claim.organisms:
+        return {**row, "verdict": NOT_TESTABLE, "why": f"the claim cannot show on {organism}"}
     if study is None:
         return {**row, "verdict": NOT_MEASURED, "why": f"run `{command(claim, organism)}`"}
     qualified, seeds = baseline_competence(study)
@@ -150,7 +149,7 @@ def _verdict(cell: Mapping, sign: int) -> tuple[str, str]:
         if detectable and (cell["earlier"] > cell["later"]) == (sign < 0):
             return REPRODUCED, first
         return NOT_REPRODUCED, ("the opposite is detectable: " if detectable else "no detectable difference: ") + first
-    low, high = _interval(cell)["low"], _interval(cell)["high"]
+    low, high = cell.get("family_low", cell["low"]), cell.get("family_high", cell["high"])
     text = f"{cell['mean']:+.3f} [{low:+.3f}, {high:+.3f}]"
     if sign == 0:  # "close": the whole simultaneous interval within +-CLOSE
         if -CLOSE <= low and high <= CLOSE:
@@ -178,10 +177,14 @@ def study_path(root: str | Path, study: str, organism: str) -> Path:
 
 
 def claims_from(root: str | Path) -> list[dict]:
-    """The claims table from the studies found under the organisms' directory ``root``."""
+    """The claims table from the studies found under the organisms' directory ``root`` (each
+    ``study.json`` read once, however many claims it answers)."""
+    read: dict[tuple[str, str], Mapping | None] = {}
 
     def found(study: str, organism: str) -> Mapping | None:
-        path = study_path(root, study, organism)
-        return read_json(path) if path.is_file() else None
+        if (study, organism) not in read:
+            path = study_path(root, study, organism)
+            read[study, organism] = read_json(path) if path.is_file() else None
+        return read[study, organism]
 
     return claims_table(found)

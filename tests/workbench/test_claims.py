@@ -106,7 +106,7 @@ def test_the_table_has_a_row_per_claim_and_organism_and_every_control_is_a_test_
 
 
 def test_every_comparison_a_claim_reads_is_one_its_study_declares():
-    from workbench.comparisons import BUDGETS, THREE_PASS, hd_reference  # noqa: F401 (the families' names)
+    from workbench.comparisons import THREE_PASS, hd_reference
     from workbench.studies import fbt_vs_baseline
 
     three = {f"fbt-3pass{f:g} - fbt-3pass0: lambda(1000)" for f in THREE_PASS if f}
@@ -117,7 +117,7 @@ def test_every_comparison_a_claim_reads_is_one_its_study_declares():
         assert c.comparison in declared[c.study], c.key
 
 
-def test_the_table_reads_each_study_where_the_cli_writes_it_by_default(tmp_path):
+def test_the_table_reads_each_study_where_the_cli_writes_it_by_default(tmp_path, monkeypatch):
     from workbench.cli import study_out
     from workbench.storage.files import write_json
 
@@ -128,6 +128,9 @@ def test_the_table_reads_each_study_where_the_cli_writes_it_by_default(tmp_path)
     path = claims.study_path(tmp_path, "fbt-vs-baseline", "perm")
     path.parent.mkdir(parents=True)
     write_json(path, fair_study(-0.1))
+    reads = []
+    monkeypatch.setattr(claims, "read_json", lambda p: reads.append(p) or fair_study(-0.1))
     rows = {(r["claim"], r["organism"]): r for r in claims.claims_from(tmp_path)}
+    assert reads == [path]  # one read, though four claims ask the fair study on perm
     assert rows["fbt-loss", "perm"]["verdict"] == claims.REPRODUCED
     assert rows["fbt-loss", "flipflop"]["verdict"] == claims.NOT_MEASURED

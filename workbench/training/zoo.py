@@ -56,11 +56,11 @@ MAX_SEEDS = 10
 TARGETS = {
     "micro": None,
     "cpu": {"chain": 0.5, "modsum": 0.8, "flipflop": 0.95},
-    "quick": {"flipflop": 0.95},
     "org-flipflop": {"flipflop": 0.95},
     "org-perm": {"perm": 0.9},
     "org-addition": {"addition": 0.9},
 }
+TARGETS["quick"] = TARGETS["org-flipflop"]  # the same zoo
 
 # The tasks the ``micro`` and earlier ``cpu`` zoos train on (the ``mix`` of chain, modsum and
 # flip-flop), chosen so the effects the studies look for could appear (docs/training.md, "The
