@@ -705,6 +705,32 @@ def same_start(chosen: dict) -> str:
     return f"FBT trains at lr {fbt['lr']:g}, the baseline at {base['lr']:g}: they differ from the first step."
 
 
+def beyond_section(readings: dict) -> list[str]:
+    """The accuracies on the test sets beyond training (an organism's), with the settings each
+    set's problems were drawn with; nothing for a study without them."""
+    if not readings.get("beyond"):
+        return []
+    rows = [
+        [
+            name,
+            ", ".join(f"{k}={v}" for k, v in readings["beyond_settings"][name].items()),
+            f"`{member}`",
+            regime,
+            crossed(cell, sign=False),
+        ]
+        for name, members in readings["beyond"].items()
+        for member, regimes in members.items()
+        for regime, cell in regimes.items()
+    ]
+    return [
+        "Beyond training: the same members on test problems drawn with other task settings (the",
+        "training ones otherwise), where the in-distribution ceiling leaves room; single-token answers,",
+        "so soft decoding is standard's there.",
+        "",
+        table(["test set", "drawn with", "member", "regime", "accuracy"], rows),
+    ]
+
+
 def fbt_vs_baseline_page(results: Path, name: str = "study_fbt_vs_baseline.json") -> str:
     study = read(results, name)
     tuning, readings = study["tuning"], study["readings"]
@@ -753,6 +779,7 @@ def fbt_vs_baseline_page(results: Path, name: str = "study_fbt_vs_baseline.json"
         "setting with no loss on its feedback passes.",
         "",
         table(["member", "regime", "accuracy", "seeds x problems"], accuracy),
+        *beyond_section(readings),
         "Compared: each member minus the baseline of its seed, on the same problems (accuracy: 1/0 per",
         "problem; completion loss: per problem), the plain-pass training loss on identical batches averaged",
         "over the last half of the logged steps, and which of the pair first brings its plain-pass training",

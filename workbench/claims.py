@@ -66,6 +66,13 @@ CLAIMS = (
           ("addition",), "fbt soft - fbt standard: accuracy", 1),
     Claim("fbt-fused-over-standard", "FBT", "fused decoding above standard on the same weights", "fbt-vs-baseline", ALL,
           "fbt fused - fbt standard: accuracy", 1),
+    # beyond training, where the organisms' ceilings leave room (``fbt_vs_baseline.BEYOND``)
+    Claim("fbt-longer", "FBT", "feedback adds serial computation: fused decoding composes products longer than trained "
+          "on better than the baseline", "fbt-vs-baseline", ("perm",), "fbt fused - baseline: accuracy, longer", 1),
+    Claim("fbt-glitches-sparser", "FBT", "feedback lowers the flip-flop's glitches at a sparser ignore density",
+          "fbt-vs-baseline", ("flipflop",), "fbt fused - baseline: accuracy, sparser", 1),
+    Claim("fbt-glitches-denser", "FBT", "feedback lowers the flip-flop's glitches at a denser ignore density",
+          "fbt-vs-baseline", ("flipflop",), "fbt fused - baseline: accuracy, denser", 1),
     Claim("fbt-contraction", "FBT", "a few percent of 3-pass batches make the feedback map a contraction",
           "three-pass", ALL, "fbt-3pass0.03 - fbt-3pass0: lambda(1000)", -1),
     Claim("hd-streams", "HD", "gains grow with the stream count n (2 over 1)", "hd-ablations", ALL,

@@ -3,6 +3,9 @@ rule, its readouts on per-problem matrices with a planted effect (the positive c
 without one (the negative control), the per-problem scores against the aggregate ones, and the
 study end to end on the micro scale."""
 
+import dataclasses
+import shutil
+
 import numpy as np
 import pytest
 from helpers import assert_usage_error, cli
@@ -10,10 +13,12 @@ from helpers import assert_usage_error, cli
 from workbench import build_model
 from workbench.data.splits import heldout_examples
 from workbench.data.tasks import synthetic_examples
-from workbench.runtime.tokenizer import CharTokenizer
+from workbench.runtime.checkpoint import load_model
+from workbench.runtime.tokenizer import CharTokenizer, load_tokenizer
 from workbench.storage.files import read_json
 from workbench.studies import fbt_vs_baseline as fvb
 from workbench.training.evaluate import evaluate_examples
+from workbench.training.runconfig import load_run_config, task_settings
 
 
 def test_the_rule_takes_the_lowest_validation_loss_and_the_first_of_ties():
@@ -55,10 +60,11 @@ def test_time_to_threshold_averages_a_window_and_censors_at_the_budget():
     assert fvb.time_to_threshold(steps, [1.0, 0.2, 0.9, 0.1], 0.3, 1, 40) == (20, True)
 
 
-def _per_seed(gain: float, seeds: int = 5, problems: int = 1000, seed: int = 0) -> dict:
+def _per_seed(gain: float, seeds: int = 5, problems: int = 1000, seed: int = 0, beyond: dict | None = None) -> dict:
     """Members scored on the same problems: per problem a difficulty, per seed a skill; FBT's
     probability of a correct answer is the baseline's plus ``gain`` in every regime, its loss the
-    baseline's minus ``gain``, its plain-pass curve the baseline's; the control is the baseline."""
+    baseline's minus ``gain``, its plain-pass curve the baseline's; the control is the baseline.
+    ``beyond``: per test set beyond training, per FBT regime its gain there (from 0.3, lower)."""
     rng = np.random.default_rng(seed)
     difficulty = rng.normal(0.0, 0.1, problems)
     steps = list(range(10, 110, 10))
@@ -80,6 +86,11 @@ def _per_seed(gain: float, seeds: int = 5, problems: int = 1000, seed: int = 0) 
                 "completion_nll": dict.fromkeys(("standard", "soft", "fused"), (nll - gain).tolist()),
             },
         }
+        for name, gains in (beyond or {}).items():
+            q = np.clip(0.3 + skill + difficulty, 0.0, 1.0)
+            for member, regimes in (("baseline", {"standard": 0.0}), ("fbt", gains)):
+                scores = {r: (rng.random(problems) < np.clip(q + g, 0.0, 1.0)).astype(float).tolist() for r, g in regimes.items()}
+                out[s][member].setdefault("beyond", {})[name] = {"correct": scores}
     return out
 
 
@@ -98,6 +109,60 @@ def test_a_planted_gain_of_a_tenth_is_detected_through_the_family_correction():
     assert not family["fbt - baseline: plain-pass training loss, last half"]["detectable"]
     assert readings["wording"][f"{fvb.CONTROL} - baseline: accuracy"].startswith("no detectable difference")
     assert not readings["wording"]["fbt fused - baseline: accuracy"].startswith("no detectable")
+
+
+def test_a_gain_beyond_training_is_detected_in_its_regime_and_corrected_with_the_family():
+    """A +0.10 gain of fused decoding on a test set beyond training (none in-distribution, none in
+    standard decoding there): only that cell of the whole family is detectable, the family is
+    ``FAMILY`` and the set's two cells, and each set's accuracies are read per member and regime."""
+    beyond = {"longer": {"standard": 0.0, "fused": 0.10}, "sparser": {"standard": 0.0, "fused": 0.0}}
+    readings = fvb.readings(_per_seed(0.0, beyond=beyond), threshold=0.3, window=2, budget=100, beyond=tuple(beyond))
+    family = readings["family"]
+    assert list(family) == list(fvb.family_names(beyond)) and len(family) == len(fvb.FAMILY) + 4
+    assert all(c["family_size"] == len(family) for c in family.values())
+    detected = {name for name, cell in family.items() if cell["detectable"] and "accuracy" in name}
+    assert detected == {"fbt fused - baseline: accuracy, longer"}
+    assert family["fbt fused - baseline: accuracy, longer"]["low"] > 0.05
+    longer = readings["beyond"]["longer"]
+    assert set(longer) == {"baseline", "fbt"} and set(longer["fbt"]) == set(fvb.BEYOND_REGIMES)
+    assert longer["fbt"]["fused"]["mean"] - longer["baseline"]["standard"]["mean"] == pytest.approx(0.10, abs=0.02)
+
+
+def test_the_organisms_test_sets_beyond_training_are_drawn_beyond_it():
+    """Perm's longer set holds products of 4-6 permutations (training: 1-3); the flip-flop's sparser
+    set has more ignores per instruction than training and the denser fewer; addition has none."""
+
+    def drawn(task: str, settings: dict) -> list:
+        cfg = fvb.member_config(f"org-{task}", "baseline", [])
+        return heldout_examples(task, 400, 0, dataclasses.replace(task_settings(cfg.data), **settings))
+
+    assert set(fvb.SCALES["org-perm"]["beyond"]) == {"longer"} and fvb.SCALES["org-addition"]["beyond"] == {}
+    assert {ex.difficulty for ex in drawn("perm", fvb.BEYOND["perm"]["longer"])} == {4, 5, 6}
+    assert {ex.difficulty for ex in drawn("perm", {})} == {1, 2, 3}
+
+    def ignored(examples: list) -> float:  # "--" per instruction
+        return sum(ex.prompt.count("--") for ex in examples) / sum(ex.difficulty for ex in examples)
+
+    trained = ignored(drawn("flipflop", {}))
+    assert ignored(drawn("flipflop", fvb.BEYOND["flipflop"]["sparser"])) > trained + 0.2
+    assert ignored(drawn("flipflop", fvb.BEYOND["flipflop"]["denser"])) < trained - 0.2
+
+
+def test_a_member_is_scored_beyond_training_on_problems_drawn_with_the_sets_settings(micro_zoo, tmp_path):
+    run = shutil.copytree(micro_zoo / "fbt", tmp_path / "fbt")
+    longer = ("longer", {"modsum_min_len": 7, "modsum_max_len": 9})
+    scores = fvb.score_member(run, "fbt", 6, longer)
+    assert read_json(run / "results" / "comparison_test_longer.json") == scores
+    assert scores["settings"] == longer[1] and set(scores["correct"]) == set(fvb.BEYOND_REGIMES)
+    cfg = load_run_config(run / "config.json")
+    examples = heldout_examples(cfg.data.task, 6, 0, dataclasses.replace(task_settings(cfg.data), **longer[1]))
+    row = evaluate_examples(load_model(run), examples, load_tokenizer(run), regimes=["fused"], per_problem=True)
+    assert scores["correct"]["fused"] == row["correct"]["fused"]
+    assert fvb.score_member(run, "fbt", 6, ("longer", {"modsum_min_len": 7, "modsum_max_len": 7}))["settings"] == {
+        "modsum_min_len": 7,
+        "modsum_max_len": 7,
+    }  # other settings: scored again, not read back
+    assert set(fvb.score_member(run, "baseline", 6, longer)["correct"]) == {"standard"}
 
 
 def test_no_planted_gain_reads_no_detectable_difference():
