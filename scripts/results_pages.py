@@ -1766,6 +1766,80 @@ PAGES: dict[str, tuple[str, Callable[[Path], str]]] = {
 }
 
 
+# ---------------------------------------------------------------- the organisms' studies and claims
+
+ORGANISM_STUDIES = {  # scripts/regenerate_organisms.py writes each study on each organism
+    "fbt-vs-baseline": fbt_vs_baseline_page,
+    "three-pass": three_pass_page,
+    "hd-ablations": hd_ablations_page,
+}
+ORGANISM_NAMES = ("flipflop", "perm", "addition")  # workbench.claims.ALL
+CLAIMS_JSON = "claims.json"
+
+
+def organism_study_name(study: str, organism: str) -> str:
+    """The JSON of ``study`` on ``organism`` in docs/results (``study_fbt_vs_baseline_org_perm.json``)."""
+    return f"study_{study.replace('-', '_')}_org_{organism}.json"
+
+
+def organism_pages(results: Path) -> dict[str, tuple[str, Callable[[Path], str]]]:
+    """A page per organism study whose JSON is in ``results``, and the claims page once the
+    claims table is there."""
+    pages: dict[str, tuple[str, Callable[[Path], str]]] = {}
+    for study, render in ORGANISM_STUDIES.items():
+        for organism in ORGANISM_NAMES:
+            name = organism_study_name(study, organism)
+            if (results / name).is_file():
+                pages[name.replace(".json", ".md")] = (
+                    f"the {study} study on the {organism} organism",
+                    lambda r, render=render, name=name: render(r, name),
+                )
+    if (results / CLAIMS_JSON).is_file():
+        pages["claims.md"] = ("the seed papers' claims read on the organisms, one verdict per claim and organism", claims_page)
+    return pages
+
+
+def claims_page(results: Path) -> str:
+    data = read(results, CLAIMS_JSON)
+
+    def cell(row: dict) -> str:
+        if row.get("difference") is None:
+            return "-"
+        return f"{row['difference']:+.3f} [{row['low']:+.3f}, {row['high']:+.3f}]"
+
+    def source(row: dict) -> str:
+        name = organism_study_name(row["study"], row["organism"])
+        return f"[{row['study']}]({name.replace('.json', '.md')})" if (results / name).is_file() else row["study"]
+
+    rows = [
+        [
+            row["paper"],
+            row["says"],
+            row["organism"],
+            source(row),
+            row["comparison"] or "-",
+            cell(row),
+            f"**{row['verdict']}**",
+            row["why"],
+        ]
+        for row in data["rows"]
+    ]
+    body = [
+        "## The claims",
+        "",
+        "Each claim of the seed papers on each organism, read from the study that tests it: the comparison",
+        "of the study's declared family, its mean difference [simultaneous 95% interval under Holm], and",
+        'the verdict (`workbench/claims.py`; docs/training.md, "The claims", says what each means).',
+        "",
+        table(["paper", "claim", "organism", "study", "comparison", "difference", "verdict", "why"], rows),
+    ]
+    return frame("The seed papers' claims on the model organisms (measured)", [(CLAIMS_JSON, data)], "\n".join(body), [], results)
+
+
+def all_pages(results: Path) -> dict[str, tuple[str, Callable[[Path], str]]]:
+    return {**PAGES, **organism_pages(results)}
+
+
 def index_page(results: Path) -> str:
     lines = [
         "# Measured results",
@@ -1775,7 +1849,7 @@ def index_page(results: Path) -> str:
         "what the numbers mean.",
         "",
     ]
-    lines += [f"- [{page}]({page}): {what}" for page, (what, _) in PAGES.items()]
+    lines += [f"- [{page}]({page}): {what}" for page, (what, _) in all_pages(results).items()]
     lines += [
         "",
         f"Figures: {', '.join(f'[`{name}`]({name})' for name in FIGURES)}, drawn from the JSON here by "
@@ -1792,7 +1866,7 @@ def read(results: Path, name: str) -> dict:
 
 
 def render_all(results: Path = RESULTS) -> dict[str, str]:
-    pages = {page: render(results) for page, (_, render) in PAGES.items()}
+    pages = {page: render(results) for page, (_, render) in all_pages(results).items()}
     pages["README.md"] = index_page(results)
     return pages
 

@@ -456,3 +456,44 @@ def test_the_organisms_zoo_is_what_the_docs_say():
         assert len(baselines) == 5 and all(m["competence"]["qualified"] for m in baselines), task
         assert row["qualified_seeds"]["baseline"] == "5/5" and row["session_wall_seconds"] == zoo["session_wall_seconds"]
     assert sum(r["session_wall_seconds"] for r in summary["organisms"].values()) <= summary["session_wall_seconds"]
+
+
+def _regenerate():
+    spec = importlib.util.spec_from_file_location("regenerate_organisms", ROOT / "scripts" / "regenerate_organisms.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_organisms_pages_name_what_the_claims_read():
+    from workbench import claims
+
+    assert pages.ORGANISM_NAMES == claims.ALL
+    assert set(pages.ORGANISM_STUDIES) == {c.study for c in claims.CLAIMS} == set(claims.CONTROLS)
+
+
+def test_the_claims_page_reads_the_studies_in_the_results_folder(tmp_path):
+    """A study on an organism in the results folder gets its page; the claims table read from it
+    (by scripts/regenerate_organisms.py) gives that organism's rows their verdicts and the rest
+    "not measured yet"; the claims page shows each row and links the study's page."""
+    from helpers import fair_study
+
+    from workbench import claims
+
+    study = fair_study(-0.2)
+    name = pages.organism_study_name("fbt-vs-baseline", "perm")
+    assert name == "study_fbt_vs_baseline_org_perm.json"
+    (tmp_path / name).write_text(json.dumps(study))
+    table = _regenerate().claims_json(tmp_path)["rows"]
+    assert table == claims.claims_table(lambda s, o: study if (s, o) == ("fbt-vs-baseline", "perm") else None)
+    loss = next(r for r in table if (r["claim"], r["organism"]) == ("fbt-loss", "perm"))
+    assert loss["verdict"] == claims.REPRODUCED
+    assert {r["verdict"] for r in table if r["organism"] == "flipflop"} <= {claims.NOT_MEASURED, claims.NOT_TESTABLE}
+    assert "claims.md" not in pages.organism_pages(tmp_path)
+    (tmp_path / pages.CLAIMS_JSON).write_text(json.dumps({"rows": table}))
+    found = pages.organism_pages(tmp_path)
+    assert set(found) == {"study_fbt_vs_baseline_org_perm.md", "claims.md"}
+    text = pages.claims_page(tmp_path)
+    assert text.count("\n| FBT |") + text.count("\n| HD |") == len(table)
+    assert f"[fbt-vs-baseline](study_fbt_vs_baseline_org_perm.md) | {loss['comparison']} | {loss['difference']:+.3f}" in text
+    assert "**reproduced at this scale**" in text
