@@ -85,6 +85,8 @@ CLAIMS = (
           "hd4-readout-sum - hd4: accuracy", -1),
     Claim("hd-separate-kv", "HD", "separate key/value caches per stream above a shared one", "hd-ablations", ALL,
           "hd4-shared-kv - hd4: accuracy", -1),
+    Claim("hd-cyclic", "HD", "cyclic replication keeps the function at an expansion (2 to 4 streams)", "hd-ablations",
+          ALL, "hd4: loss jump at expansion 2->4", 0),
     Claim("hd-few-cross-layers", "HD", "a few cross-stream layers close to all layers", "hd-ablations", ALL,
           "hd4-cross-every-layer - hd4: accuracy", 0),
 )  # fmt: skip

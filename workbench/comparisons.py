@@ -432,7 +432,8 @@ def study_family(study: dict) -> dict[str, dict]:
     on the per-seed values, in seed order) and Holm-corrected together (``stats.family``):
     ``three-pass``: each nonzero fraction minus fraction 0 in lambda(1000) of the carried-state map
     and of the whole step and in the K = 8 residual; ``hd-ablations``: each member minus its
-    reference in accuracy and completion loss; ``data-efficiency``: FBT's completion loss minus the
+    reference in accuracy and completion loss, and ``hd4``'s training loss jump at each expansion;
+    ``data-efficiency``: FBT's completion loss minus the
     baseline's at the same tokens, per budget and regime."""
     readings, cells = study.get("readings", {}), {}
 
@@ -457,6 +458,10 @@ def study_family(study: dict) -> dict[str, dict]:
                 for what in ("accuracy", "completion_loss"):
                     values = r["paired"][what]["values"]
                     paired(f"{member} - {r['paired']['reference']}: {what.replace('_', ' ')}", [0.0] * len(values), values)
+        for expansion, jump in readings.get("hd4", {}).get("expansion_jumps", {}).items():
+            # cyclic replication keeps the function: the training loss after an expansion minus
+            # before it, on the same rows (``train._record_expansion``)
+            paired(f"hd4: loss jump at expansion {expansion}", [0.0] * len(jump["values"]), jump["values"])
     elif study.get("study") == "data-efficiency":
         for r in readings.values():
             if r.get("baseline_loss"):

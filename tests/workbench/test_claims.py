@@ -112,6 +112,7 @@ def test_every_comparison_a_claim_reads_is_one_its_study_declares():
     three = {f"fbt-3pass{f:g} - fbt-3pass0: lambda(1000)" for f in THREE_PASS if f}
     hd = {f"{m} - {hd_reference(m)}: accuracy" for m in ("hd2", "hd4", "hd8", "hd4-supervise-all", "hd4-readout-sum")}
     hd |= {f"{m} - hd4: accuracy" for m in ("hd4-cross-every-layer", "hd4-shared-kv")}
+    hd |= {"hd4: loss jump at expansion 2->4"}  # hd4's streams grow 1 -> 2 at its first step, 2 -> 4 halfway
     for c in claims.CLAIMS:
         for organism in c.organisms:  # the fair study's family is its scale's: FAMILY and the tests beyond training
             fair = set(fbt_vs_baseline.family_names(fbt_vs_baseline.SCALES[f"org-{organism}"]["beyond"]))

@@ -102,8 +102,14 @@ def test_the_hd_ablations_family_detects_a_planted_gain_and_not_its_absence():
         }
 
     readings = {"hd2": member(0.05), "hd4": member(0.0), "hd8": member(0.0)}
+    # hd4's loss jumps at its expansions: none at 1->2 (cyclic replication keeps the function), 0.1 at 2->4
+    jumps = {"1->2": rng.normal(0, 1e-7, 5), "2->4": 0.1 + rng.normal(0, 0.01, 5)}
+    readings["hd4"]["expansion_jumps"] = {k: {"values": v.tolist()} for k, v in jumps.items()}
     family = study_family({"study": "hd-ablations", "readings": readings})
-    assert len(family) == 6
+    assert len(family) == 8 and all(c["family_size"] == 8 for c in family.values())
+    assert family["hd4: loss jump at expansion 2->4"]["detectable"]
+    jump = family["hd4: loss jump at expansion 1->2"]
+    assert not jump["detectable"] and max(abs(jump["family_low"]), abs(jump["family_high"])) < 1e-6
     assert family["hd2 - hd1: accuracy"]["detectable"] and family["hd2 - hd1: completion loss"]["detectable"]
     assert not any(family[f"{m} - hd1: {w}"]["detectable"] for m in ("hd4", "hd8") for w in ("accuracy", "completion loss"))
 
