@@ -1766,12 +1766,44 @@ PAGES: dict[str, tuple[str, Callable[[Path], str]]] = {
 }
 
 
+def layer0_probes_page(results: Path, name: str) -> str:
+    """The ``probes`` study (``workbench.comparisons.layer0_probes``) on one organism."""
+    study = read(results, name)
+    readings = study["readings"]
+    rows = [
+        [
+            f"`{member}`",
+            regime,
+            seed_cell(r["accuracy"][regime]["values"], bounds=(0.0, 1.0)),
+            seed_cell(r["selectivity"][regime]["values"], bounds=(-1.0, 1.0)),
+            ", ".join(fixed(seed[regime]["chance"], 3) for seed in r["per_seed"]),
+        ]
+        for member, r in readings.items()
+        for regime in r["accuracy"]
+    ]
+    target, hook = next(iter(readings.values()))["target"], next(iter(readings.values()))["hook"]
+    body = [
+        f"## A linear probe of `{target}` on `{hook}`, {study['seeds']} seeds",
+        "",
+        "Per member and prefill regime, the probe's held-out accuracy and selectivity (accuracy minus a",
+        "control task's, Hewitt and Liang), each mean [95% Student-t interval over seeds] then the seeds'",
+        "values, and the majority-class chance per seed. Recurrent prefill feeds each position the last",
+        "layer's state of the pass before, so the input to block 0 can hold what the sequence so far implies.",
+        "",
+        table(["member", "prefill", "accuracy", "selectivity", "chance by seed"], rows),
+        *family_section(study.get("family", {})),
+    ]
+    title = f"Layer-0 probes: `{study['scale']}` at {study['seeds']} seeds (measured)"
+    return frame(title, [(name, study)], "\n".join(body), [], results)
+
+
 # ---------------------------------------------------------------- the organisms' studies and claims
 
 ORGANISM_STUDIES = {  # scripts/regenerate_organisms.py writes each study on each organism
     "fbt-vs-baseline": fbt_vs_baseline_page,
     "three-pass": three_pass_page,
     "hd-ablations": hd_ablations_page,
+    "probes": layer0_probes_page,
 }
 ORGANISM_NAMES = ("flipflop", "perm", "addition")  # workbench.claims.ALL
 CLAIMS_JSON = "claims.json"

@@ -21,6 +21,11 @@ a 95% interval across seeds (``workbench.training.intervals``).
   last stream's keys and values). Per member: held-out accuracy and completion loss per
   task, the loss jump at each expansion, the training time relative to n = 1 (from the runs'
   logs), and the cost of one training step relative to n = 1, measured side by side.
+- ``probes`` (the FBT paper: recurrent prefill exposes global state at layer 0): ``baseline`` and
+  ``fbt`` at the zoo's settings; per seed a linear probe of the task's state label (the organism's:
+  the flip-flop's stored bit, the permutation's running product, addition's carry) on the input to
+  block 0 (FBT's fused input), under standard prefill and under recurrent prefill with K = 2
+  passes (FBT), on the same held-out sequences.
 """
 
 from __future__ import annotations
@@ -53,13 +58,16 @@ from workbench.training.zoo import (
     train_plan,
 )
 
-STUDIES = ("data-efficiency", "three-pass", "hd-ablations")
+STUDIES = ("data-efficiency", "three-pass", "hd-ablations", "probes")
 BUDGETS = (0.25, 0.5, 1.0)  # data-efficiency: fractions of the scale's training steps
 THREE_PASS = (0.0, 0.03, 0.1, 0.3)  # three-pass: the fractions of 3-pass feedback batches
 # three-pass: the last step of lambda(T), T = 100, 1000 (micro: 100; every other scale 1000)
 HORIZONS = {scale: 100 if scale == "micro" else 1000 for scale in SCALES}
 PERTURB_AT = 20  # three-pass: the rollout step of the perturbation, where the tangents start too
 FBT_REGIMES = ("standard", "soft", "fused")
+PROBE_HOOK = "blocks.0.hook_resid_pre"  # probes: the input to block 0 (FBT's fused input)
+PROBE_PASSES = 2  # probes: the recurrent prefill's passes (the 2-pass objective's)
+PROBE_SEQUENCES = 400  # probes: held-out sequences per run (the probe verb's default)
 
 
 def study_members(study: str, scale: str, seed: int) -> list[tuple[str, str, list[str], str | None]]:
@@ -79,6 +87,8 @@ def study_members(study: str, scale: str, seed: int) -> list[tuple[str, str, lis
         ]
     elif study == "three-pass":
         rows = [(f"fbt-3pass{f:g}", "fbt", [f"train.steps={steps}", f"fbt.three_pass_fraction={f}"], None) for f in THREE_PASS]
+    elif study == "probes":
+        rows = [(arch, arch, [f"train.steps={steps}"], None) for arch in ("baseline", "fbt")]
     else:
         layers = make_config("baseline", SCALES[scale]["preset"]).n_layers
         stages = {1: ([1], [0]), 2: ([2], [0]), 4: ([2, 4], [0, hd // 2]), 8: ([2, 4, 8], [0, hd // 3, 2 * hd // 3])}
@@ -148,6 +158,8 @@ def run_study(
             summary["readings"] = data_efficiency(summary["models"])
         elif study == "three-pass":
             summary["readings"] = three_pass(summary["models"], out, HORIZONS[scale], threads * jobs)
+        elif study == "probes":
+            summary["readings"] = layer0_probes(summary["models"], out, probe_target(scale), threads * jobs)
         else:
             summary["readings"] = hd_ablations(summary["models"])
             for member, ratio in hd_step_times(out, sorted(summary["readings"]), threads).items():
@@ -325,6 +337,65 @@ def _mean_accuracy(row: dict, regime: str) -> float:
     return sum(values) / len(values)
 
 
+# ---- probes ------------------------------------------------------------------------------
+
+
+def probe_target(scale: str) -> str:
+    """The state label a scale's probes read: its organism's (``tasks.LABELS``); on a zoo of the
+    mix, the flip-flop's stored bit."""
+    from workbench.data.tasks import LABELS
+
+    return LABELS[SCALES[scale].get("task", "flipflop")][0]
+
+
+def layer0_probe(run: Path, target: str) -> dict[str, dict]:
+    """One run's layer-0 probe of ``target`` (``probe_study`` on ``PROBE_HOOK``, written to its
+    ``results/probe_layer0_TARGET.json``, read back on a rerun): per prefill regime (``standard``;
+    FBT also ``recurrent K=2``) the probe's accuracy, its majority-class chance and selectivity."""
+    from workbench.probing.study import probe_study
+
+    path = run / "results" / f"probe_layer0_{target}.json"
+    if path.is_file():
+        report = read_json(path)
+    else:
+        report = probe_study(
+            run, target, hooks=[PROBE_HOOK], passes=(PROBE_PASSES,), exact=False, n_sequences=PROBE_SEQUENCES,
+            report_name=path.name, mdl=False, ranks=(),
+        )  # fmt: skip
+    return {
+        (r["prefill"] if r["prefill"] == "standard" else f"recurrent K={r['passes']}"): {
+            k: r[k] for k in ("accuracy", "chance", "selectivity")
+        }
+        for r in report["rows"]
+    }
+
+
+def layer0_probes(models: dict, out: Path, target: str, threads: int) -> dict:
+    """Per member its layer-0 probes (``layer0_probe``) at each seed and, across seeds, each
+    regime's accuracy and selectivity with their intervals."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        measured = {name: layer0_probe(out / name, target) for name in sorted(models)}
+    finally:
+        torch.set_num_threads(before)
+    readings = {}
+    for member in sorted({row["member"] for row in models.values()}):
+        names = sorted((n for n, row in models.items() if row["member"] == member), key=lambda n: int(models[n]["seed"]))
+        rows = [measured[n] for n in names]
+        readings[member] = {
+            "runs": names,
+            "target": target,
+            "hook": PROBE_HOOK,
+            "per_seed": rows,
+            **{
+                what: {regime: seed_interval([r[regime][what] for r in rows], bounds=bounds) for regime in rows[0]}
+                for what, bounds in (("accuracy", ACCURACY), ("selectivity", ACCURACY_DIFFERENCE))
+            },
+        }
+    return readings
+
+
 # ---- HD ablations ------------------------------------------------------------------------
 
 
@@ -433,7 +504,8 @@ def study_family(study: dict) -> dict[str, dict]:
     ``three-pass``: each nonzero fraction minus fraction 0 in lambda(1000) of the carried-state map
     and of the whole step and in the K = 8 residual; ``hd-ablations``: each member minus its
     reference in accuracy and completion loss, and ``hd4``'s training loss jump at each expansion;
-    ``data-efficiency``: FBT's completion loss minus the
+    ``probes``: FBT's layer-0 probe accuracy under recurrent prefill minus under standard prefill
+    and minus the baseline's; ``data-efficiency``: FBT's completion loss minus the
     baseline's at the same tokens, per budget and regime."""
     readings, cells = study.get("readings", {}), {}
 
@@ -462,6 +534,12 @@ def study_family(study: dict) -> dict[str, dict]:
             # cyclic replication keeps the function: the training loss after an expansion minus
             # before it, on the same rows (``train._record_expansion``)
             paired(f"hd4: loss jump at expansion {expansion}", [0.0] * len(jump["values"]), jump["values"])
+    elif study.get("study") == "probes" and {"baseline", "fbt"} <= set(readings):
+        recurrent = f"recurrent K={PROBE_PASSES}"
+        fbt, base = readings["fbt"]["accuracy"], readings["baseline"]["accuracy"]
+        if recurrent in fbt:
+            paired(f"fbt {recurrent} - fbt standard: layer-0 probe accuracy", fbt["standard"]["values"], fbt[recurrent]["values"])
+            paired(f"fbt {recurrent} - baseline: layer-0 probe accuracy", base["standard"]["values"], fbt[recurrent]["values"])
     elif study.get("study") == "data-efficiency":
         for r in readings.values():
             if r.get("baseline_loss"):
@@ -523,6 +601,15 @@ def reading_rows(study: dict) -> list[dict]:
                     "baseline loss (same tokens)": interval_text(r["baseline_loss"]),
                     "token ratio": interval_text(r["token_ratio"]),
                     "bounds": ", ".join(r["censored"]) or "-",
+                }
+            )
+        elif study.get("study") == "probes":
+            rows.append(
+                {
+                    "member": key,
+                    "target": r["target"],
+                    **{f"{regime} accuracy": interval_text(v) for regime, v in r["accuracy"].items()},
+                    **{f"{regime} selectivity": interval_text(v) for regime, v in r["selectivity"].items()},
                 }
             )
         elif study.get("study") == "hd-ablations":

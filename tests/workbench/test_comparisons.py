@@ -249,3 +249,63 @@ def test_a_studys_declared_family_pairs_by_seed_and_corrects_over_all_of_it():
     assert cell["p_holm"] == pytest.approx(3 * p) and cell["detectable"]
     assert not family["fbt-3pass0.1 - fbt-3pass0: whole-step lambda(1000)"]["detectable"]
     assert study_family({"study": "hd-ablations", "readings": {"hd1": {}}}) == {}
+
+
+def test_the_probes_family_by_hand():
+    """FBT's layer-0 accuracy under recurrent prefill 0.90, 0.95, 0.85 against 0.60, 0.62, 0.58 under
+    standard (differences 0.30, 0.33, 0.27: mean 0.30, sd 0.03) and the baseline's 0.55, 0.60, 0.50
+    (differences 0.35, 0.35, 0.35: no spread); both detectable in a family of 2."""
+    from scipy.stats import t as student_t
+
+    from workbench.comparisons import study_family
+
+    def member(**regimes):
+        return {"accuracy": {regime: {"values": values} for regime, values in regimes.items()}}
+
+    readings = {
+        "baseline": member(standard=[0.55, 0.60, 0.50]),
+        "fbt": member(standard=[0.60, 0.62, 0.58], **{"recurrent K=2": [0.90, 0.95, 0.85]}),
+    }
+    family = study_family({"study": "probes", "readings": readings})
+    assert list(family) == [
+        "fbt recurrent K=2 - fbt standard: layer-0 probe accuracy",
+        "fbt recurrent K=2 - baseline: layer-0 probe accuracy",
+    ]
+    cell = family["fbt recurrent K=2 - fbt standard: layer-0 probe accuracy"]
+    p = 2 * student_t.sf(0.30 / (0.03 / math.sqrt(3)), 2)
+    assert cell["mean"] == pytest.approx(0.30) and cell["p"] == pytest.approx(p) and cell["family_size"] == 2
+    assert cell["detectable"] and family["fbt recurrent K=2 - baseline: layer-0 probe accuracy"]["mean"] == pytest.approx(0.35)
+
+
+@pytest.mark.slow
+def test_the_probes_study_on_the_micro_zoo_reusing_its_members(tmp_path, micro_zoo):
+    """The baseline and FBT are the zoo's (copied, not trained); each is probed at layer 0 for the
+    flip-flop's stored bit (the micro zoo's mix), FBT under standard and recurrent K = 2 prefill, the
+    report in the run's results/; a second run of the command reads the reports back."""
+    from workbench.comparisons import PROBE_HOOK, study_members
+
+    assert [(n, arch) for n, arch, *_ in study_members("probes", "org-perm", 1)] == [
+        ("baseline-seed1", "baseline"),
+        ("fbt-seed1", "fbt"),
+    ]
+    argv = ["zoo", "--study", "probes", "--out", str(tmp_path), "--reuse", str(micro_zoo), "--no-progress"]
+    code, _, err = cli(argv)
+    assert code is None, err
+    study = read_json(tmp_path / "study.json")
+    assert {n: row.get("reused_from") for n, row in study["models"].items()} == {
+        n: str((micro_zoo / n).resolve()) for n in ("baseline", "fbt")
+    }
+    readings = study["readings"]
+    assert set(readings["baseline"]["accuracy"]) == {"standard"} and set(readings["fbt"]["accuracy"]) == {
+        "standard",
+        "recurrent K=2",
+    }
+    report = read_json(tmp_path / "fbt" / "results" / "probe_layer0_memory.json")
+    assert {r["hook"] for r in report["rows"]} == {PROBE_HOOK} and readings["fbt"]["target"] == "memory"
+    recurrent = next(r for r in report["rows"] if r["prefill"] == "recurrent")
+    assert readings["fbt"]["accuracy"]["recurrent K=2"]["values"] == [recurrent["accuracy"]]
+    assert {r["member"] for r in reading_rows(study)} == {"baseline", "fbt"}
+    stamp = (tmp_path / "fbt" / "results" / "probe_layer0_memory.json").stat().st_mtime_ns
+    code, _, err = cli(argv)
+    assert code is None, err
+    assert (tmp_path / "fbt" / "results" / "probe_layer0_memory.json").stat().st_mtime_ns == stamp
