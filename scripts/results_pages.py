@@ -1797,6 +1797,27 @@ def layer0_probes_page(results: Path, name: str) -> str:
     return frame(title, [(name, study)], "\n".join(body), [], results)
 
 
+def trace_lengths_page(results: Path, name: str) -> str:
+    """The ``traces`` study (``workbench.comparisons.trace_lengths``) on one organism."""
+    study = read(results, name)
+    readings = study["readings"]
+    rows = [
+        [f"`{pair}`", crossed(g["trace_tokens"], 1, sign=False), crossed(g["accuracy"], sign=False)]
+        for pair, g in readings["groups"].items()
+    ]
+    body = [
+        f"## Trace length and accuracy on `{readings['task']}`, {study['seeds']} seeds x {readings['problems']} problems",
+        "",
+        "Every seed's baseline and FBT answer the same held-out problems (a problem some run had no room",
+        "for is left out of all); each cell: mean [95% interval over seeds and problems crossed].",
+        "",
+        table(["member/regime", "trace tokens", "accuracy"], rows),
+        *family_section(study.get("family", {})),
+    ]
+    title = f"Trace lengths: `{study['scale']}` at {study['seeds']} seeds (measured)"
+    return frame(title, [(name, study)], "\n".join(body), [], results)
+
+
 # ---------------------------------------------------------------- the organisms' studies and claims
 
 ORGANISM_STUDIES = {  # scripts/regenerate_organisms.py writes each study on each organism
@@ -1804,6 +1825,7 @@ ORGANISM_STUDIES = {  # scripts/regenerate_organisms.py writes each study on eac
     "three-pass": three_pass_page,
     "hd-ablations": hd_ablations_page,
     "probes": layer0_probes_page,
+    "traces": trace_lengths_page,
 }
 ORGANISM_NAMES = ("flipflop", "perm", "addition")  # workbench.claims.ALL
 CLAIMS_JSON = "claims.json"

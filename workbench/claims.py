@@ -37,6 +37,8 @@ CONTROLS = {
     "hd-ablations": "tests/workbench/test_controls.py::test_the_hd_ablations_family_detects_a_planted_gain_and_not_its_absence",
     "three-pass": "tests/workbench/test_controls.py::"
     "test_the_dynamics_study_finds_a_planted_contraction_and_no_contraction_where_there_is_none",
+    "traces": "tests/workbench/test_controls.py::"
+    "test_the_traces_family_detects_traces_planted_shorter_at_equal_accuracy_and_not_their_absence",
     "probes": "tests/workbench/test_controls.py::"
     "test_the_probe_study_reads_a_target_planted_in_the_layer0_input_and_not_one_that_is_absent",
 }
@@ -77,6 +79,10 @@ CLAIMS = (
           "fbt-vs-baseline", ("flipflop",), "fbt fused - baseline: accuracy, denser", 1),
     Claim("fbt-layer0-state", "FBT", "recurrent prefill exposes the global state at layer 0", "probes", ALL,
           "fbt recurrent K=2 - fbt standard: layer-0 probe accuracy", 1),
+    Claim("fbt-shorter-traces", "FBT", "shorter traces than the baseline's (fused decoding)", "traces", ("addition",),
+          "fbt fused - baseline: trace tokens", -1),
+    Claim("fbt-traces-equal-accuracy", "FBT", "... at equal accuracy (fused within +-0.05 of the baseline)", "traces",
+          ("addition",), "fbt fused - baseline: accuracy", 0),
     Claim("fbt-contraction", "FBT", "a few percent of 3-pass batches make the feedback map a contraction",
           "three-pass", ALL, "fbt-3pass0.03 - fbt-3pass0: lambda(1000)", -1),
     Claim("hd-streams", "HD", "gains grow with the stream count n (2 over 1)", "hd-ablations", ALL,

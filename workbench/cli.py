@@ -833,7 +833,7 @@ def build_parser() -> argparse.ArgumentParser:
     # comparisons.STUDIES (a test keeps them equal), spelled here to keep torch out of the parser
     p.add_argument(
         "--study",
-        choices=["data-efficiency", "three-pass", "hd-ablations", "probes", "fbt-vs-baseline"],
+        choices=["data-efficiency", "three-pass", "hd-ablations", "probes", "traces", "fbt-vs-baseline"],
         default=None,
         help="train and measure a comparison study instead of the zoo (docs/training.md)",
     )

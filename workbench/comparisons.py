@@ -26,6 +26,10 @@ a 95% interval across seeds (``workbench.training.intervals``).
   the flip-flop's stored bit, the permutation's running product, addition's carry) on the input to
   block 0 (FBT's fused input), under standard prefill and under recurrent prefill with K = 2
   passes (FBT), on the same held-out sequences.
+- ``traces`` (the FBT paper: shorter traces at equal accuracy): ``baseline`` and ``fbt`` at the
+  zoo's settings; per seed a trace study on the same held-out problems of the scale's traced task
+  (an organism's addition, whose scratchpads mix verbosities; on a zoo of the mix, chain), FBT in
+  each regime against the baseline: trace tokens and accuracy per problem, seeds and problems crossed.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from workbench.runtime.config import make_config
@@ -58,7 +63,7 @@ from workbench.training.zoo import (
     train_plan,
 )
 
-STUDIES = ("data-efficiency", "three-pass", "hd-ablations", "probes")
+STUDIES = ("data-efficiency", "three-pass", "hd-ablations", "probes", "traces")
 BUDGETS = (0.25, 0.5, 1.0)  # data-efficiency: fractions of the scale's training steps
 THREE_PASS = (0.0, 0.03, 0.1, 0.3)  # three-pass: the fractions of 3-pass feedback batches
 # three-pass: the last step of lambda(T), T = 100, 1000 (micro: 100; every other scale 1000)
@@ -68,6 +73,8 @@ FBT_REGIMES = ("standard", "soft", "fused")
 PROBE_HOOK = "blocks.0.hook_resid_pre"  # probes: the input to block 0 (FBT's fused input)
 PROBE_PASSES = 2  # probes: the recurrent prefill's passes (the 2-pass objective's)
 PROBE_SEQUENCES = 400  # probes: held-out sequences per run (the probe verb's default)
+TRACE_PROBLEMS = 200  # traces: held-out problems per seed, the same at every seed
+TRACE_TOKENS = 96  # traces: new tokens at most (3-digit addition's longest trace is about 50)
 
 
 def study_members(study: str, scale: str, seed: int) -> list[tuple[str, str, list[str], str | None]]:
@@ -87,7 +94,9 @@ def study_members(study: str, scale: str, seed: int) -> list[tuple[str, str, lis
         ]
     elif study == "three-pass":
         rows = [(f"fbt-3pass{f:g}", "fbt", [f"train.steps={steps}", f"fbt.three_pass_fraction={f}"], None) for f in THREE_PASS]
-    elif study == "probes":
+    elif study in ("probes", "traces"):
+        if study == "traces":
+            trace_task(scale)  # a scale whose task has no traces is refused before anything is trained
         rows = [(arch, arch, [f"train.steps={steps}"], None) for arch in ("baseline", "fbt")]
     else:
         layers = make_config("baseline", SCALES[scale]["preset"]).n_layers
@@ -160,6 +169,8 @@ def run_study(
             summary["readings"] = three_pass(summary["models"], out, HORIZONS[scale], threads * jobs)
         elif study == "probes":
             summary["readings"] = layer0_probes(summary["models"], out, probe_target(scale), threads * jobs)
+        elif study == "traces":
+            summary["readings"] = trace_lengths(summary["models"], out, trace_task(scale), threads * jobs)
         else:
             summary["readings"] = hd_ablations(summary["models"])
             for member, ratio in hd_step_times(out, sorted(summary["readings"]), threads).items():
@@ -396,6 +407,69 @@ def layer0_probes(models: dict, out: Path, target: str, threads: int) -> dict:
     return readings
 
 
+# ---- traces ------------------------------------------------------------------------------
+
+
+def trace_task(scale: str) -> str:
+    """The traced task a scale's trace study runs: its organism's, or chain on a zoo of the mix;
+    ``BadInput`` for an organism whose answers have no trace."""
+    from workbench.data.answers import TRACED
+
+    task = SCALES[scale].get("task", "chain")
+    if task not in TRACED:
+        raise BadInput(f"the traces study on {scale}: its task {task!r} has no traces (expected one of {', '.join(TRACED)})")
+    return task
+
+
+def trace_lengths(models: dict, out: Path, task: str, threads: int) -> dict:
+    """Per seed a trace study of its ``baseline`` and ``fbt`` (``trace_study`` into
+    ``out/traces/seedS``, read back on a rerun) on the same ``TRACE_PROBLEMS`` problems; per
+    ``model/regime`` the trace tokens and correctness of each problem every seed answered (the
+    matrices ``per_problem``: seeds x problems) and their crossed intervals."""
+    from workbench.studies.traces import read_traces, trace_study
+
+    by_seed: dict[int, dict[str, str]] = {}
+    for name, row in models.items():
+        by_seed.setdefault(int(row["seed"]), {})[row["member"]] = name
+    seeds = sorted(by_seed)
+    rows: dict[int, list[dict]] = {}
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for seed in seeds:
+            where = out / "traces" / f"seed{seed}"
+            if not (where / "traces.csv").is_file():
+                runs = [str(out / by_seed[seed][m]) for m in ("baseline", "fbt")]
+                trace_study(runs, where, task=task, n_problems=TRACE_PROBLEMS, max_new_tokens=TRACE_TOKENS)
+            member = {v: k for k, v in by_seed[seed].items()}  # a run's directory name -> its member
+            rows[seed] = [{**r, "pair": f"{member[r['model']]}/{r['regime']}"} for r in read_traces(where / "traces.csv")]
+    finally:
+        torch.set_num_threads(before)
+    pairs = sorted({r["pair"] for r in rows[seeds[0]]})
+    answered = set.intersection(*({r["problem_id"] for r in rows[s] if r["pair"] == p} for s in seeds for p in pairs))
+    problems = sorted(answered)  # a problem some run had no room for is left out of every matrix
+    per_problem = {}
+    for pair in pairs:
+        cell = {s: {r["problem_id"]: r for r in rows[s] if r["pair"] == pair} for s in seeds}
+        per_problem[pair] = {
+            "trace_tokens": [[float(cell[s][i]["trace_tokens"]) for i in problems] for s in seeds],
+            "correct": [[float(cell[s][i]["correct"]) for i in problems] for s in seeds],
+        }
+    return {
+        "task": task,
+        "seeds": seeds,
+        "problems": len(problems),
+        "per_problem": per_problem,
+        "groups": {
+            pair: {
+                "trace_tokens": stats.crossed_interval(np.array(m["trace_tokens"])),
+                "accuracy": stats.crossed_interval(np.array(m["correct"]), bounds=(0.0, 1.0)),
+            }
+            for pair, m in per_problem.items()
+        },
+    }
+
+
 # ---- HD ablations ------------------------------------------------------------------------
 
 
@@ -505,7 +579,8 @@ def study_family(study: dict) -> dict[str, dict]:
     and of the whole step and in the K = 8 residual; ``hd-ablations``: each member minus its
     reference in accuracy and completion loss, and ``hd4``'s training loss jump at each expansion;
     ``probes``: FBT's layer-0 probe accuracy under recurrent prefill minus under standard prefill
-    and minus the baseline's; ``data-efficiency``: FBT's completion loss minus the
+    and minus the baseline's; ``traces``: FBT in each regime minus the baseline in trace tokens and
+    accuracy, seeds and problems crossed (``stats.paired_difference``); ``data-efficiency``: FBT's completion loss minus the
     baseline's at the same tokens, per budget and regime."""
     readings, cells = study.get("readings", {}), {}
 
@@ -540,6 +615,18 @@ def study_family(study: dict) -> dict[str, dict]:
         if recurrent in fbt:
             paired(f"fbt {recurrent} - fbt standard: layer-0 probe accuracy", fbt["standard"]["values"], fbt[recurrent]["values"])
             paired(f"fbt {recurrent} - baseline: layer-0 probe accuracy", base["standard"]["values"], fbt[recurrent]["values"])
+    elif study.get("study") == "traces" and "baseline/standard" in readings.get("per_problem", {}):
+        matrices = readings["per_problem"]
+        base = matrices["baseline/standard"]
+        for regime in FBT_REGIMES:
+            fbt = matrices.get(f"fbt/{regime}")
+            if fbt is not None and len(fbt["correct"]) >= 2:
+                cells[f"fbt {regime} - baseline: trace tokens"] = stats.paired_difference(
+                    base["trace_tokens"], fbt["trace_tokens"]
+                )
+                cells[f"fbt {regime} - baseline: accuracy"] = stats.paired_difference(
+                    base["correct"], fbt["correct"], bounds=(-1.0, 1.0)
+                )
     elif study.get("study") == "data-efficiency":
         for r in readings.values():
             if r.get("baseline_loss"):
@@ -589,6 +676,17 @@ def reading_rows(study: dict) -> list[dict]:
             {"member": member, "regime": regime, "accuracy": f"{c['mean']:.3g} [{c['low']:.3g}, {c['high']:.3g}]"}
             for member, regimes in study.get("readings", {}).get("accuracy", {}).items()
             for regime, c in regimes.items()
+        ]
+    if study.get("study") == "traces":  # seeds x problems
+        return [
+            {
+                "member/regime": pair,
+                **{
+                    what: f"{c['mean']:.3g} [{c['low']:.3g}, {c['high']:.3g}]"
+                    for what, c in (("trace tokens", g["trace_tokens"]), ("accuracy", g["accuracy"]))
+                },
+            }
+            for pair, g in study.get("readings", {}).get("groups", {}).items()
         ]
     rows = []
     for key, r in study.get("readings", {}).items():

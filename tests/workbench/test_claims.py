@@ -117,7 +117,8 @@ def test_every_comparison_a_claim_reads_is_one_its_study_declares():
         for organism in c.organisms:  # the fair study's family is its scale's: FAMILY and the tests beyond training
             fair = set(fbt_vs_baseline.family_names(fbt_vs_baseline.SCALES[f"org-{organism}"]["beyond"]))
             probes = {"fbt recurrent K=2 - fbt standard: layer-0 probe accuracy"}
-            declared = {"fbt-vs-baseline": fair, "three-pass": three, "hd-ablations": hd, "probes": probes}
+            traces = {f"fbt fused - baseline: {what}" for what in ("trace tokens", "accuracy")}
+            declared = {"fbt-vs-baseline": fair, "three-pass": three, "hd-ablations": hd, "probes": probes, "traces": traces}
             assert c.comparison in declared[c.study], (c.key, organism)
 
 

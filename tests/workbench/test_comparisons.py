@@ -309,3 +309,59 @@ def test_the_probes_study_on_the_micro_zoo_reusing_its_members(tmp_path, micro_z
     code, _, err = cli(argv)
     assert code is None, err
     assert (tmp_path / "fbt" / "results" / "probe_layer0_memory.json").stat().st_mtime_ns == stamp
+
+
+def test_the_traces_family_by_hand():
+    """Two seeds x three problems: FBT's fused traces 2 tokens shorter on every problem, its soft
+    traces the baseline's; correctness the same everywhere. Crossed differences: fused -2 with no
+    spread (detectable), soft 0 (not), accuracy 0 in both."""
+    from workbench.comparisons import study_family
+
+    base = {"trace_tokens": [[20, 30, 40], [22, 31, 39]], "correct": [[1, 0, 1], [1, 1, 0]]}
+    fused = {"trace_tokens": [[18, 28, 38], [20, 29, 37]], "correct": base["correct"]}
+    soft = {"trace_tokens": base["trace_tokens"], "correct": base["correct"]}
+    readings = {"per_problem": {"baseline/standard": base, "fbt/fused": fused, "fbt/soft": soft, "fbt/standard": soft}}
+    family = study_family({"study": "traces", "readings": readings})
+    assert len(family) == 6 and all(c["family_size"] == 6 for c in family.values())
+    cell = family["fbt fused - baseline: trace tokens"]
+    assert cell["mean"] == pytest.approx(-2.0) and cell["seeds_lower"] == 2
+    assert (
+        family["fbt soft - baseline: trace tokens"]["mean"] == 0 and not family["fbt soft - baseline: trace tokens"]["detectable"]
+    )
+    assert family["fbt fused - baseline: accuracy"]["mean"] == 0
+
+
+def test_the_traces_study_refuses_a_task_without_traces_before_training(tmp_path):
+    assert_usage_error(
+        ["zoo", "--study", "traces", "--preset", "org-perm", "--out", str(tmp_path / "t")], "org-perm", "'perm' has no traces"
+    )
+    assert not (tmp_path / "t").exists()
+
+
+@pytest.mark.slow
+def test_the_traces_study_on_the_micro_zoo_reusing_its_members(tmp_path, micro_zoo):
+    """The zoo's baseline and FBT traced on the same chain problems at its one seed: the baseline in
+    standard, FBT in each regime; the per-problem matrices are the traces.csv's; a rerun reads it back."""
+    from workbench.comparisons import TRACE_PROBLEMS
+    from workbench.studies.traces import read_traces
+
+    argv = ["zoo", "--study", "traces", "--out", str(tmp_path), "--reuse", str(micro_zoo), "--no-progress"]
+    code, _, err = cli(argv)
+    assert code is None, err
+    readings = read_json(tmp_path / "study.json")["readings"]
+    assert readings["task"] == "chain" and set(readings["per_problem"]) == {
+        "baseline/standard",
+        *(f"fbt/{r}" for r in ("standard", "soft", "fused")),
+    }
+    rows = read_traces(tmp_path / "traces" / "seed0" / "traces.csv")
+    fused = sorted((r for r in rows if (r["model"], r["regime"]) == ("fbt", "fused")), key=lambda r: r["problem_id"])
+    assert (
+        readings["problems"] <= TRACE_PROBLEMS
+        and len(readings["per_problem"]["fbt/fused"]["trace_tokens"][0]) == readings["problems"]
+    )
+    if readings["problems"] == TRACE_PROBLEMS:  # no problem skipped: the matrix is the CSV's column
+        assert readings["per_problem"]["fbt/fused"]["trace_tokens"][0] == [float(r["trace_tokens"]) for r in fused]
+    stamp = (tmp_path / "traces" / "seed0" / "traces.csv").stat().st_mtime_ns
+    code, _, err = cli(argv)
+    assert code is None, err
+    assert (tmp_path / "traces" / "seed0" / "traces.csv").stat().st_mtime_ns == stamp
