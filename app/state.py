@@ -215,9 +215,22 @@ def pick_run(
     return run
 
 
+def follow(key: str, depends_on: object, default: object) -> None:
+    """Set the widget ``key`` to ``default`` whenever ``depends_on`` (what its options come from:
+    the chosen run, the results drawn) differs from when it was last set here. A keyed widget keeps
+    its value across reruns even when its options change, so without this a choice made for one run
+    silently carries over to another (the Probes page probed 3 of a 4-layer run's 5 hooks). Create
+    the widget after this call, without a default of its own (its value is the session state's)."""
+    marker = f"{key}__follows"
+    if key not in st.session_state or st.session_state.get(marker) != depends_on:
+        st.session_state[key] = default
+        st.session_state[marker] = depends_on
+
+
 PLUMBING = (
     "from the micro zoo: a plumbing check trained for seconds. What this page shows of it exercises the "
-    "code and says nothing about the effects studied; train the cpu zoo for models that learned their tasks."
+    "code and says nothing about the effects studied; train the quick zoo or the organisms (the Runs page) for models "
+    "that learned their tasks."
 )
 
 

@@ -16,10 +16,13 @@ Each step is the ``workbench`` command a user would type, run in turn and timed:
    ``study_STUDY_org_TASK.json``), the claims table read from the studies there written to
    ``claims.json``, and ``scripts/results_pages.py`` run.
 
-What it did is recorded in ``docs/results/organisms_regenerated.json``: this command, the commit,
-the seeds, each step's command, wall-clock seconds and exit status, and the whole time. A step
-that fails stops the rest (its output is on the terminal); a study's or zoo's finished members
-are kept, so running the command again continues.
+A study runs on the organisms where it reads a claim (``workbench.claims``: traces on addition
+only). What each step last did is kept in ``docs/results/organisms_regenerated.json`` by command
+(commit, wall-clock seconds, exit status, when it finished), across partial runs
+(``--organism``, ``--study``); a whole run also records its command and total time
+(``last_full_run``). ``--copy`` runs nothing and copies what the runs hold now. A step that fails
+stops the rest (its output is on the terminal); a study's or zoo's finished members are kept, so
+running the command again continues.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,10 +43,11 @@ import results_pages  # noqa: E402
 from results_pages import CLAIMS_JSON, ORGANISM_STUDIES  # noqa: E402
 from results_pages import organism_study_name as results_name  # noqa: E402
 
-from workbench.claims import ALL, claims_table  # noqa: E402
+from workbench.claims import ALL, CLAIMS, claims_table  # noqa: E402
 from workbench.storage.provenance import source_commit  # noqa: E402
 
 STUDIES = list(ORGANISM_STUDIES)
+SERVES = {study: {o for c in CLAIMS if c.study == study for o in c.organisms} for study in STUDIES}  # where it reads a claim
 RECORD = "organisms_regenerated.json"
 
 
@@ -74,49 +79,59 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--organism", action="append", choices=ALL, help="only these organisms (repeatable; default all)")
     parser.add_argument("--study", action="append", choices=STUDIES, help="only these studies (repeatable; default all)")
     parser.add_argument("--no-zoo", action="store_true", help="keep the zoo's JSON as it is (do not train or copy the zoo)")
+    parser.add_argument(
+        "--copy", action="store_true", help="run nothing: copy the JSON the zoo and studies hold now, then the claims and pages"
+    )
     args = parser.parse_args(argv)
     organisms, studies = args.organism or list(ALL), args.study or STUDIES
-    if args.runs.resolve() != (Path("runs") / "organisms").resolve() and studies:
-        parser.error(
-            f"--runs {args.runs}: the studies write to runs/organisms/TASK/studies (their default); run from the checkout"
-        )
-    steps: list[dict] = []
     started = time.perf_counter()
-    record = {
-        "command": " ".join(["python scripts/regenerate_organisms.py", *(argv if argv is not None else sys.argv[1:])]),
-        "commit": source_commit(),
-        "seeds": args.seeds,
-        "steps": steps,
-    }
+    path = args.results / RECORD
+    record = json.loads(path.read_text()) if path.is_file() else {"written_by": "python scripts/regenerate_organisms.py"}
+    steps = record.setdefault("steps", {})  # by command: what each step last did, kept across partial runs
 
     def run(command: list[str]) -> None:
         print("$", " ".join(command), flush=True)
         t = time.perf_counter()
-        code = subprocess.call([workbench(), *command])
-        steps.append(
-            {"command": " ".join(["workbench", *command]), "wall_seconds": round(time.perf_counter() - t, 1), "rc": code}
-        )
+        code = 0 if args.copy else subprocess.call([workbench(), *command])
+        if not args.copy:
+            steps[" ".join(["workbench", *command])] = {
+                "commit": source_commit(),
+                "wall_seconds": round(time.perf_counter() - t, 1),
+                "rc": code,
+                "finished": datetime.now(UTC).isoformat(timespec="seconds"),
+            }
+            write(path, record)
         if code != 0:
-            write(args.results / RECORD, record | {"wall_seconds": round(time.perf_counter() - started, 1)})
             raise SystemExit(f"`workbench {' '.join(command)}` exited {code}: the steps after it were not run")
 
-    if not args.no_zoo:
+    if not args.no_zoo and not (args.copy and not (args.runs / "organisms.json").is_file()):
         run(["zoo", "--preset", "organisms", "--seeds", str(args.seeds), "--out", str(args.runs), "--no-progress"])
         shutil.copyfile(args.runs / "organisms.json", args.results / "zoo_organisms.json")
         for organism in ALL:
             shutil.copyfile(args.runs / organism / "zoo.json", args.results / f"zoo_org_{organism}.json")
     for organism in organisms:
         for study in studies:
+            if organism not in SERVES[study]:
+                continue
             out = args.runs / organism / "studies" / study
             command = ["zoo", "--study", study, "--preset", f"org-{organism}", "--seeds", str(args.seeds), "--out", str(out)]
             if study != "fbt-vs-baseline" and (args.runs / organism / "zoo.json").is_file():
                 command += ["--reuse", str(args.runs / organism)]  # the zoo's members the study shares are copied
+            if args.copy and not (out / "study.json").is_file():
+                print(f"{out / 'study.json'}: not there, not copied", flush=True)
+                continue
             run([*command, "--no-progress"])
             copied = json.loads((out / "study.json").read_text())
             write(args.results / results_name(study, organism), {"command": " ".join(["workbench", *command]), **copied})
     write(args.results / CLAIMS_JSON, claims_json(args.results))
-    record["wall_seconds"] = round(time.perf_counter() - started, 1)
-    write(args.results / RECORD, record)
+    if not args.no_zoo and args.organism is None and args.study is None and not args.copy:  # the whole thing, in one go
+        record["last_full_run"] = {
+            "command": " ".join(["python scripts/regenerate_organisms.py", *(argv if argv is not None else sys.argv[1:])]),
+            "commit": source_commit(),
+            "seeds": args.seeds,
+            "wall_seconds": round(time.perf_counter() - started, 1),
+        }
+        write(path, record)
     return results_pages.main(["--results", str(args.results)])
 
 

@@ -5,7 +5,7 @@ an imported model, whose prompt can also go through its chat template)."""
 import streamlit as st
 
 from app.charts import intervention_label, state_norms
-from app.state import find, model, pick_run, runs, show_text, shown_errors, token_strip, tokenizer, tokenizer_summary
+from app.state import find, follow, model, pick_run, runs, show_text, shown_errors, token_strip, tokenizer, tokenizer_summary
 from workbench.dynamics.study import DEFAULT_PROMPT
 from workbench.studies.playground import FED_BACK, Intervention, inspect_generation
 
@@ -25,12 +25,9 @@ chat = bool(tok.chat_template) and st.checkbox(
 )
 c1, c2, c3 = st.columns(3)
 is_fbt, is_hd = run.arch == "fbt", run.arch == "hd"
-regimes = c1.multiselect(
-    "Regimes",
-    ["standard", "soft", "fused"] if is_fbt else ["standard"],
-    default=["standard", "soft", "fused"] if is_fbt else ["standard"],
-    key="pg_regimes",
-)
+offered = ["standard", "soft", "fused"] if is_fbt else ["standard"]
+follow("pg_regimes", tuple(offered), offered)  # what the chosen run decodes in, not the last run's choice
+regimes = c1.multiselect("Regimes", offered, key="pg_regimes")
 passes = c2.number_input("Fused prefill K", min_value=1, max_value=64, value=2, key="pg_passes", disabled=not is_fbt)
 max_new = c3.slider("New tokens", 1, 200, 64, key="pg_new")
 
@@ -49,6 +46,7 @@ if is_fbt and any(r in FED_BACK for r in regimes):  # standard carries no state 
         intervention = Intervention(state_scale=scale)
 elif is_hd:
     n = run.config["model"]["n_streams"]
+    follow("pg_ablate", n, "none")
     stream = st.selectbox("Ablate a stream (zero its embedding)", ["none", *range(n)], key="pg_ablate")
     if stream != "none":
         intervention = Intervention(ablate_stream=int(stream))

@@ -7,7 +7,7 @@ import streamlit as st
 
 from app import jobs
 from app.charts import probe_depths
-from app.state import find, pick_run, runs, shown_errors, tokenizer, tokenizer_summary
+from app.state import find, follow, pick_run, runs, shown_errors, tokenizer, tokenizer_summary
 from workbench.data.tasks import LABELS
 from workbench.probing.study import N_SEQUENCES, default_hooks
 from workbench.storage.errors import BadInput
@@ -91,7 +91,9 @@ target = c1.selectbox(
 )
 n_sequences = c2.number_input("Sequences", min_value=10, max_value=20000, value=N_SEQUENCES, step=50, key="probe_n")
 n_layers = run.config["model"]["n_layers"]
-hooks = c3.multiselect("Hooks", default_hooks(n_layers), default=default_hooks(n_layers), key="probe_hooks")
+every_hook = default_hooks(n_layers)
+follow("probe_hooks", str(run.path), every_hook)  # every depth of the run chosen now, not the last run's choice
+hooks = c3.multiselect("Hooks", every_hook, key="probe_hooks")
 passes, exact = [], False
 if run.arch == "fbt":
     c4, c5 = st.columns(2)
@@ -154,6 +156,17 @@ if len(layer0):
 
 st.subheader("Accuracy by depth")
 st.altair_chart(probe_depths(rows, run.arch), width="stretch")
+covered = sorted(set(rows["hook"]), key=every_hook.index) if set(rows["hook"]) <= set(every_hook) else sorted(set(rows["hook"]))
+regimes_covered = ", ".join(dict.fromkeys(rows["regime"]))
+st.caption(
+    f"These probes cover {len(covered)} of the run's {len(every_hook)} depths ({', '.join(covered)}), prefill "
+    f"{regimes_covered}, on {report['n_sequences']} sequences."
+)
+if len(covered) < len(every_hook):
+    st.warning(
+        f"The saved probes cover {len(covered)} of the {len(every_hook)} depths of {run.name}: retrain with every hook "
+        "to see the whole stack."
+    )
 st.caption(
     "Grey dashed: chance (majority class). Dashed lines: the control task (token identity labels); "
     "selectivity = probe minus control accuracy. Colours: the prefill regime (recurrent prefill is the fused "

@@ -4,7 +4,7 @@ import pandas as pd
 import streamlit as st
 
 from app.charts import attention_mass_bars, similarity_heatmap
-from app.state import find, model_at, pick_run, runs, shown_errors, stamp, tokenizer_at
+from app.state import find, follow, model_at, pick_run, runs, shown_errors, stamp, tokenizer_at
 from workbench.studies.streams import attention_mass, stream_logit_lens, stream_norms, stream_similarity, task_windows
 from workbench.training.runconfig import task_config
 
@@ -55,7 +55,8 @@ st.caption(f"{n} streams; cross-stream attention in block(s) {a['cross_layers']}
 left, right = st.columns(2)
 with left:
     st.markdown("**Stream-to-stream similarity** (mean cosine of resid_post at the same token)")
-    layer = st.slider("Block", 0, len(a["similarity"]) - 1, len(a["similarity"]) - 1, key="st_layer")
+    follow("st_layer", len(a["similarity"]), len(a["similarity"]) - 1)  # the last block of the run analysed now
+    layer = st.slider("Block", 0, len(a["similarity"]) - 1, key="st_layer")
     sim = pd.DataFrame(
         [{"stream": i, "other": j, "cosine": float(a["similarity"][layer][i, j])} for i in range(n) for j in range(n)]
     )

@@ -8,7 +8,7 @@ import streamlit as st
 
 from app import jobs
 from app.charts import accuracy_by_length, trace_histogram
-from app.state import find, pick_run, pieces, runs, show_text, shown_errors, token_strip, tokenizer, tokenizer_summary
+from app.state import find, follow, pick_run, pieces, runs, show_text, shown_errors, token_strip, tokenizer, tokenizer_summary
 from workbench.studies.traces import CHAT_INSTRUCTION, chat_problem, problems, read_study
 
 UNITS = {"tokens": "trace_tokens", "characters": "trace_chars"}
@@ -109,7 +109,9 @@ if mixed:
         + "): their token counts do not compare, so trace lengths are shown in characters."
     )
 c1, c2 = st.columns(2)
-shown = c1.selectbox("Difficulty shown", ["all"] + sorted(rows["difficulty"].unique().tolist()), key="tr_show")
+offered = ["all"] + sorted(rows["difficulty"].unique().tolist())
+follow("tr_show", tuple(offered), "all")  # the difficulties of the traces drawn now
+shown = c1.selectbox("Difficulty shown", offered, key="tr_show")
 unit = c2.radio(
     "Trace length in",
     list(UNITS),
@@ -163,9 +165,11 @@ with right:
     st.altair_chart(accuracy_by_length(by_d.reset_index(), unit, archs), width="stretch")
 
 st.subheader("One problem under each model and regime")
+problem_ids = sorted(view["problem_id"].unique().tolist())
+follow("tr_problem", tuple(problem_ids), problem_ids[0])
 pid = st.selectbox(
     "Problem",
-    sorted(view["problem_id"].unique().tolist()),
+    problem_ids,
     key="tr_problem",
     format_func=lambda i: f"#{i} (difficulty {int(rows[rows['problem_id'] == i]['difficulty'].iloc[0])})",
 )

@@ -152,6 +152,40 @@ def test_probes_page_rejects_an_empty_hook_list(monkeypatch, zoo):
     assert "Pick at least one hook to probe." in errors(at)
 
 
+def test_probes_page_hooks_follow_the_run_and_the_result_says_what_it_covers(monkeypatch, micro_zoo, tmp_path):
+    """Issue #38: after switching from a 2-layer to a 3-layer FBT the Hooks box offers and holds
+    the new run's 4 depths (not the first run's 3), the job probes all of them and the page says
+    so; a sweep of part of the stack says that it is part; switching back restores that run's own."""
+    from workbench import build_model
+    from workbench.probing.study import default_hooks
+    from workbench.runtime.checkpoint import save_model
+
+    root = shutil.copytree(micro_zoo, tmp_path / "runs")
+    save_model(build_model("fbt", "debug", n_layers=3), root / "deep" / "fbt3")
+    at = open_page(monkeypatch, root, "probes")
+    assert at.selectbox(key="probe_run").value == "fbt"
+    assert at.multiselect(key="probe_hooks").value == default_hooks(2)
+    at.selectbox(key="probe_run").set_value("deep/fbt3").run()
+    assert at.multiselect(key="probe_hooks").value == default_hooks(3)
+    at.number_input(key="probe_n").set_value(40)
+    at.multiselect(key="probe_passes").set_value([2])
+    at.checkbox(key="probe_exact").uncheck()
+    at.button(key="probe_train").click().run()
+    finish_jobs(at)
+    assert_clean(at)
+    report = json.loads((root / "deep" / "fbt3" / "results" / "probe_memory.json").read_text())
+    assert {r["hook"] for r in report["rows"]} == set(default_hooks(3))
+    captions = [c.value for c in at.caption]
+    assert any("cover 4 of the run's 4 depths" in c and "40 sequences" in c for c in captions), captions
+    assert not any("retrain with every hook" in w.value for w in at.warning)
+    at.multiselect(key="probe_hooks").set_value(default_hooks(3)[:2])
+    at.button(key="probe_train").click().run()
+    finish_jobs(at)
+    assert any("cover 2 of the 4 depths of deep/fbt3" in w.value for w in at.warning)
+    at.selectbox(key="probe_run").set_value("fbt").run()
+    assert at.multiselect(key="probe_hooks").value == default_hooks(2)
+
+
 def test_dynamics_page_compares_two_runs_and_reacts_to_the_horizon(monkeypatch, micro_zoo, tmp_path):
     zoo = shutil.copytree(micro_zoo, tmp_path / "runs")
     shutil.copytree(zoo / "fbt", zoo / "fbt-seed1")  # a second FBT run, as a zoo at two seeds has
@@ -249,6 +283,13 @@ def test_playground_generates_under_each_regime_and_intervenes(monkeypatch, zoo)
     at.button(key="pg_generate").click().run()
     assert_clean(at)
     assert any("prompt is empty" in e for e in errors(at))
+    # the regimes follow the run: a baseline decodes in standard only; back on FBT, all three again
+    at.multiselect(key="pg_regimes").set_value(["soft"])
+    at.selectbox(key="pg_run").set_value("baseline").run()
+    assert_clean(at)
+    assert at.multiselect(key="pg_regimes").value == ["standard"]
+    at.selectbox(key="pg_run").set_value("fbt").run()
+    assert at.multiselect(key="pg_regimes").value == ["standard", "soft", "fused"]
 
 
 def test_playground_ablates_hd_streams(monkeypatch, zoo):
