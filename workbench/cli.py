@@ -66,6 +66,27 @@ def app_script() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / "main.py"
 
 
+def port_free(address: str, port: int) -> None:
+    """``BadInput`` naming ``--port`` when something already listens at ``address:port`` (Streamlit
+    would print the URL, then that the port is not available, and exit 0). Bound the way the server
+    binds (address reuse on), so a closed connection lingering in TIME_WAIT does not count."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as err:
+        raise BadInput(f"--address {address}: not an address this machine can bind ({err.strerror})") from None
+    family, kind, proto, _, where = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(where)
+        except OSError as err:
+            raise BadInput(
+                f"--port {port}: {address}:{port} is not free ({err.strerror}); another app may hold it: choose another --port"
+            ) from None
+
+
 def cmd_app(args) -> dict:
     import signal
     import subprocess
@@ -75,6 +96,7 @@ def cmd_app(args) -> dict:
     runs = Path(args.runs)
     if runs.exists() and not runs.is_dir():
         raise BadInput(f"--runs {runs}: expected a directory of run directories, got a file")
+    port_free(args.address, args.port)
     if warning := exposure_warning(args.address, runs):
         print(f"workbench app: warning: {warning}", file=sys.stderr, flush=True)
     command = [

@@ -331,3 +331,24 @@ def test_an_analysis_verb_runs_on_the_device_and_threads_it_is_given(tmp_path):
         assert torch.get_num_threads() == 1 and "[standard] 'ab'" in out
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_app_on_a_busy_port_is_refused_naming_the_port_before_any_server_starts(tmp_path, capsys, monkeypatch):
+    """Issue #38: a second ``workbench app`` on a port something listens on exits 2 with one line
+    naming ``--port``, and starts no server."""
+    import socket
+    import subprocess
+
+    from workbench.cli import main
+
+    started = []
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: started.append(a))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(SystemExit) as exit_:
+            main(["app", "--runs", str(tmp_path), "--port", str(port)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and f"--port {port}: 127.0.0.1:{port} is not free" in err and not started
+    assert len(err.strip().splitlines()) == 1
