@@ -628,6 +628,66 @@ def cmd_traces(args) -> dict:
     return summary
 
 
+REGIME_NAMES = ("standard", "soft", "fused")  # the models' decoding regimes (a test keeps them equal), torch-free here
+# the verbs that take runs, the argument that names them, and whether ARCH:PRESET[:SEED] is a fresh model there
+RUN_ARGUMENTS = {
+    "generate": ("model", True),
+    "export": ("model", True),
+    "cache": ("run", True),
+    "eval": ("run", False),
+    "probe": ("run", False),
+    "dynamics": ("runs", False),
+    "traces": ("runs", False),
+}
+
+
+def _arch_of(value: str, fresh: bool) -> str | None:
+    """The architecture of the run ``value`` names, read from its ``config.json`` without importing
+    torch (None for ``ARCH:PRESET[:SEED]``, checked when the model is built, and for a config the
+    loader will refuse, naming the file and field): a path that is no run is refused here, in
+    milliseconds, before any model loads."""
+    path = Path(value)
+    if not path.exists():
+        if fresh and len(value.split(":")) in (2, 3) and "/" not in value:
+            return None
+        other = " or ARCH:PRESET[:SEED] (e.g. fbt:debug)" if fresh else ""
+        raise MissingFile(f"{value}: no such run directory (expected a run directory{other})")
+    config = path / "config.json"
+    if not path.is_dir() or not config.is_file():
+        raise MissingFile(f"{value}: not a run directory (missing {config})")
+    try:
+        saved = json.loads(config.read_text())
+    except (ValueError, RecursionError):  # the loader names what is wrong with it, file and field
+        return None
+    arch = saved.get("arch") if isinstance(saved, dict) else None
+    return arch if isinstance(arch, str) else None
+
+
+def check_runs_first(args) -> None:
+    """Refuse, before anything heavy is imported or loaded, a regime that does not exist, a run
+    argument that names no run and what the run's architecture cannot do: a regime other than standard for a run without a carried
+    state (``generate``), a run that is not FBT for ``dynamics``."""
+    regimes = getattr(args, "regimes", None)
+    if isinstance(regimes, str) and (not all(regimes.split(",")) or set(regimes.split(",")) - set(REGIME_NAMES)):
+        raise BadInput(
+            f"--regimes {regimes}: invalid regimes {regimes!r}: expected comma-separated names of {', '.join(REGIME_NAMES)}"
+        )
+    if args.verb not in RUN_ARGUMENTS:
+        return
+    attribute, fresh = RUN_ARGUMENTS[args.verb]
+    values = getattr(args, attribute)
+    for value in values if isinstance(values, list) else [values]:
+        arch = _arch_of(value, fresh)
+        if arch is None or arch == "fbt":
+            continue
+        if args.verb == "generate" and (fed_back := [r for r in args.regimes.split(",") if r != "standard"]):
+            raise BadInput(
+                f"--regimes {args.regimes}: {value} is a {arch} run, which decodes in the standard regime only ({', '.join(fed_back)} feed back FBT's state)"
+            )
+        if args.verb == "dynamics":
+            raise BadInput(f"{value}: a {arch} run; dynamics analyses FBT runs (the feedback map)")
+
+
 def _difficulty_range(text: str) -> list[int]:
     from workbench.data.tasks import LIMITS
 
@@ -1081,6 +1141,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         _check_json_target(args.json_out)
+        check_runs_first(args)
         if args.verb in ANALYSIS_VERBS:
             _set_compute(args)
         result = args.func(args)

@@ -58,7 +58,7 @@ def test_export_from_a_saved_run(tmp_path):
     [
         (["generate", "gpt:debug", "--prompt", "x"], "unknown architecture 'gpt'"),
         (["generate", "fbt:huge", "--prompt", "x"], "unknown preset 'huge'"),
-        (["generate", "nowhere", "--prompt", "x"], "neither a run directory nor ARCH:PRESET"),
+        (["generate", "nowhere", "--prompt", "x"], r"nowhere: no such run directory \(expected a run directory or ARCH:PRESET"),
         (["generate", "baseline:debug", "--prompt", "x", "--regimes", "soft"], "needs a Full-Bandwidth model"),
         (
             ["generate", "fbt:debug", "--prompt", "x", "--passes", "two"],
@@ -124,7 +124,7 @@ def test_train_then_eval_from_the_cli(tmp_path):
         (["train", "--arch", "fbt", "--out", "x", "--set", "train.lr"], "malformed override 'train.lr'"),
         (["train", "--arch", "hd", "--out", "x", "--set", "hd.streams=4,2", "--set", "hd.expand_at=0,9"], "increasing"),
         (["train", "--arch", "fbt", "--out", "x", "--resume"], "x/config.json"),
-        (["eval", "nowhere"], "nowhere/config.json"),
+        (["eval", "nowhere"], "nowhere: no such run directory"),
         (["zoo", "--preset", "huge"], "invalid choice: 'huge'"),
     ],
 )
@@ -309,13 +309,17 @@ def test_every_analysis_verb_takes_a_device_and_threads_and_checks_them_first(ve
         "dynamics": [str(tmp_path / "run"), "--out", str(tmp_path / "dyn")],
         "traces": [str(tmp_path / "run"), "--out", str(tmp_path / "traces")],
     }[verb]
+    (tmp_path / "run").mkdir()  # a run by its config (the device is refused before it is read further)
+    (tmp_path / "run" / "config.json").write_text('{"arch": "fbt"}')
     args = build_parser().parse_args([verb, *argv])
     assert (args.device, args.threads) == ("cpu", None)
     if not torch.cuda.is_available():
         assert_usage_error([verb, *argv, "--device", "cuda"], "--device 'cuda'", "CUDA device")
     assert_usage_error([verb, *argv, "--device", "tpu"], "--device 'tpu'", "expected cpu, cuda or cuda:N")
     assert_usage_error([verb, *argv, "--threads", "0"], "--threads 0", "expected 1 or more")
-    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"] and [p.name for p in (tmp_path / "run").iterdir()] == [
+        "config.json"
+    ]
 
 
 def test_an_analysis_verb_runs_on_the_device_and_threads_it_is_given(tmp_path):
@@ -352,3 +356,51 @@ def test_the_app_on_a_busy_port_is_refused_naming_the_port_before_any_server_sta
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and f"--port {port}: 127.0.0.1:{port} is not free" in err and not started
     assert len(err.strip().splitlines()) == 1
+
+
+def test_every_verb_refuses_a_bad_run_or_regime_before_any_work(tmp_path, capsys, monkeypatch):
+    """Issue #38: a wrong path, a regime that does not exist or that the run cannot decode in, a
+    non-FBT run for dynamics: each exits 2 with one line naming the value, before the verb's work
+    starts (every verb's function is replaced by one that fails the test if called) and in well
+    under a second."""
+    import time
+
+    import workbench.cli as cli_module
+
+    for name in dir(cli_module):
+        if name.startswith("cmd_"):
+            monkeypatch.setattr(cli_module, name, lambda args: pytest.fail(f"workbench {args.verb} started its work"))
+    runs = {}
+    for arch in ("baseline", "fbt"):
+        (tmp_path / arch).mkdir()
+        (tmp_path / arch / "config.json").write_text(json.dumps({"arch": arch}))
+        runs[arch] = str(tmp_path / arch)
+    (tmp_path / "file").write_text("not a run")
+    missing = str(tmp_path / "nowhere")
+    cases = [
+        (["generate", runs["fbt"], "--prompt", "x", "--regimes", "standard,sof"], "invalid regimes 'standard,sof'"),
+        (["generate", runs["baseline"], "--prompt", "x", "--regimes", "standard,fused"], "decodes in the standard regime only"),
+        (["generate", missing, "--prompt", "x"], f"{missing}: no such run directory"),
+        (["export", missing, str(tmp_path / "out")], "no such run directory"),
+        (["eval", missing], "no such run directory"),
+        (["eval", "fbt:debug"], "fbt:debug: no such run directory"),  # a fresh model is no run to evaluate
+        (["cache", missing, "--hooks", "x", "--out", str(tmp_path / "c")], "no such run directory"),
+        (["probe", str(tmp_path / "file"), "--target", "memory"], "not a run directory"),
+        (["dynamics", runs["fbt"], runs["baseline"], "--out", str(tmp_path / "d")], "dynamics analyses FBT runs"),
+        (["traces", runs["baseline"], missing, "--out", str(tmp_path / "t")], "no such run directory"),
+        (["traces", runs["fbt"], "--regimes", "fused,bogus", "--out", str(tmp_path / "t")], "invalid regimes"),
+    ]
+    for argv, message in cases:
+        started = time.perf_counter()
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and message in err, (argv, err)
+        assert time.perf_counter() - started < 1.0, argv
+
+
+def test_the_clis_regime_names_are_the_models():
+    from models.full_bandwidth import FullBandwidthLM
+    from workbench.cli import REGIME_NAMES
+
+    assert REGIME_NAMES == FullBandwidthLM.regimes

@@ -99,7 +99,7 @@ def test_a_bug_exits_1_with_its_traceback():
             ["train", "--out", "OUT", "--set", "train.steps=ten"],
             "malformed override 'train.steps=ten': field train.steps expects int",
         ),
-        (["eval", "OUT"], "missing OUT/config.json"),
+        (["eval", "OUT"], "OUT: no such run directory"),
         (
             ["cache", "fbt:debug", "--hooks", "blocks.9.hook_q", "--out", "OUT"],
             "unknown hook name 'blocks.9.hook_q' for arch 'fbt'",

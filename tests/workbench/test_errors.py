@@ -162,7 +162,9 @@ def test_settings_no_work_can_use_are_named_before_anything_is_written(tmp_path,
     from workbench.cli import main
 
     saved = save_model(build_model("baseline", "debug"), tmp_path.parent / f"{tmp_path.name}-saved")
-    argv = [str(tmp_path / a) if a in ("STORE", "ZOO", "RUN", "DYN") else str(saved) if a == "SAVED" else a for a in argv]
+    fbt = save_model(build_model("fbt", "debug"), tmp_path.parent / f"{tmp_path.name}-fbt")  # RUN: a run, checked first
+    named = {"SAVED": saved, "RUN": fbt}
+    argv = [str(tmp_path / a) if a in ("STORE", "ZOO", "DYN") else str(named[a]) if a in named else a for a in argv]
     before = sorted(p.name for p in saved.rglob("*"))
     with pytest.raises(SystemExit) as exit_:
         main(argv)
