@@ -15,6 +15,7 @@ from streamlit.runtime.scriptrunner_utils.exceptions import ScriptControlExcepti
 from workbench.runs import RunInfo, exposure_warning, find_run_dirs, list_runs, within_root
 from workbench.runtime.checkpoint import load_model
 from workbench.runtime.tokenizer import TokenizerBase, tokenizer_of
+from workbench.storage.outputs import holder
 
 ROOT_KEY, INPUT_KEY, REFUSED_KEY = "runs_root", "runs_root_input", "runs_root_refused"
 RUN_FILES = ("config.json", "model.safetensors", "metrics.jsonl", "results/eval.json")
@@ -98,7 +99,8 @@ def runs() -> list[RunInfo]:
     if not os.path.isdir(root):
         return []
     dirs = find_run_dirs(root)  # the directories themselves and results/ too: modes and the results listing
-    return _runs(str(root), tuple((str(d), stamp(d, ("", "results", *RUN_FILES))) for d in dirs))
+    # whether each is held too: a run whose training stopped without writing its weights is broken from then on
+    return _runs(str(root), tuple((str(d), stamp(d, ("", "results", *RUN_FILES)), holder(d) is not None) for d in dirs))
 
 
 @st.cache_resource(show_spinner="Loading model...", max_entries=8)

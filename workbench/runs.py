@@ -11,6 +11,7 @@ from pathlib import Path
 from workbench.runtime.checkpoint import load_model
 from workbench.storage.errors import BadInput, MissingFile, WorkbenchError
 from workbench.storage.files import read_json
+from workbench.storage.outputs import holder
 from workbench.training.metrics import read_metrics
 from workbench.training.runconfig import run_config_from_dict
 
@@ -31,10 +32,13 @@ class RunInfo:
     # a member of a ``micro`` zoo or study (its directory's zoo.json / study.json says so): trained
     # for seconds to exercise the code, so nothing measured on it is a finding
     plumbing_check: bool = False
+    # being written now (its directory held, as training holds it): the holder's record, the last
+    # logged step and the steps it trains for; not usable yet, and not broken for what it lacks
+    training: dict | None = None
 
     @property
     def usable(self) -> bool:
-        return self.error is None
+        return self.error is None and self.training is None
 
     @property
     def steps(self) -> int | None:
@@ -148,6 +152,9 @@ def inspect_run(path: str | Path, root: str | Path | None = None, *, check_weigh
         info.error = _describe(err)
         if str(path) not in info.error:  # e.g. torch's own message for a size it cannot allocate
             info.error += f" (in {path})"
+    if (held := holder(path)) is not None:  # a run being written lacks what it has not written yet
+        steps = info.config.get("train", {}).get("steps") if isinstance(info.config.get("train"), dict) else None
+        info.training, info.error = {"holder": held, "step": info.steps, "steps": steps}, None
     return info
 
 

@@ -47,12 +47,13 @@ if not found:
     train_zoo_panel()
     st.stop()
 
-writing = {Path(o) for j in jobs.running("runs") for o in j.outputs}
-broken = [r for r in found if not r.usable]
-for r in broken:
-    if r.path in writing:
-        st.info(f"{r.name}: being trained by a job (above); usable once it has written its weights.")
-    else:
+for r in found:
+    if r.training is not None:  # its directory is held: a job above, or a CLI run elsewhere
+        step, steps = r.training["step"], r.training["steps"]
+        at = f"step {step} of {steps}" if step is not None and steps else "starting"
+        by = r.training["holder"].get("command")
+        st.info(f"{r.name}: training ({at}{', by ' + by if by else ''}); usable once it has written its weights.")
+    elif r.error is not None:
         st.error(f"{r.name}: cannot be used: {r.error}")
 
 
@@ -92,7 +93,7 @@ table = pd.DataFrame(
             "final train loss (pass 1)": final_loss(r),
             "chain acc (standard)": eval_cell(r),
             "flipflop acc (standard)": eval_cell(r, "flipflop"),
-            "status": "ok" if r.usable else "broken",
+            "status": "training" if r.training is not None else "ok" if r.usable else "broken",
             "plumbing check": r.plumbing_check,
         }
         for r in found
@@ -132,7 +133,9 @@ with curves:
         right.line_chart(df, x="step", y="tokens_per_s", height=200)
 
 with about:
-    if not run.usable:
+    if run.training is not None:
+        st.info(f"{run.name} is training: its model is shown once it has written its weights.")
+    elif not run.usable:
         st.info(f"{run.name} cannot be used: {run.error}")
     else:
         shape = run.config["model"]

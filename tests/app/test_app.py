@@ -100,6 +100,25 @@ def test_a_corrupt_checkpoint_is_an_error_on_runs_and_the_rest_keeps_working(mon
     assert "fbt" not in at.selectbox(key="pg_run").options and "baseline" in at.selectbox(key="pg_run").options
 
 
+def test_a_run_training_from_the_cli_is_training_on_the_runs_page_not_broken(monkeypatch, micro_zoo, tmp_path):
+    """Issue #38: a run whose directory another process (here, this one) holds and which has no
+    weights yet is listed as training, with its step, and no error; released, it is broken."""
+    from workbench.storage.outputs import hold
+
+    root = shutil.copytree(micro_zoo, tmp_path / "runs")
+    (root / "fbt" / "model.safetensors").unlink()
+    with hold(root / "fbt"):
+        at = open_page(monkeypatch, root)
+        assert not [e for e in errors(at) if "fbt" in e], errors(at)
+        steps = json.loads((root / "fbt" / "config.json").read_text())["train"]["steps"]
+        infos = [i.value for i in at.info]
+        assert any(f"fbt: training (step {steps} of {steps}" in i for i in infos), infos
+        table = at.dataframe[0].value
+        assert table.set_index("run").loc["fbt", "status"] == "training"
+    at = open_page(monkeypatch, root)
+    assert any("fbt: cannot be used" in e and "model.safetensors" in e for e in errors(at))
+
+
 def test_an_empty_runs_directory_offers_to_train_the_zoo_with_progress(monkeypatch, tmp_path):
     at = open_page(monkeypatch, tmp_path)
     assert any("No runs" in i.value for i in at.info)

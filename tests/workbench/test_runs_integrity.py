@@ -335,3 +335,25 @@ def test_a_micro_zoo_or_study_member_is_a_plumbing_check(tmp_path, summary, expe
     if summary:
         (tmp_path / "zoo" / summary).write_text(json.dumps({"scale": "cpu", "models": {}}))
         assert inspect_run(tmp_path / "zoo" / "baseline").plumbing_check is False
+
+
+def test_a_run_being_written_is_training_not_broken(micro_zoo, tmp_path):
+    """Issue #38: a run whose directory is held (as training holds it) and has no weights yet is
+    "training" with its last logged step and budget, not broken; once released, the missing weights
+    are its error. ``holder`` names the process holding it and takes nothing."""
+    from workbench.runs import inspect_run
+    from workbench.storage.outputs import hold, holder
+
+    run = shutil.copytree(micro_zoo / "fbt", tmp_path / "fbt")
+    (run / "model.safetensors").unlink()
+    assert holder(run) is None
+    with hold(run):
+        held = holder(run)
+        assert held["pid"] == os.getpid()
+        info = inspect_run(run, tmp_path)
+        steps = json.loads((run / "config.json").read_text())["train"]["steps"]
+        assert info.training == {"holder": held, "step": info.metrics[-1]["step"], "steps": steps}
+        assert info.error is None and not info.usable
+    assert holder(run) is None  # released
+    info = inspect_run(run, tmp_path)
+    assert info.training is None and "model.safetensors" in info.error

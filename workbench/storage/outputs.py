@@ -195,6 +195,28 @@ def hold(directory: str | Path) -> Iterator[Path]:
         os.close(fd)  # closing releases the flock
 
 
+def holder(directory: str | Path) -> dict | None:
+    """Who holds ``directory`` now (its lock's record: pid, command, host, since; ``{}`` when it says
+    nothing), or None when nobody does. Takes nothing: a shared lock tried without waiting, and
+    given back at once. A directory without a lock file, or one that is a link, is not held."""
+    path = Path(directory) / LOCK
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _read_record(fd) or {}
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
 def _open_lock(path: Path) -> int:
     """The lock file, opened for writing only if it is a regular file: never through a link (a
     planted link would have every writer truncate its target) and never a FIFO or device (opened
