@@ -102,14 +102,34 @@ def test_competence_compares_standard_accuracy_with_each_target():
 
 
 @pytest.mark.slow
-def test_members_trained_in_parallel_processes_are_bitwise_those_trained_one_after_another(tmp_path):
+def test_members_trained_in_parallel_processes_are_bitwise_those_trained_one_after_another(tmp_path, monkeypatch):
     """``jobs`` = 2: each member in its own spawned process, ``hd2`` (continued from ``baseline``)
     only once the baseline is done; with the same thread count the weights and evaluations are
-    those of the sequential zoo."""
+    those of the sequential zoo. The zoo's bar counts every member's training steps (issue #38:
+    it sat at 0/4 members for minutes), never backwards, to the total."""
+    import workbench.training.zoo as zoo
+
+    bars = []
+
+    class Recorded(zoo.Bar):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.seen = []
+            bars.append(self)
+
+        def update(self, n, what=None):
+            self.seen.append(n)
+            super().update(n, what)
+
+    monkeypatch.setattr(zoo, "Bar", Recorded)
+    monkeypatch.setattr(zoo, "POLL", 0.05)
     calls = []
     kwargs = dict(only=["baseline", "hd2"], threads=1)
     one = train_zoo("micro", tmp_path / "one", progress=False, jobs=1, **kwargs)
     two = train_zoo("micro", tmp_path / "two", progress=lambda *a: calls.append(a), jobs=2, seeds=2, **kwargs)
+    (bar,) = bars
+    assert bar.total == 2 * (60 + 20) and bar.seen[-1] == bar.total
+    assert bar.seen == sorted(bar.seen) and len(set(bar.seen)) > 4  # steps within members, not members only
     assert two["jobs"] == 2 and two["threads"] == 1 and one["jobs"] == 1
     assert set(two["models"]) == {"baseline", "hd2", "baseline-seed1", "hd2-seed1"}
     assert sorted(calls) == sorted(
@@ -171,3 +191,14 @@ def test_the_organisms_refuse_a_summary_they_did_not_write_before_training(tmp_p
     with pytest.raises(OutputExists, match="organisms.json was not written by workbench zoo --preset organisms"):
         train_organisms(tmp_path, progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["organisms.json"]
+
+
+def test_logged_step_reads_the_last_whole_line_of_a_metrics_log(tmp_path):
+    from workbench.training.zoo import logged_step
+
+    assert logged_step(tmp_path) == 0  # no log yet
+    log = tmp_path / "metrics.jsonl"
+    log.write_text('{"step": 10, "loss": 1.0}\n{"step": 20, "loss": 0.5}\n{"step": 3')  # the last line being written
+    assert logged_step(tmp_path) == 20
+    log.write_text("".join(f'{{"step": {s}, "loss": 0.1, "note": "{"x" * 300}"}}\n' for s in range(1, 200)))
+    assert logged_step(tmp_path) == 199  # read from the end, past the 4 KiB window's cut first line

@@ -431,7 +431,10 @@ def train_in_parallel(plan: list, out: Path, threads: int, jobs: int, progress: 
     waiting = sorted(plan, key=lambda p: (p[0] not in sources, -p[3].train.steps))
     done: set[str] = set()
     last = ""
-    bar = Bar(f"zoo ({jobs} at a time)", len(plan), unit="member", show=progress is True)
+    # the bar counts training steps over every member (from the running members' metrics logs,
+    # read every POLL seconds), so a zoo of four long members does not sit at 0/4 for minutes
+    bar = Bar(f"zoo ({jobs} at a time)", sum(p[3].train.steps for p in plan), unit="step", show=progress is True)
+    steps_done = 0
     running: dict[Future, tuple] = {}
     with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         while waiting or running:
@@ -441,18 +444,42 @@ def train_in_parallel(plan: list, out: Path, threads: int, jobs: int, progress: 
                 check_member(out / name, cfg)
                 # a worker keeps out of an app job's progress file: the zoo's bar says what runs
                 running[pool.submit(train_member, cfg.to_dict(), str(out / name), threads, False, False)] = item
-            bar.update(len(done), f"training {', '.join(item[0] for item in running.values())}{last}")
-            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            finished, _ = wait(running, timeout=POLL, return_when=FIRST_COMPLETED)
             for future in finished:
                 name, plain, seed, cfg = running.pop(future)
                 result = future.result()  # a worker's error surfaces here
                 record(name, plain, seed, cfg, result)
                 done.add(name)
+                steps_done += cfg.train.steps
                 last = f"; {name} took {result['seconds']:.0f} s"
                 if callable(progress):
                     progress(name, cfg.train.steps, cfg.train.steps, None)
-    bar.update(len(done), last.removeprefix("; "))
+            training = sum(min(logged_step(out / item[0]), item[3].train.steps) for item in running.values())
+            bar.update(steps_done + training, f"training {', '.join(item[0] for item in running.values())}{last}")
+    bar.update(steps_done, last.removeprefix("; "))
     bar.close()
+
+
+POLL = 2.0  # seconds between looks at the running members' metrics logs (the zoo's progress)
+
+
+def logged_step(run: Path) -> int:
+    """The last step a run's ``metrics.jsonl`` has logged (0 before the first, or when the line
+    being written is not whole yet): what a zoo's progress counts."""
+    try:
+        with (run / "metrics.jsonl").open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+            lines = f.read().splitlines()
+    except OSError:
+        return 0
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except ValueError:  # a line cut by the 4 KiB window, or being written
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int):
+            return record["step"]
+    return 0
 
 
 def competence(tasks: dict, targets: dict | None) -> dict:
