@@ -202,6 +202,12 @@ def cmd_generate(args) -> dict:
     silent = tok.silent_ids(model.cfg.d_vocab)
     result = {"model": args.model, "prompts": args.prompt, "chat": args.chat, "generations": {}, "silent_tokens": {}}
     for regime in args.regimes.split(","):
+        # each regime is one call: say what runs before it does (a fused prefill of a large model takes a while)
+        print(
+            f"[{regime}] generating up to {args.max_new_tokens} tokens for {len(prompts)} prompt(s)...",
+            file=sys.stderr,
+            flush=True,
+        )
         try:
             out = generate(
                 model,
@@ -377,9 +383,13 @@ def cmd_train(args) -> dict:
 
 
 def cmd_eval(args) -> dict:
+    from workbench.runtime.progress import PhaseBars
     from workbench.training.evaluate import evaluate_run
 
-    result = evaluate_run(args.run, n_examples=args.n, fused_passes=args.passes, task=args.task, device=args.device)
+    with PhaseBars("eval", show=not args.no_progress) as bars:  # a bar per task and phase, as each starts
+        result = evaluate_run(
+            args.run, n_examples=args.n, fused_passes=args.passes, task=args.task, device=args.device, progress=bars
+        )
     for task, row in result["tasks"].items():
         acc = " ".join(f"{r}={v:.3f}" for r, v in row["accuracy"].items())
         loss = " ".join(f"{r}={v:.4f}" for r, v in row["loss"].items())
@@ -892,6 +902,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n", type=int, default=None, help="examples per task (default: the run's train.eval_examples)")
     p.add_argument("--passes", type=_passes, default=2, help="K of the fused regime's K-pass prefill: an integer or 'exact'")
     p.add_argument("--task", default=None, help="evaluate on another task than the run's")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (a bar per task and phase otherwise)")
     p.add_argument("--json", dest="json_out", help="also write the result here")
     _compute_arguments(p)
     p.set_defaults(func=cmd_eval)

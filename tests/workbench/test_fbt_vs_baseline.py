@@ -264,3 +264,23 @@ def test_the_fair_study_on_an_organism_trains_the_organisms_task_at_its_budget(t
     assert scale["lrs"][1] == lr and scale["steps"] == zoo.train.steps
     differ = {k for k, v in study.to_dict()["train"].items() if zoo.to_dict()["train"][k] != v}
     assert differ == {"log_every"} and study.to_dict()["data"] == zoo.to_dict()["data"]
+
+
+def test_evaluation_tells_each_phase_its_progress_to_the_last_example():
+    """Issue #38 (eval ran minutes with no output): every phase, losses first then each regime's
+    generation, is told batch by batch up to the number of examples, in the order it runs."""
+    model, tok = build_model("fbt", "debug"), CharTokenizer()
+    examples = heldout_examples("modsum", 7, 0)
+    told = []
+    evaluate_examples(model, examples, tok, batch_size=3, progress=lambda *a: told.append(a))
+    phases = list(dict.fromkeys(phase for phase, _, _ in told))
+    assert phases == [
+        "loss[standard]",
+        "loss[recurrent]",
+        *(f"answer_loss[{r}]" for r in model.regimes),
+        *(f"accuracy[{r}]" for r in model.regimes),
+    ]
+    for phase in phases:
+        counts = [done for p, done, total in told if p == phase]
+        assert counts == sorted(counts) and counts[-1] == 7 and all(t == 7 for p, _, t in told if p == phase)
+    assert [done for p, done, _ in told if p == "accuracy[fused]"] == [3, 6, 7]  # one report per batch of 3

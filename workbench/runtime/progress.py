@@ -72,3 +72,32 @@ class Bar:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class PhaseBars:
+    """A ``Bar`` per phase of a verb whose phases differ in cost (evaluation's losses, then each
+    regime's generation): ``bars(phase, done, total)`` closes the previous phase's bar when a new
+    phase starts, so each bar's count and rate are true for its own phase."""
+
+    def __init__(self, desc: str, *, show: bool = True, unit: str = "example"):
+        self.desc, self.show, self.unit = desc, show, unit
+        self.phase: str | None = None
+        self.bar: Bar | None = None
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        if phase != self.phase:
+            self.close()
+            self.phase, self.bar = phase, Bar(f"{self.desc} {phase}", total, show=self.show, unit=self.unit)
+        assert self.bar is not None
+        self.bar.update(done)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def __enter__(self) -> PhaseBars:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -84,13 +84,16 @@ def evaluate_examples(
     batch_size: int = 64,
     regimes: Sequence[str] | None = None,
     per_problem: bool = False,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> dict:
     """One task's row: ``loss``, ``answer_loss`` and ``accuracy`` per regime (module docstring), and
     ``silent_tokens[regime]``: generated ids before <eos> that decode to nothing (pad, other
     specials, ids past the vocabulary), which the scored text cannot show. ``regimes``: a subset of
     the model's (default: all). ``per_problem``: also ``correct[regime]`` (1/0 per example) and
     ``completion_nll[regime]`` (each example's mean completion loss), in the examples' order: what
-    a comparison's seed-by-problem statistics need (``workbench.training.stats``)."""
+    a comparison's seed-by-problem statistics need (``workbench.training.stats``). ``progress(phase,
+    done, total)``: told of each batch of examples a phase (``loss[standard]``, ``accuracy[fused]``,
+    ...) has done."""
     regimes = list(model.regimes if regimes is None else regimes)
     unknown = [r for r in regimes if r not in model.regimes]
     if unknown:
@@ -109,8 +112,12 @@ def evaluate_examples(
         except NonFiniteActivation as err:  # say which of eval's computations met it
             raise NonFinite.wrap(err, what) from err
 
+    def told(phase: str, done: int) -> None:
+        if progress is not None:
+            progress(phase, done, len(examples))
+
     def mean_nll(what: str, regime: str, pairs, each: list | None = None) -> float:
-        total, count = 0.0, 0
+        total, count, done = 0.0, 0, 0
         for chunk in _batches(pairs, batch_size):
             nll = named(
                 what,
@@ -126,9 +133,12 @@ def evaluate_examples(
             count += int((~nll.isnan()).sum())
             if each is not None:
                 each += nll.nanmean(dim=1).tolist()
+            done += len(chunk)
+            told(what, done)
         return total / max(count, 1)
 
     row: dict = {"n": len(examples), "loss": {"standard": named("loss[standard]", plain_loss, model, wholes, batch_size)}}
+    told("loss[standard]", len(examples))
     if model.carries_state:
         # prompt = the first token, so "soft" feeds back from position 1 on: the exact recurrence
         row["loss"]["recurrent"] = mean_nll("loss[recurrent]", "soft", [(w[:1], w[1:]) for w in wholes])
@@ -164,6 +174,7 @@ def evaluate_examples(
                 correct += hit
                 hits[ex.difficulty] += hit
             quiet += sum(out.silent_counts(silent))
+            told(f"accuracy[{regime}]", len(each))
         row["accuracy"][regime] = correct / len(examples)
         row["accuracy_by_difficulty"][regime] = {str(d): hits[d] / row["n_by_difficulty"][str(d)] for d in difficulties}
         row["silent_tokens"][regime] = quiet
@@ -180,12 +191,14 @@ def evaluate_run(
     task: str | None = None,
     write: bool = True,
     device: str | torch.device = "cpu",
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> dict:
     """Evaluate the run at ``run_dir`` on its task, holding ``results/`` while it evaluates; writes
     ``results/eval.json`` for the run's own configuration (its task, ``train.eval_examples``
     examples, K = 2 for ``fused``) and ``results/eval_<what differs>.json`` for any other (so an
     ``--passes exact`` eval never replaces the default one). The result's ``path`` says where it
-    went."""
+    went. ``progress(phase, done, total)``: each task's phases as ``evaluate_examples`` tells them,
+    the task's name first."""
     run_dir = Path(run_dir)
     cfg = load_run_config(run_dir / "config.json")  # errors name the file
     model = load_model(run_dir, device=device)
@@ -198,7 +211,7 @@ def evaluate_run(
         check_not_trained_on(run_dir, cfg.data.task, name)
     path = run_dir / "results" / eval_file_name(cfg, n, fused_passes, task)
     with hold(real_directory(run_dir / "results")) if write else nullcontext():  # never a link's target
-        result = _evaluate_run(run_dir, cfg, model, tokenizer, n, fused_passes, task)
+        result = _evaluate_run(run_dir, cfg, model, tokenizer, n, fused_passes, task, progress)
         if write:
             write_json(path, result)
     return {**result, "path": str(path) if write else None}
@@ -251,7 +264,14 @@ def _file_source(spec: str) -> tuple[str, str] | None:
 
 
 def _evaluate_run(
-    run_dir: Path, cfg, model: DecoderLM, tokenizer: TokenizerBase, n: int, fused_passes: int | str, task: str | None
+    run_dir: Path,
+    cfg,
+    model: DecoderLM,
+    tokenizer: TokenizerBase,
+    n: int,
+    fused_passes: int | str,
+    task: str | None,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> dict:
     data = task_settings(cfg.data)
     started = time.perf_counter()
@@ -265,7 +285,8 @@ def _evaluate_run(
         fits = [ex for ex in examples if len(tokenizer.encode(ex.text)) + 1 + 8 <= model.cfg.n_ctx]
         if not fits:
             raise BadInput(f"no {name!r} example fits the context n_ctx={model.cfg.n_ctx}")
-        result["tasks"][name] = evaluate_examples(model, fits, tokenizer, fused_passes=fused_passes)
+        told = None if progress is None else (lambda phase, done, total, name=name: progress(f"{name} {phase}", done, total))
+        result["tasks"][name] = evaluate_examples(model, fits, tokenizer, fused_passes=fused_passes, progress=told)
         result["tasks"][name]["skipped_too_long"] = len(examples) - len(fits)
     result["seconds"] = round(time.perf_counter() - started, 2)
     return result
