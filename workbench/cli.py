@@ -191,7 +191,7 @@ def cmd_presets(args) -> dict:
 
 def cmd_generate(args) -> dict:
     from workbench.runtime.checkpoint import resolve_model
-    from workbench.runtime.decoding import NonFinite, generate
+    from workbench.runtime.decoding import NonFinite, check_generate, generate
 
     for prompt in args.prompt:
         _check_text(prompt, "--prompt")
@@ -201,6 +201,9 @@ def cmd_generate(args) -> dict:
     prompts = [tok.encode(p) for p in texts]  # training streams carry no BOS; a chat template writes its own
     silent = tok.silent_ids(model.cfg.d_vocab)
     result = {"model": args.model, "prompts": args.prompt, "chat": args.chat, "generations": {}, "silent_tokens": {}}
+    settings = dict(max_new_tokens=args.max_new_tokens, passes=args.passes, temperature=args.temperature, top_k=args.top_k)
+    for regime in args.regimes.split(","):  # every regime's refusals before the first one decodes
+        check_generate(model, prompts, regime, pad_token_id=tok.pad_id, engine=args.engine, **settings)
     for regime in args.regimes.split(","):
         # each regime is one call: say what runs before it does (a fused prefill of a large model takes a while)
         print(

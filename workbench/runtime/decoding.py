@@ -202,6 +202,33 @@ def score_completions(
 
 
 @torch.no_grad()
+def check_generate(
+    model: DecoderLM,
+    prompt_ids: Tensor | Sequence[Sequence[int]],
+    regime: str = "standard",
+    max_new_tokens: int = 32,
+    passes: int | str = 1,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    pad_token_id: int = 0,
+    engine: str = "eager",
+    compact: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Every refusal ``generate`` makes of its arguments, before any work: the padded prompts and
+    their mask on the model's device. A caller decoding several regimes checks them all first."""
+    _check_args(model, regime, passes, max_new_tokens, temperature, top_k, engine)
+    if compact and temperature > 0:  # fewer rows would draw different random numbers
+        raise BadInput(f"compact=True needs greedy decoding (temperature=0), got temperature={temperature!r}")
+    tokens, mask = pad_prompts(prompt_ids, pad_token_id, model.embed.W_E.device)
+    P = tokens.shape[1]
+    model_check(model.check_tokens, tokens)
+    if P + max_new_tokens > model.cfg.n_ctx:
+        raise BadInput(
+            f"prompt of {P} tokens + max_new_tokens={max_new_tokens} is longer than the context n_ctx={model.cfg.n_ctx}"
+        )
+    return tokens, mask
+
+
 def generate(
     model: DecoderLM,
     prompt_ids: Tensor | Sequence[Sequence[int]],
@@ -231,17 +258,11 @@ def generate(
     ``compact`` (greedy decoding with an ``eos_token_id``): rows that finished leave the batch, so
     the others run on a smaller one; tokens are the same, states after a row's eos are NaN.
     """
-    _check_args(model, regime, passes, max_new_tokens, temperature, top_k, engine)
-    if compact and temperature > 0:  # fewer rows would draw different random numbers
-        raise BadInput(f"compact=True needs greedy decoding (temperature=0), got temperature={temperature!r}")
-    device = model.embed.W_E.device
-    tokens, mask = pad_prompts(prompt_ids, pad_token_id, device)
+    tokens, mask = check_generate(
+        model, prompt_ids, regime, max_new_tokens, passes, temperature, top_k, pad_token_id, engine, compact
+    )
+    device = tokens.device
     B, P = tokens.shape
-    model_check(model.check_tokens, tokens)
-    if P + max_new_tokens > model.cfg.n_ctx:
-        raise BadInput(
-            f"prompt of {P} tokens + max_new_tokens={max_new_tokens} is longer than the context n_ctx={model.cfg.n_ctx}"
-        )
     prompt_lengths = mask.sum(1).tolist() if mask is not None else [P] * B
     generator = None
     if temperature > 0 and seed is not None:
