@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from workbench.dynamics.defaults import DEFAULTS as DYNAMICS
 from workbench.storage.errors import BadInput, MissingFile, OutputExists, WorkbenchError
 
 logger = logging.getLogger("workbench")
@@ -1010,14 +1011,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("dynamics", help="feedback-map stability: rollouts, Lyapunov, spectra, fixed points, K-pass convergence")
     p.add_argument("runs", nargs="+", help="FBT run directories, analysed side by side")
-    p.add_argument("--horizon", type=int, default=2000)
-    p.add_argument("--perturb-at", type=int, default=20, help="step at which the carried state is perturbed")
-    p.add_argument("--spectra", type=int, default=6, help="rollout steps at which dF/dh is analysed")
-    p.add_argument("--fixed-points", type=int, default=2, help="rollout steps at which fixed points are sought")
-    p.add_argument("--starts", type=int, default=16, help="fixed-point starts per step")
-    p.add_argument("--max-passes", type=int, default=8, help="K-pass convergence up to this many passes")
-    p.add_argument("--fp-steps", type=int, default=50, help="fixed-point finder: damped Newton iterations per start")
-    p.add_argument("--tangents", type=int, default=4, help="leading Lyapunov exponents from tangent vectors (1..64)")
+    # the defaults are the app's and analyse_run's too (workbench.dynamics.defaults)
+    p.add_argument("--horizon", type=int, default=DYNAMICS["horizon"], help="rollout steps")
+    p.add_argument("--perturb-at", type=int, default=DYNAMICS["perturb_at"], help="step at which the carried state is perturbed")
+    p.add_argument("--spectra", type=int, default=DYNAMICS["n_spectra"], help="rollout steps at which dF/dh is analysed")
+    p.add_argument("--fixed-points", type=int, default=DYNAMICS["n_fixed"], help="rollout steps at which fixed points are sought")
+    p.add_argument("--starts", type=int, default=DYNAMICS["n_starts"], help="fixed-point starts per step")
+    p.add_argument("--max-passes", type=int, default=DYNAMICS["max_passes"], help="K-pass convergence up to this many passes")
+    p.add_argument(
+        "--fp-steps", type=int, default=DYNAMICS["fp_steps"], help="fixed-point finder: damped Newton iterations per start"
+    )
+    p.add_argument(
+        "--tangents", type=int, default=DYNAMICS["tangents"], help="leading Lyapunov exponents from tangent vectors (1..64)"
+    )
     p.add_argument("--prompt", default=None, help="the text the rollout continues (default: a chain problem)")
     p.add_argument("--out", required=True, help="output directory (JSON, figures and the rollout states)")
     p.add_argument("--overwrite", action="store_true", help="replace a previous dynamics study there (never anything else)")

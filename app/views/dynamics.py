@@ -11,6 +11,7 @@ import torch
 
 from app import jobs
 from app.state import find, pick_run, runs, shown_errors
+from workbench.dynamics.defaults import DEFAULTS
 from workbench.dynamics.study import DEFAULT_PROMPT, read_study, state_pca
 
 st.title("Feedback dynamics")
@@ -31,14 +32,19 @@ chosen = pick_run(
 if not chosen:
     st.stop()
 c1, c2, c3 = st.columns(3)
-horizon = c1.number_input("Horizon (steps)", min_value=10, max_value=10_000, value=300, step=100, key="dyn_horizon")
-perturb_at = c2.number_input("Perturb at step", min_value=1, max_value=1000, value=20, key="dyn_perturb")
-max_passes = c3.number_input("K-pass convergence up to K", min_value=2, max_value=16, value=8, key="dyn_passes")
+# the CLI's defaults (workbench.dynamics.defaults): the same analysis from either side
+horizon = c1.number_input(
+    "Horizon (steps)", min_value=10, max_value=10_000, value=DEFAULTS["horizon"], step=100, key="dyn_horizon"
+)
+perturb_at = c2.number_input("Perturb at step", min_value=1, max_value=1000, value=DEFAULTS["perturb_at"], key="dyn_perturb")
+max_passes = c3.number_input(
+    "K-pass convergence up to K", min_value=2, max_value=16, value=DEFAULTS["max_passes"], key="dyn_passes"
+)
 with st.expander("Spectra and fixed points"):
     d1, d2, d3 = st.columns(3)
-    n_spectra = d1.number_input("Steps with a spectrum", 1, 12, 4, key="dyn_spectra")
-    n_starts = d2.number_input("Fixed-point starts", 2, 64, 8, key="dyn_starts")
-    fp_steps = d3.number_input("Fixed-point Newton iterations", 2, 500, 50, key="dyn_fp_steps")
+    n_spectra = d1.number_input("Steps with a spectrum", 1, 12, DEFAULTS["n_spectra"], key="dyn_spectra")
+    n_starts = d2.number_input("Fixed-point starts", 2, 64, DEFAULTS["n_starts"], key="dyn_starts")
+    fp_steps = d3.number_input("Fixed-point Newton iterations", 2, 500, DEFAULTS["fp_steps"], key="dyn_fp_steps")
 prompt = st.text_area("Prompt", DEFAULT_PROMPT, key="dyn_prompt", height=68)
 if not prompt:
     st.error("The prompt is empty: the rollout continues a prompt.")
@@ -58,7 +64,7 @@ settings = {
     "--horizon": int(horizon),
     "--perturb-at": int(perturb_at),
     "--spectra": int(n_spectra),
-    "--fixed-points": 1,
+    "--fixed-points": DEFAULTS["n_fixed"],
     "--starts": int(n_starts),
     "--fp-steps": int(fp_steps),
     "--max-passes": int(max_passes),

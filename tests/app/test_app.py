@@ -209,6 +209,11 @@ def test_dynamics_page_compares_two_runs_and_reacts_to_the_horizon(monkeypatch, 
     zoo = shutil.copytree(micro_zoo, tmp_path / "runs")
     shutil.copytree(zoo / "fbt", zoo / "fbt-seed1")  # a second FBT run, as a zoo at two seeds has
     at = open_page(monkeypatch, zoo, "dynamics")
+    from workbench.dynamics.defaults import DEFAULTS  # the CLI's defaults, shown here too (issue #38)
+
+    keys = {"horizon": "dyn_horizon", "perturb_at": "dyn_perturb", "max_passes": "dyn_passes", "n_spectra": "dyn_spectra"}
+    keys |= {"n_starts": "dyn_starts", "fp_steps": "dyn_fp_steps"}
+    assert {k: at.number_input(key=key).value for k, key in keys.items()} == {k: DEFAULTS[k] for k in keys}
     at.number_input(key="dyn_horizon").set_value(60)
     at.number_input(key="dyn_starts").set_value(3)
     at.number_input(key="dyn_fp_steps").set_value(20)

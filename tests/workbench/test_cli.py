@@ -404,3 +404,19 @@ def test_the_clis_regime_names_are_the_models():
     from workbench.cli import REGIME_NAMES
 
     assert REGIME_NAMES == FullBandwidthLM.regimes
+
+
+def test_the_dynamics_defaults_are_one_set_for_the_cli_and_the_library():
+    """Issue #38: one default per setting (the app's page reads the same set: tests/app)."""
+    import inspect
+
+    from workbench.cli import build_parser
+    from workbench.dynamics.defaults import DEFAULTS
+    from workbench.dynamics.study import analyse_run, work_units
+
+    args = build_parser().parse_args(["dynamics", "RUN", "--out", "D"])
+    flags = {"n_spectra": "spectra", "n_fixed": "fixed_points", "n_starts": "starts"}
+    assert {k: getattr(args, flags.get(k, k)) for k in DEFAULTS} == DEFAULTS
+    signature = inspect.signature(analyse_run).parameters
+    assert {k: signature[k].default for k in DEFAULTS} == DEFAULTS
+    assert work_units() == DEFAULTS["horizon"] + DEFAULTS["n_spectra"] + DEFAULTS["n_fixed"] + 1

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from workbench.dynamics.defaults import DEFAULTS
 from workbench.dynamics.feedback import RolloutDiverged, feedback_map, feedback_model, kpass_convergence, prefill_context, rollout
 from workbench.dynamics.maps import find_fixed_points, jacobian_summary, lyapunov_from_growth
 from workbench.runtime.checkpoint import load_model
@@ -69,14 +70,14 @@ def analyse_run(
     run_dir: str | Path,
     *,
     prompt: str = DEFAULT_PROMPT,
-    horizon: int = 2000,
-    perturb_at: int = 20,
-    n_spectra: int = 6,
-    n_fixed: int = 2,
-    n_starts: int = 16,
-    max_passes: int = 8,
-    fp_steps: int = 50,
-    tangents: int = 4,
+    horizon: int = DEFAULTS["horizon"],
+    perturb_at: int = DEFAULTS["perturb_at"],
+    n_spectra: int = DEFAULTS["n_spectra"],
+    n_fixed: int = DEFAULTS["n_fixed"],
+    n_starts: int = DEFAULTS["n_starts"],
+    max_passes: int = DEFAULTS["max_passes"],
+    fp_steps: int = DEFAULTS["fp_steps"],
+    tangents: int = DEFAULTS["tangents"],
     seed: int = 0,
     device: str | torch.device = "cpu",
     progress: Callable[[int, str], None] | None = None,
@@ -224,7 +225,9 @@ STATES = "states.safetensors"  # each run's rollout states [steps, d_model] (the
 FIXED_POINT_MARKERS = {"stable": ("*", "red"), "marginal": ("D", "orange"), "saddle": ("x", "black"), "unstable": ("+", "black")}
 
 
-def work_units(horizon: int = 2000, n_spectra: int = 6, n_fixed: int = 2, **_) -> int:
+def work_units(
+    horizon: int = DEFAULTS["horizon"], n_spectra: int = DEFAULTS["n_spectra"], n_fixed: int = DEFAULTS["n_fixed"], **_
+) -> int:
     """The units of work ``analyse_run`` reports to ``progress`` for one run."""
     return horizon + n_spectra + n_fixed + 1
 
