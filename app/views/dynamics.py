@@ -110,6 +110,7 @@ for col, (name, (r, states)) in zip(columns, results.items()):
                 if T in tangent
                 else None,
                 delta_color="off",
+                delta_arrow="off",  # a second estimate beside the first, not a change up or down
                 help="leading Lyapunov exponent over T steps from tangent vectors through the feedback maps F_t (the "
                 "context frozen; JVPs, renormalised: no round-off floor); below it, the same through the whole decoding "
                 "step (the tangent also in the cached keys and values) and the finite-perturbation estimate "
@@ -154,13 +155,20 @@ for col, (name, (r, states)) in zip(columns, results.items()):
         eig = pd.DataFrame([{"Re": z[0], "Im": z[1], "step": s["step"]} for s in r["spectra"] for z in s["eigenvalues"]])
         theta = np.linspace(0, 2 * math.pi, 121)
         reach = max(1.05, float(np.hypot(eig["Re"], eig["Im"]).max()) * 1.05)
-        x, y = (alt.X("Re:Q", scale=alt.Scale(domain=[-reach, reach])), alt.Y("Im:Q", scale=alt.Scale(domain=[-reach, reach])))
+        # one domain on both axes, not rounded outwards (a 'nice' domain differs by axis), and the legend
+        # below the plot: the data rectangle is square, so the unit circle is drawn round
+        square = alt.Scale(domain=[-reach, reach], nice=False)
+        x, y = alt.X("Re:Q", scale=square), alt.Y("Im:Q", scale=square)
         circle = (
             alt.Chart(pd.DataFrame({"Re": np.cos(theta), "Im": np.sin(theta), "i": range(121)}))
             .mark_line(color="grey")
             .encode(x=x, y=y, order="i:Q")
         )
-        points = alt.Chart(eig).mark_circle(size=25).encode(x=x, y=y, color="step:O", tooltip=["step", "Re", "Im"])
+        points = (
+            alt.Chart(eig)
+            .mark_circle(size=25)
+            .encode(x=x, y=y, color=alt.Color("step:O", legend=alt.Legend(orient="bottom")), tooltip=["step", "Re", "Im"])
+        )
         st.altair_chart((circle + points).properties(width=320, height=320), width="content")  # square: the circle stays round
         st.dataframe(
             pd.DataFrame([{k: s[k] for k in ("step", "spectral_radius", "spectral_norm", "frobenius")} for s in r["spectra"]]),

@@ -149,9 +149,15 @@ if len(layer0):
     base = layer0[layer0["prefill"] == "standard"]["accuracy"]
     cols = st.columns(len(layer0))
     for col, (_, r) in zip(cols, layer0.iterrows()):
-        delta = None if r["prefill"] == "standard" or base.empty else f"{r['accuracy'] - base.iloc[0]:+.3f} vs standard"
+        change = None if r["prefill"] == "standard" or base.empty else round(r["accuracy"] - base.iloc[0], 3) + 0.0
+        # a change that rounds to 0 is shown as +0.000 without a colour (it read -0.000 in red)
         col.metric(
-            r["regime"], f"{r['accuracy']:.3f}", delta, help=f"chance {r['chance']:.3f}, control {r['control_accuracy']:.3f}"
+            r["regime"],
+            f"{r['accuracy']:.3f}",
+            None if change is None else f"{change:+.3f} vs standard",
+            delta_color="normal" if change else "off",
+            delta_arrow="auto" if change else "off",
+            help=f"chance {r['chance']:.3f}, control {r['control_accuracy']:.3f}",
         )
 
 st.subheader("Accuracy by depth")

@@ -179,8 +179,10 @@ for name in sorted(chat_runs):
         show_text(chat_problem(examples[pid], tokenizers[name]))
 for _, r in rows[rows["problem_id"] == pid].iterrows():
     verdict = ":green[correct]" if r["correct"] else ":red[wrong]"
+    answer = f"answer {r['answer']}" if isinstance(r["answer"], str) and r["answer"] else "no answer"
+    answer += "" if r["finished"] else " (ran out of its token budget before <eos>)"
     st.markdown(
-        f"**{r['run']}**: {verdict}, answer {r['answer']}, {r['trace_tokens']} trace tokens "
+        f"**{r['run']}**: {verdict}, {answer}, {r['trace_tokens']} trace tokens "
         f"({r['trace_chars']} characters)" + (", chat format" if r["format"] == "chat" else "")
     )
     tok = tokenizers[r["model"]]

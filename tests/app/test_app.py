@@ -227,6 +227,10 @@ def test_dynamics_page_compares_two_runs_and_reacts_to_the_horizon(monkeypatch, 
     assert not errors(at)
     assert [s.value for s in at.subheader] == ["fbt", "fbt-seed1"]
     lyap = {m.label: m.value for m in at.metric}
+    assert all(m.proto.direction == m.proto.NONE for m in at.metric if m.label.startswith("λ"))  # no arrow: estimates
+    spectrum = next(json.loads(c.proto.spec) for c in charts(at) if "unit circle" not in c.proto.spec and '"Re"' in c.proto.spec)
+    scales = [layer["encoding"][axis]["scale"] for layer in spectrum["layer"] for axis in ("x", "y")]
+    assert all(sc == scales[0] and sc["nice"] is False for sc in scales) and spectrum["width"] == spectrum["height"]
     assert {"λ(1)", "λ(10)", "K-pass relative residual at K=8"} <= set(lyap)
     assert len(charts(at)) == 2 * 6  # norms, growth, spectrum, fixed points, K-pass residual, K-pass grid per run
     at.number_input(key="dyn_horizon").set_value(120).run()
@@ -256,6 +260,8 @@ def test_traces_page_compares_regimes_on_the_same_problems(monkeypatch, zoo):
     assert sorted(summary["run"]) == ["baseline/standard", "fbt/fused", "fbt/soft", "fbt/standard"]
     assert set(summary["problems"]) == {8}
     assert len(at.get("html")) == 4  # one problem, side by side under each model/regime
+    lines = [m.value for m in at.markdown if "trace tokens" in m.value]
+    assert len(lines) == 4 and not any("nan" in line for line in lines), lines  # an unfinished trace: "no answer (...)"
     at.selectbox(key="tr_show").set_value(1).run()
     assert set(at.dataframe[0].value["problems"]) == {2}  # difficulties 1-4 spread evenly over 8 problems
     at.multiselect(key="tr_regimes").set_value(["soft", "fused"])  # no standard: pair against what ran
