@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = record.setdefault("steps", {})  # by command: what each step last did, kept across partial runs
 
     def run(command: list[str]) -> None:
-        print("$", " ".join(command), flush=True)
+        print(("copying what this wrote: " if args.copy else "$ ") + " ".join(["workbench", *command]), flush=True)
         t = time.perf_counter()
         code = 0 if args.copy else subprocess.call([workbench(), *command])
         if not args.copy:

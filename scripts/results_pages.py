@@ -564,7 +564,7 @@ def three_pass_page(results: Path, name: str = "study_three_pass.json") -> str:
         "vectors, T steps after a 1e-3 perturbation of the carried state 20 steps into a `soft` rollout (fp64);",
         "whole step: the same through the whole decoding step (the tangent carried in the cache too).",
         "Regrowth step: the first step at which that perturbation is back to its size, per seed (`never`",
-        "within the rollout). Accuracy: held-out accuracy averaged over the three tasks. Each cell: mean",
+        f"within the rollout). Accuracy: held-out accuracy averaged over {tasks_of(study)}. Each cell: mean",
         "[95% interval], then the seeds' values.",
         "",
         stable,
@@ -691,8 +691,18 @@ def family_section(family: dict[str, dict]) -> list[str]:
     ]
 
 
+def tasks_of(study: dict) -> str:
+    """The tasks a study's members were evaluated on, in words (``the three tasks``, or the one)."""
+    tasks = sorted({task for row in study["models"].values() for task in row.get("tasks", {})})
+    return f"the {len(tasks)} tasks ({', '.join(tasks)})" if len(tasks) > 1 else f"its one task ({tasks[0]})"
+
+
 def families(results: Path, name: str) -> tuple[list[tuple[str, dict]], list[str]]:
-    """The source entry and the family section of study file ``name`` from study_families.json."""
+    """The source entry and the family section of study file ``name``: its own ``family`` (a study
+    run since ``run_study`` writes one), else study_families.json's for the studies measured before."""
+    study = read(results, name)
+    if "family" in study:
+        return [], family_section(study["family"])
     data = read(results, "study_families.json")
     return [("study_families.json", data)], family_section(data["families"][name])
 

@@ -497,3 +497,24 @@ def test_the_claims_page_reads_the_studies_in_the_results_folder(tmp_path):
     assert text.count("\n| FBT |") + text.count("\n| HD |") == len(table)
     assert f"[fbt-vs-baseline](study_fbt_vs_baseline_org_perm.md) | {loss['comparison']} | {loss['difference']:+.3f}" in text
     assert "**reproduced at this scale**" in text
+
+
+def test_regenerating_by_copy_reproduces_the_committed_organism_study_and_claims(tmp_path):
+    """``scripts/regenerate_organisms.py --copy`` on a runs tree holding the committed three-pass
+    study on perm writes that JSON (with its command), the claims table the committed one holds,
+    and pages that pass the check."""
+    committed = json.loads((ROOT / "docs" / "results" / "study_three_pass_org_perm.json").read_text())
+    runs, results = tmp_path / "runs", tmp_path / "results"
+    study = runs / "perm" / "studies" / "three-pass"
+    study.mkdir(parents=True)
+    (study / "study.json").write_text(json.dumps({k: v for k, v in committed.items() if k != "command"}))
+    shutil.copytree(ROOT / "docs" / "results", results)
+    (results / "study_three_pass_org_perm.json").unlink()
+    argv = ["--copy", "--no-zoo", "--organism", "perm", "--study", "three-pass", "--runs", str(runs), "--results", str(results)]
+    assert _regenerate().main(argv) == 0
+    copied = json.loads((results / "study_three_pass_org_perm.json").read_text())
+    assert copied.pop("command") == f"workbench zoo --study three-pass --preset org-perm --seeds 5 --out {study}"
+    assert copied == {k: v for k, v in committed.items() if k != "command"}
+    claims_now = json.loads((results / "claims.json").read_text())["rows"]
+    assert claims_now == json.loads((ROOT / "docs" / "results" / "claims.json").read_text())["rows"]
+    assert pages.main(["--check", "--results", str(results)]) == 0
