@@ -575,7 +575,13 @@ def cmd_dynamics(args) -> dict:
     bar_format = "{l_bar}{bar}| {n_fmt}/{total_fmt} {elapsed}<{remaining} {postfix}"
     with Bar("dynamics", total, show=not args.no_progress, bar_format=bar_format) as bar:
         report = dynamics_study(
-            args.runs, args.out, overwrite=args.overwrite, progress=bar.advance, device=args.device, **settings
+            args.runs,
+            args.out,
+            overwrite=args.overwrite,
+            progress=bar.advance,
+            device=args.device,
+            names=args.names,
+            **settings,
         )
     for name, r in report["runs"].items():
         lyap = " ".join(f"T={t}: {v:+.3f}" for t, v in r["lyapunov"].items())
@@ -605,6 +611,7 @@ def cmd_traces(args) -> dict:
         summary = trace_study(
             args.runs,
             args.out,
+            names=args.names,
             task=args.task,
             regimes=args.regimes.split(","),
             passes=args.passes,
@@ -1025,6 +1032,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--tangents", type=int, default=DYNAMICS["tangents"], help="leading Lyapunov exponents from tangent vectors (1..64)"
     )
     p.add_argument("--prompt", default=None, help="the text the rollout continues (default: a chain problem)")
+    p.add_argument(
+        "--names", nargs="+", default=None, help="what the results call each run, one per run (default: their directory names)"
+    )
     p.add_argument("--out", required=True, help="output directory (JSON, figures and the rollout states)")
     p.add_argument("--overwrite", action="store_true", help="replace a previous dynamics study there (never anything else)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -1035,6 +1045,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("traces", help="trace lengths and accuracy per model and regime on the same problems")
     p.add_argument("runs", nargs="+", help="run directories; the first one's first regime is the paired reference")
     p.add_argument("--task", default="chain", help="chain | addition | gsm8k-jsonl:PATH")
+    p.add_argument(
+        "--names", nargs="+", default=None, help="what the results call each run, one per run (default: their directory names)"
+    )
     p.add_argument("--regimes", default="standard,soft,fused", help="FBT regimes (other models: standard)")
     p.add_argument(
         "--reference", default=None, help="MODEL/REGIME every other pair is compared with (default: the first run's first regime)"

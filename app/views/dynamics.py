@@ -56,10 +56,7 @@ if perturb_at >= horizon:
 
 # the analysis runs as a background job (the CLI's ``dynamics``) into a directory named by its
 # inputs (the runs' weights included): the same inputs show the saved analysis at once
-names = [run.path.name for run in chosen]
-if len(set(names)) < len(names):
-    st.error(f"Two chosen runs share the directory name {names[0]!r}: the analysis names its results by it; pick one.")
-    st.stop()
+names = [run.name for run in chosen]  # paths under the runs root: micro/fbt and quick/fbt compare
 settings = {
     "--horizon": int(horizon),
     "--perturb-at": int(perturb_at),
@@ -76,7 +73,7 @@ if not (out / "dynamics.json").is_file():
     if jobs.running("dynamics", out):
         st.info(f"Analysing {', '.join(names)}: the results appear here when the job is done.")
     elif st.button("Analyse", key="dyn_run", type="primary"):
-        argv = ["dynamics", *(str(r.path) for r in chosen), "--out", str(out)]
+        argv = ["dynamics", *(str(r.path) for r in chosen), "--out", str(out), "--names", *names]
         argv += [str(part) for option, value in settings.items() for part in (option, value)]
         if jobs.start(argv, title=f"Dynamics of {', '.join(names)}", page="dynamics", outputs=[out]):
             st.rerun()
@@ -89,8 +86,8 @@ if not (out / "dynamics.json").is_file():
 
 results = {}
 with shown_errors("Reading the analysis"):
-    saved = read_study(out, [run.path.name for run in chosen])
-    results = {run.name: (saved[run.path.name][0], saved[run.path.name][1].numpy()) for run in chosen}
+    saved = read_study(out, names)
+    results = {name: (saved[name][0], saved[name][1].numpy()) for name in names}
     st.caption(f"Saved analysis: {out}")
 if not results:
     st.stop()

@@ -56,11 +56,8 @@ chat = bool(templated) and st.checkbox(
 
 # the comparison runs as a background job (the CLI's ``traces``) into a directory named by its
 # inputs (the runs' weights included): the same inputs show the saved comparison at once
-by_dir = {run.path.name: run for run in chosen}
-if len(by_dir) < len(chosen):
-    st.error("Two chosen runs share a directory name: the comparison names its results by it; pick one.")
-    st.stop()
-as_chat = [run.path.name for run in chosen if chat and run.name in templated]
+by_name = {run.name: run for run in chosen}  # paths under the runs root: micro/fbt and quick/fbt compare
+as_chat = [run.name for run in chosen if chat and run.name in templated]
 settings = {
     "--regimes": ",".join(regimes),
     "--passes": int(passes),
@@ -73,14 +70,14 @@ out = jobs.keyed_output("traces", chosen, settings)
 jobs.panel("traces")
 if not (out / "summary.json").is_file():
     if jobs.running("traces", out):
-        st.info(f"Generating traces of {', '.join(by_dir)}: the comparison appears here when the job is done.")
+        st.info(f"Generating traces of {', '.join(by_name)}: the comparison appears here when the job is done.")
     elif st.button("Compare", key="tr_compare", type="primary"):
         if not regimes or not difficulties:
             st.error("Pick at least one regime and one difficulty.")
         else:
-            argv = ["traces", *(str(r.path) for r in chosen), "--out", str(out)]
+            argv = ["traces", *(str(r.path) for r in chosen), "--out", str(out), "--names", *by_name]
             argv += [str(part) for option, value in settings.items() for part in (option, value)]
-            if jobs.start(argv, title=f"Traces of {', '.join(by_dir)}", page="traces", outputs=[out]):
+            if jobs.start(argv, title=f"Traces of {', '.join(by_name)}", page="traces", outputs=[out]):
                 st.rerun()
     else:
         st.info("Press **Compare** to generate traces. Saved comparisons of the same inputs show at once.")
@@ -88,14 +85,13 @@ if not (out / "summary.json").is_file():
 
 summary = study = None
 with shown_errors("Reading the comparison"):
-    summary, saved = read_study(out, list(by_dir))
+    summary, saved = read_study(out, list(by_name))
     examples = problems(summary["task"], summary["n_problems"], summary["difficulties"])
     study = pd.DataFrame(saved)
     st.caption(f"Saved comparison: {out}")
 if summary is None or study is None:
     st.stop()
-study["model"] = study["model"].map(lambda d: by_dir[d].name)
-chat_runs = {by_dir[d].name for d in (summary["chat"] or {}).get("runs", [])}
+chat_runs = set((summary["chat"] or {}).get("runs", []))
 mixed = len({tok.tokenizer.to_str() for tok in tokenizers.values()}) > 1
 if st.session_state.get("tr_shown") != str(out):  # a new comparison: its unit by default
     st.session_state["tr_shown"] = str(out)

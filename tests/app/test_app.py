@@ -279,6 +279,31 @@ def test_traces_page_compares_regimes_on_the_same_problems(monkeypatch, zoo):
     assert "Pick at least one regime and one difficulty." in errors(at)
 
 
+def test_runs_of_one_directory_name_in_two_zoos_compare_on_the_traces_and_dynamics_pages(monkeypatch, micro_zoo, tmp_path):
+    """Issue #38: ``micro/fbt`` and ``quick/fbt`` share a directory name; the results name runs by
+    their path under the runs root, so both pages compare them instead of refusing."""
+    root = tmp_path / "runs"
+    for zoo in ("micro", "quick"):
+        shutil.copytree(micro_zoo / "fbt", root / zoo / "fbt")
+    at = open_page(monkeypatch, root, "traces")
+    at.multiselect(key="tr_runs").set_value(["micro/fbt", "quick/fbt"])
+    at.multiselect(key="tr_regimes").set_value(["standard"])
+    at.number_input(key="tr_n").set_value(4)
+    at.slider(key="tr_budget").set_value(16)
+    at.button(key="tr_compare").click().run()
+    finish_jobs(at)
+    assert not errors(at)
+    assert sorted(at.dataframe[0].value["run"]) == ["micro/fbt/standard", "quick/fbt/standard"]
+    at.switch_page("views/dynamics.py").run()
+    at.multiselect(key="dyn_runs").set_value(["micro/fbt", "quick/fbt"])
+    at.number_input(key="dyn_horizon").set_value(30)
+    at.number_input(key="dyn_perturb").set_value(5)
+    at.button(key="dyn_run").click().run()
+    finish_jobs(at)
+    assert not errors(at)
+    assert [h.value for h in at.subheader][:2] == ["micro/fbt", "quick/fbt"]
+
+
 def test_streams_page_draws_each_analysis_and_validates_the_length(monkeypatch, zoo):
     at = open_page(monkeypatch, zoo, "streams")
     assert not errors(at)

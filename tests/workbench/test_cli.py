@@ -420,3 +420,14 @@ def test_the_dynamics_defaults_are_one_set_for_the_cli_and_the_library():
     signature = inspect.signature(analyse_run).parameters
     assert {k: signature[k].default for k in DEFAULTS} == DEFAULTS
     assert work_units() == DEFAULTS["horizon"] + DEFAULTS["n_spectra"] + DEFAULTS["n_fixed"] + 1
+
+
+def test_runs_sharing_a_directory_name_need_names_before_any_work(tmp_path):
+    for where in ("a", "b"):
+        (tmp_path / where / "fbt").mkdir(parents=True)
+        (tmp_path / where / "fbt" / "config.json").write_text('{"arch": "fbt"}')
+    runs = [str(tmp_path / "a" / "fbt"), str(tmp_path / "b" / "fbt")]
+    assert_usage_error(["dynamics", *runs, "--out", str(tmp_path / "d")], "two runs share the name fbt", "--names")
+    assert_usage_error(["traces", *runs, "--out", str(tmp_path / "t")], "two runs share the name fbt")
+    assert_usage_error(["traces", *runs, "--names", "x", "--out", str(tmp_path / "t")], "expected one non-empty name per run (2)")
+    assert not (tmp_path / "d").exists() and not (tmp_path / "t").exists()

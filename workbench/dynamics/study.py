@@ -238,19 +238,25 @@ def dynamics_study(
     *,
     overwrite: bool = False,
     progress: Callable[[int, str], None] | None = None,
+    names: list[str] | None = None,
     **kwargs,
 ) -> dict:
     """Analyse ``runs`` side by side into ``out_dir`` (``dynamics.json``, figures and the rollout
     states in ``states.safetensors``, by run name): a new or
     empty directory, or a previous dynamics study there, replaced only with ``overwrite``.
-    ``progress`` as in ``analyse_run`` (``len(runs) * work_units(**kwargs)`` units in all)."""
+    ``progress`` as in ``analyse_run`` (``len(runs) * work_units(**kwargs)`` units in all).
+    ``names``: what the results call each run (default its directory name), one per run, all
+    different (``traces.check_names``)."""
+    from workbench.studies.traces import check_names
+
+    names = check_names(runs, names)
     check_params(**kwargs)
     out_dir = Path(out_dir)
     with claim(out_dir, "dynamics", overwrite=overwrite) as out:
         found = {}
-        for r in runs:
+        for r, name in zip(runs, names):
             try:
-                found[Path(r).name] = analyse_run(r, progress=progress, **kwargs)
+                found[name] = analyse_run(r, progress=progress, **kwargs)
             except RolloutDiverged as err:  # several runs side by side: say which one diverged
                 raise RolloutDiverged(f"{r}: {err}") from err
             except NonFinite as err:

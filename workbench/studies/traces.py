@@ -268,6 +268,7 @@ def trace_study(
     reference: str | None = None,
     device: str | torch.device = "cpu",
     progress: Callable[[float, str], None] | None = None,
+    names: Sequence[str] | None = None,
 ) -> dict:
     """Every run under every regime on the same problems, into ``out_dir`` (``summary.json``,
     ``traces.csv``, ``traces.png``): a new or empty directory, or a previous trace study there,
@@ -277,9 +278,12 @@ def trace_study(
     default the first run's first regime (``standard`` unless the regimes leave it out).
     Problems whose prompt leaves a run no room for ``max_new_tokens`` are skipped for that run and
     listed in the summary (``skipped``); a run that can take none of them is refused before any work.
-    ``progress(fraction, what)`` is told of each batch of problems generated."""
+    ``progress(fraction, what)`` is told of each batch of problems generated. ``names``: what the
+    results call each run (default its directory name; the app passes each run's path under its
+    runs root, so ``micro/fbt`` and ``quick/fbt`` compare); one per run, all different."""
     out_dir = Path(out_dir)
-    names = [Path(run).name for run in runs]
+    names = check_names(runs, names)
+    label = dict(zip(runs, names))
     if isinstance(chat, bool):
         as_chat = set(names) if chat else set()
     else:
@@ -292,7 +296,7 @@ def trace_study(
     loaded, skipped = {}, {}  # loaded: each model once, kept for the generation below
     for run in runs:  # before any generation: templates, and room in every run's context
         model, tokenizer = load_model(run, device=device), tokenizer_of(run)  # each run encodes the problems with its own
-        texts = [chat_problem(ex, tokenizer) if Path(run).name in as_chat else ex.prompt for ex in examples]
+        texts = [chat_problem(ex, tokenizer) if label[run] in as_chat else ex.prompt for ex in examples]
         lengths = [len(tokenizer.encode(text)) for text in texts]
         n_ctx = model.cfg.n_ctx
         fit = set(fitting(lengths, max_new_tokens, n_ctx))
@@ -301,7 +305,7 @@ def trace_study(
                 f"no problem fits {run}: its shortest prompt is {min(lengths)} tokens, and with max_new_tokens="
                 f"{max_new_tokens} that exceeds its context n_ctx={n_ctx}"
             )
-        name = Path(run).name
+        name = label[run]
         loaded[run] = (model, tokenizer)
         skipped[name] = {
             "n": len(examples) - len(fit),
@@ -312,11 +316,11 @@ def trace_study(
     if unknown or not regimes:
         raise BadInput(f"regimes {','.join(regimes)!r}: expected some of {', '.join(REGIMES)}")
     plan = [(run, regime) for run in runs for regime in (regimes if loaded[run][0].carries_state else ["standard"])]
-    pairs = [f"{Path(run).name}/{regime}" for run, regime in plan]
+    pairs = [f"{label[run]}/{regime}" for run, regime in plan]
     reference = reference if reference is not None else pairs[0]
     if reference not in pairs:  # before any generation
         raise BadInput(f"reference {reference!r} is not one of the study's (model/regime) pairs: {', '.join(pairs)}")
-    total = sum(len(examples) - skipped[Path(run).name]["n"] for run, _ in plan)
+    total = sum(len(examples) - skipped[label[run]]["n"] for run, _ in plan)
     generated = 0
 
     def advance(problems: int, what: str) -> None:
@@ -329,7 +333,7 @@ def trace_study(
         rows, timing, lost = [], {}, {}
         for run, regime in plan:
             model, tokenizer = loaded[run]
-            name = Path(run).name
+            name = label[run]
             started = time.perf_counter()
             produced = run_traces(
                 model,
@@ -369,7 +373,7 @@ def trace_study(
             writer.writeheader()
             for r in rows:
                 writer.writerow({**r, "state_norms": json.dumps(r["state_norms"])})
-        archs = {Path(run).name: model.arch for run, (model, _) in loaded.items()}
+        archs = {label[run]: model.arch for run, (model, _) in loaded.items()}
         plotted = plot_traces(rows, summary, out.staging, archs)
         out.made(*plotted)
         summary["figures"] = [str(out_dir / Path(f).name) for f in plotted]
@@ -377,6 +381,18 @@ def trace_study(
         out.made(out.staging / "summary.json")
         out.publish()
     return summary
+
+
+def check_names(runs: Sequence, names: Sequence[str] | None) -> list[str]:
+    """What a side-by-side study calls its ``runs``: ``names`` (one each) or their directory names;
+    ``BadInput`` before any work where two would share one (the results are keyed by it)."""
+    chosen = [Path(run).name for run in runs] if names is None else [str(n) for n in names]
+    if len(chosen) != len(runs) or not all(chosen):
+        raise BadInput(f"names {list(chosen)}: expected one non-empty name per run ({len(runs)})")
+    if len(set(chosen)) < len(chosen):
+        twice = sorted({n for n in chosen if chosen.count(n) > 1})
+        raise BadInput(f"two runs share the name {', '.join(twice)}: the results are keyed by it; pass --names, one per run")
+    return chosen
 
 
 TRACE_INTS = ("problem_id", "difficulty", "trace_tokens", "trace_chars", "total_tokens", "silent_tokens", "lost_characters")
