@@ -206,12 +206,10 @@ def cmd_generate(args) -> dict:
     for regime in args.regimes.split(","):  # every regime's refusals before the first one decodes
         check_generate(model, prompts, regime, pad_token_id=tok.pad_id, engine=args.engine, **settings)
     for regime in args.regimes.split(","):
-        # each regime is one call: say what runs before it does (a fused prefill of a large model takes a while)
-        print(
-            f"[{regime}] generating up to {args.max_new_tokens} tokens for {len(prompts)} prompt(s)...",
-            file=sys.stderr,
-            flush=True,
-        )
+        # each regime is one call: say what runs before it does (a fused prefill of a large model
+        # takes a while), at a terminal only, so that an error stays the one line on stderr
+        if sys.stderr.isatty():
+            print(f"[{regime}] generating up to {args.max_new_tokens} tokens for {len(prompts)} prompt(s)...", file=sys.stderr)
         try:
             out = generate(
                 model,

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from workbench.dynamics.defaults import DEFAULTS
 from workbench.dynamics.feedback import RolloutDiverged, feedback_map, feedback_model, kpass_convergence, prefill_context, rollout
 from workbench.dynamics.maps import find_fixed_points, jacobian_summary, lyapunov_from_growth
-from workbench.runtime.checkpoint import load_model
+from workbench.runtime.checkpoint import load_model, run_labels
 from workbench.runtime.decoding import NonFinite
 from workbench.runtime.tokenizer import tokenizer_of
 from workbench.storage.errors import BadInput
@@ -29,14 +29,14 @@ DEFAULT_PROMPT = "Q: Start with 12. Add 7. Multiply by 3. What is the result?\nA
 
 def check_params(
     *,
-    horizon: int = 2000,
-    perturb_at: int = 20,
-    n_spectra: int = 6,
-    n_fixed: int = 2,
-    n_starts: int = 16,
-    max_passes: int = 8,
-    fp_steps: int = 50,
-    tangents: int = 4,
+    horizon: int = DEFAULTS["horizon"],
+    perturb_at: int = DEFAULTS["perturb_at"],
+    n_spectra: int = DEFAULTS["n_spectra"],
+    n_fixed: int = DEFAULTS["n_fixed"],
+    n_starts: int = DEFAULTS["n_starts"],
+    max_passes: int = DEFAULTS["max_passes"],
+    fp_steps: int = DEFAULTS["fp_steps"],
+    tangents: int = DEFAULTS["tangents"],
     **_,
 ) -> None:
     """Reject settings the analyses cannot use, naming each, before any work (or output) starts."""
@@ -246,10 +246,8 @@ def dynamics_study(
     empty directory, or a previous dynamics study there, replaced only with ``overwrite``.
     ``progress`` as in ``analyse_run`` (``len(runs) * work_units(**kwargs)`` units in all).
     ``names``: what the results call each run (default its directory name), one per run, all
-    different (``traces.check_names``)."""
-    from workbench.studies.traces import check_names
-
-    names = check_names(runs, names)
+    different (``checkpoint.run_labels``)."""
+    names = run_labels(runs, names)
     check_params(**kwargs)
     out_dir = Path(out_dir)
     with claim(out_dir, "dynamics", overwrite=overwrite) as out:

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -173,3 +174,15 @@ def resolve_model(spec: str, device=None, dtype=None) -> DecoderLM:
             raise BadInput(f"{spec!r}: seed {seed} is out of range [-2**63, 2**64)")
         return build_model(parts[0], parts[1], seed=seed, device=device, dtype=dtype)
     raise BadInput(f"{spec!r} is neither a run directory nor ARCH:PRESET[:SEED] (e.g. fbt:debug)")
+
+
+def run_labels(runs: Sequence, names: Sequence[str] | None) -> list[str]:
+    """What a side-by-side study calls its ``runs``: ``names`` (one each) or their directory names;
+    ``BadInput`` before any work where two would share one (the results are keyed by it)."""
+    chosen = [Path(run).name for run in runs] if names is None else [str(n) for n in names]
+    if len(chosen) != len(runs) or not all(chosen):
+        raise BadInput(f"names {list(chosen)}: expected one non-empty name per run ({len(runs)})")
+    if len(set(chosen)) < len(chosen):
+        twice = sorted({n for n in chosen if chosen.count(n) > 1})
+        raise BadInput(f"two runs share the name {', '.join(twice)}: the results are keyed by it; pass --names, one per run")
+    return chosen

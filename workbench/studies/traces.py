@@ -29,7 +29,7 @@ from models import NonFiniteActivation
 from workbench.data.answers import is_correct, last_number, parse_final_answer
 from workbench.data.splits import heldout_rng
 from workbench.data.tasks import LIMITS, Example, TaskConfig, load_jsonl, make_addition, make_chain
-from workbench.runtime.checkpoint import load_model
+from workbench.runtime.checkpoint import load_model, run_labels
 from workbench.runtime.decoding import REGIMES, NonFinite, generate
 from workbench.runtime.palette import regime_color
 from workbench.runtime.tokenizer import TokenizerBase, tokenizer_of
@@ -282,7 +282,7 @@ def trace_study(
     results call each run (default its directory name; the app passes each run's path under its
     runs root, so ``micro/fbt`` and ``quick/fbt`` compare); one per run, all different."""
     out_dir = Path(out_dir)
-    names = check_names(runs, names)
+    names = run_labels(runs, names)
     label = dict(zip(runs, names))
     if isinstance(chat, bool):
         as_chat = set(names) if chat else set()
@@ -381,18 +381,6 @@ def trace_study(
         out.made(out.staging / "summary.json")
         out.publish()
     return summary
-
-
-def check_names(runs: Sequence, names: Sequence[str] | None) -> list[str]:
-    """What a side-by-side study calls its ``runs``: ``names`` (one each) or their directory names;
-    ``BadInput`` before any work where two would share one (the results are keyed by it)."""
-    chosen = [Path(run).name for run in runs] if names is None else [str(n) for n in names]
-    if len(chosen) != len(runs) or not all(chosen):
-        raise BadInput(f"names {list(chosen)}: expected one non-empty name per run ({len(runs)})")
-    if len(set(chosen)) < len(chosen):
-        twice = sorted({n for n in chosen if chosen.count(n) > 1})
-        raise BadInput(f"two runs share the name {', '.join(twice)}: the results are keyed by it; pass --names, one per run")
-    return chosen
 
 
 TRACE_INTS = ("problem_id", "difficulty", "trace_tokens", "trace_chars", "total_tokens", "silent_tokens", "lost_characters")
