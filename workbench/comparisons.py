@@ -36,7 +36,8 @@ from __future__ import annotations
 
 import math
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -62,6 +63,19 @@ from workbench.training.zoo import (
     seed_name,
     train_plan,
 )
+
+
+@contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """Torch at ``threads`` threads for the block (a study's measurements use the threads its
+    members trained with, all of them together), then as it was."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
 
 STUDIES = ("data-efficiency", "three-pass", "hd-ablations", "probes", "traces")
 BUDGETS = (0.25, 0.5, 1.0)  # data-efficiency: fractions of the scale's training steps
@@ -310,12 +324,8 @@ def three_pass(models: dict, out: Path, horizon: int, threads: int) -> dict:
     """Per 3-pass fraction: each seed's stability measures and accuracies, and across seeds the
     mean with its interval of every number (``regrowth_step``: of the seeds where it regrew, with
     ``never`` counting the others)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         measured = {name: stability(out / name, horizon) for name in sorted(models)}
-    finally:
-        torch.set_num_threads(before)
     groups: dict[str, list[str]] = {}
     for name, row in models.items():
         groups.setdefault(row["member"], []).append(name)
@@ -384,12 +394,8 @@ def layer0_probe(run: Path, target: str) -> dict[str, dict]:
 def layer0_probes(models: dict, out: Path, target: str, threads: int) -> dict:
     """Per member its layer-0 probes (``layer0_probe``) at each seed and, across seeds, each
     regime's accuracy and selectivity with their intervals."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         measured = {name: layer0_probe(out / name, target) for name in sorted(models)}
-    finally:
-        torch.set_num_threads(before)
     readings = {}
     for member in sorted({row["member"] for row in models.values()}):
         names = sorted((n for n, row in models.items() if row["member"] == member), key=lambda n: int(models[n]["seed"]))
@@ -433,9 +439,7 @@ def trace_lengths(models: dict, out: Path, task: str, threads: int) -> dict:
         by_seed.setdefault(int(row["seed"]), {})[row["member"]] = name
     seeds = sorted(by_seed)
     rows: dict[int, list[dict]] = {}
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         for seed in seeds:
             where = out / "traces" / f"seed{seed}"
             if not (where / "traces.csv").is_file():
@@ -443,8 +447,6 @@ def trace_lengths(models: dict, out: Path, task: str, threads: int) -> dict:
                 trace_study(runs, where, task=task, n_problems=TRACE_PROBLEMS, max_new_tokens=TRACE_TOKENS)
             member = {v: k for k, v in by_seed[seed].items()}  # a run's directory name -> its member
             rows[seed] = [{**r, "pair": f"{member[r['model']]}/{r['regime']}"} for r in read_traces(where / "traces.csv")]
-    finally:
-        torch.set_num_threads(before)
     pairs = sorted({r["pair"] for r in rows[seeds[0]]})
     answered = set.intersection(*({r["problem_id"] for r in rows[s] if r["pair"] == p} for s in seeds for p in pairs))
     problems = sorted(answered)  # a problem some run had no room for is left out of every matrix
@@ -556,12 +558,8 @@ def hd_step_times(out: Path, members: list[str], threads: int, reps: int = 5) ->
         sizes = {"batch": B, "seq": cfg.train.seq_len}
         return optimiser_step(model, lambda x, y: strategy.loss(model, x, y, last, slice(0, B))[0], sizes)
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         times, _ = measure({name: step_of(name) for name in ["hd1", *[m for m in members if m != "hd1"]]}, reps)
-    finally:
-        torch.set_num_threads(before)
     ratios = {}
     for name in members:
         r = ratio_of(times, "hd1", name, what_a="hd1 train step", what_b=f"{name} train step")

@@ -27,19 +27,12 @@ MAX_HORIZON = 100_000  # states are kept for every step: 100k steps of d_model 1
 DEFAULT_PROMPT = "Q: Start with 12. Add 7. Multiply by 3. What is the result?\nA:"
 
 
-def check_params(
-    *,
-    horizon: int = DEFAULTS["horizon"],
-    perturb_at: int = DEFAULTS["perturb_at"],
-    n_spectra: int = DEFAULTS["n_spectra"],
-    n_fixed: int = DEFAULTS["n_fixed"],
-    n_starts: int = DEFAULTS["n_starts"],
-    max_passes: int = DEFAULTS["max_passes"],
-    fp_steps: int = DEFAULTS["fp_steps"],
-    tangents: int = DEFAULTS["tangents"],
-    **_,
-) -> None:
-    """Reject settings the analyses cannot use, naming each, before any work (or output) starts."""
+def check_params(**settings) -> None:
+    """Reject settings the analyses cannot use (``analyse_run``'s, the rest at ``DEFAULTS``),
+    naming each, before any work (or output) starts."""
+    given = {**DEFAULTS, **{k: v for k, v in settings.items() if k in DEFAULTS}}
+    horizon, perturb_at, n_spectra, n_fixed = (given[k] for k in ("horizon", "perturb_at", "n_spectra", "n_fixed"))
+    n_starts, max_passes, fp_steps, tangents = (given[k] for k in ("n_starts", "max_passes", "fp_steps", "tangents"))
     rules = [
         ("horizon", horizon, 1 <= horizon <= MAX_HORIZON, f"1..{MAX_HORIZON:,} steps"),
         ("perturb_at", perturb_at, 1 <= perturb_at < horizon, f"1 <= perturb_at < horizon={horizon}"),
