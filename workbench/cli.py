@@ -11,6 +11,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -553,6 +554,7 @@ def cmd_probe(args) -> dict:
 def cmd_dynamics(args) -> dict:
     from workbench.dynamics.study import dynamics_study, work_units
 
+    default_out(args, "dynamics")
     if args.prompt is not None:
         _check_text(args.prompt, "--prompt")
     settings = dict(
@@ -603,6 +605,7 @@ def cmd_traces(args) -> dict:
     from workbench.runtime.progress import Bar
     from workbench.studies.traces import trace_study
 
+    default_out(args, "traces")
     # the bar opens with its first update, once the inputs are checked
     bar_format = "{l_bar}{bar}| {elapsed}<{remaining} {postfix}"
     with Bar("traces", 1000, show=not args.no_progress, bar_format=bar_format) as bar:
@@ -705,6 +708,17 @@ def check_runs_first(args) -> None:
             )
         if args.verb == "dynamics":
             raise BadInput(f"{value}: a {arch} run; dynamics analyses FBT runs (the feedback map)")
+
+
+def default_out(args, verb: str) -> None:
+    """``--out`` where none is given, by one rule for the verbs that analyse runs side by side: the
+    first run's ``results/VERB`` (as ``probe`` writes into the run's ``results/``), and
+    ``results/VERB-with-OTHERS`` when there are several (the others by their names)."""
+    if args.out is not None:
+        return
+    others = (args.names or [Path(r).name for r in args.runs])[1:]
+    name = verb + ("-with-" + "-".join(re.sub(r"[^A-Za-z0-9.]+", "-", n).strip("-") for n in others) if others else "")
+    args.out = str(Path(args.runs[0]) / "results" / name)
 
 
 def _difficulty_range(text: str) -> list[int]:
@@ -1033,7 +1047,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--names", nargs="+", default=None, help="what the results call each run, one per run (default: their directory names)"
     )
-    p.add_argument("--out", required=True, help="output directory (JSON, figures and the rollout states)")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="output directory (JSON, figures and the rollout states; default: the first run's results/dynamics, "
+        "results/dynamics-with-OTHERS for several)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace a previous dynamics study there (never anything else)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", dest="json_out", help="also write a pointer JSON here")
@@ -1071,7 +1090,11 @@ def build_parser() -> argparse.ArgumentParser:
         "names), only those runs, the others in the completion format",
     )
     p.add_argument("--seed", type=_seed, default=0)
-    p.add_argument("--out", required=True)
+    p.add_argument(
+        "--out",
+        default=None,
+        help="output directory (default: the first run's results/traces, results/traces-with-OTHERS for several)",
+    )
     _engine_argument(p)
     p.add_argument("--overwrite", action="store_true", help="replace a previous trace study there (never anything else)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -431,3 +431,21 @@ def test_runs_sharing_a_directory_name_need_names_before_any_work(tmp_path):
     assert_usage_error(["traces", *runs, "--out", str(tmp_path / "t")], "two runs share the name fbt")
     assert_usage_error(["traces", *runs, "--names", "x", "--out", str(tmp_path / "t")], "expected one non-empty name per run (2)")
     assert not (tmp_path / "d").exists() and not (tmp_path / "t").exists()
+
+
+def test_dynamics_and_traces_write_beside_the_first_run_by_default():
+    """Issue #38: ``--out`` optional with one rule, as ``probe``'s (the run's ``results/``): the first
+    run's ``results/VERB``, and ``results/VERB-with-OTHERS`` for several (by their names)."""
+    from workbench.cli import build_parser, default_out
+
+    parser = build_parser()
+    for verb in ("dynamics", "traces"):
+        args = parser.parse_args([verb, "zoo/fbt"])
+        default_out(args, verb)
+        assert args.out == f"zoo/fbt/results/{verb}"
+        args = parser.parse_args([verb, "zoo/fbt", "zoo/fbt-seed1", "other/fbt", "--names", "fbt", "fbt-seed1", "other/fbt"])
+        default_out(args, verb)
+        assert args.out == f"zoo/fbt/results/{verb}-with-fbt-seed1-other-fbt"
+        args = parser.parse_args([verb, "zoo/fbt", "--out", "elsewhere"])
+        default_out(args, verb)
+        assert args.out == "elsewhere"
