@@ -552,7 +552,7 @@ def cmd_probe(args) -> dict:
 
 
 def cmd_dynamics(args) -> dict:
-    from workbench.dynamics.study import dynamics_study, work_units
+    from workbench.dynamics.study import dynamics_study
 
     default_out(args, "dynamics")
     if args.prompt is not None:
@@ -568,17 +568,16 @@ def cmd_dynamics(args) -> dict:
         tangents=args.tangents,
         **({} if args.prompt is None else {"prompt": args.prompt}),
     )
-    from workbench.runtime.progress import Bar
+    from workbench.runtime.progress import PhaseBars
 
-    # the bar opens with its first update, once the inputs are checked
-    total = len(args.runs) * work_units(**settings)
-    bar_format = "{l_bar}{bar}| {n_fmt}/{total_fmt} {elapsed}<{remaining} {postfix}"
-    with Bar("dynamics", total, show=not args.no_progress, bar_format=bar_format) as bar:
+    # a bar per run and phase (rollout steps, spectra, fixed-point searches, K-pass), each opening
+    # with its first update, once the inputs are checked
+    with PhaseBars("dynamics", show=not args.no_progress, unit="it") as bars:
         report = dynamics_study(
             args.runs,
             args.out,
             overwrite=args.overwrite,
-            progress=bar.advance,
+            progress=bars,
             device=args.device,
             names=args.names,
             **settings,

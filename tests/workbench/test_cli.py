@@ -412,14 +412,13 @@ def test_the_dynamics_defaults_are_one_set_for_the_cli_and_the_library():
 
     from workbench.cli import build_parser
     from workbench.dynamics.defaults import DEFAULTS
-    from workbench.dynamics.study import analyse_run, work_units
+    from workbench.dynamics.study import analyse_run
 
     args = build_parser().parse_args(["dynamics", "RUN", "--out", "D"])
     flags = {"n_spectra": "spectra", "n_fixed": "fixed_points", "n_starts": "starts"}
     assert {k: getattr(args, flags.get(k, k)) for k in DEFAULTS} == DEFAULTS
     signature = inspect.signature(analyse_run).parameters
     assert {k: signature[k].default for k in DEFAULTS} == DEFAULTS
-    assert work_units() == DEFAULTS["horizon"] + DEFAULTS["n_spectra"] + DEFAULTS["n_fixed"] + 1
 
 
 def test_runs_sharing_a_directory_name_need_names_before_any_work(tmp_path):
@@ -449,3 +448,23 @@ def test_dynamics_and_traces_write_beside_the_first_run_by_default():
         args = parser.parse_args([verb, "zoo/fbt", "--out", "elsewhere"])
         default_out(args, verb)
         assert args.out == "elsewhere"
+
+
+def test_the_dynamics_analysis_tells_each_phase_its_own_count(tmp_path):
+    """Issue #38: the bar stood at 97% (301/309 units) for 14 minutes, a spectrum or a fixed-point
+    search counting as one rollout step; each phase is now its own count, told piece by piece to
+    its total, in the order the analysis runs."""
+    from workbench import build_model
+    from workbench.dynamics.study import analyse_run
+    from workbench.runtime.checkpoint import save_model
+
+    run = save_model(build_model("fbt", "debug"), tmp_path / "run")
+    told = []
+    analyse_run(run, horizon=12, perturb_at=3, n_spectra=2, n_fixed=1, n_starts=2, max_passes=2, fp_steps=2, tangents=1,
+                progress=lambda *a: told.append(a))  # fmt: skip
+    phases = list(dict.fromkeys(p for p, _, _ in told))
+    assert phases == [f"run: {p}" for p in ("rollout steps", "spectra", "fixed-point searches", "K-pass convergence")]
+    for phase in phases:
+        counts = [(d, t) for p, d, t in told if p == phase]
+        assert [d for d, _ in counts] == sorted(d for d, _ in counts) and counts[-1][0] == counts[-1][1]
+    assert [d for p, d, _ in told if p == "run: rollout steps"] == list(range(1, 13))
