@@ -72,6 +72,7 @@ def port_free(address: str, port: int) -> None:
     """``BadInput`` naming ``--port`` when something already listens at ``address:port`` (Streamlit
     would print the URL, then that the port is not available, and exit 0). Bound the way the server
     binds (address reuse on), so a closed connection lingering in TIME_WAIT does not count."""
+    import errno
     import socket
 
     try:
@@ -84,6 +85,8 @@ def port_free(address: str, port: int) -> None:
         try:
             probe.bind(where)
         except OSError as err:
+            if err.errno != errno.EADDRINUSE:  # an address not on this machine: the server says so itself
+                return
             raise BadInput(
                 f"--port {port}: {address}:{port} is not free ({err.strerror}); another app may hold it: choose another --port"
             ) from None
