@@ -44,7 +44,7 @@ def test_steps_to_a_threshold_read_who_got_there_first_where_the_seeds_allow_it(
     # 5 seeds: even 5 of 5 one way gives p = 2 / 32 = 0.0625 before Holm: the readout cannot call it
     five = claims.read_claim(CLAIM["fbt-data-efficiency"], "perm", fair_study(-0.1))
     assert five["verdict"] == claims.NOT_TESTABLE and five["why"].startswith(
-        "at 5 seeds the sign test's smallest Holm p is 0.188"
+        "at 5 seeds the sign test's smallest two-sided p is 0.0625 (every seed one way), not below 0.05"
     )
 
 
