@@ -189,7 +189,7 @@ def test_dynamics_cli_compares_runs_and_writes_figures(tmp_path, capsys):
     assert "Lyapunov" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["dynamics", str(save_model(build_model("baseline", "debug"), tmp_path / "base")), "--out", str(tmp_path / "x")])
-    assert "feedback dynamics need a Full-Bandwidth model" in capsys.readouterr().err
+    assert "a baseline run; dynamics analyses FBT runs" in capsys.readouterr().err  # from its config, before loading
 
 
 def test_fixed_points_share_the_states_pca_coordinates():
