@@ -406,7 +406,7 @@ def test_every_verb_has_help(verb):
     [
         (["generate", "fbt:debug", "--prompt", "a", "--max-new-tokens", "1", "--json", "afile/out.json"], "afile/out.json"),
         (["export", "baseline:debug", "afile/hf"], "afile/hf"),
-        (["traces", "nowhere", "--out", "afile/traces"], "afile/traces"),
+        (["traces", "run", "--out", "afile/traces"], "afile/traces"),  # a run (its config), so the output is what fails
         (
             ["train", "--out", "afile/run", "--no-progress", *[a for s in FAST + ["train.steps=1"] for a in ("--set", s)]],
             "afile/run",
@@ -416,6 +416,8 @@ def test_every_verb_has_help(verb):
 def test_an_unwritable_output_path_is_a_usage_error(tmp_path, monkeypatch, argv, path):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "afile").write_text("a file where a directory is expected")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text('{"arch": "fbt"}')
     COUNTS["faults_injected"] += 1
     assert_usage_error(argv, "afile")
     assert (tmp_path / "afile").read_text() == "a file where a directory is expected"
