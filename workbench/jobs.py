@@ -490,9 +490,9 @@ def _open_log(path: Path, *, new: bool = False):
     """The job's log, for appending: a regular file with no other name, never what a link points
     at (a planted link would have the verb's output appended to its target) nor a FIFO or device
     (opened without blocking, then refused). ``new``: it must not exist yet."""
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        fd = os.open(path, flags | (os.O_EXCL if new else 0), 0o666)
+        fd = os.open(path, flags | os.O_NOFOLLOW | (os.O_EXCL if new else 0), 0o666)
     except OSError as err:
         if err.errno == errno.ELOOP:
             raise BadInput(f"{path} is a symbolic link: a job's log is written only to a regular file of its own") from None

@@ -221,9 +221,9 @@ def _open_lock(path: Path) -> int:
     """The lock file, opened for writing only if it is a regular file: never through a link (a
     planted link would have every writer truncate its target) and never a FIFO or device (opened
     without blocking, then refused)."""
-    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    flags = os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        fd = os.open(path, flags, 0o666)
+        fd = os.open(path, flags | os.O_NOFOLLOW, 0o666)
     except OSError as err:
         if err.errno == errno.ELOOP:
             raise BadInput(f"cannot lock {path.parent}: {path} is a symbolic link, expected a regular file (remove it)") from None
