@@ -460,9 +460,11 @@ def test_the_dynamics_analysis_tells_each_phase_its_own_count(tmp_path):
 
     run = save_model(build_model("fbt", "debug"), tmp_path / "run")
     told = []
-    analyse_run(run, horizon=12, perturb_at=3, n_spectra=2, n_fixed=1, n_starts=2, max_passes=2, fp_steps=2, tangents=1,
+    analyse_run(run, horizon=12, perturb_at=3, n_spectra=3, n_fixed=2, n_starts=2, max_passes=2, fp_steps=2, tangents=1,
                 progress=lambda *a: told.append(a))  # fmt: skip
     phases = list(dict.fromkeys(p for p, _, _ in told))
+    runs = [p for i, (p, _, _) in enumerate(told) if i == 0 or told[i - 1][0] != p]
+    assert runs == phases  # each phase told in one stretch: a bar that closes is never reopened
     assert phases == [f"run: {p}" for p in ("rollout steps", "spectra", "fixed-point searches", "K-pass convergence")]
     for phase in phases:
         counts = [(d, t) for p, d, t in told if p == phase]

@@ -132,9 +132,14 @@ def analyse_run(
     steps = sorted({int(round(x)) for x in torch.linspace(1, max(1, reach - 1), n_spectra).tolist()})
     spectra, fixed = [], []
     gen = torch.Generator().manual_seed(seed)
-    for i, t in enumerate(steps):
+
+    def map_at(t: int):  # the feedback map at step t and the state it maps from
         cache, h_prev = prefill_context(model, ids + roll.tokens[:t], plain=len(ids))
-        F = feedback_map(model, cache, roll.tokens[t])
+        return feedback_map(model, cache, roll.tokens[t]), h_prev
+
+    # all spectra, then all fixed-point searches: each phase in one stretch, so its bar closes once
+    for i, t in enumerate(steps):
+        F, h_prev = map_at(t)
         J = jacobian_summary(F, h_prev)
         tick("spectra", i + 1, len(steps))
         spectra.append(
@@ -146,38 +151,39 @@ def analyse_run(
                 "eigenvalues": [[z.real, z.imag] for z in J["eigenvalues"].tolist()],
             }
         )
-        if i < n_fixed:
-            scale = float(h_prev.norm()) / math.sqrt(h_prev.numel())
-            starts = torch.cat(
-                [
-                    h_prev[None],
-                    torch.zeros_like(h_prev)[None],
-                    h_prev + 0.3 * scale * torch.randn(n_starts - 2, h_prev.numel(), generator=gen, dtype=h_prev.dtype),
-                ]
-            )
-            kinds = ["previous", "zeros"] + ["near-rollout"] * (n_starts - 2)
-            points, report = find_fixed_points(F, starts, start_kinds=kinds, max_iter=fp_steps)
-            tick("fixed-point searches", i + 1, min(n_fixed, len(steps)))
-            fixed.append(
-                {
-                    "step": t,
-                    **report,
-                    "points": [
-                        {
-                            "residual": p.residual,
-                            "spectral_radius": p.spectral_radius,
-                            "stable": p.stable,
-                            "label": p.label,
-                            "n_starts": p.n_starts,
-                            "start_kinds": sorted(set(p.start_kinds)),
-                            "distance_to_rollout_state": float((p.state - h_prev).norm()),
-                            "state": p.state.tolist(),
-                        }
-                        for p in points
-                    ],
-                    "path_independent": len(points) == 1 and points[0].n_starts == n_starts,
-                }
-            )
+    for i, t in enumerate(steps[:n_fixed]):
+        F, h_prev = map_at(t)  # rebuilt rather than kept: n_fixed caches would hold the context n_fixed times
+        scale = float(h_prev.norm()) / math.sqrt(h_prev.numel())
+        starts = torch.cat(
+            [
+                h_prev[None],
+                torch.zeros_like(h_prev)[None],
+                h_prev + 0.3 * scale * torch.randn(n_starts - 2, h_prev.numel(), generator=gen, dtype=h_prev.dtype),
+            ]
+        )
+        kinds = ["previous", "zeros"] + ["near-rollout"] * (n_starts - 2)
+        points, report = find_fixed_points(F, starts, start_kinds=kinds, max_iter=fp_steps)
+        tick("fixed-point searches", i + 1, min(n_fixed, len(steps)))
+        fixed.append(
+            {
+                "step": t,
+                **report,
+                "points": [
+                    {
+                        "residual": p.residual,
+                        "spectral_radius": p.spectral_radius,
+                        "stable": p.stable,
+                        "label": p.label,
+                        "n_starts": p.n_starts,
+                        "start_kinds": sorted(set(p.start_kinds)),
+                        "distance_to_rollout_state": float((p.state - h_prev).norm()),
+                        "state": p.state.tolist(),
+                    }
+                    for p in points
+                ],
+                "path_independent": len(points) == 1 and points[0].n_starts == n_starts,
+            }
+        )
     tick("K-pass convergence", 0, 1)
     conv = kpass_convergence(model, (ids + roll.tokens)[: min(len(ids) + 32, model.cfg.n_ctx)], max_passes)
     tick("K-pass convergence", 1, 1)
