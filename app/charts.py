@@ -187,7 +187,7 @@ def state_norms(outs: list[dict], arch: str) -> alt.Chart:
         .mark_line()
         .encode(
             x=alt.X("token:Q", title="generated token", axis=alt.Axis(format="d", tickMinStep=1)),
-            y=alt.Y("norm:Q", title="||h||"),
+            y=alt.Y("norm:Q", title="state norm"),
             color=alt.Color("regime_key:N", scale=regime_scale(data["regime_key"]), legend=legend("regime")),
             strokeDash=alt.StrokeDash("run:N", legend=dash_legend("intervention")),
             detail="regime:N",

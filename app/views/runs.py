@@ -76,9 +76,13 @@ def origin(r) -> str | None:
     return f"imported: {source.get('gguf_file') or Path(str(source.get('path'))).name}" if source else "trained"
 
 
-def eval_cell(r, task="chain"):
+def eval_cell(r, task: str):
     acc = ((r.eval or {}).get("tasks", {}).get(task) or {}).get("accuracy", {})
     return acc.get("standard")
+
+
+# a column for each task some run was evaluated on, and no other
+evaluated = sorted({t for r in found if isinstance((r.eval or {}).get("tasks"), dict) for t in r.eval["tasks"]})
 
 
 table = pd.DataFrame(
@@ -91,8 +95,7 @@ table = pd.DataFrame(
             "task": r.config.get("data", {}).get("task"),
             "steps": r.steps,
             "final train loss (pass 1)": final_loss(r),
-            "chain acc (standard)": eval_cell(r),
-            "flipflop acc (standard)": eval_cell(r, "flipflop"),
+            **{f"{t} acc (standard)": eval_cell(r, t) for t in evaluated},
             "status": "training" if r.training is not None else "ok" if r.usable else "broken",
             "plumbing check": r.plumbing_check,
         }

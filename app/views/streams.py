@@ -69,7 +69,9 @@ with left:
         {"block": i, "mean off-diagonal cosine": float((s.sum() - s.trace()) / (n * n - n)) if n > 1 else 1.0}
         for i, s in enumerate(a["similarity"])
     ]
-    st.line_chart(pd.DataFrame(off), x="block", y_label="mean off-diagonal cosine", height=200)
+    # a short axis title: Vega cuts a rotated title at the plot's height (200 px held 'mean off-diagonal cosin')
+    st.markdown("Mean off-diagonal cosine by block")
+    st.line_chart(pd.DataFrame(off), x="block", y_label="cosine", height=200)
 with right:
     st.markdown("**Attention mass** per block: own stream, other streams of the same token, other streams of earlier tokens")
     mass = pd.DataFrame([{"block": i, "where": k, "mass": v} for i, m in a["mass"].items() for k, v in m.items()])

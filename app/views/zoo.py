@@ -55,7 +55,8 @@ def summaries(root: Path) -> dict[str, Path]:
 if (root / "organisms").is_dir():
     st.subheader("The seeds' claims on the model organisms")
     table = pd.DataFrame(claims_from(root / "organisms"))
-    st.dataframe(table[["paper", "says", "organism", "verdict", "why", "study", "comparison"]], hide_index=True)
+    # a static table: its cells wrap, where a dataframe cuts the claim and its 'why' short
+    st.table(table[["paper", "says", "organism", "verdict", "why", "study", "comparison"]].set_index("paper"))
     st.caption(
         f"One row per claim and organism, read from the studies under {root / 'organisms'} (`workbench zoo --study "
         "STUDY --preset org-TASK`): the comparison of the study's declared family, its simultaneous interval and "

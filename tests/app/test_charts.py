@@ -171,7 +171,8 @@ def test_member_accuracy_takes_the_regime_palette():
     assert color["scale"] == {"domain": ["standard", "fused"], "range": [REGIME_COLORS["standard"], REGIME_COLORS["fused"]]}
 
 
-def test_no_legend_cuts_its_labels_short():
+def every_chart() -> list:
+    """One of each of the app's charts, on small frames."""
     rows = trace_rows()
     by_d = rows.groupby(["model", "regime", "run", "difficulty"]).agg(
         mean_trace=("trace_tokens", "mean"), accuracy=("correct", "mean")
@@ -191,6 +192,29 @@ def test_no_legend_cuts_its_labels_short():
             [{"regime": "soft", "state_norm": [1.0], "intervention": {"state_scale": 1.0, "ablate_stream": None}}], "fbt"
         ),
     ]
-    for chart in built:
+    return built
+
+
+def test_no_legend_cuts_its_labels_short():
+    for chart in every_chart():
         found = legends(chart.to_dict())
         assert found and all(lg["labelLimit"] == 0 for lg in found), found
+
+
+def y_titles(spec) -> list[str]:
+    """Every y-axis title anywhere in a spec (layers, facets)."""
+    if isinstance(spec, dict):
+        y = spec.get("encoding", {}).get("y", {})
+        own = [y["title"]] if isinstance(y, dict) and isinstance(y.get("title"), str) else []
+        return own + [t for v in spec.values() for t in y_titles(v)]
+    if isinstance(spec, list):
+        return [t for v in spec for t in y_titles(v)]
+    return []
+
+
+def test_every_y_axis_title_reads_when_rotated():
+    """Issue #38: the Playground's norm axis was titled '||h||', which Vega draws rotated a quarter
+    turn: four bars and an h on their side, an unreadable glyph. A y title is words."""
+    titles = [t for chart in every_chart() for t in y_titles(chart.to_dict())]
+    assert len(titles) >= 8
+    assert all(t.strip() and "|" not in t for t in titles), titles
