@@ -72,7 +72,9 @@ if not found:
     )
     st.stop()
 
-where = st.selectbox("Zoo or study", list(found), key="summary")
+where = st.selectbox(
+    "Zoo or study", list(found), key="summary", format_func=lambda k: f"{root.name} (this directory)" if k == "." else k
+)
 summary = None
 with shown_errors(f"Reading {found[where]}"):
     summary, rows, readings, family = read_summary(found[where])

@@ -679,7 +679,8 @@ def test_zoo_page_shows_seed_spread_and_a_studys_readings(monkeypatch, micro_zoo
     main(["traces", str(runs / "baseline"), str(runs / "fbt"), "--n", "6", "--out", str(traces), "--no-progress"])
     at = open_page(monkeypatch, runs, "zoo")
     assert at.title[0].value == "Zoo and studies" and not errors(at)
-    assert at.selectbox(key="summary").options == [".", "seeded", "studies/data-efficiency"]
+    # the runs directory's own zoo by its name ('.' said nothing, issue #38)
+    assert at.selectbox(key="summary").options == ["runs (this directory)", "seeded", "studies/data-efficiency"]
     assert any("plumbing check" in w.value for w in at.warning)
     assert at.selectbox(key="zoo_analyses").options == ["traces"]  # the only analysis run on this zoo
     analyses = at.dataframe[-1].value
