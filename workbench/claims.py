@@ -147,8 +147,50 @@ def read_claim(claim: Claim, organism: str, study: Mapping | None) -> dict:
             "verdict": NOT_TESTABLE,
             "why": f"the reference member reached its targets at {qualified} of {seeds} seeds",
         }
+    ceiling = _ceiling(claim, study, cell)
+    if ceiling is not None:
+        return {**row, **_interval(cell), "verdict": NOT_TESTABLE, "why": ceiling}
     verdict, why = _verdict(cell, claim.sign)  # NOT_TESTABLE too: a readout that cannot reach significance
     return {**row, **_interval(cell), "verdict": verdict, "why": why}
+
+
+def arm_accuracy(study: Mapping, arm: str, test_set: str | None = None) -> float | None:
+    """The mean accuracy of one side of a comparison (``fbt fused``, ``baseline``, ``hd4``: a member
+    and its regime, ``standard`` unless named) in ``study``'s readings, on ``test_set`` (a set
+    beyond training) or the test problems; None where the study does not record it."""
+    member, _, regime = arm.partition(" ")
+    readings = study.get("readings", {})
+    if study.get("study") == "hd-ablations":
+        found = readings.get(member, {}).get("accuracy")
+    else:
+        where = readings.get("beyond", {}).get(test_set, {}) if test_set else readings.get("accuracy", {})
+        found = where.get(member, {}).get(regime or "standard") if isinstance(where.get(member), Mapping) else None
+    return float(found["mean"]) if isinstance(found, Mapping) and "mean" in found else None
+
+
+def _ceiling(claim: Claim, study: Mapping, cell: Mapping) -> str | None:
+    """Why an accuracy claim cannot show: the side the paper predicts lower answers so nearly all
+    problems that the room left above it is within the study's simultaneous half-width, so even a
+    perfect other side would not be detectable (None when there is room, or it is not an accuracy
+    claim of a direction)."""
+    name = claim.comparison or ""
+    arms, _, readout = name.partition(": ")
+    if claim.sign == 0 or not readout.startswith("accuracy") or " - " not in arms:
+        return None
+    left, right = arms.split(" - ")
+    lower, higher = (right, left) if claim.sign > 0 else (left, right)
+    test_set = readout.partition(", ")[2] or None
+    accuracy = arm_accuracy(study, lower, test_set)
+    if accuracy is None:
+        return None
+    half = (cell.get("family_high", cell["high"]) - cell.get("family_low", cell["low"])) / 2
+    room = 1.0 - accuracy
+    if room > half:
+        return None
+    return (
+        f"at the ceiling: {lower} answers {accuracy:.3f} of the {test_set or 'test'} problems, so {higher} can gain at "
+        f"most {room:+.3f}, within the study's simultaneous half-width {half:.3f}"
+    )
 
 
 def _interval(cell: Mapping) -> dict:

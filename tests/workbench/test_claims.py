@@ -139,3 +139,40 @@ def test_the_table_reads_each_study_where_the_cli_writes_it_by_default(tmp_path,
     assert reads == [path]  # one read, though four claims ask the fair study on perm
     assert rows["fbt-loss", "perm"]["verdict"] == claims.REPRODUCED
     assert rows["fbt-loss", "flipflop"]["verdict"] == claims.NOT_MEASURED
+
+
+def _at_accuracy(study: dict, member: str, regime: str, mean: float, test_set: str | None = None) -> dict:
+    """``study`` whose readings give ``member`` in ``regime`` a mean accuracy of ``mean``."""
+    readings = study.setdefault("readings", {})
+    where = readings.setdefault("beyond", {}).setdefault(test_set, {}) if test_set else readings.setdefault("accuracy", {})
+    where.setdefault(member, {})[regime] = {"mean": mean}
+    return study
+
+
+def test_a_claim_of_more_accuracy_over_a_member_at_the_ceiling_is_not_testable():
+    """Issue #37, the flip-flop: a baseline that answers 99.98% leaves FBT at most +0.0002, which
+    no interval could call; that reads 'not testable here', not 'not reproduced'. The rule: the
+    member the paper predicts lower leaves less room below 1 than the study's simultaneous
+    half-width, so even a perfect other member would not be detectable."""
+    study = fair_study(0.0)
+    cell = study["family"]["fbt fused - baseline: accuracy"]
+    half = (cell["family_high"] - cell["family_low"]) / 2
+    assert 0.05 < half < 0.5  # the helper's null accuracy comparison
+    at_ceiling = _at_accuracy(fair_study(0.0), "baseline", "standard", 1 - half / 2)
+    row = claims.read_claim(CLAIM["fbt-fused-accuracy"], "perm", at_ceiling)
+    assert row["verdict"] == claims.NOT_TESTABLE
+    assert row["why"].startswith(f"at the ceiling: baseline answers {1 - half / 2:.3f}") and f"{half:.3f}" in row["why"]
+    room = _at_accuracy(fair_study(0.0), "baseline", "standard", 1 - 2 * half)  # room for a detectable gain
+    assert claims.read_claim(CLAIM["fbt-fused-accuracy"], "perm", room)["verdict"] == claims.NOT_REPRODUCED
+    # beyond training: the member's accuracy on that test set; a lower-is-predicted claim: its left member
+    sparser = _at_accuracy(fair_study(0.0), "baseline", "standard", 1.0, "sparser")
+    sparser["family"]["fbt fused - baseline: accuracy, sparser"] = dict(cell)
+    assert claims.read_claim(CLAIM["fbt-glitches-sparser"], "flipflop", sparser)["verdict"] == claims.NOT_TESTABLE
+    hd = {
+        "study": "hd-ablations",
+        "models": {"baseline": {"member": "baseline", "competence": {"qualified": True}}},
+        "readings": {"hd4-supervise-all": {"accuracy": {"mean": 1.0}}, "hd4": {"accuracy": {"mean": 1.0}}},
+        "family": {"hd4-supervise-all - hd4: accuracy": {**cell, "mean": 0.0}},
+    }
+    row = claims.read_claim(CLAIM["hd-supervise-last"], "perm", hd)
+    assert row["verdict"] == claims.NOT_TESTABLE and row["why"].startswith("at the ceiling: hd4-supervise-all answers 1.000")
