@@ -24,3 +24,30 @@ def test_the_readme_names_no_path_outside_a_users_clone():
     assert "data/gsm8k/train.jsonl" in text and "github.com/openai/grade-school-math" in text
     ignored = (ROOT / ".gitignore").read_text().splitlines()
     assert "/data/" in ignored and "/corpora/" in ignored
+
+
+def _duration(seconds: float) -> str:
+    whole = round(seconds)
+    return f"{whole} s" if whole < 60 else f"{whole // 60} min {whole % 60} s"
+
+
+def test_the_first_hours_numbers_are_the_walks_record():
+    """Issue #38: the README's first-hour numbers come from ``scripts/first_hour.py``'s record of
+    a walk through the app from a fresh clone (a clean tree), not from an earlier, dirty one."""
+    import json
+
+    walk = json.loads((ROOT / "docs" / "results" / "first_hour.json").read_text())
+    assert walk["zoo"] == "quick" and walk["clean tree"] is True and walk["command"] == "python scripts/first_hour.py"
+    text = " ".join((ROOT / "README.md").read_text().split())
+    seconds = walk["seconds"]
+    assert f"`quick` ({_duration(seconds['train the quick zoo'])} on 2 cores" in text
+    assert f"**Train probes** (a job; {_duration(seconds['train probes (defaults)'])} at the defaults)" in text
+    assert f"**Analyse** ({_duration(seconds['analyse the feedback dynamics (defaults)'])})" in text
+    probe = walk["shown"]["layer-0 probe"]
+    assert f"{probe['standard']:.3f} under standard prefill, {probe['recurrent K=2']:.3f} under recurrent K = 2" in text
+    assert set(walk["shown"]["held-out accuracy"].values()) == {1.0}  # 'Every member learns it'
+    assert "Every member learns it" in text
+
+
+def test_duration_text():
+    assert [_duration(s) for s in (28.5, 59.4, 59.6, 148.4, 600)] == ["28 s", "59 s", "1 min 0 s", "2 min 28 s", "10 min 0 s"]
