@@ -1,6 +1,6 @@
 """The architectures: nn.Modules, configs and hook points. Knows nothing of training or analysis."""
 
-from models.baseline import BaselineLM, DecoderLM, without_hooks
+from models.baseline import BaselineLM, DecoderLM, trusted_ids, without_hooks
 from models.fields import ConfigError, FieldTypeError, check_config, check_fields
 from models.full_bandwidth import FBTConfig, FullBandwidthLM
 from models.hidden_decoding import HDConfig, HiddenDecodingLM, expand_streams, unstack_streams
@@ -26,6 +26,7 @@ __all__ = [
     "expand_streams",
     "guard_numerics",
     "preset",
+    "trusted_ids",
     "unstack_streams",
     "without_hooks",
 ]

@@ -5,7 +5,6 @@ architectures extend: input validation, positions and padding, the block stack, 
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Callable
 
 import torch
@@ -64,6 +63,7 @@ class DecoderLM(HookedRootModule):
         self.current_pass = 0
         self.forward_calls = 0
         self.numerics_guard = None  # set by models.guard_numerics
+        self.check_token_values = True  # off inside trusted_ids
         self.compiled_mode: str | None = None  # the torch.compile mode of compiled steps, after compile_step()
         self.patterns_forced = False  # see compute_patterns
         # Activation checkpointing: in training, keep only each block's input and recompute the
@@ -82,6 +82,12 @@ class DecoderLM(HookedRootModule):
             self.numerics_guard.record("readout", logits)
             self.numerics_guard.settle()
         return logits
+
+    def norm_sites(self) -> list[str]:
+        """The norms' paths in the order a forward calls them (each block's ``ln1``, ``ln2``, then
+        ``ln_final``): the sites of a compiled step's statuses."""
+        n = self.cfg.n_layers
+        return [f"blocks.{i}.ln{j}" for i in range(n) for j in (1, 2)] + ["ln_final"]
 
     def compute_patterns(self, enabled: bool = True) -> None:
         """Always compute attention patterns explicitly (so ``hook_pattern`` fires for tools that
@@ -110,7 +116,7 @@ class DecoderLM(HookedRootModule):
             raise ValueError(f"tokens must be a [batch, pos] integer tensor, got {shape}")
         if tokens.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"tokens must be an integer tensor, got dtype {tokens.dtype}")
-        if tokens.numel():
+        if tokens.numel() and self.check_token_values:  # two host reads: see trusted_ids
             lo, hi = int(tokens.min()), int(tokens.max())
             if lo < 0 or hi >= self.cfg.d_vocab:
                 bad = lo if lo < 0 else hi
@@ -290,11 +296,10 @@ class DecoderLM(HookedRootModule):
                 if self.compiled_mode is None:
                     self.compile_step()
                 assert self.compiled_mode is not None
-                h, health = _COMPILED_STEPS[self.compiled_mode](self, tokens, cache, fuse, self.numerics_guard is not None)
-                if health is not None and not math.isfinite(float(health)):
-                    # compiled code cannot name the site: replay the step eagerly (its writes are
-                    # idempotent), and the guard names it; a sum that merely overflowed passes
-                    h = self._static_step_core(tokens, cache, fuse, False)[0]
+                h, status = _COMPILED_STEPS[self.compiled_mode](self, tokens, cache, fuse, self.numerics_guard is not None)
+                if status is not None and self.numerics_guard is not None:  # read with the guard's other records
+                    for site, value in zip(self.norm_sites(), status.unbind()):
+                        self.numerics_guard.record(site, value)
                 if self.compiled_mode == "reduce-overhead":
                     h = h.clone()  # a CUDA graph's next replay overwrites its outputs
             cache.advance_step()
@@ -302,8 +307,8 @@ class DecoderLM(HookedRootModule):
 
     def _static_step_core(self, tokens: Tensor, cache: KVCache, fuse: bool, collect: bool) -> tuple[Tensor, Tensor | None]:
         """The fixed-shape step (what ``compile_step`` compiles). Reads no Python number that
-        changes between steps; writes only the new token's slots. ``collect``: also return the
-        sum of every norm's mean square (finite iff no norm input overflowed)."""
+        changes between steps; writes only the new token's slots. ``collect``: also return each
+        norm's status [n_norms] in ``norm_sites`` order (0: finite; NaN or inf: what its input held)."""
         assert cache.valid is not None and cache.index is not None and cache.next_pos is not None
         cache.valid.index_fill_(1, cache.index.view(1), True)
         end = 0 if torch.compiler.is_compiling() else cache.length + 1  # never read when compiled
@@ -311,7 +316,7 @@ class DecoderLM(HookedRootModule):
         sink: list[Tensor] | None = [] if collect else None
         ctx = AttnContext(cos, sin, 0, None, self.n_streams, cache, True, StaticStep(cache.index, cache.valid, end), sink)
         h = self.run_stack(self.step_input(tokens, cache, fuse), ctx)
-        return h, (torch.stack(sink).sum() if sink is not None else None)
+        return h, (torch.stack(sink) if sink is not None else None)
 
     def final_states(
         self,
@@ -370,3 +375,19 @@ def without_hooks(model: DecoderLM) -> DecoderLM:
         object.__setattr__(parent, attr, _identity)
     clone.hook_dict, clone.mod_dict = {}, {}
     return clone
+
+
+class trusted_ids:
+    """``with trusted_ids(model):`` the model's calls skip the host read of their token ids' range
+    (two syncs per call; shapes and context lengths are still checked). For a decode loop whose ids
+    come from the model's own readout (an argmax or a draw over ``d_vocab`` logits, or a pad id the
+    caller checked once): those are in the vocabulary by construction."""
+
+    def __init__(self, model: DecoderLM):
+        self.model = model
+
+    def __enter__(self) -> None:
+        self.previous, self.model.check_token_values = self.model.check_token_values, False
+
+    def __exit__(self, *exc) -> None:  # never swallows an exception
+        self.model.check_token_values = self.previous

@@ -79,7 +79,7 @@ class FullBandwidthLM(DecoderLM):
         tokens: Tensor,
         passes: int = 1,
         *,
-        fuse_mask: Tensor | None = None,
+        fuse_mask: Tensor | bool | None = None,
         cache: KVCache | None = None,
         attention_mask: Tensor | None = None,
         perturb: Callable[[Tensor, int], Tensor] | None = None,
@@ -93,7 +93,8 @@ class FullBandwidthLM(DecoderLM):
         known (the first position after a cached past) is fused with it. Pass k > 1 fuses each
         ``fuse_mask`` position with pass k-1's state at the position before it.
 
-        fuse_mask: [batch, pos] bool; default every position that has a previous state. It is
+        fuse_mask: [batch, pos] bool, or one bool for every position (which the host knows
+            without reading the device); default every position that has a previous state. It is
             always restricted to positions that have one (the first position has none unless the
             cache holds a state).
         cache: only the last pass writes keys/values; earlier passes read the cached past.
@@ -110,6 +111,9 @@ class FullBandwidthLM(DecoderLM):
         self.check_tokens(tokens, cache)
         self.forward_calls += 1
         B, T = tokens.shape
+        known = fuse_mask if isinstance(fuse_mask, bool) else None  # a constant the host knows: no read of the device
+        if isinstance(fuse_mask, bool):
+            fuse_mask = torch.full_like(tokens, fuse_mask, dtype=torch.bool)
         carried = state if state is not None else (cache.state if (cache is not None and cache.length > 0) else None)
         has_prev = torch.ones(B, T, dtype=torch.bool, device=tokens.device)
         if carried is None:
@@ -134,7 +138,7 @@ class FullBandwidthLM(DecoderLM):
                         # only the first position can know its previous state before any pass has run
                         fuse = fuse_mask.clone()
                         fuse[:, 1:] = False
-                        if fuse.any():
+                        if (known and carried is not None) if known is not None else fuse.any():
                             prev = torch.cat((first[:, None], embed.new_zeros(B, T - 1, embed.shape[-1])), 1)
                             x = self.fusion(self._feedback(prev, k, perturb, detach_states), embed, fuse)
                         else:
@@ -162,7 +166,7 @@ class FullBandwidthLM(DecoderLM):
         tokens: Tensor,
         *,
         passes: int = 1,
-        fuse_mask: Tensor | None = None,
+        fuse_mask: Tensor | bool | None = None,
         cache: KVCache | None = None,
         attention_mask: Tensor | None = None,
         state: Tensor | None = None,
@@ -188,8 +192,7 @@ class FullBandwidthLM(DecoderLM):
         recurrence, one position per call (the one place it is written)."""
         self.check_regime(regime)
         if regime != "fused":
-            plain = torch.zeros_like(tokens, dtype=torch.bool)
-            return self.final_states(tokens, fuse_mask=plain, cache=cache, attention_mask=attention_mask)
+            return self.final_states(tokens, fuse_mask=False, cache=cache, attention_mask=attention_mask)
         real = attention_mask if attention_mask is not None else torch.ones_like(tokens, dtype=torch.bool)
         after_real = torch.cat((torch.zeros_like(real[:, :1]), real[:, :-1]), dim=1)
         fuse = real & after_real
@@ -213,7 +216,7 @@ class FullBandwidthLM(DecoderLM):
             h = self.static_step(tokens, cache, fuse)
             cache.state = h[:, -1]
             return h
-        return self.final_states(tokens, fuse_mask=torch.full_like(tokens, fuse, dtype=torch.bool), cache=cache)
+        return self.final_states(tokens, fuse_mask=fuse, cache=cache)
 
     def step_input(self, tokens: Tensor, cache: KVCache, fuse: bool) -> Tensor:
         """The plain embedding, or (``fuse``) its fusion with the carried state, as in ``run_passes``."""

@@ -93,13 +93,15 @@ class RMSNorm(nn.Module):
         self.site = ""  # this norm's path in the model (set with the guard)
 
     def forward(self, x: Tensor, sink: list[Tensor] | None = None) -> Tensor:
-        """``sink``: a list the compiled decode step collects mean squares in (the guard's records
-        cannot be written from compiled code; the step checks the list's sum instead)."""
+        """``sink``: a list the compiled decode step collects this norm's status in (the guard's
+        records cannot be written from compiled code; the step returns the statuses and records
+        them): 0 when every input is finite, NaN when one is NaN, inf when one overflowed."""
         dtype = x.dtype
         xf = x.float() if dtype in (torch.float16, torch.bfloat16) else x
         mean_square = xf.pow(2).mean(-1, keepdim=True)  # [batch, pos, 1]
         if sink is not None:
-            sink.append(mean_square.sum())
+            bad = torch.where(mean_square.isnan().any(), float("nan"), float("inf"))
+            sink.append(torch.where(mean_square.isfinite().all(), 0.0, bad))
         elif self.guard is not None:  # inf when the square overflows: rsqrt would turn it into a finite zero
             self.guard.record(self.site, mean_square)
         xf = xf * torch.rsqrt(mean_square + self.eps)

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from models import DecoderLM, NonFiniteActivation, guard_numerics
+from models import DecoderLM, NonFiniteActivation, guard_numerics, trusted_ids
+from models.numerics import NumericsGuard
 from workbench.storage.errors import BadInput, WorkbenchError
 
 REGIMES = ("standard", "soft", "fused")
@@ -30,6 +31,9 @@ REGIMES = ("standard", "soft", "fused")
 # "compiled" the static step through torch.compile (the first call per model and shape compiles,
 # tens of seconds on a CPU; steps with hooks attached run eagerly).
 ENGINES = ("eager", "static", "compiled")
+# Decode steps between the host's reads of the device (the numerics guard, whether every row has
+# emitted eos, whether to compact): a step between them does not wait for the device.
+SYNC_EVERY = 16
 
 
 class NonFinite(WorkbenchError, NonFiniteActivation):
@@ -44,11 +48,12 @@ class NonFinite(WorkbenchError, NonFiniteActivation):
 
 
 @contextmanager
-def guarded(model: DecoderLM, enabled: bool = True) -> Iterator[None]:
-    """``models.guard_numerics`` whose ``NonFiniteActivation`` comes out as ``NonFinite``."""
+def guarded(model: DecoderLM, enabled: bool = True, check_every: int | None = 1) -> Iterator[NumericsGuard | None]:
+    """``models.guard_numerics`` whose ``NonFiniteActivation`` comes out as ``NonFinite``; yields
+    its ``NumericsGuard`` (None when not enabled)."""
     try:
-        with guard_numerics(model, enabled):
-            yield
+        with guard_numerics(model, enabled, check_every) as guard:
+            yield guard
     except NonFiniteActivation as err:
         if isinstance(err, NonFinite):
             raise
@@ -187,17 +192,20 @@ def score_completions(
     for i, c in enumerate(completions):
         target[i, : len(c)] = torch.tensor(list(c), dtype=torch.long)
     model_check(model.check_tokens, target.clamp(min=0))
-    with guarded(model, check_numerics):
+    with guarded(model, check_numerics, check_every=None) as guard:
         cache = _engine_cache(model, P + C, engine)
         n = model.n_streams
         h = model.prefill(tokens, regime=regime, passes=passes, cache=cache, attention_mask=mask)
         nll = torch.full((B, C), float("nan"), device=device)
-        for j in range(C):
-            logp = model.readout(h[:, -n:])[:, -1].float().log_softmax(-1)
-            valid = target[:, j] >= 0
-            nll[valid, j] = -logp[valid].gather(1, target[valid, j : j + 1])[:, 0]
-            if j < C - 1:
-                h = model.step(target[:, j : j + 1].clamp(min=0), regime=regime, cache=cache)
+        with trusted_ids(model):  # every completion id was checked above
+            for j in range(C):
+                logp = model.readout(h[:, -n:])[:, -1].float().log_softmax(-1)
+                picked = -logp.gather(1, target[:, j : j + 1].clamp(min=0))[:, 0]
+                nll[:, j] = torch.where(target[:, j] >= 0, picked, nll[:, j])  # not a mask index: no host read
+                if guard is not None and (j + 1) % SYNC_EVERY == 0:
+                    guard.check()
+                if j < C - 1:
+                    h = model.step(target[:, j : j + 1].clamp(min=0), regime=regime, cache=cache)
     return nll
 
 
@@ -244,6 +252,7 @@ def generate(
     check_numerics: bool = True,
     engine: str = "eager",
     compact: bool = False,
+    sync_every: int = SYNC_EVERY,
 ) -> Generation:
     """Generate ``max_new_tokens`` for every prompt with a key/value cache.
 
@@ -257,17 +266,25 @@ def generate(
     ``engine`` (see ``ENGINES``) decides how each step runs; every engine gives the same tokens.
     ``compact`` (greedy decoding with an ``eos_token_id``): rows that finished leave the batch, so
     the others run on a smaller one; tokens are the same, states after a row's eos are NaN.
+    ``sync_every``: the host reads the device (the numerics guard, eos, compaction) only every that
+    many steps, so the steps between run without waiting for it; tokens, states and errors are the
+    same as reading it at every step (1), but the batch may run up to ``sync_every - 1`` steps past
+    the last row's eos, which hooks see.
     """
     tokens, mask = check_generate(
         model, prompt_ids, regime, max_new_tokens, passes, temperature, top_k, pad_token_id, engine, compact
     )
+    if not isinstance(sync_every, int) or isinstance(sync_every, bool) or sync_every < 1:
+        raise BadInput(f"sync_every={sync_every!r}: expected an integer >= 1")
+    if eos_token_id is not None and not 0 <= pad_token_id < model.cfg.d_vocab:  # fed to the rows that finished
+        raise BadInput(f"pad_token_id={pad_token_id} is outside the vocabulary [0, {model.cfg.d_vocab})")
     device = tokens.device
     B, P = tokens.shape
     prompt_lengths = mask.sum(1).tolist() if mask is not None else [P] * B
     generator = None
     if temperature > 0 and seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)
-    with guarded(model, check_numerics):
+    with guarded(model, check_numerics, check_every=None) as guard:
         cache = _engine_cache(model, P + max_new_tokens, engine)
         h = model.prefill(tokens, regime=regime, passes=passes, cache=cache, attention_mask=mask)
         n = model.n_streams
@@ -276,27 +293,36 @@ def generate(
         finished = torch.zeros(B, dtype=torch.bool, device=device)
         lengths = torch.full((B,), max_new_tokens, dtype=torch.long, device=device)
         rows = torch.arange(B, device=device)  # the original rows still in the batch (all unless compact)
-        for i in range(max_new_tokens):
-            logits = model.readout(h[:, -n:])[:, -1]  # the last token's n stream positions
-            states[rows, i] = h[:, -1]  # its last stream
-            nxt = sample(logits, temperature, top_k, generator)
-            if eos_token_id is not None:
-                done = finished[rows]
-                nxt = torch.where(done, torch.full_like(nxt, pad_token_id), nxt)
-                just = (nxt == eos_token_id) & ~done
-                lengths[rows] = torch.where(just, torch.full_like(nxt, i + 1), lengths[rows])
-                finished[rows] = done | just
-            new[rows, i] = nxt
-            if i == max_new_tokens - 1 or (eos_token_id is not None and bool(finished.all())):
-                new, states = new[:, : i + 1], states[:, : i + 1]
-                break
-            if compact:
-                keep = ~finished[rows]
-                if int((~keep).sum()) >= max(1, len(rows) // 8):  # a copy of the cache per event: batch them
-                    kept = keep.nonzero()[:, 0]
-                    cache.keep_rows(kept, len(rows))
-                    rows, nxt = rows[kept], nxt[kept]
-            h = model.step(nxt[:, None], regime=regime, cache=cache)
+        with trusted_ids(model):  # the prompt was checked; every later id is the readout's own (or the pad)
+            for i in range(max_new_tokens):
+                logits = model.readout(h[:, -n:])[:, -1]  # the last token's n stream positions
+                states[rows, i] = h[:, -1]  # its last stream
+                nxt = sample(logits, temperature, top_k, generator)
+                if eos_token_id is not None:
+                    done = finished[rows]
+                    nxt = torch.where(done, torch.full_like(nxt, pad_token_id), nxt)
+                    just = (nxt == eos_token_id) & ~done
+                    lengths[rows] = torch.where(just, torch.full_like(nxt, i + 1), lengths[rows])
+                    finished[rows] = done | just
+                new[rows, i] = nxt
+                read = (i + 1) % sync_every == 0  # the host reads the device at this step
+                if read and guard is not None:
+                    guard.check()
+                if i == max_new_tokens - 1 or (eos_token_id is not None and read and bool(finished.all())):
+                    # the last row's eos (an unfinished row's length is max_new_tokens)
+                    width = int(lengths.max()) if eos_token_id is not None else i + 1
+                    new, states = new[:, :width], states[:, :width]
+                    break
+                if compact and read:
+                    keep = ~finished[rows]
+                    if int((~keep).sum()) >= max(1, len(rows) // 8):  # a copy of the cache per event: batch them
+                        kept = keep.nonzero()[:, 0]
+                        cache.keep_rows(kept, len(rows))
+                        rows, nxt = rows[kept], nxt[kept]
+                h = model.step(nxt[:, None], regime=regime, cache=cache)
+    if compact:  # a row that finished between two reads stepped on until the next: it has no state there
+        after = torch.arange(states.shape[1], device=device) >= lengths[:, None]
+        states = states.masked_fill(after[..., None], float("nan"))
 
     full_mask = torch.ones(B, P + new.shape[1], dtype=torch.bool, device=device)
     if mask is not None:

@@ -1,0 +1,140 @@
+"""Host-device synchronisations, counted on the CPU (issue #39): the counter's known answers, and
+decode steps that do not wait for the device between the host's reads every ``sync_every`` steps,
+with the same tokens, states and errors as reading it at every step."""
+
+import pytest
+import torch
+from helpers import tokens
+
+from models import guard_numerics
+from workbench import build_model, generate
+from workbench.runtime.decoding import NonFinite
+from workbench.runtime.syncs import SyncCounter, count_syncs
+
+
+def test_the_counter_counts_host_reads_and_data_dependent_shapes_only():
+    x = torch.arange(6.0)
+    with SyncCounter() as c:
+        y = (x * 2 + 1).softmax(0).argmax()  # device work: none
+    assert c.total == 0
+    with SyncCounter() as c:
+        x.sum().item()
+        int(y)
+        bool(x.any())
+        _ = x[x > 2]  # a boolean mask: the result's size is read from the data
+        x.nonzero()
+    assert c.total == 5, dict(c.counts)
+    assert c.counts["aten._local_scalar_dense.default"] == 3
+
+
+CASES = [("baseline", "standard", 1), ("fbt", "standard", 1), ("fbt", "soft", 1), ("fbt", "fused", 2), ("hd", "standard", 1)]
+
+
+def _prompts():
+    rows = tokens(3, 9, seed=7).tolist()
+    return [rows[0][:9], rows[1][:3], rows[2][:6]]  # ragged: left-padded
+
+
+@pytest.mark.parametrize("engine", ["eager", "static"])
+@pytest.mark.parametrize("arch,regime,passes", CASES, ids=[f"{a}-{r}" for a, r, _ in CASES])
+def test_decode_steps_between_the_hosts_reads_do_not_synchronise(arch, regime, passes, engine):
+    """8 more steps cost no more syncs: per step, 0 (5 before: the token range's min and max, the
+    guard after the step and after the readout, eos); eos and the guard read every 32 steps."""
+    model = build_model(arch, "debug")
+    eos = 3  # set, and perhaps emitted: finished rows decode on as pad until the next read
+    totals = []
+    for new in (8, 16):
+        _, c = count_syncs(
+            generate, model, _prompts(), regime=regime, passes=passes, max_new_tokens=new, engine=engine,
+            eos_token_id=eos, sync_every=32,
+        )  # fmt: skip
+        totals.append(c.total)
+    assert totals[0] == totals[1], totals
+    _, c = count_syncs(generate, model, _prompts(), regime=regime, passes=passes, max_new_tokens=16, engine=engine, sync_every=4)
+    assert c.total - totals[1] <= 4 * 2  # 4 reads: the guard's (and eos's, none without eos)
+
+
+@pytest.mark.parametrize("arch,regime,passes", [CASES[0], CASES[2], CASES[4]], ids=["baseline", "fbt-soft", "hd"])
+@pytest.mark.parametrize("compact", [False, True])
+def test_reading_the_device_every_n_steps_decodes_what_every_step_does(arch, regime, passes, compact):
+    """Rows that stop at different steps, with and without compaction: the tokens, lengths and
+    states of sync_every 1 (the host reads every step), 3 and 64 are the same."""
+    model = build_model(arch, "debug")
+    prompts = _prompts() + [tokens(1, 5, seed=9).tolist()[0]]
+    free = generate(model, prompts, regime=regime, max_new_tokens=12)
+    eos = int(free.new_tokens[0, 2])  # row 0 stops at step 3
+    runs = {
+        n: generate(
+            model, prompts, regime=regime, passes=passes, max_new_tokens=12, eos_token_id=eos, compact=compact, sync_every=n
+        )
+        for n in (1, 3, 64)
+    }
+    ref = runs[1]
+    assert min(ref.lengths.tolist()) <= 3
+    for n, got in runs.items():
+        assert got.new_tokens.tolist() == ref.new_tokens.tolist(), n
+        assert torch.equal(got.lengths, ref.lengths) and torch.equal(got.finished, ref.finished)
+        # compaction at other steps runs other batch sizes, whose matmuls round differently
+        tol = 1e-5 if compact else 0.0
+        torch.testing.assert_close(got.states, ref.states, atol=tol, rtol=tol, equal_nan=True)
+
+
+def test_a_deferred_guard_names_the_same_site_and_step():
+    """An overflow at decode step 5, read 16 steps later, is named as at once: the site, the step."""
+
+    def blow_up(step):
+        def hook(act, hook):
+            return act * 1e30 if model.forward_calls == step + 1 else act  # forward call step+1 is decode step `step`
+
+        return hook
+
+    errors = {}
+    for n in (1, 16):
+        model = build_model("fbt", "debug")  # a new model counts its forward calls from 0
+        with model.hooks(fwd_hooks=[("blocks.1.hook_resid_mid", blow_up(5))]), pytest.raises(NonFinite) as err:
+            generate(model, _prompts(), regime="soft", max_new_tokens=12, sync_every=n)
+        errors[n] = (err.value.what, err.value.step, str(err.value))
+    assert errors[16] == errors[1]
+    assert errors[1][1] == 5 and "blocks.1.ln2" in errors[1][0]
+
+
+def test_the_guard_reads_what_it_has_not_read_when_it_ends():
+    model = build_model("baseline", "debug")
+    with pytest.raises(Exception, match="check_every"):
+        with guard_numerics(model, check_every=0):
+            pass
+    with SyncCounter() as c, guard_numerics(model, check_every=100):
+        for _ in range(5):
+            model(tokens(1, 4))
+        inside = c.total
+    assert c.total == inside + 1  # one read at the end, for all five calls
+
+
+@pytest.mark.parametrize("arch,regime,passes", [CASES[0], CASES[3], CASES[4]], ids=["baseline", "fbt-fused", "hd"])
+def test_scoring_completions_does_not_synchronise_per_token(arch, regime, passes):
+    """Teacher-forced scoring (the evaluation's answer loss): 8 more completion tokens, no more syncs."""
+    from workbench.runtime.decoding import score_completions
+
+    model = build_model(arch, "debug")
+    prompts = _prompts()
+    totals = []
+    for n in (4, 12):
+        completions = [row[:n] for row in tokens(3, 12, seed=2).tolist()]
+        completions[1] = completions[1][: n // 2]  # ragged: NaN past its end
+        nll, c = count_syncs(score_completions, model, prompts, completions, regime=regime, passes=passes)
+        totals.append(c.total)
+        assert nll[1, n // 2 :].isnan().all() and not nll[0].isnan().any()
+    assert totals[0] == totals[1], totals
+
+
+@pytest.mark.parametrize("arch", ["baseline", "fbt", "hd"])
+def test_norm_sites_are_the_order_a_step_records_its_norms(arch):
+    """A compiled step's statuses are named by ``norm_sites``: the order the eager step records."""
+    model = build_model(arch, "debug")
+    with torch.no_grad():
+        cache = model.make_cache(12, static=True)
+        model.prefill(tokens(2, 4), cache=cache)
+        with guard_numerics(model, check_every=None) as guard:
+            model.step(tokens(2, 1), cache=cache)  # the static step, eagerly
+            [(pending, _)] = guard.unread
+    assert [site for site, *_ in pending] == model.norm_sites()
