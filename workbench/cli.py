@@ -200,7 +200,7 @@ def cmd_generate(args) -> dict:
 
     for prompt in args.prompt:
         _check_text(prompt, "--prompt")
-    model = resolve_model(args.model, device=args.device)
+    model = resolve_model(args.model, device=args.device, dtype=_dtype(args))
     tok = _tokenizer_for(args.model)
     texts = [tok.chat_prompt(p, f"{args.model}'s tokenizer (--chat)") for p in args.prompt] if args.chat else args.prompt
     prompts = [tok.encode(p) for p in texts]  # training streams carry no BOS; a chat template writes its own
@@ -485,7 +485,7 @@ def cmd_cache(args) -> dict:
     from workbench.runtime.checkpoint import resolve_model
     from workbench.training.runconfig import task_config
 
-    model = resolve_model(args.run, device=args.device)
+    model = resolve_model(args.run, device=args.device, dtype=_dtype(args))
     examples = heldout_task(args.task, args.n, args.seed, task_config(args.run))[: args.n]  # the run's own problems
     started = time.perf_counter()
     out = cache_activations(
@@ -756,6 +756,25 @@ def _engine_argument(p: argparse.ArgumentParser) -> None:
 
 
 ANALYSIS_VERBS = ("generate", "eval", "cache", "probe", "dynamics", "traces")
+DTYPES = {"fp32": None, "bf16": "bfloat16"}  # --dtype: the weights' dtype for inference (None: as saved)
+
+
+def _dtype(args):
+    """``--dtype`` as a torch dtype (None: the weights' own)."""
+    import torch
+
+    name = DTYPES[args.dtype]
+    return getattr(torch, name) if name else None
+
+
+def _dtype_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--dtype",
+        choices=list(DTYPES),
+        default="fp32",
+        help="the weights' dtype for inference: fp32 (as trained) or bf16 (half the memory and, on a GPU, "
+        "faster matmuls; norms and the numerics guard work in fp32)",
+    )
 
 
 def _compute_arguments(p: argparse.ArgumentParser) -> None:
@@ -862,6 +881,7 @@ def build_parser() -> argparse.ArgumentParser:
     _engine_argument(p)
     p.add_argument("--json", dest="json_out", help="write the result as JSON here")
     _compute_arguments(p)
+    _dtype_argument(p)
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("export", help="export a model's backbone as a Hugging Face LlamaForCausalLM")
@@ -993,6 +1013,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", dest="json_out", help="also write the store's metadata here")
     p.add_argument("--overwrite", action="store_true", help="replace a previous store there (never anything else)")
     _compute_arguments(p)
+    _dtype_argument(p)
     p.set_defaults(func=cmd_cache)
 
     p = sub.add_parser("probe", help="layer-0 study: linear probes by hook x prefill regime")

@@ -207,7 +207,8 @@ def cache_activations(
                 columns[f"label.{name}"] = np.repeat(labels[name][b_idx.numpy(), t_idx.numpy()], n_passes * n)
             for hook, act in zip(hooks, per_pass):
                 # act: [n_passes, batch, pos, streams, d] -> rows in (seq, pos, pass, stream) order
-                rows = act[:, b_idx, t_idx].permute(1, 0, 2, 3).reshape(-1, act.shape[-1]).numpy()
+                # stored as float32 whatever the model's dtype (numpy has no bfloat16; store.json says which)
+                rows = act[:, b_idx, t_idx].permute(1, 0, 2, 3).reshape(-1, act.shape[-1]).float().numpy()
                 if not np.isfinite(rows).all():
                     raise BadInput(
                         f"hook {hook} holds NaN or inf in sequences {start}..{start + len(chunk) - 1}: "
@@ -227,6 +228,7 @@ def cache_activations(
             "prefill": prefill,
             "passes": passes,
             "arch": model.arch,
+            "dtype": str(model.embed.W_E.dtype).removeprefix("torch."),  # the model's; activations stored as float32
             "n_streams": n,
             "n_sequences": len(examples),
             "n_rows": n_rows,
