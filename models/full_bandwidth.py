@@ -214,7 +214,10 @@ class FullBandwidthLM(DecoderLM):
         fuse = regime != "standard"
         if self.steps_statically(tokens, cache):
             h = self.static_step(tokens, cache, fuse)
-            cache.state = h[:, -1]
+            if cache.state is not None and cache.state.shape == h[:, -1].shape:
+                cache.state.copy_(h[:, -1])  # in place: the next step reads it at the same address (CUDA graphs)
+            else:
+                cache.state = h[:, -1].contiguous()
             return h
         return self.final_states(tokens, fuse_mask=fuse, cache=cache)
 

@@ -138,3 +138,29 @@ def test_norm_sites_are_the_order_a_step_records_its_norms(arch):
             model.step(tokens(2, 1), cache=cache)  # the static step, eagerly
             [(pending, _)] = guard.unread
     assert [site for site, *_ in pending] == model.norm_sites()
+
+
+@pytest.mark.parametrize("arch,regime", [("baseline", "standard"), ("fbt", "soft"), ("hd", "standard")])
+def test_the_static_step_reads_and_writes_the_same_storages_at_every_step(arch, regime, monkeypatch):
+    """What CUDA graphs (the compiled step under ``reduce-overhead``) need to replay back to back:
+    every tensor the step reads (the new ids, the cache's keys, values, mask, positions, slot and
+    carried state) lives at the same address from step to step, so nothing is copied in."""
+    from models import DecoderLM
+
+    model = build_model(arch, "debug")
+    seen: list[dict] = []
+    core = DecoderLM._static_step_core
+
+    def recorded(self, tokens, cache, fuse, collect):
+        ptrs = {"tokens": tokens.data_ptr(), "valid": cache.valid.data_ptr(), "next_pos": cache.next_pos.data_ptr()}
+        ptrs |= {"index": cache.index.data_ptr(), "state": cache.state.data_ptr() if fuse else None}
+        ptrs |= {f"k{i}": layer.k.data_ptr() for i, layer in enumerate(cache.layers)}
+        ptrs |= {f"v{i}": layer.v.data_ptr() for i, layer in enumerate(cache.layers)}
+        seen.append(ptrs)
+        return core(self, tokens, cache, fuse, collect)
+
+    monkeypatch.setattr(DecoderLM, "_static_step_core", recorded)
+    generate(model, _prompts(), regime=regime, max_new_tokens=6, engine="static")
+    assert len(seen) == 5
+    moved = {name for step in seen[1:] for name, ptr in step.items() if ptr != seen[0][name]}
+    assert not moved, moved

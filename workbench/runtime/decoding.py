@@ -293,6 +293,7 @@ def generate(
         finished = torch.zeros(B, dtype=torch.bool, device=device)
         lengths = torch.full((B,), max_new_tokens, dtype=torch.long, device=device)
         rows = torch.arange(B, device=device)  # the original rows still in the batch (all unless compact)
+        ids: Tensor | None = None
         with trusted_ids(model):  # the prompt was checked; every later id is the readout's own (or the pad)
             for i in range(max_new_tokens):
                 logits = model.readout(h[:, -n:])[:, -1]  # the last token's n stream positions
@@ -319,7 +320,10 @@ def generate(
                         kept = keep.nonzero()[:, 0]
                         cache.keep_rows(kept, len(rows))
                         rows, nxt = rows[kept], nxt[kept]
-                h = model.step(nxt[:, None], regime=regime, cache=cache)
+                if ids is None or ids.shape[0] != len(rows):
+                    ids = torch.empty((len(rows), 1), dtype=torch.long, device=device)
+                ids.copy_(nxt[:, None])  # one buffer for every step's ids: a CUDA graph reads them in place
+                h = model.step(ids, regime=regime, cache=cache)
     if compact:  # a row that finished between two reads stepped on until the next: it has no state there
         after = torch.arange(states.shape[1], device=device) >= lengths[:, None]
         states = states.masked_fill(after[..., None], float("nan"))
