@@ -10,7 +10,8 @@ from pathlib import Path
 
 import streamlit as st
 
-from app.state import app_root, stamp, writable
+from app.state import app_root, device, stamp, writable
+from workbench.cli import ANALYSIS_VERBS
 from workbench.jobs import Job, cancel_job, list_jobs, start_job
 from workbench.storage.errors import BadInput
 
@@ -28,6 +29,8 @@ def start(argv: list[str], *, title: str, page: str, outputs: list[Path]) -> Job
     if busy:
         st.error(f"A job is already writing there: {busy[0].title} (started {when(busy[0].created)}). Wait for it or cancel it.")
         return None
+    if argv[0] in ANALYSIS_VERBS and device() != "cpu":  # the sidebar's device; the CLI's default is cpu
+        argv = [*argv, "--device", device()]
     try:
         return start_job(app_root(), [*argv, "--no-progress"], title=title, page=page, outputs=[str(o) for o in outputs])
     except (BadInput, OSError) as err:  # a planted link for the jobs directory, a full disk

@@ -18,6 +18,8 @@ from workbench.runtime.tokenizer import TokenizerBase, tokenizer_of
 from workbench.storage.outputs import holder
 
 ROOT_KEY, INPUT_KEY, REFUSED_KEY = "runs_root", "runs_root_input", "runs_root_refused"
+DEVICE_KEY = "device"
+DEVICES = ("cpu", "cuda")  # the sidebar's choices; cpu is the CLI's default
 RUN_FILES = ("config.json", "model.safetensors", "metrics.jsonl", "results/eval.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "config.json")  # config.json: d_vocab is checked against it
 
@@ -104,13 +106,43 @@ def runs() -> list[RunInfo]:
 
 
 @st.cache_resource(show_spinner="Loading model...", max_entries=8)
-def _model(path: str, version: tuple):
-    return load_model(path).eval()
+def _model(path: str, version: tuple, device: str):
+    return load_model(path, device=device).eval()
 
 
 def model_at(path: str | Path):
-    """The run's model, loaded once per version of its weights."""
-    return _model(str(path), stamp(Path(path)))
+    """The run's model on the sidebar's device, loaded once per version of its weights."""
+    return _model(str(path), stamp(Path(path)), device())
+
+
+def device() -> str:
+    """Where page models load and jobs run: the sidebar's choice where this machine has it, else cpu."""
+    chosen = st.session_state.get(DEVICE_KEY, "cpu")
+    return chosen if device_problem(chosen) is None else "cpu"
+
+
+def device_problem(chosen: str) -> str | None:
+    """Why this machine cannot run on ``chosen`` (None: it can)."""
+    if chosen == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            return "Device cuda refused: this machine has no CUDA device (torch.cuda.is_available() is False); pages and jobs run on the cpu."
+    return None
+
+
+def device_picker() -> None:
+    """The sidebar's device: every page's model and every analysis job (``--device``) use it."""
+    with st.sidebar:
+        chosen = st.selectbox(
+            "Device",
+            DEVICES,
+            key=DEVICE_KEY,
+            help="Where page models load and analysis jobs (probes, dynamics, traces) run: `--device` of the CLI, whose "
+            "default is cpu. Training a zoo runs on the cpu (train.device in a run's config for a GPU).",
+        )
+        if problem := device_problem(chosen):
+            st.error(problem)
 
 
 def model(run: RunInfo):

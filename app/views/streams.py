@@ -4,7 +4,7 @@ import pandas as pd
 import streamlit as st
 
 from app.charts import attention_mass_bars, similarity_heatmap
-from app.state import find, follow, model_at, pick_run, runs, shown_errors, stamp, tokenizer_at
+from app.state import device, find, follow, model_at, pick_run, runs, shown_errors, stamp, tokenizer_at
 from workbench.studies.streams import attention_mass, stream_logit_lens, stream_norms, stream_similarity, task_windows
 from workbench.training.runconfig import task_config
 
@@ -31,14 +31,15 @@ if seq_len > n_ctx:
 
 
 @st.cache_data(show_spinner="Running the model...", max_entries=16)
-def analyse(path: str, version: tuple, task: str, n: int, length: int) -> dict:
-    m = model_at(path)
+def analyse(path: str, version: tuple, task: str, n: int, length: int, on: str) -> dict:
+    m = model_at(path)  # on the sidebar's device (``on``: part of the cache key)
     x = task_windows(task, n, length, tokenizer=tokenizer_at(path), data=task_config(path))  # the run's own problems
+    x = x.to(m.embed.W_E.device)
     return {
-        "similarity": stream_similarity(m, x).numpy(),
+        "similarity": stream_similarity(m, x).cpu().numpy(),
         "mass": attention_mass(m, x),
         "lens": stream_logit_lens(m, x),
-        "norms": stream_norms(m, x).numpy(),
+        "norms": stream_norms(m, x).cpu().numpy(),
         "n_streams": m.n_streams,
         "cross_layers": list(m.cfg.cross_layers or []),
     }
@@ -46,7 +47,7 @@ def analyse(path: str, version: tuple, task: str, n: int, length: int) -> dict:
 
 a = None
 with shown_errors("Stream analysis"):
-    a = analyse(str(run.path), stamp(run.path), task, int(n_sequences), int(seq_len))
+    a = analyse(str(run.path), stamp(run.path), task, int(n_sequences), int(seq_len), device())
 if a is None:
     st.stop()
 n = a["n_streams"]

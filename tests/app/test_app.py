@@ -895,3 +895,35 @@ def test_the_zoo_page_shows_the_claims_read_from_the_organisms_studies(monkeypat
     rows = {(r["says"], r["organism"]): r["verdict"] for r in table.to_dict("records")}
     assert rows["lower training loss at equal data", "perm"] == REPRODUCED
     assert rows["lower training loss at equal data", "flipflop"] == NOT_MEASURED
+
+
+def test_the_sidebars_device_reaches_every_analysis_job_and_is_refused_where_absent(monkeypatch, micro_zoo, tmp_path):
+    """Issue #39: a device setting in the sidebar (default cpu, the CLI's) goes to every analysis
+    job as --device; on a machine without CUDA choosing cuda is refused in one line and the page
+    and its jobs stay on the cpu."""
+    import torch
+
+    from workbench.jobs import list_jobs
+
+    root = shutil.copytree(micro_zoo, tmp_path / "runs")
+    at = open_page(monkeypatch, root, "probes")
+    assert at.selectbox(key="device").value == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    at.selectbox(key="device").set_value("cuda").run()
+    refused = [e for e in errors(at) if e.startswith("Device cuda refused")]
+    assert len(refused) == 1 and "\n" not in refused[0] and "run on the cpu" in refused[0]
+    at.number_input(key="probe_n").set_value(20)
+    at.button(key="probe_train").click().run()
+    finish_jobs(at)
+    [job] = list_jobs(root)
+    assert "--device" not in job.argv  # the CLI's default, cpu
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a machine with one: the job is told
+    at.run()
+    assert not [e for e in errors(at) if e.startswith("Device")]
+    at.number_input(key="probe_n").set_value(30)
+    at.button(key="probe_train").click().run()
+    newest = max(list_jobs(root), key=lambda j: j.created)
+    assert newest.argv[newest.argv.index("--device") + 1] == "cuda"
+    from workbench.jobs import cancel_job
+
+    cancel_job(newest)  # it cannot run here; its argv is what the test reads
