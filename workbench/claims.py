@@ -169,27 +169,32 @@ def arm_accuracy(study: Mapping, arm: str, test_set: str | None = None) -> float
 
 
 def _ceiling(claim: Claim, study: Mapping, cell: Mapping) -> str | None:
-    """Why an accuracy claim cannot show: the side the paper predicts lower answers so nearly all
-    problems that the room left above it is within the study's simultaneous half-width, so even a
-    perfect other side would not be detectable (None when there is room, or it is not an accuracy
-    claim of a direction)."""
+    """Why an accuracy claim cannot show: the side the paper predicts lower (for a claim of
+    closeness, each side) answers so nearly all problems that the room left above it is within the
+    study's simultaneous half-width, so even a perfect other side would not be detectable (None
+    when there is room, or it is not an accuracy claim)."""
     name = claim.comparison or ""
     arms, _, readout = name.partition(": ")
-    if claim.sign == 0 or not readout.startswith("accuracy") or " - " not in arms:
+    if not readout.startswith("accuracy") or " - " not in arms:
         return None
     left, right = arms.split(" - ")
-    lower, higher = (right, left) if claim.sign > 0 else (left, right)
     test_set = readout.partition(", ")[2] or None
-    accuracy = arm_accuracy(study, lower, test_set)
-    if accuracy is None:
-        return None
     half = (cell.get("family_high", cell["high"]) - cell.get("family_low", cell["low"])) / 2
-    room = 1.0 - accuracy
-    if room > half:
+    # the side that must leave room: the one predicted lower; for a claim of closeness, both (the
+    # two at the ceiling are close whatever the architectures do)
+    sides = [right, left] if claim.sign == 0 else [right] if claim.sign > 0 else [left]
+    accuracies = [arm_accuracy(study, side, test_set) for side in sides]
+    if any(a is None or 1.0 - a > half for a in accuracies):
         return None
+    what = " and ".join(f"{side} answers {a:.3f}" for side, a in zip(sides, accuracies))
+    problems = f"of the {test_set or 'test'} problems"
+    if claim.sign == 0:
+        return f"at the ceiling: {what} {problems}, so no difference beyond the half-width {half:.3f} could show"
+    higher = left if claim.sign > 0 else right
+    room = 1.0 - accuracies[0]
     return (
-        f"at the ceiling: {lower} answers {accuracy:.3f} of the {test_set or 'test'} problems, so {higher} can gain at "
-        f"most {room:+.3f}, within the study's simultaneous half-width {half:.3f}"
+        f"at the ceiling: {what} {problems}, so {higher} can gain at most {room:+.3f}, within the study's "
+        f"simultaneous half-width {half:.3f}"
     )
 
 

@@ -176,3 +176,11 @@ def test_a_claim_of_more_accuracy_over_a_member_at_the_ceiling_is_not_testable()
     }
     row = claims.read_claim(CLAIM["hd-supervise-last"], "perm", hd)
     assert row["verdict"] == claims.NOT_TESTABLE and row["why"].startswith("at the ceiling: hd4-supervise-all answers 1.000")
+    # closeness: both sides at the ceiling are close whatever the architectures do; one with room is a reading
+    hd["readings"] |= {"hd4-cross-every-layer": {"accuracy": {"mean": 1.0}}}
+    zero = {**cell, "mean": 0.0, "low": 0.0, "high": 0.0, "family_low": 0.0, "family_high": 0.0}
+    hd["family"]["hd4-cross-every-layer - hd4: accuracy"] = zero
+    row = claims.read_claim(CLAIM["hd-few-cross-layers"], "perm", hd)
+    assert row["verdict"] == claims.NOT_TESTABLE and "hd4 answers 1.000 and hd4-cross-every-layer answers 1.000" in row["why"]
+    hd["readings"]["hd4"]["accuracy"]["mean"] = 0.8
+    assert claims.read_claim(CLAIM["hd-few-cross-layers"], "perm", hd)["verdict"] == claims.REPRODUCED
