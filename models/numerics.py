@@ -10,12 +10,11 @@ non-finite anywhere in the stack is caught at the next norm, named by its hook-s
 Records stay on the device. Each model call (``final_states``, ``forward``, ``readout``,
 ``run_passes``) sums its records into one device scalar, and the sums are read on the host every
 ``check_every`` calls (default 1: each call; None: only when ``check()`` is called) and when the
-guard ends, with one sync for all of them; a decode loop reads them at its own checkpoints, so
-that its steps do not wait for the device.
-The records of the unread calls are kept until then, so a non-finite value is still named by its
-first site, step and pass, as if each call had been checked. The guarded computation is the
-unguarded one (same operations, same order), so outputs are bit-identical; with no guard enabled
-the only cost is an attribute test per norm.
+guard ends, with one sync for all of them; a decode loop reads them at its own checkpoints, so that
+its steps do not wait for the device. The records of the unread calls are kept until then, so a
+non-finite value is still named by its first site, step and pass, as if each call had been checked.
+The guarded computation is the unguarded one (same operations, same order), so outputs are
+bit-identical; with no guard enabled the only cost is an attribute test per norm.
 
     with guard_numerics(model):
         model(tokens)   # raises NonFiniteActivation naming e.g. "blocks.1.ln1 input", the step and the pass
