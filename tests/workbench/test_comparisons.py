@@ -198,9 +198,13 @@ def test_hd_ablations_on_the_micro_zoo_reusing_its_members(tmp_path, micro_zoo):
     assert sorted(readings) == sorted(n for n in names if n != "baseline")
     assert list(readings["hd8"]["expansion_jumps"]) == ["2->4", "4->8"] and readings["hd1"]["expansion_jumps"] == {}
     assert readings["hd1"]["time_vs_hd1"]["mean"] == 1.0
-    # the step costs, side by side: hd1 against itself is 1 in every repetition; 8 streams cost more
+    # the step costs, side by side: hd1 against itself is 1 in every repetition; the others are
+    # measured medians within their spread (which is faster is a timing, not asserted: on a busy
+    # machine hd2's micro step measured 0.61x hd1's)
     assert readings["hd1"]["step_time_vs_hd1"] == {"ratio": 1.0, "spread": [1.0, 1.0]}
-    assert readings["hd8"]["step_time_vs_hd1"]["ratio"] > readings["hd2"]["step_time_vs_hd1"]["ratio"] > 1
+    for name in ("hd2", "hd8"):
+        r = readings[name]["step_time_vs_hd1"]
+        assert 0 < r["spread"][0] <= r["ratio"] <= r["spread"][1]
     assert set(readings["hd4"]["tasks"]) == {"chain", "modsum", "flipflop"}
     assert {n: r["paired"]["reference"] for n, r in readings.items() if "paired" in r} == {
         "hd2": "hd1",
