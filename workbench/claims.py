@@ -183,8 +183,9 @@ def _ceiling(claim: Claim, study: Mapping, cell: Mapping) -> str | None:
     # the side that must leave room: the one predicted lower; for a claim of closeness, both (the
     # two at the ceiling are close whatever the architectures do)
     sides = [right, left] if claim.sign == 0 else [right] if claim.sign > 0 else [left]
-    accuracies = [arm_accuracy(study, side, test_set) for side in sides]
-    if any(a is None or 1.0 - a > half for a in accuracies):
+    found = [arm_accuracy(study, side, test_set) for side in sides]
+    accuracies = [a for a in found if a is not None]
+    if len(accuracies) < len(sides) or any(1.0 - a > half for a in accuracies):
         return None
     what = " and ".join(f"{side} answers {a:.3f}" for side, a in zip(sides, accuracies))
     problems = f"of the {test_set or 'test'} problems"
