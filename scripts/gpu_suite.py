@@ -75,25 +75,19 @@ def sync_counts(device, preset: str, engines: list[str], compiled_cases: int) ->
 
 
 def decode_speed(device, preset: str, new: int, reps: int) -> dict:
-    """Tokens/s of batch-1 greedy decoding of the preset's baseline per engine, interleaved."""
+    """Tokens/s of batch-1 greedy decoding of the preset's baseline per engine, interleaved and
+    synchronised by the bench's ``measure``."""
     import torch
 
     from workbench import build_model, generate
+    from workbench.bench.timing import measure
 
     model = build_model("baseline", preset, device=device)
     prompt = [torch.randint(4, 100, (16,), generator=torch.Generator().manual_seed(1)).tolist()]
-    times: dict[str, list[float]] = {e: [] for e in ("eager", "static", "compiled")}
-    for engine in times:  # warm-up (the compiled engine compiles)
-        generate(model, prompt, max_new_tokens=new, engine=engine)
-    for _ in range(reps):
-        for engine in times:
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            generate(model, prompt, max_new_tokens=new, engine=engine)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            times[engine].append(time.perf_counter() - start)
+    engines = ("eager", "static", "compiled")
+    times, dynamo = measure(
+        {e: (lambda e=e: generate(model, prompt, max_new_tokens=new, engine=e)) for e in engines}, reps, device
+    )
     median = {e: statistics.median(t) for e, t in times.items()}
     return {
         "preset": preset,
@@ -102,6 +96,7 @@ def decode_speed(device, preset: str, new: int, reps: int) -> dict:
         "tokens_per_s": {e: new / t for e, t in median.items()},
         "compiled_over_eager": median["eager"] / median["compiled"],
         "static_over_eager": median["eager"] / median["static"],
+        **dynamo,
     }
 
 
@@ -132,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     engines = ["eager", "static", "compiled"]
     report["syncs_per_8_decode_steps"] = sync_counts(device, preset, engines, compiled_cases=1 if args.dry else len(CASES))
     print("decode tokens/s per engine...", flush=True)
-    report["decode"] = decode_speed(device, preset, new=16 if args.dry else 256, reps=2 if args.dry else 5)
+    report["decode"] = decode_speed(device, preset, new=16 if args.dry else 256, reps=5)
     report["seconds"] = round(time.perf_counter() - started, 1)
     out = args.out if args.out is not None else (None if args.dry else OUT)
     text = json.dumps(report, indent=2, default=str) + "\n"
