@@ -377,13 +377,14 @@ def import_smollm2(out: Path) -> Path:
 
 def pretrained_entries(preset: str, reps: int, want: Callable[[str], bool], run: str | Path | None = None) -> list[dict]:
     """The entries of the keys in ``KEYS`` that ``want`` accepts, in order, sharing one import."""
+    wanted = [key for key in KEYS if want(key)]
+    if not wanted:  # e.g. a device run of the device keys, at a preset these keys have no sizes for
+        return []
     sizes, results = SIZES[preset], []
     why = skip_reason(preset, run)
     with ExitStack() as stack:
         m: Imported | None = None
-        for key in KEYS:
-            if not want(key):
-                continue
+        for key in wanted:
             if why is not None:
                 results.append(skipped(key, why))
                 continue
