@@ -296,6 +296,7 @@ class DecoderLM(HookedRootModule):
                 if self.compiled_mode is None:
                     self.compile_step()
                 assert self.compiled_mode is not None
+                cache.mark_static()
                 h, status = _COMPILED_STEPS[self.compiled_mode](self, tokens, cache, fuse, self.numerics_guard is not None)
                 if status is not None and self.numerics_guard is not None:  # read with the guard's other records
                     for site, value in zip(self.norm_sites(), status.unbind()):

@@ -265,6 +265,16 @@ class KVCache:
         self.index.fill_(end)
         self.length = end
 
+    def mark_static(self) -> None:
+        """Tell ``torch.compile`` that the buffers a compiled step reads and writes in place keep
+        their addresses from step to step (``torch._dynamo.mark_static_address``, unguarded): CUDA
+        graphs then capture the writes instead of skipping the graph for "mutated inputs". A buffer
+        replaced later (compaction) is marked when the next compiled step calls this again."""
+        tensors = [self.valid, self.next_pos, self.index, self.state]
+        for t in tensors + [t for layer in self.layers for t in (layer.k, layer.v)]:
+            if t is not None and getattr(t, "_dynamo_static_input_type", None) is None:
+                torch._dynamo.mark_static_address(t)
+
     def advance_step(self) -> None:
         """Bookkeeping after a static step stored one real token per row at ``index``."""
         assert self.index is not None and self.next_pos is not None

@@ -164,3 +164,38 @@ def test_the_static_step_reads_and_writes_the_same_storages_at_every_step(arch, 
     assert len(seen) == 5
     moved = {name for step in seen[1:] for name, ptr in step.items() if ptr != seen[0][name]}
     assert not moved, moved
+
+
+@pytest.mark.parametrize("engine", ["eager", "static"])
+@pytest.mark.parametrize("arch,regime", [("baseline", "standard"), ("fbt", "soft"), ("hd", "standard")])
+def test_decoding_builds_no_autograd_graph(arch, regime, engine):
+    """The model's weights require gradients; decoding must not record a graph through them (on
+    the H200, CUDA graphs refused to replay the compiled step: "pending, uninvoked backwards")."""
+    model = build_model(arch, "debug")
+    assert all(p.requires_grad for p in model.parameters())
+    out = generate(model, _prompts(), regime=regime, max_new_tokens=4, engine=engine)
+    assert not out.states.requires_grad and out.states.grad_fn is None
+
+
+@pytest.mark.parametrize("arch,regime", [("baseline", "standard"), ("fbt", "soft"), ("hd", "standard")])
+def test_the_compiled_step_sees_its_cache_buffers_marked_static(arch, regime, monkeypatch):
+    """CUDA graphs skip a graph whose inputs it writes in place ("mutated inputs", seen on the
+    H200) unless those inputs are static addresses: every buffer the compiled step reads or
+    writes (keys, values, mask, positions, slot, carried state) is marked before each call. The
+    compiled function is replaced by the eager core here, so the test runs in a second."""
+    from models import DecoderLM
+    from models import baseline as base_module
+
+    marked: list[bool] = []
+
+    def recorded(self, tokens, cache, fuse, collect):
+        buffers = [cache.valid, cache.next_pos, cache.index] + [t for layer in cache.layers for t in (layer.k, layer.v)]
+        buffers += [cache.state] if fuse else []
+        marked.append(all(getattr(t, "_dynamo_static_input_type", None) is not None for t in buffers))
+        return DecoderLM._static_step_core(self, tokens, cache, fuse, collect)
+
+    monkeypatch.setitem(base_module._COMPILED_STEPS, "default", recorded)
+    model = build_model(arch, "debug")
+    model.compiled_mode = "default"
+    generate(model, _prompts(), regime=regime, max_new_tokens=5, engine="compiled")
+    assert marked == [True] * 4

@@ -237,6 +237,7 @@ def check_generate(
     return tokens, mask
 
 
+@torch.no_grad()  # decoding builds no autograd graph (with one, CUDA graphs cannot replay: pending backwards)
 def generate(
     model: DecoderLM,
     prompt_ids: Tensor | Sequence[Sequence[int]],
