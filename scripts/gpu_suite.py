@@ -12,7 +12,8 @@ the rest still run; the JSON is rewritten after each, so a call cut short keeps 
   architecture, regime and engine (0 between the reads every ``sync_every`` steps), and on a GPU
   the warnings of ``torch.cuda.set_sync_debug_mode("warn")`` over the same steps;
 - ``train_syncs``: the same per training step (no logging or checkpoint in the steps counted);
-- ``decode_speed``: batch-1 tokens/s of the eager, static and compiled engines side by side;
+- ``decode_speed``: batch-1 tokens/s of the eager, static and compiled engines side by side (bf16
+  on a GPU), with what inductor said where it did not use CUDA graphs;
 - ``hd_decode``: HD n=4 over the baseline in decode tokens/s at SmolLM2-135M's shape in bf16, at
   batch 1 and batch 32 after a 2k-token context (the HD paper reports 0.83-0.88 and ~0.27);
 - ``cpt``: 200 bf16 steps of continued pretraining from a SmolLM2-135M-shaped model as FBT (K=2)
@@ -72,6 +73,32 @@ def cuda_sync_warnings(device):
             yield got
     finally:
         torch.cuda.set_sync_debug_mode(0)
+
+
+@contextmanager
+def cudagraph_notes():
+    """A list that fills with what inductor says when it does not use CUDA graphs for a compiled
+    function (its "skipping cudagraphs due to ..." log lines, and warnings about the graphs' fast
+    path): the reasons a compiled decode step runs without them."""
+    import logging
+
+    notes: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            text = record.getMessage()
+            if "cudagraph" in text.lower():
+                notes.append(" ".join(text.split())[:300])
+
+    logger, handler = logging.getLogger("torch._inductor"), Collect()
+    logger.addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield notes
+        notes += [" ".join(str(w.message).split())[:300] for w in caught if "cudagraph" in str(w.message).lower()]
+    finally:
+        logger.removeHandler(handler)
 
 
 def decode_syncs(device, preset: str, compiled_cases: int) -> dict:
@@ -152,15 +179,19 @@ def decode_speed(device, preset: str, new: int, reps: int) -> dict:
     from workbench import build_model, generate
     from workbench.bench.timing import measure
 
-    model = build_model("baseline", preset, device=device)
+    dtype = torch.bfloat16 if device.type == "cuda" else None  # what inference on a GPU uses (--dtype bf16)
+    model = build_model("baseline", preset, device=device, dtype=dtype)
     prompt = [torch.randint(4, 100, (16,), generator=torch.Generator().manual_seed(1)).tolist()]
     engines = ("eager", "static", "compiled")
-    times, dynamo = measure(
-        {e: (lambda e=e: generate(model, prompt, max_new_tokens=new, engine=e)) for e in engines}, reps, device
-    )
+    with cudagraph_notes() as notes:
+        times, dynamo = measure(
+            {e: (lambda e=e: generate(model, prompt, max_new_tokens=new, engine=e)) for e in engines}, reps, device
+        )
     median = {e: statistics.median(t) for e, t in times.items()}
     return {
         "preset": preset,
+        "dtype": str(model.embed.W_E.dtype),
+        "cudagraph_notes": sorted(set(notes)),
         "new_tokens": new,
         "reps": reps,
         "tokens_per_s": {e: new / t for e, t in median.items()},
