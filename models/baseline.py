@@ -110,6 +110,13 @@ class DecoderLM(HookedRootModule):
 
     # ---- inputs -------------------------------------------------------------------------------
 
+    def check_token_range(self, lo: int, hi: int) -> None:
+        """Refuse token ids from ``lo`` to ``hi`` unless they are in the vocabulary (for a caller
+        that read the range where it costs nothing, such as a batch still on the host)."""
+        if lo < 0 or hi >= self.cfg.d_vocab:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.cfg.d_vocab})")
+
     def check_tokens(self, tokens: Tensor, cache: KVCache | None = None) -> None:
         if not isinstance(tokens, Tensor) or tokens.dim() != 2:
             shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
@@ -117,10 +124,7 @@ class DecoderLM(HookedRootModule):
         if tokens.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"tokens must be an integer tensor, got dtype {tokens.dtype}")
         if tokens.numel() and self.check_token_values:  # two host reads: see trusted_ids
-            lo, hi = int(tokens.min()), int(tokens.max())
-            if lo < 0 or hi >= self.cfg.d_vocab:
-                bad = lo if lo < 0 else hi
-                raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.cfg.d_vocab})")
+            self.check_token_range(int(tokens.min()), int(tokens.max()))
         past = cache.length if cache is not None else 0
         if past + tokens.shape[1] > self.cfg.n_ctx:
             raise ValueError(

@@ -138,7 +138,8 @@ class FullBandwidthLM(DecoderLM):
                         # only the first position can know its previous state before any pass has run
                         fuse = fuse_mask.clone()
                         fuse[:, 1:] = False
-                        if (known and carried is not None) if known is not None else fuse.any():
+                        # no carried state: nothing to fuse at the first position (no read of the mask)
+                        if carried is not None and (known if known is not None else bool(fuse.any())):
                             prev = torch.cat((first[:, None], embed.new_zeros(B, T - 1, embed.shape[-1])), 1)
                             x = self.fusion(self._feedback(prev, k, perturb, detach_states), embed, fuse)
                         else:

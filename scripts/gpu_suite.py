@@ -275,6 +275,7 @@ def cpt(device, dry: bool, shape: tuple[int, int, int, int] | None = None) -> di
     import torch
 
     from workbench import build_model
+    from workbench.bench.gpu_check import measured_run
     from workbench.runtime.checkpoint import WEIGHTS, save_model, save_weights
     from workbench.storage.errors import MissingFile
     from workbench.training.metrics import read_metrics
@@ -298,19 +299,7 @@ def cpt(device, dry: bool, shape: tuple[int, int, int, int] | None = None) -> di
             del model
             task = f"prepared:{CORPUS}"
         for name, (arch, extra) in runs.items():
-            overrides = [
-                f"train.batch_size={batch}",
-                f"train.seq_len={seq}",
-                f"train.steps={steps}",
-                f"train.log_every={log_every}",
-                f"train.checkpoint_every={steps}",
-                f"train.warmup={max(1, steps // 10)}",
-                "train.lr=1e-4",
-                "train.bf16=true",
-                f"train.cpu_bf16={device.type == 'cpu'}",  # the bf16 autocast path, on a CPU too
-                f"train.device={device.type}",
-                *extra,
-            ]
+            overrides = [*measured_run(batch, seq, steps, log_every, device, warmup=max(1, steps // 10)), "train.lr=1e-4", *extra]
             cfg = make_run_config(arch, None, task, overrides, init_from=str(init))
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats()

@@ -384,6 +384,10 @@ def cmd_train(args) -> dict:
     if args.resume:  # make_run_config checked a new run's; a resumed one's config may have been edited
         check_run_fits(cfg)
     summary = train(cfg, args.out, resume=args.resume, progress=not args.no_progress, stop_after=args.stop_after).summary
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():  # under torchrun: left to the interpreter's exit, gloo can abort
+        dist.destroy_process_group()
     print(f"trained {cfg.arch} to step {summary['steps']} in {summary['seconds']:.1f}s -> {args.out}")
     return summary
 

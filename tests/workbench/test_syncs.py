@@ -199,3 +199,80 @@ def test_the_compiled_step_sees_its_cache_buffers_marked_static(arch, regime, mo
     model.compiled_mode = "default"
     generate(model, _prompts(), regime=regime, max_new_tokens=5, engine="compiled")
     assert marked == [True] * 4
+
+
+# ---- training steps ----------------------------------------------------------------------------
+
+TRAIN_CASES = {
+    "baseline": ("baseline", []),
+    "fbt": ("fbt", ["fbt.feedback_start=0.25", "fbt.three_pass_fraction=0.5"]),  # 1-, 2- and 3-pass steps, the warm switch
+    "hd": ("hd", ["hd.streams=1,2", "hd.expand_at=0,3"]),  # an expansion on the way
+    "accumulated": ("baseline", ["train.grad_accum=2"]),
+}
+
+
+def _train(tmp_path, name: str, steps: int, *extra: str):
+    from helpers import FAST
+
+    from workbench.training.runconfig import make_run_config
+    from workbench.training.train import train
+
+    arch, overrides = TRAIN_CASES[name]
+    cfg = make_run_config(arch, "debug", "mix", [*FAST, f"train.steps={steps}", *overrides, *extra])
+    return train(cfg, tmp_path / "-".join([name, str(steps), *extra]), progress=False)
+
+
+@pytest.mark.parametrize("name", list(TRAIN_CASES))
+def test_training_steps_between_logging_steps_do_not_synchronise(tmp_path, name):
+    """Steps 9-16 cost no host reads when none of them logs or checkpoints (26 per step before:
+    the token range, the losses, the gradient norm, AdamW's step counters, the batch's target
+    mass; FBT also the first pass's fuse mask and its pass draw). Host reads of the host's own
+    batch go through ``host_value``, which the counter does not see."""
+    totals = []
+    for steps in (8, 16):
+        with SyncCounter() as c:
+            _train(tmp_path, name, steps, "train.log_every=1000", "train.checkpoint_every=1000")
+        totals.append(c.total)
+    assert totals[0] == totals[1], totals
+
+
+@pytest.mark.parametrize("name", ["fbt", "accumulated"])
+def test_reading_the_device_less_often_trains_the_same_weights_and_logs_the_same_numbers(tmp_path, name):
+    """The host reads the step's readings at logging steps only: every 4th step's line equals
+    the line that reading at every step writes, and the weights are bit for bit the same."""
+    import json
+    from pathlib import Path
+
+    every = _train(tmp_path, name, 8, "train.log_every=1")
+    fourth = _train(tmp_path, name, 8, "train.log_every=4")
+    timing = ("tokens_per_s", "tflops_per_s", "peak_rss_mib")
+    lines = []
+    for out in (every, fourth):
+        rows = [json.loads(line) for line in (Path(out.summary["run"]) / "metrics.jsonl").read_text().splitlines()]
+        lines.append({r["step"]: {k: v for k, v in r.items() if k not in timing} for r in rows})
+    a, b = lines
+    assert sorted(b) == [4, 8] and all(b[s] == a[s] for s in (4, 8)), (a, b)
+    for (name_a, p), (name_b, q) in zip(every.model.state_dict().items(), fourth.model.state_dict().items()):
+        assert name_a == name_b and torch.equal(p, q), name_a
+
+
+def test_step_readings_keep_the_first_divergence_and_the_last_step():
+    """Known answers: the first non-finite step (loss NaN at step 1, not the gradient norm's inf at
+    step 2) with its own values, and the last step's readings as numbers; no host read until
+    ``read``."""
+    import math
+
+    from workbench.training.readings import StepReadings
+
+    r = StepReadings("cpu")
+    with SyncCounter() as c:
+        r.add(0, {"loss": torch.tensor(1.5), "passes": 2}, torch.tensor(0.25))
+        r.add(1, {"loss": torch.tensor(float("nan")), "passes": 2}, torch.tensor(3.0))
+        r.add(2, {"loss": torch.tensor(0.5), "passes": 3}, torch.tensor(float("inf")))
+    assert c.total == 0
+    got = r.read()
+    assert got.diverged_at == 1 and math.isnan(got.diverged_loss) and got.diverged_grad_norm == 3.0
+    assert got.values == {"loss": 0.5, "passes": 3, "grad_norm": float("inf")}
+    fine = StepReadings("cpu")
+    fine.add(4, {"loss": torch.tensor(2.0)}, torch.tensor(1.0))
+    assert fine.read().diverged_at is None

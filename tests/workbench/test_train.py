@@ -65,7 +65,8 @@ def test_the_feedback_passes_weights_ramp_up_from_the_switch():
     B, T = cfg.train.batch_size, cfg.train.seq_len
     x, y = torch.randint(0, model.cfg.d_vocab, (2, B, T))
     total, info = strategy.loss(model, x, y, 32, slice(0, B))
-    assert info["passes"] == 2 and total.item() == pytest.approx(info["loss_pass1"] + 0.3 * info["loss_pass2"], rel=1e-6)
+    parts = info["loss_pass1"].item() + 0.3 * info["loss_pass2"].item()  # the readings stay on the device until read
+    assert info["passes"] == 2 and total.item() == pytest.approx(parts, rel=1e-6)
 
 
 @pytest.mark.slow
@@ -96,19 +97,22 @@ def test_fbt_schedule_logs_per_pass_losses(tmp_path):
 
 
 @pytest.mark.slow
-def test_divergence_names_the_step_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
+@pytest.mark.parametrize("log_every", [1, 1000], ids=["read-every-step", "read-at-checkpoints"])
+def test_divergence_names_the_step_and_keeps_the_last_checkpoint(tmp_path, monkeypatch, log_every):
+    """The host reads the loss on logging and checkpoint steps only (issue #39): a NaN at step 6
+    is still named exactly, and found before the checkpoint at step 8 would be written."""
     real = Strategy.loss
 
     def poisoned(self, model, x, y, step, rows, weight=None):
         loss, info = real(self, model, x, y, step, rows, weight)
         if step == 6:
             loss = loss * float("nan")
-            info["loss"] = float("nan")
+            info["loss"] = loss.detach()
         return loss, info
 
     monkeypatch.setattr(Strategy, "loss", poisoned)
-    with pytest.raises(TrainingDiverged, match=r"at step 6 .*last checkpoint \(step 4\)"):
-        train(config("baseline"), tmp_path / "run", progress=False)
+    with pytest.raises(TrainingDiverged, match=r"non-finite loss at step 6 \(loss nan, .*last checkpoint \(step 4\)"):
+        train(config("baseline", f"train.log_every={log_every}"), tmp_path / "run", progress=False)
     from workbench import load_model
 
     load_model(tmp_path / "run")

@@ -45,6 +45,22 @@ SHAPES = {  # preset, batch, seq, steps, log_every (the last interval is the mea
 }
 
 
+def measured_run(batch: int, seq: int, steps: int, log_every: int, device: torch.device, *, warmup: int) -> list[str]:
+    """The overrides of a timed bf16 training run: one checkpoint at the end, the last logging
+    interval the measurement (on a CPU the bf16 autocast path runs too, so it cannot rot)."""
+    return [
+        f"train.batch_size={batch}",
+        f"train.seq_len={seq}",
+        f"train.steps={steps}",
+        f"train.log_every={log_every}",
+        f"train.checkpoint_every={steps}",
+        f"train.warmup={warmup}",
+        "train.bf16=true",
+        f"train.cpu_bf16={device.type == 'cpu'}",
+        f"train.device={device.type}",
+    ]
+
+
 def gpu_check(*, dry: bool = False, progress: Callable[[str], None] = lambda line: None) -> dict:
     """The report ``workbench gpu-check`` writes (see the module docstring)."""
     cuda = torch.cuda.is_available()
@@ -57,16 +73,8 @@ def gpu_check(*, dry: bool = False, progress: Callable[[str], None] = lambda lin
     with tempfile.TemporaryDirectory() as tmp:
         for name, (arch, extra) in RUNS.items():
             overrides = [
-                f"train.batch_size={batch}",
-                f"train.seq_len={seq}",
-                f"train.steps={steps}",
-                f"train.log_every={log_every}",
-                f"train.checkpoint_every={steps}",
-                f"train.warmup={steps // 4}",
+                *measured_run(batch, seq, steps, log_every, device, warmup=steps // 4),
                 "train.compile=true",
-                "train.bf16=true",
-                f"train.cpu_bf16={dry}",  # the bf16 autocast path, exercised on the CPU too
-                f"train.device={device.type}",
                 "data.n_train=2000",
                 *extra,
             ]

@@ -74,3 +74,13 @@ def count_syncs(fn, *args, **kwargs) -> tuple[object, SyncCounter]:
     with torch.no_grad(), SyncCounter() as counter:
         out = fn(*args, **kwargs)
     return out, counter
+
+
+def host_value(t: torch.Tensor) -> float | int | bool:
+    """The value of a one-element tensor that lives on the host by construction (a batch drawn on
+    the CPU, a generator's draw), read through numpy: no dispatched op, so ``SyncCounter`` does not
+    count it, and no device is waited for. A tensor on a device is refused: reading it would be a
+    synchronisation."""
+    if t.device.type != "cpu":
+        raise ValueError(f"host_value reads host tensors; this one is on {t.device}")
+    return t.detach().numpy().item()

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch import nn
+from torch import Tensor, nn
 
 from models import DecoderLM
 from workbench.runtime.config import model_from_config
@@ -141,15 +141,15 @@ class Engine:
         plain_opt.load_state_dict(sd)
         return plain, plain_opt
 
-    def clip_grad_norm(self, model: DecoderLM, max_norm: float) -> float:
-        """Clip the gradients to ``max_norm`` in global norm; the norm before clipping (under
-        ``fsdp`` computed over the shards of all processes)."""
+    def clip_grad_norm(self, model: DecoderLM, max_norm: float) -> Tensor:
+        """Clip the gradients to ``max_norm`` in global norm; the norm before clipping, a 0-d
+        tensor on the device (under ``fsdp`` computed over the shards of all processes)."""
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
         if self.kind == "fsdp":
             from torch.distributed.tensor import DTensor
 
             norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
-        return float(norm)
+        return norm
 
     def no_sync(self, step_loss: nn.Module, last_micro: bool):
         """DDP all-reduces once per step, after the last micro-batch."""

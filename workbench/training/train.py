@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
-from models import DecoderLM, HDConfig, expand_streams
+from models import DecoderLM, HDConfig, expand_streams, trusted_ids
 from workbench.data.prepared import PreparedCorpus, corpus_dir
 from workbench.data.tasks import load_task
 from workbench.data.windows import IGNORE, TokenStream, Windows, batch_weights, batch_windows, step_generator
@@ -32,6 +32,7 @@ from workbench.runtime.checkpoint import load_model, load_weights, model_from_we
 from workbench.runtime.config import model_from_config
 from workbench.runtime.process import peak_rss_mib
 from workbench.runtime.progress import Bar
+from workbench.runtime.syncs import host_value
 from workbench.runtime.tokenizer import CharTokenizer, TokenizerBase, load_tokenizer, tokenizer_of
 from workbench.storage.errors import BadInput, MissingFile, OutputBusy, OutputExists, WorkbenchError
 from workbench.storage.files import atomic_write, link_or_copy, read_json, remove_stale_temps, write_json
@@ -50,6 +51,7 @@ from workbench.storage.outputs import (
 from workbench.training.flops import peak_flops, train_flops_per_token
 from workbench.training.metrics import read_metrics
 from workbench.training.parallel import Dist, Engine, setup_distributed
+from workbench.training.readings import StepReadings
 from workbench.training.runconfig import RunConfig, load_run_config
 
 logger = logging.getLogger(__name__)
@@ -99,7 +101,7 @@ class Strategy:
         """The loss of rows ``rows`` of ``step``'s batch (inputs ``x``, targets ``y``, target
         weights ``weight`` or None) and what to log of it."""
         loss = ntp_loss(model(x), y, weight)
-        return loss, {"loss": loss.item()}
+        return loss, {"loss": loss.detach()}
 
 
 class FBTStrategy(Strategy):
@@ -142,7 +144,7 @@ class FBTStrategy(Strategy):
         if step < round(fbt.feedback_start * train.steps):
             return 1
         u = torch.rand((), generator=step_generator(train.seed, step, purpose=1))
-        return 3 if float(u) < fbt.three_pass_fraction else 2
+        return 3 if host_value(u) < fbt.three_pass_fraction else 2
 
     def flops_per_token(self, model, step):
         K = self.passes(step)  # the stack and the readout once per pass, the fusion in passes 2..K
@@ -168,7 +170,7 @@ class FBTStrategy(Strategy):
         losses = [ntp_loss(model.readout(h), y, weight) for h in states]
         weights = [fbt.pass_weights[0], *(w * self.ramp(step) for w in fbt.pass_weights[1:])]
         total = cast(Tensor, sum(w * l for w, l in zip(weights, losses)))
-        return total, {"loss": total.item(), "passes": K, **{f"loss_pass{k + 1}": l.item() for k, l in enumerate(losses)}}
+        return total, {"loss": total.detach(), "passes": K, **{f"loss_pass{k + 1}": l.detach() for k, l in enumerate(losses)}}
 
 
 class HDStrategy(Strategy):
@@ -195,7 +197,7 @@ class HDStrategy(Strategy):
             loss = ntp_loss(logits, every(y), None if weight is None else every(weight))
         else:
             loss = ntp_loss(model(x), y, weight)
-        return loss, {"loss": loss.item(), "n_streams": model.n_streams}
+        return loss, {"loss": loss.detach(), "n_streams": model.n_streams}
 
     def flops_per_token(self, model, step):
         n, T, cfg = model.n_streams, self.cfg.train.seq_len, cast(HDConfig, model.cfg)
@@ -226,7 +228,9 @@ def make_optimizer(model: DecoderLM, cfg: RunConfig) -> torch.optim.AdamW:
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     other = [p for n, p in model.named_parameters() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.train.weight_decay}, {"params": other, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.train.lr, betas=(cfg.train.beta1, cfg.train.beta2))
+    # fused: one kernel per step, with the step counters beside the parameters, so a step reads
+    # nothing on the host (the default for-each AdamW reads each parameter's counter with .item())
+    return torch.optim.AdamW(groups, lr=cfg.train.lr, betas=(cfg.train.beta1, cfg.train.beta2), fused=True)
 
 
 def carry_optimizer(old_model, old_opt, new_model, cfg: RunConfig) -> torch.optim.AdamW:
@@ -550,15 +554,6 @@ class TrainResult:
     summary: dict
 
 
-def _mean_across(values: dict, world: int, device) -> dict:
-    if world == 1:
-        return values
-    keys = sorted(k for k, v in values.items() if isinstance(v, float))
-    t = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=device)
-    dist.all_reduce(t)
-    return {**values, **{k: float(v) / world for k, v in zip(keys, t.tolist())}}
-
-
 def _trim_metrics(path: Path, before_step: int) -> None:
     """Keep the metrics lines up to ``before_step`` (``read_metrics`` drops a torn last line and
     names a corrupt one before it)."""
@@ -759,6 +754,7 @@ def _train_loop(
     record: dict = {}
     end = t.steps if stop_after is None else min(t.steps, start + stop_after)
     saved = None  # the unsharded model the last step checkpointed, if it did
+    readings = StepReadings(device)
     for step in range(start, end):
         if strategy.grows(model, step):  # on the unsharded model; the grown one is sharded again
             plain, plain_opt = engine.gather(model, opt, new_optimizer)
@@ -781,44 +777,52 @@ def _train_loop(
         # weight: the step's gradient is that of the mean over the whole batch however it is split
         # (the share is 1 where every target is scored alike)
         mass = (y_all != IGNORE).float() if w_all is None else w_all
-        per_row = float(mass.sum()) / t.batch_size
+        per_row = host_value(mass.sum()) / t.batch_size  # the batch is drawn on the host: no device read
+        model.check_token_range(int(host_value(x_all.min())), int(host_value(x_all.max())))  # so the forward need not read it
         parts = []
         for m in range(t.grad_accum):
             first = rank_info.rank * per_rank + m * micro
             rows = slice(first, first + micro)
-            share = float(mass[rows].sum()) / (per_row * micro) if per_row else 0.0
-            weight = None if w_all is None else w_all[rows].to(device)
-            with engine.no_sync(step_loss, last_micro=m == t.grad_accum - 1):
+            share = host_value(mass[rows].sum()) / (per_row * micro) if per_row else 0.0
+            weight = None if w_all is None else to_device(w_all[rows], device)
+            with engine.no_sync(step_loss, last_micro=m == t.grad_accum - 1), trusted_ids(model):
                 with autocast:
-                    loss, info = step_loss(x_all[rows].to(device), y_all[rows].to(device), step, rows, weight)
+                    loss, info = step_loss(to_device(x_all[rows], device), to_device(y_all[rows], device), step, rows, weight)
                 (loss * share / t.grad_accum).backward()
             parts.append(info)
-        grad_norm = engine.clip_grad_norm(model, t.grad_clip)
-        info = {k: sum(p[k] for p in parts) / len(parts) if isinstance(parts[0][k], float) else parts[0][k] for k in parts[0]}
-        info = _mean_across(info, rank_info.world, device)
-        if not (math.isfinite(info["loss"]) and math.isfinite(grad_norm)):
-            opt.zero_grad(set_to_none=True)
-            last = _last_checkpoint_step(run_dir)
-            raise TrainingDiverged(
-                f"non-finite {'loss' if not math.isfinite(info['loss']) else 'gradient norm'} at step {step} "
-                f"(loss {info['loss']}, grad norm {grad_norm}); "
-                + (
-                    f"the last checkpoint (step {last}) in {run_dir} is intact"
-                    if last is not None
-                    else "no checkpoint was written"
+        # the step's readings stay on the device; the host reads them on logging and checkpoint steps
+        info = {
+            k: torch.stack([p[k].double() for p in parts]).mean() if isinstance(v, Tensor) else v for k, v in parts[0].items()
+        }
+        readings.add(step, info, engine.clip_grad_norm(model, t.grad_clip))
+        done = step + 1
+        logs = done % t.log_every == 0 or done == t.steps
+        if logs or done % t.checkpoint_every == 0 or done == end:
+            reading = readings.read(rank_info.world)
+            if reading.diverged_at is not None:
+                opt.zero_grad(set_to_none=True)
+                last = _last_checkpoint_step(run_dir)
+                bad_loss, bad_norm = reading.diverged_loss, reading.diverged_grad_norm
+                raise TrainingDiverged(
+                    f"non-finite {'loss' if not math.isfinite(bad_loss) else 'gradient norm'} at step {reading.diverged_at} "
+                    f"(loss {bad_loss}, grad norm {bad_norm}); "
+                    + (
+                        f"the last checkpoint (step {last}) in {run_dir} is intact"
+                        if last is not None
+                        else "no checkpoint was written"
+                    )
                 )
-            )
         opt.step()
         opt.zero_grad(set_to_none=True)
         tokens_since += t.batch_size * t.seq_len
         flops_since += strategy.flops_per_token(model, step) * t.batch_size * t.seq_len
-        done = step + 1
-        if done % t.log_every == 0 or done == t.steps:
+        if logs:
             now = time.perf_counter()
+            info = {k: v for k, v in reading.values.items() if k != "grad_norm"}
             record = {
                 "step": done,
                 "lr": lr,
-                "grad_norm": grad_norm,
+                "grad_norm": reading.values["grad_norm"],
                 "tokens_per_s": tokens_since / (now - last_log),  # all processes' tokens
                 "tflops_per_s": flops_since / (now - last_log) / 1e12,  # all processes' FLOPs (flops.py)
                 **({"mfu": flops_since / (now - last_log) / (peak * rank_info.world)} if peak else {}),
@@ -854,6 +858,14 @@ def _train_loop(
         "last": record,
     }
     return TrainResult(model, summary)
+
+
+def to_device(t: Tensor, device: torch.device) -> Tensor:
+    """A host batch tensor on ``device``; to a GPU from pinned memory without waiting (a copy from
+    pageable memory makes the host wait for the device)."""
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 def _last_checkpoint_step(run_dir: Path) -> int | None:
