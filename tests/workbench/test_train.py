@@ -15,7 +15,7 @@ from workbench.runtime.config import build_model
 from workbench.runtime.tokenizer import CharTokenizer
 from workbench.training.metrics import read_metrics
 from workbench.training.runconfig import make_run_config
-from workbench.training.train import FBTStrategy, Strategy, TrainingDiverged, ntp_loss, train
+from workbench.training.train import FBTStrategy, HDStrategy, Strategy, TrainingDiverged, ntp_loss, train
 
 
 def weights(run: Path) -> dict:
@@ -117,6 +117,26 @@ def test_divergence_names_the_step_and_keeps_the_last_checkpoint(tmp_path, monke
 
     load_model(tmp_path / "run")
     assert json.loads((tmp_path / "run" / "train_state" / "state.json").read_text())["step"] == 4
+
+
+def test_a_divergence_before_a_growth_step_stops_before_the_model_is_grown(tmp_path, monkeypatch):
+    """The host reads the losses at logging steps only, but an HD expansion (or FBT's switch) is
+    fitted and recorded from the current weights: a NaN at step 1 with logging every 1000 steps
+    is named before the expansion at step 3 records losses of a broken model."""
+    real = HDStrategy.loss
+
+    def poisoned(self, model, x, y, step, rows, weight=None):
+        loss, info = real(self, model, x, y, step, rows, weight)
+        if step == 1:
+            loss = loss * float("nan")
+            info["loss"] = loss.detach()
+        return loss, info
+
+    monkeypatch.setattr(HDStrategy, "loss", poisoned)
+    cfg = config("hd", "train.log_every=1000", "hd.streams=1,2", "hd.expand_at=0,3", steps=6)
+    with pytest.raises(TrainingDiverged, match=r"non-finite loss at step 1 "):
+        train(cfg, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run" / "expansions.json").exists()
 
 
 @pytest.mark.slow

@@ -43,20 +43,19 @@ class StepReadings:
         self.last = {**info, "grad_norm": norm}
 
     def read(self, world: int = 1) -> Reading:
-        """The one host read: the last step's tensors (its losses averaged over ``world``
-        processes, every one of which must call this at the same step; the gradient norm is
-        already global) and the divergence record."""
+        """The one host read (after at least one ``add``): the last step's tensors (its losses
+        averaged over ``world`` processes, every one of which must call this at the same step; the
+        gradient norm is already global) and the divergence record."""
         keys = [k for k, v in self.last.items() if isinstance(v, Tensor) and k != "grad_norm"]
-        numbers = torch.stack([self.last[k].detach().double().reshape(()) for k in keys]) if keys else None
-        if numbers is not None and world > 1:
-            dist.all_reduce(numbers)
-            numbers /= world
-        head = [self.first_bad.double()[None], self.bad_values.double()]
-        head += [self.last["grad_norm"].double()[None]] if "grad_norm" in self.last else []
-        flat = torch.cat(head + ([numbers] if numbers is not None else [])).tolist()
-        first, bad_loss, bad_norm, *rest = flat
-        values = dict(self.last)
-        if "grad_norm" in self.last:
-            values["grad_norm"], rest = rest[0], rest[1:]
-        values.update(zip(keys, rest))
-        return Reading(values, int(first) if first >= 0 else None, bad_loss, bad_norm)
+        losses = torch.stack([self.last[k].double().reshape(()) for k in keys])
+        if world > 1:
+            dist.all_reduce(losses)
+            losses /= world
+        head = torch.stack((self.first_bad.double(), *self.bad_values.double(), self.last["grad_norm"].double()))
+        first, bad_loss, bad_norm, grad_norm, *values = torch.cat((head, losses)).tolist()
+        return Reading(
+            {**self.last, "grad_norm": grad_norm, **dict(zip(keys, values))},
+            int(first) if first >= 0 else None,
+            bad_loss,
+            bad_norm,
+        )

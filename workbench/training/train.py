@@ -51,7 +51,7 @@ from workbench.storage.outputs import (
 from workbench.training.flops import peak_flops, train_flops_per_token
 from workbench.training.metrics import read_metrics
 from workbench.training.parallel import Dist, Engine, setup_distributed
-from workbench.training.readings import StepReadings
+from workbench.training.readings import Reading, StepReadings
 from workbench.training.runconfig import RunConfig, load_run_config
 
 logger = logging.getLogger(__name__)
@@ -757,6 +757,8 @@ def _train_loop(
     readings = StepReadings(device)
     for step in range(start, end):
         if strategy.grows(model, step):  # on the unsharded model; the grown one is sharded again
+            if readings.last:  # never fit or record a growth from weights a step since the last read broke
+                _stop_if_diverged(readings.read(rank_info.world), run_dir)
             plain, plain_opt = engine.gather(model, opt, new_optimizer)
             switching = rank_info.main and isinstance(strategy, FBTStrategy)
             if switching:
@@ -799,19 +801,7 @@ def _train_loop(
         logs = done % t.log_every == 0 or done == t.steps
         if logs or done % t.checkpoint_every == 0 or done == end:
             reading = readings.read(rank_info.world)
-            if reading.diverged_at is not None:
-                opt.zero_grad(set_to_none=True)
-                last = _last_checkpoint_step(run_dir)
-                bad_loss, bad_norm = reading.diverged_loss, reading.diverged_grad_norm
-                raise TrainingDiverged(
-                    f"non-finite {'loss' if not math.isfinite(bad_loss) else 'gradient norm'} at step {reading.diverged_at} "
-                    f"(loss {bad_loss}, grad norm {bad_norm}); "
-                    + (
-                        f"the last checkpoint (step {last}) in {run_dir} is intact"
-                        if last is not None
-                        else "no checkpoint was written"
-                    )
-                )
+            _stop_if_diverged(reading, run_dir)  # before this step's update and any checkpoint
         opt.step()
         opt.zero_grad(set_to_none=True)
         tokens_since += t.batch_size * t.seq_len
@@ -866,6 +856,19 @@ def to_device(t: Tensor, device: torch.device) -> Tensor:
     if device.type != "cuda":
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)
+
+
+def _stop_if_diverged(reading: Reading, run_dir: Path) -> None:
+    """Raise ``TrainingDiverged`` naming the first non-finite step the reading recorded, if any."""
+    if reading.diverged_at is None:
+        return
+    bad_loss, bad_norm = reading.diverged_loss, reading.diverged_grad_norm
+    last = _last_checkpoint_step(run_dir)
+    raise TrainingDiverged(
+        f"non-finite {'loss' if not math.isfinite(bad_loss) else 'gradient norm'} at step {reading.diverged_at} "
+        f"(loss {bad_loss}, grad norm {bad_norm}); "
+        + (f"the last checkpoint (step {last}) in {run_dir} is intact" if last is not None else "no checkpoint was written")
+    )
 
 
 def _last_checkpoint_step(run_dir: Path) -> int | None:
