@@ -683,9 +683,9 @@ def family_section(family: dict[str, dict]) -> list[str]:
         f"## The declared family of {len(family)} comparisons, Holm-corrected",
         "",
         "Each comparison paired by seed; the interval is simultaneous over the family (Bonferroni: each at",
-        f"1 - 0.05/{len(family)}); the reading is Holm's (adjusted p below 0.05), which is uniformly more",
-        "powerful, so a detectable difference can still have an interval that touches 0. An interval",
-        "through 0 reads no detectable difference, with the seeds on each side beside it.",
+        f"1 - 0.05/{len(family)}). A difference is detectable when Holm's adjusted p is below 0.05 and that",
+        "interval excludes 0 (`stats.detectable`): an interval through 0 reads no detectable difference,",
+        "with the seeds on each side beside it.",
         "",
         table(["comparison", "difference [simultaneous 95% interval]", "seeds", "p", "Holm p", "reading"], rows),
     ]

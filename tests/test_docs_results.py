@@ -27,6 +27,31 @@ def test_committed_pages_match_their_json(capsys):
     assert pages.main(["--check"]) == 0, capsys.readouterr().err
 
 
+def test_every_committed_reading_is_the_current_rule():
+    """Every cell the results hold with a ``detectable`` reading (a study's family) reads as
+    ``stats.detectable`` reads it now: the pages, standard library only, print the stored word,
+    so a rule changed without its results rewritten would print the old one."""
+    from workbench.training import stats
+
+    def cells(o, where):
+        if isinstance(o, dict):
+            if "detectable" in o and ("low" in o or "earlier" in o):
+                yield where, o
+            for k, v in o.items():
+                yield from cells(v, f"{where}/{k}")
+        elif isinstance(o, list):
+            for i, v in enumerate(o):
+                yield from cells(v, f"{where}/{i}")
+
+    stale = [
+        where
+        for path in sorted((ROOT / "docs" / "results").glob("*.json"))
+        for where, cell in cells(json.loads(path.read_text()), path.name)
+        if cell["detectable"] != stats.detectable(cell)
+    ]
+    assert not stale, stale
+
+
 def test_check_names_the_stale_page(tmp_path, capsys):
     results = tmp_path / "results"
     shutil.copytree(ROOT / "docs" / "results", results)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workbench.storage.files import read_json
+from workbench.training import stats
 
 REPRODUCED, NOT_REPRODUCED, NOT_TESTABLE, NOT_MEASURED = (
     "reproduced at this scale",
@@ -206,7 +207,7 @@ def _interval(cell: Mapping) -> dict:
 
 
 def _verdict(cell: Mapping, sign: int) -> tuple[str, str]:
-    detectable = bool(cell.get("detectable"))
+    detectable = stats.detectable(cell)
     if "earlier" in cell:  # steps to a threshold: a sign test of who got there first
         first = f"FBT first at {cell['earlier']} seeds, the baseline at {cell['later']}"
         pairs = cell["earlier"] + cell["later"] + cell["undetermined"]

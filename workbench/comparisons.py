@@ -660,7 +660,7 @@ def family_rows(study: dict) -> list[dict]:
             low, high = cell.get("family_low", cell["low"]), cell.get("family_high", cell["high"])
             difference = f"{cell['mean']:+.3g} [{low:+.3g}, {high:+.3g}]"
             seeds = f"{cell['seeds_higher']} higher, {cell['seeds_lower']} lower"
-        reading = "detectable" if cell["detectable"] else "no detectable difference"
+        reading = "detectable" if stats.detectable(cell) else "no detectable difference"
         rows.append(
             {"comparison": name, "difference": difference, "seeds": seeds, "Holm p": f"{cell['p_holm']:.3g}", "reading": reading}
         )

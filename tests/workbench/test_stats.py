@@ -190,3 +190,23 @@ def test_a_seed_interval_of_accuracies_stays_in_0_1():
     free, clipped = seed_interval([0.906, 0.760, 0.667]), seed_interval([0.906, 0.760, 0.667], bounds=ACCURACY)
     assert free["high"] == pytest.approx(1.077, abs=1e-3) and clipped["high"] == 1.0
     assert clipped["low"] == free["low"] and clipped["mean"] == free["mean"]
+
+
+def test_a_difference_holm_detects_is_not_read_detectable_while_its_printed_interval_holds_0():
+    """A family of 3, df 4, se 1: p 0.001, 0.02 (t = 3.747) and 0.5. Holm multiplies the second
+    smallest by 2: 0.04 < 0.05, so Holm alone detects it; its simultaneous interval is
+    3.747 +- 3.961 (Bonferroni's t(1 - 0.05/6, 4)), which holds 0. The one reading rule: a
+    difference is detectable only when Holm's p is below 0.05 and the interval printed beside it
+    excludes 0, so it reads "no detectable difference" in the cell, in ``describe`` and in
+    ``detectable``; the first (t = 8.61 > 3.961) stays detectable."""
+    q = student_t.ppf(1 - 0.01, 4)
+    cell = {"mean": q, "low": q - 2.776, "high": q + 2.776, "se": 1.0, "df": 4.0, "p": 0.02, "level": 0.95}
+    out = stats.family({"a": {**cell, "mean": 8.61, "p": 0.001}, "b": cell, "c": {**cell, "mean": 0.74, "p": 0.5}})
+    assert out["b"]["p_holm"] == pytest.approx(0.04) and out["b"]["family_low"] < 0 < out["b"]["family_high"]
+    assert not out["b"]["detectable"] and not stats.detectable(out["b"])
+    assert stats.describe(out["b"]).startswith("no detectable difference")
+    assert out["a"]["detectable"] and stats.detectable(out["a"]) and not stats.detectable(out["c"])
+    # a stored cell written under the old rule (detectable by Holm alone) reads by the new one
+    assert not stats.detectable({**out["b"], "detectable": True})
+    # a sign-test cell has no interval: Holm's p alone decides
+    assert stats.detectable({"earlier": 5, "later": 0, "undetermined": 0, "p": 0.01, "p_holm": 0.03, "level": 0.95})

@@ -484,7 +484,7 @@ def readings(
 def _words(cell: dict) -> str:
     if "earlier" in cell:  # a sign test of who reached the threshold first
         text = f"FBT first at {cell['earlier']}, the baseline at {cell['later']}, undetermined {cell['undetermined']}; Holm p = {cell['p_holm']:.3g} over {cell['family_size']}"
-        return text if cell["detectable"] else f"no detectable difference: {text}"
+        return text if stats.detectable(cell) else f"no detectable difference: {text}"
     return stats.describe(cell)
 
 

@@ -27,8 +27,9 @@ first.
 
 A single proportion (k of n) gets the Wilson interval, which stays inside [0, 1]. A family of
 comparisons (a study's declared set) is corrected by Holm's step-down method, and a difference is
-"detectable" only when its Holm-adjusted p-value is below 1 - level: an interval that includes 0
-is reported as no detectable difference, with the count of seeds on each side beside it.
+"detectable" only when its Holm-adjusted p-value is below 1 - level and its simultaneous interval
+excludes 0 (``detectable``): an interval that includes 0 is reported as no detectable difference,
+with the count of seeds on each side beside it.
 """
 
 from __future__ import annotations
@@ -181,36 +182,50 @@ def holm(p_values: Sequence[float]) -> list[float]:
 
 def family(cells: Mapping[str, dict]) -> dict[str, dict]:
     """A study's declared family of comparisons (name -> ``paired_difference`` or ``crossed_interval``
-    cell), each given ``p_holm`` (Holm over the family, named by ``family_size``), ``detectable``:
-    whether its adjusted p is below 1 - level, and, for a cell with an interval, the simultaneous
-    interval over the family ``family_low`` / ``family_high`` (Bonferroni: the level 1 - (1 -
-    level) / m interval, which holds for all m together; more conservative than Holm, so a
-    difference Holm detects can still have one that touches 0)."""
+    cell), each given ``p_holm`` (Holm over the family, named by ``family_size``), for a cell with
+    an interval the simultaneous interval over the family ``family_low`` / ``family_high``
+    (Bonferroni: the level 1 - (1 - level) / m interval, which holds for all m together), and
+    ``detectable`` by the one reading rule (``detectable``)."""
     names = list(cells)
     adjusted = holm([cells[n]["p"] for n in names])
     out = {}
     for n, p in zip(names, adjusted):
-        cell = {**cells[n], "p_holm": p, "family_size": len(names), "detectable": p < 1 - cells[n]["level"]}
+        cell = {**cells[n], "p_holm": p, "family_size": len(names)}
         if "se" in cell and "df" in cell:
             q = float(student_t.ppf(1 - (1 - cell["level"]) / (2 * len(names)), cell["df"])) if cell["se"] > 0 else 0.0
             low, high = cell["mean"] - q * cell["se"], cell["mean"] + q * cell["se"]
             if "bounds" in cell:
                 low, high = max(low, cell["bounds"][0]), min(high, cell["bounds"][1])
             cell["family_low"], cell["family_high"] = low, high
-        out[n] = cell
+        out[n] = cell | {"detectable": detectable(cell)}
     return out
+
+
+def detectable(cell: Mapping) -> bool:
+    """The one reading rule: a difference is detectable when the interval printed beside it (the
+    family's simultaneous one where there is one) excludes 0 and, in a family, Holm's adjusted p is
+    below 1 - level. Holm is less conservative than the Bonferroni interval for all but the
+    smallest p, so it alone could detect a difference whose printed interval holds 0; that reads
+    "no detectable difference". A sign-test cell (``paired_times``) has no interval: Holm's p
+    decides. Computed from the cell, so a stored ``detectable`` written under an older rule is
+    not read."""
+    if "p_holm" in cell and not cell["p_holm"] < 1 - cell.get("level", 0.95):
+        return False
+    if "earlier" in cell:
+        return cell.get("p_holm", cell["p"]) < 1 - cell.get("level", 0.95)
+    low, high = cell.get("family_low", cell["low"]), cell.get("family_high", cell["high"])
+    return low > 0 or high < 0
 
 
 def describe(cell: dict, digits: int = 3) -> str:
     """The wording rule: ``+0.052 [+0.013, +0.091], 5 of 5 seeds higher`` for a detectable
     difference; ``no detectable difference: +0.010 [-0.021, +0.041], 3 of 5 seeds higher`` for one
     whose interval includes 0, or whose Holm-adjusted p (when the cell has one) is not below
-    1 - level. A family's cell shows its simultaneous interval."""
+    1 - level (``detectable``). A family's cell shows its simultaneous interval."""
     low, high = cell.get("family_low", cell["low"]), cell.get("family_high", cell["high"])
     text = f"{cell['mean']:+.{digits}f} [{low:+.{digits}f}, {high:+.{digits}f}]"
     if "seeds_higher" in cell:
         text += f", {cell['seeds_higher']} of {cell['n_seeds']} seeds higher"
     if "p_holm" in cell:
         text += f", Holm p = {cell['p_holm']:.3g} over {cell['family_size']}"
-    detectable = cell.get("detectable", cell["low"] > 0 or cell["high"] < 0)
-    return text if detectable else f"no detectable difference: {text}"
+    return text if detectable(cell) else f"no detectable difference: {text}"
