@@ -28,6 +28,7 @@ from workbench.runtime.config import (
 from workbench.storage.errors import BadInput, MissingFile
 from workbench.storage.files import read_json
 from workbench.training.parallel import PARALLEL
+from workbench.training.tracking import parse_log_to
 
 SEED_MAX = 2**32 - 1  # what every consumer of a seed takes (the CLI's --seed too)
 DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
@@ -48,6 +49,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     seed: int = 0
     log_every: int = 10
+    log_to: str = "none"  # also log metrics to: none | tensorboard | wandb | tensorboard,wandb (tracking.py)
     checkpoint_every: int = 100
     eval_examples: int = 64  # per task, for results/eval.json
     compile: bool = False
@@ -60,6 +62,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_section(self)
+        parse_log_to(self.log_to)
         if self.parallel not in PARALLEL:
             raise BadInput(f"train field parallel={self.parallel!r}: expected one of {PARALLEL}")
         if not (self.peak_tflops >= 0 and math.isfinite(self.peak_tflops)):

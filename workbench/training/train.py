@@ -53,6 +53,8 @@ from workbench.training.metrics import read_metrics
 from workbench.training.parallel import Dist, Engine, setup_distributed
 from workbench.training.readings import Reading, StepReadings
 from workbench.training.runconfig import RunConfig, load_run_config
+from workbench.training.tracking import FILES as TRACKING_FILES
+from workbench.training.tracking import Tracking, tracked
 
 logger = logging.getLogger(__name__)
 
@@ -576,6 +578,7 @@ RUN_FILES = {
     "tokenizer_config.json",
     STATE_DIR,
     "results",
+    *TRACKING_FILES,
 }
 
 
@@ -672,7 +675,12 @@ def train(
             if before is not None and rank_info.main:
                 write_json(run_dir / INIT_FILE, before)
                 record_made(run_dir, RUN, run_dir / INIT_FILE)
-        return _train_loop(cfg, run_dir, rank_info, device, model, opt, start, stream, tokenizer, resume, progress, stop_after)
+        config = {**cfg.to_dict(), "model": model.cfg.to_dict()}
+        log_to = t.log_to if rank_info.main else "none"
+        with tracked(run_dir, log_to, config, start, resume, lambda *paths: record_made(run_dir, RUN, *paths)) as tracking:
+            return _train_loop(
+                cfg, run_dir, rank_info, device, model, opt, start, stream, tokenizer, resume, progress, stop_after, tracking
+            )
 
 
 @torch.no_grad()
@@ -725,6 +733,7 @@ def _train_loop(
     resume: bool,
     progress,
     stop_after,
+    tracking: Tracking,
 ) -> TrainResult:
     t = cfg.train
     per_rank = t.batch_size // rank_info.world
@@ -826,6 +835,7 @@ def _train_loop(
                     f.write(json.dumps(record) + "\n")
                 if new_log:  # appends keep the file; its creation is recorded once
                     record_made(run_dir, RUN, metrics_path)
+                tracking.log(record)
         if bar is not None:
             bar.update(done, f"loss={record['loss']:.3f}, tok_s={record['tokens_per_s']:.0f}" if record else None)
         if report is not None:
