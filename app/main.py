@@ -10,6 +10,7 @@ page = st.navigation(
         st.Page("views/runs.py", title="Runs", icon=":material/folder_open:", default=True),
         st.Page("views/zoo.py", title="Zoo and studies", icon=":material/pets:"),
         st.Page("views/probes.py", title="Probes", icon=":material/query_stats:"),
+        st.Page("views/sae.py", title="Sparse autoencoders", icon=":material/scatter_plot:"),
         st.Page("views/dynamics.py", title="Feedback dynamics", icon=":material/all_inclusive:"),
         st.Page("views/traces.py", title="Trace lengths", icon=":material/straighten:"),
         st.Page("views/streams.py", title="Streams (HD)", icon=":material/view_stream:"),

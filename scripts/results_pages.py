@@ -1546,7 +1546,7 @@ SCREENSHOTS = ROOT / "docs" / "app"
 SCREENSHOTS_MANIFEST = "screenshots.json"  # beside the screenshots; tests/integration/test_browser.py writes both
 FIGURES_COMMAND = f"{SCRIPT} --figures"
 # The browser test shoots every page of the app, in this order, over a copy of the quick zoo.
-SCREENSHOT_PAGES = ("runs", "zoo", "probes", "dynamics", "traces", "streams", "playground")
+SCREENSHOT_PAGES = ("runs", "zoo", "probes", "sae", "dynamics", "traces", "streams", "playground")
 SCREENSHOTS_COMMAND = (
     "WORKBENCH_SCREENSHOTS=docs/app WORKBENCH_BROWSER_RUNS=runs/quick WORKBENCH_REQUIRE_BROWSER=1 "
     ".venv/bin/python -m pytest tests/integration/test_browser.py -k every_page"

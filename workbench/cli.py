@@ -515,6 +515,40 @@ def cmd_cache(args) -> dict:
     return meta
 
 
+def cmd_sae(args) -> dict:
+    from workbench.probing.sae_study import sae_study
+    from workbench.runtime.progress import Bar
+
+    with Bar(f"sae {args.hook}", 1000, show=not args.no_progress, bar_format="{l_bar}{bar}| {postfix}") as bar:
+        report = sae_study(
+            args.run,
+            args.hook,
+            prefill=args.prefill,
+            passes=args.passes,
+            stream=args.stream,
+            n_sequences=args.n,
+            seed=args.seed,
+            expansion=args.expansion,
+            k=args.k,
+            steps=args.steps,
+            lr=args.lr,
+            out=args.out,
+            overwrite=args.overwrite,
+            device=args.device,
+            saelens_activations=args.saelens_activations,
+            context_size=args.context_size,
+            progress=lambda fraction, what: bar.update(round(1000 * fraction), what),
+        )
+    test, settings = report["test"], report["settings"]
+    print(
+        f"{report['hook']} ({report['prefill']}, K={report['passes']}): {settings['d_sae']} latents, k={settings['k']}, "
+        f"{report['rows']['train']:,} training rows; on {test['rows']:,} held-out rows: variance explained "
+        f"{test['explained']:.3f}, MSE {test['mse']:.4g}, L0 {test['l0']:.1f}, dead {test['dead']} "
+        f"({test['dead_fraction']:.1%}); {report['seconds']}s"
+    )
+    return report
+
+
 def cmd_probe(args) -> dict:
     from workbench.probing.probes import RANKS
     from workbench.probing.study import probe_study
@@ -664,6 +698,7 @@ RUN_ARGUMENTS = {
     "cache": ("run", True),
     "eval": ("run", False),
     "probe": ("run", False),
+    "sae": ("run", False),
     "dynamics": ("runs", False),
     "traces": ("runs", False),
 }
@@ -759,7 +794,7 @@ def _engine_argument(p: argparse.ArgumentParser) -> None:
     )
 
 
-ANALYSIS_VERBS = ("generate", "eval", "cache", "probe", "dynamics", "traces")
+ANALYSIS_VERBS = ("generate", "eval", "cache", "probe", "sae", "dynamics", "traces")
 DTYPES = {"fp32": None, "bf16": "bfloat16"}  # --dtype: the weights' dtype for inference (None: as saved)
 
 
@@ -1019,6 +1054,31 @@ def build_parser() -> argparse.ArgumentParser:
     _compute_arguments(p)
     _dtype_argument(p)
     p.set_defaults(func=cmd_cache)
+
+    p = sub.add_parser("sae", help="a sparse autoencoder (TopK) on one hook's activations, saved for SAELens")
+    p.add_argument("run")
+    p.add_argument("--hook", required=True, help="one hook name or pattern, e.g. fusion.hook_state, blocks.0.hook_resid_pre")
+    p.add_argument("--prefill", choices=["standard", "recurrent"], default="standard")
+    p.add_argument("--passes", type=_passes, default=1, help="K of a recurrent K-pass prefill (its last pass's rows) or 'exact'")
+    p.add_argument("--stream", type=int, default=None, help="an HD run's stream (default: every stream's rows)")
+    p.add_argument("--n", type=int, default=512, help="held-out sequences stored (a tenth held out for the report)")
+    p.add_argument("--seed", type=_seed, default=0)
+    p.add_argument("--expansion", type=int, default=4, help="latents = expansion x d_model (default 4)")
+    p.add_argument("--k", type=int, default=None, help="active latents a row (default d_model / 8, within 4..32)")
+    p.add_argument("--steps", type=int, default=2000, help="training steps of 1,024 rows (default 2000)")
+    p.add_argument("--lr", type=float, default=None, help="Adam's learning rate (default 2e-4 / sqrt(latents / 2^14))")
+    p.add_argument("--out", default=None, help="default RUN/results/sae/HOOK-PREFILL[-K]")
+    p.add_argument("--overwrite", action="store_true", help="replace a previous SAE there (never anything else)")
+    p.add_argument(
+        "--saelens-activations",
+        action="store_true",
+        help="also write the training rows in SAELens's cached-activations layout (OUT/activations)",
+    )
+    p.add_argument("--context-size", type=int, default=32, help="rows per sequence of that export (default 32)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", dest="json_out", help="also write the report here")
+    _compute_arguments(p)
+    p.set_defaults(func=cmd_sae)
 
     p = sub.add_parser("probe", help="layer-0 study: linear probes by hook x prefill regime")
     p.add_argument("run")

@@ -170,6 +170,38 @@ def test_probes_page_trains_and_draws_the_layer0_comparison(monkeypatch, zoo):
     assert all(row["mdl_bits"] is None and row["rank_sweep"] == [] for row in report["rows"])  # not asked for
 
 
+def test_sae_page_trains_an_sae_and_lists_its_latents(monkeypatch, zoo):
+    at = open_page(monkeypatch, zoo, "sae")
+    assert any("press **Train an SAE**" in i.value for i in at.info)
+    assert (
+        at.selectbox(key="sae_hook").value == "ln_final.hook_normalized" and at.selectbox(key="sae_prefill").value == "recurrent"
+    )
+    at.number_input(key="sae_n").set_value(40)
+    at.button(key="sae_train").click().run()
+    finish_jobs(at)
+    assert_clean(at)
+    assert not errors(at)
+    assert [m.label for m in at.metric] == ["Variance explained", "L0", "Dead latents", "MSE"]
+    saved = zoo / "fbt" / "results" / "sae" / "ln_final.hook_normalized-recurrent-2"
+    report = json.loads((saved / "sae.json").read_text())
+    assert at.metric[0].value == f"{report['test']['explained']:.3f}" and report["n_sequences"] == 40
+    latents = at.dataframe[-1].value
+    assert list(latents.columns) == ["latent", "density", "top activation", "top contexts"]
+    assert len(latents) == report["settings"]["d_sae"] - report["test"]["dead"] and (latents["density"] > 0).all()
+    assert at.button(key="sae_train").label == "Retrain the SAE (replaces the saved one)"
+
+
+def test_a_malformed_sae_report_is_an_error_on_the_sae_page(monkeypatch, micro_zoo, tmp_path):
+    runs = shutil.copytree(micro_zoo, tmp_path / "runs")
+    saved = runs / "fbt" / "results" / "sae" / "ln_final.hook_normalized-recurrent-2"
+    saved.mkdir(parents=True)
+    (saved / "sae.json").write_text(json.dumps({"test": {"explained": "high"}}))
+    (saved / "latents.json").write_text(json.dumps({"latents": []}))
+    at = open_page(monkeypatch, runs, "sae")
+    assert any("field 'test' must hold numbers explained, l0, dead and mse" in e for e in errors(at)), errors(at)
+    assert not at.metric
+
+
 def test_probes_page_rejects_an_empty_hook_list(monkeypatch, zoo):
     at = open_page(monkeypatch, zoo, "probes")
     at.multiselect(key="probe_hooks").set_value([])

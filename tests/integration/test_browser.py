@@ -168,6 +168,13 @@ def test_every_page_in_chromium(server, tmp_path):
         settle("Probe memory on fbt: done")  # the jobs panel
         shoot("probes")
 
+        page.goto(f"{server}/sae")
+        settle("Train an SAE")
+        fill("Sequences", "64")
+        page.get_by_role("button", name="Train an SAE").click()
+        settle("Latents by density")  # drawn once the job is done
+        shoot("sae")
+
         page.goto(f"{server}/dynamics")
         settle("Analyse")
         page.get_by_role("button", name="Analyse").click()

@@ -74,6 +74,7 @@ KINDS = {
     "export": Kind("export", "Hugging Face export", "a", "workbench_export.json"),
     "demo": Kind("demo", "demo output", "a", "demo.json"),
     "corpus": Kind("corpus", "prepared corpus", "a", "corpus.json"),
+    "sae": Kind("sae", "sparse autoencoder", "a", "sae.json"),
 }
 
 # Said where an output is not recognised as the workbench's: a copy made without its times is not.

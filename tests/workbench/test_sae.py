@@ -1,0 +1,138 @@
+"""Sparse autoencoders: known answers on planted dictionaries and hand-built SAEs, the saved
+layout, and errors that name the value."""
+
+import json
+
+import pytest
+import torch
+
+from workbench.probing import sae as S
+from workbench.storage.errors import BadInput, MissingFile
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow)])
+def test_the_learned_decoder_recovers_a_planted_dictionary(seed):
+    """20,000 rows, each the sum of 3 of 48 random unit atoms in 32 dimensions with coefficients in
+    [0.5, 1.5]: a TopK SAE with k = 3 and 64 latents finds most atoms (cosine > 0.9 with some
+    decoder row: measured 48, 46 and 47 of 48 at training seeds 0, 1, 2; asserted at least 90%)
+    and explains over 95% of the variance (measured 0.974, 0.965, 0.965) at L0 = 3."""
+    x, atoms, _ = S.planted_dictionary(20_000, 32, 48, 3, seed=0)
+    settings = S.SAEConfig(d_in=32, d_sae=64, k=3, lr=3e-3, batch_size=512, steps=1500, dead_after=20_000, seed=seed)
+    sae, record = S.train_sae(x, settings)
+    cosines = S.recovered(sae.W_dec.detach(), atoms)
+    assert float((cosines > 0.9).float().mean()) >= 0.9, cosines.sort().values[:8]
+    report = S.evaluate_sae(sae, x)
+    assert report.explained > 0.95 and report.l0 == 3.0
+    assert record["curve"][-1]["mse"] < record["curve"][0]["mse"] / 5
+
+
+def test_an_sae_without_the_dictionarys_atoms_does_not_find_them():
+    """The control: the same study on Gaussian rows of the same covariance scale has no atoms to
+    find; the decoder's rows match the planted atoms (never shown to it) no better than chance."""
+    x, atoms, _ = S.planted_dictionary(20_000, 32, 48, 3, seed=0)
+    noise = torch.randn(x.shape, generator=torch.Generator().manual_seed(1)) * x.std()
+    sae, _ = S.train_sae(noise, S.SAEConfig(d_in=32, d_sae=64, k=3, lr=3e-3, batch_size=512, steps=300))
+    assert float((S.recovered(sae.W_dec.detach(), atoms) > 0.9).float().mean()) < 0.1
+
+
+def test_topk_keeps_the_k_largest_relu_pre_activations_by_hand():
+    """d_in 2, d_sae 3: W_enc = [[1, 0, 1], [0, 1, -1]], no biases, k = 2. x = (3, 1): pre
+    (3, 1, 2) -> z (3, 0, 2); x = (1, 2): pre (1, 2, -1) -> ReLU (1, 2, 0) -> z (1, 2, 0). With
+    W_dec = W_enc's transpose the reconstruction of (3, 1) is 3 (1, 0) + 2 (1, -1) = (5, -2)."""
+    sae = S.TopKSAE(2, 3, 2)
+    with torch.no_grad():
+        sae.W_enc.copy_(torch.tensor([[1.0, 0, 1], [0, 1, -1]]))
+        sae.W_dec.copy_(sae.W_enc.t())
+        sae.b_enc.zero_(), sae.b_dec.zero_()
+    z = sae.encode(torch.tensor([[3.0, 1], [1, 2]]))
+    assert z.tolist() == [[3, 0, 2], [1, 2, 0]]
+    assert sae(torch.tensor([[3.0, 1]])).tolist() == [[5, -2]]
+
+
+def test_the_saved_weights_are_the_same_function_on_raw_activations():
+    """Training sees the rows scaled to mean squared norm d_in; the returned SAE on the raw rows
+    gives the same latents and the raw reconstruction (``unscaled``, checked on any SAE)."""
+    sae = S.TopKSAE(8, 16, 3, torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        sae.b_enc.normal_(0, 0.1), sae.b_dec.normal_(0, 1)
+    x, scale = torch.randn(50, 8), 7.5
+    raw = S.unscaled(sae, scale)
+    torch.testing.assert_close(raw.encode(x), sae.encode(x * scale))
+    torch.testing.assert_close(raw(x), sae(x * scale) / scale)
+
+
+def test_the_sae_is_saved_in_saelens_layout_and_loads_back(tmp_path):
+    x, _, _ = S.planted_dictionary(2000, 16, 24, 2, seed=3)
+    cfg = S.SAEConfig(d_in=16, d_sae=32, k=2, steps=50, metadata={"hook_name": "fusion.hook_state", "run": "runs/x"})
+    sae, _ = S.train_sae(x, cfg)
+    out = tmp_path
+    assert S.save_sae(sae, out, cfg) == [out / "sae_weights.safetensors", out / "cfg.json"]
+    saved = json.loads((out / "cfg.json").read_text())
+    assert saved["architecture"] == "topk" and (saved["d_in"], saved["d_sae"], saved["k"]) == (16, 32, 2)
+    assert saved["metadata"]["hook_name"] == "fusion.hook_state"
+    from safetensors.torch import load_file
+
+    assert {n: tuple(t.shape) for n, t in load_file(str(out / "sae_weights.safetensors")).items()} == {
+        "W_enc": (16, 32),
+        "W_dec": (32, 16),
+        "b_enc": (32,),
+        "b_dec": (16,),
+    }
+    loaded, _ = S.load_sae(out)
+    torch.testing.assert_close(loaded(x[:10]), sae(x[:10]), rtol=0, atol=0)
+
+
+def test_bad_settings_and_files_are_one_line_errors(tmp_path):
+    with pytest.raises(BadInput, match="SAE field k=9: expected at most d_sae=8"):
+        S.SAEConfig(d_in=4, d_sae=8, k=9)
+    with pytest.raises(BadInput, match=r"SAE rows of shape \(5, 3\): expected \[rows, d_in=4\]"):
+        S.train_sae(torch.zeros(5, 3), S.SAEConfig(d_in=4, d_sae=8, k=2))
+    with pytest.raises(MissingFile, match="missing sae_weights.safetensors"):
+        S.load_sae(tmp_path)
+
+
+@pytest.mark.slow
+def test_workbench_sae_on_the_micro_zoos_carried_state_explains_what_a_structureless_control_cannot(micro_zoo, tmp_path):
+    """``workbench sae`` on FBT's carried state (``ln_final.hook_normalized``, last of a 2-pass
+    recurrent prefill) of the micro zoo: 32 dimensions, 128 latents, k = 4, 300 steps. Measured:
+    0.99 of the held-out variance explained; the same SAE on the same rows with each coordinate
+    shuffled independently (the variances kept, the structure gone) explains 0.73. Asserted: at
+    least 0.95, and at least 0.15 above the control."""
+    import numpy as np
+
+    from workbench.cli import main
+    from workbench.probing.store import load_store
+
+    out = tmp_path / "sae"
+    argv = ["sae", str(micro_zoo / "fbt"), "--hook", "ln_final.hook_normalized", "--prefill", "recurrent", "--passes", "2"]
+    main([*argv, "--n", "64", "--steps", "300", "--out", str(out), "--no-progress", "--threads", "1"])
+    report = json.loads((out / "sae.json").read_text())
+    assert report["test"]["explained"] >= 0.95 and report["test"]["l0"] == 4.0
+    assert (report["settings"]["d_sae"], report["settings"]["k"], report["passes"]) == (128, 4, 2)
+    cfg = json.loads((out / "cfg.json").read_text())
+    assert cfg["metadata"]["hook_name"] == "ln_final.hook_normalized"
+    assert cfg["metadata"]["workbench"]["prefill"] == "recurrent"
+    latents = json.loads((out / "latents.json").read_text())["latents"]
+    assert len(latents) == 128 and sum(l["density"] == 0 for l in latents) == report["test"]["dead"]
+    firing = [l for l in latents if l["top"]]
+    assert firing and all(c["activation"] > 0 and isinstance(c["token"], str) for l in firing for c in l["top"])
+
+    ds, _ = load_store(out / "store")
+    rows = ds.with_format("numpy")[:]
+    x = rows["act.ln_final.hook_normalized"][rows["pass"] == rows["pass"].max()]
+    g = np.random.default_rng(0)
+    shuffled = torch.from_numpy(np.stack([g.permutation(column) for column in x.T], axis=1))
+    settings = {k: v for k, v in report["settings"].items() if k != "metadata"}
+    control, _ = S.train_sae(shuffled, S.SAEConfig(**settings))
+    assert report["test"]["explained"] - S.evaluate_sae(control, shuffled).explained >= 0.15
+    # a second run into the same directory is refused without --overwrite
+    with pytest.raises(SystemExit):
+        main([*argv, "--n", "64", "--steps", "10", "--out", str(out), "--no-progress"])

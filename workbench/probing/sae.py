@@ -1,0 +1,279 @@
+"""Sparse autoencoders on any hook the activation store holds (FBT's carried state
+``fusion.hook_state``, its fused input, HD's per-stream residuals ...): what features a state is
+made of, where a probe asks only whether one is there.
+
+The recipe is the TopK autoencoder of Gao et al. 2024 ("Scaling and evaluating sparse
+autoencoders"), as SAELens and dictionary_learning document it:
+
+    z = TopK_k(ReLU((x - b_dec) W_enc + b_enc))     x_hat = z W_dec + b_dec
+
+(``x``: [batch, d_in]; ``W_enc``: [d_in, d_sae]; ``W_dec``: [d_sae, d_in]), trained on the mean
+squared error with Adam. The decoder's rows (the latents' directions) are kept at unit norm: the
+gradient's component along each row is removed before a step and the rows renormalised after it,
+so a latent's activation is its coefficient. ``b_dec`` starts at the data's mean, ``W_enc`` as
+``W_dec``'s transpose. Latents that have not fired for ``dead_after`` training rows are dead; the
+auxiliary loss (AuxK) has the ``k_aux`` largest of them reconstruct the main reconstruction's
+error, scaled by ``aux_coefficient``, which brings them back. Activations are scaled to a mean
+squared norm of ``d_in`` while training (the scale is recorded) and the saved weights are those
+of the same function on the raw activations.
+
+Saved in SAELens's on-disk layout: ``sae_weights.safetensors`` (``W_enc``, ``W_dec``, ``b_enc``,
+``b_dec``) and ``cfg.json`` (architecture ``topk``, ``k``, ``d_in``, ``d_sae``, and the workbench's
+run, hook, prefill and passes in ``metadata``), so ``sae_lens.SAE.load_from_disk`` loads it.
+``workbench sae`` (``sae_study``) adds its report and the latents' top contexts beside them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from workbench.storage.errors import BadInput, MissingFile
+from workbench.storage.files import read_json, write_json
+
+WEIGHTS, CONFIG = "sae_weights.safetensors", "cfg.json"  # SAELens's names
+
+
+@dataclass
+class SAEConfig:
+    d_in: int
+    d_sae: int  # latents
+    k: int  # active latents per row
+    lr: float = 2e-4 * 16  # Gao et al.'s 2e-4 / sqrt(d_sae / 2**14), at a small d_sae: set per use
+    batch_size: int = 1024
+    steps: int = 2000
+    seed: int = 0
+    k_aux: int | None = None  # dead latents in the auxiliary loss (default d_in // 2)
+    aux_coefficient: float = 1 / 32
+    dead_after: int = 200_000  # rows without firing before a latent counts as dead in training
+    metadata: dict = field(default_factory=dict)  # what the activations are: run, hook, prefill, passes
+
+    def __post_init__(self) -> None:
+        for name in ("d_in", "d_sae", "k", "batch_size", "steps"):
+            if getattr(self, name) < 1:
+                raise BadInput(f"SAE field {name}={getattr(self, name)!r}: expected an integer >= 1")
+        if self.k > self.d_sae:
+            raise BadInput(f"SAE field k={self.k}: expected at most d_sae={self.d_sae} active latents")
+        if not (0 < self.lr <= 1):
+            raise BadInput(f"SAE field lr={self.lr!r}: expected a number in (0, 1]")
+
+
+class TopKSAE(nn.Module):
+    def __init__(self, d_in: int, d_sae: int, k: int, generator: torch.Generator | None = None):
+        super().__init__()
+        self.k = k
+        W_dec = torch.randn(d_sae, d_in, generator=generator)
+        W_dec = W_dec / W_dec.norm(dim=1, keepdim=True)
+        self.W_dec = nn.Parameter(W_dec)  # [d_sae, d_in]
+        self.W_enc = nn.Parameter(W_dec.t().clone())  # [d_in, d_sae]
+        self.b_enc = nn.Parameter(torch.zeros(d_sae))  # [d_sae]
+        self.b_dec = nn.Parameter(torch.zeros(d_in))  # [d_in]
+
+    def pre_activations(self, x: Tensor) -> Tensor:
+        """ReLU((x - b_dec) W_enc + b_enc): [batch, d_sae], before the TopK."""
+        return torch.relu((x - self.b_dec) @ self.W_enc + self.b_enc)
+
+    def encode(self, x: Tensor) -> Tensor:
+        """The latents: each row's ``k`` largest pre-activations, the rest 0. [batch, d_sae]"""
+        pre = self.pre_activations(x)
+        top = pre.topk(self.k, dim=-1)
+        return torch.zeros_like(pre).scatter(-1, top.indices, top.values)
+
+    def decode(self, z: Tensor) -> Tensor:
+        return z @ self.W_dec + self.b_dec
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.decode(self.encode(x))
+
+    @torch.no_grad()
+    def normalize_decoder(self) -> None:
+        self.W_dec /= self.W_dec.norm(dim=1, keepdim=True).clamp_min(1e-12)
+
+    @torch.no_grad()
+    def remove_parallel_gradient(self) -> None:
+        """Drop the component of each decoder row's gradient along the row (a unit-norm row can
+        only turn)."""
+        if self.W_dec.grad is not None:
+            rows = self.W_dec / self.W_dec.norm(dim=1, keepdim=True).clamp_min(1e-12)
+            self.W_dec.grad -= (self.W_dec.grad * rows).sum(dim=1, keepdim=True) * rows
+
+
+@dataclass
+class SAEReport:
+    """An SAE's fit on a set of rows: ``mse`` (mean over rows of the squared error, summed over
+    d_in), ``fvu`` (the fraction of variance unexplained: squared error over squared distance to
+    the rows' mean, both summed over all rows), ``explained`` = 1 - fvu, ``l0`` (mean active
+    latents a row), ``dead`` (latents that fire on none of the rows, and their fraction),
+    ``density`` per latent (the fraction of rows it fires on)."""
+
+    mse: float
+    fvu: float
+    explained: float
+    l0: float
+    dead: int
+    dead_fraction: float
+    rows: int
+    density: list[float]
+
+    def summary(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if k != "density"}
+
+
+@torch.no_grad()
+def evaluate_sae(sae: TopKSAE, x: Tensor, batch_size: int = 8192) -> SAEReport:
+    squared, fired, active = 0.0, torch.zeros(sae.W_dec.shape[0], dtype=torch.long), 0
+    for start in range(0, len(x), batch_size):
+        rows = x[start : start + batch_size]
+        z = sae.encode(rows)
+        squared += float(((sae.decode(z) - rows) ** 2).sum())
+        fired += (z > 0).sum(dim=0)
+        active += int((z > 0).sum())
+    total = float(((x - x.mean(dim=0)) ** 2).sum())
+    fvu = squared / total if total > 0 else float("nan")
+    dead = int((fired == 0).sum())
+    return SAEReport(
+        mse=squared / len(x),
+        fvu=fvu,
+        explained=1 - fvu,
+        l0=active / len(x),
+        dead=dead,
+        dead_fraction=dead / len(fired),
+        rows=len(x),
+        density=(fired.double() / len(x)).tolist(),
+    )
+
+
+def train_sae(x: Tensor, cfg: SAEConfig) -> tuple[TopKSAE, dict]:
+    """Train a TopK SAE on the rows ``x`` [rows, d_in] (float32, on the CPU or a GPU); returns it,
+    working on raw activations, and the training record (the activation scale, the loss curve
+    every 1/20th of the steps, the dead latents seen at the end of training)."""
+    if x.ndim != 2 or x.shape[1] != cfg.d_in:
+        raise BadInput(f"SAE rows of shape {tuple(x.shape)}: expected [rows, d_in={cfg.d_in}]")
+    if len(x) < 2:
+        raise BadInput(f"{len(x)} activation rows: an SAE needs at least 2")
+    x = x.float()
+    generator = torch.Generator().manual_seed(cfg.seed)
+    scale = math.sqrt(cfg.d_in / float((x**2).sum(dim=1).mean()))  # E||s x||^2 = d_in
+    xs = x * scale
+    sae = TopKSAE(cfg.d_in, cfg.d_sae, cfg.k, generator).to(x.device)
+    with torch.no_grad():
+        sae.b_dec.copy_(xs.mean(dim=0))
+    opt = torch.optim.Adam(sae.parameters(), lr=cfg.lr, betas=(0.9, 0.999))
+    k_aux = cfg.k_aux or max(1, cfg.d_in // 2)
+    since_fired = torch.zeros(cfg.d_sae, dtype=torch.long, device=x.device)  # rows since each latent last fired
+    curve, every = [], max(1, cfg.steps // 20)
+    for step in range(cfg.steps):
+        idx = torch.randint(len(xs), (min(cfg.batch_size, len(xs)),), generator=generator).to(x.device)
+        rows = xs[idx]
+        pre = sae.pre_activations(rows)
+        top = pre.topk(cfg.k, dim=-1)
+        z = torch.zeros_like(pre).scatter(-1, top.indices, top.values)
+        x_hat = sae.decode(z)
+        error = rows - x_hat
+        loss = (error**2).sum(dim=-1).mean()
+        fired = (z > 0).any(dim=0)
+        since_fired = torch.where(fired, 0, since_fired + len(rows))
+        dead = since_fired >= cfg.dead_after
+        aux = torch.zeros((), device=x.device)
+        if bool(dead.any()):
+            # the dead latents' largest pre-activations reconstruct the error (no b_dec: it is in x_hat)
+            dead_pre = pre.masked_fill(~dead, 0.0)
+            top_dead = dead_pre.topk(min(k_aux, int(dead.sum())), dim=-1)
+            z_dead = torch.zeros_like(pre).scatter(-1, top_dead.indices, top_dead.values)
+            aux_hat = z_dead @ sae.W_dec
+            target = error.detach()
+            aux = ((target - aux_hat) ** 2).sum(dim=-1).mean() / (target**2).sum(dim=-1).mean().clamp_min(1e-12)
+        opt.zero_grad(set_to_none=True)
+        (loss + cfg.aux_coefficient * aux).backward()
+        sae.remove_parallel_gradient()
+        opt.step()
+        sae.normalize_decoder()
+        if step % every == 0 or step == cfg.steps - 1:
+            curve.append({"step": step + 1, "mse": float(loss.detach()), "aux": float(aux.detach()), "dead": int(dead.sum())})
+    raw = unscaled(sae, scale)
+    return raw, {"activation_scale": scale, "curve": curve}
+
+
+@torch.no_grad()
+def unscaled(sae: TopKSAE, scale: float) -> TopKSAE:
+    """The SAE trained on activations times ``scale`` as the same function of the raw activations:
+    the same latents (``W_enc`` times ``scale``, ``b_dec`` over it) and the raw reconstruction
+    (``W_dec`` over ``scale``)."""
+    raw = TopKSAE(sae.W_enc.shape[0], sae.W_enc.shape[1], sae.k)
+    raw.W_enc.copy_(sae.W_enc * scale)
+    raw.b_enc.copy_(sae.b_enc)
+    raw.W_dec.copy_(sae.W_dec / scale)
+    raw.b_dec.copy_(sae.b_dec / scale)
+    return raw.to(sae.W_enc.device)
+
+
+def save_sae(sae: TopKSAE, directory: str | Path, cfg: SAEConfig) -> list[Path]:
+    """Write ``sae`` into the existing ``directory`` in SAELens's layout; returns the two files."""
+    directory = Path(directory)
+    weights = {n: p.detach().cpu().contiguous() for n, p in sae.named_parameters()}
+    save_file(weights, str(directory / WEIGHTS))
+    write_json(
+        directory / CONFIG,
+        {
+            "architecture": "topk",
+            "d_in": cfg.d_in,
+            "d_sae": cfg.d_sae,
+            "k": cfg.k,
+            "dtype": "float32",
+            "device": "cpu",
+            "apply_b_dec_to_input": True,
+            "normalize_activations": "none",
+            "reshape_activations": "none",
+            "metadata": cfg.metadata,
+        },
+    )
+    return [directory / WEIGHTS, directory / CONFIG]
+
+
+def load_sae(directory: str | Path) -> tuple[TopKSAE, dict]:
+    """An SAE saved by ``save_sae`` (or a TopK SAE in SAELens's layout) and its ``cfg.json``."""
+    directory = Path(directory)
+    for name in (WEIGHTS, CONFIG):
+        if not (directory / name).is_file():
+            raise MissingFile(f"no SAE at {directory} (missing {name})")
+    cfg = read_json(directory / CONFIG)
+    if cfg.get("architecture") != "topk":
+        raise BadInput(f"{directory / CONFIG}: architecture {cfg.get('architecture')!r}, expected 'topk'")
+    weights = load_file(str(directory / WEIGHTS))
+    sae = TopKSAE(int(cfg["d_in"]), int(cfg["d_sae"]), int(cfg["k"]))
+    expected = {n: tuple(p.shape) for n, p in sae.named_parameters()}
+    found = {n: tuple(t.shape) for n, t in weights.items()}
+    if found != expected:
+        raise BadInput(f"{directory / WEIGHTS}: tensors {found}, expected {expected} for its cfg.json")
+    sae.load_state_dict(weights)
+    return sae, cfg
+
+
+def planted_dictionary(
+    n_rows: int, d_in: int, n_atoms: int, k: int, seed: int = 0, noise: float = 0.0
+) -> tuple[Tensor, Tensor, np.ndarray]:
+    """Rows built from a known sparse code: ``n_atoms`` random unit directions, each row the sum of
+    ``k`` distinct ones with coefficients uniform in [0.5, 1.5] (plus Gaussian noise of sd
+    ``noise`` per coordinate). Returns the rows [n_rows, d_in], the atoms [n_atoms, d_in] and the
+    atoms each row uses [n_rows, k]: the known answer an SAE should recover."""
+    g = torch.Generator().manual_seed(seed)
+    atoms = torch.randn(n_atoms, d_in, generator=g)
+    atoms = atoms / atoms.norm(dim=1, keepdim=True)
+    used = torch.rand(n_rows, n_atoms, generator=g).argsort(dim=1)[:, :k]
+    coefficients = 0.5 + torch.rand(n_rows, k, generator=g)
+    rows = (coefficients.unsqueeze(-1) * atoms[used]).sum(dim=1)
+    if noise:
+        rows = rows + noise * torch.randn(rows.shape, generator=g)
+    return rows, atoms, used.numpy()
+
+
+def recovered(decoder: Tensor, atoms: Tensor) -> Tensor:
+    """Per planted atom, the largest cosine similarity with any decoder row. [n_atoms]"""
+    d = decoder / decoder.norm(dim=1, keepdim=True)
+    return (atoms @ d.t()).max(dim=1).values
