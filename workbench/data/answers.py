@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from workbench.data.tasks import Example
+from workbench.data.example import Example
 
 # GSM8K's official extraction (openai/grade-school-math, dataset.py): "#### " with exactly one space,
 # then an optional minus and ASCII digits, dots and commas; commas are removed, nothing else is.

@@ -31,11 +31,12 @@ import dataclasses
 import itertools
 import json
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
 from workbench.data.answers import parse_final_answer
+from workbench.data.example import Example
 from workbench.runtime.config import check_section
 from workbench.storage.errors import BadInput, MissingFile
 
@@ -48,23 +49,6 @@ LABELS = {
     "perm": ("perm_state",),
     "addition": ("carry",),
 }
-
-
-@dataclass
-class Example:
-    task: str
-    prompt: str
-    completion: str
-    answer: str  # the exact-match target (chain: the number after ####)
-    difficulty: int
-    labels: dict[str, list[int]] = field(default_factory=dict)  # per character of text
-    # characters of the prompt that answer something too (a flip-flop's earlier queries), scored
-    # with the completion when training scores completions only (``data.loss_on=completion``)
-    prompt_answers: tuple[int, ...] = ()
-
-    @property
-    def text(self) -> str:
-        return self.prompt + self.completion
 
 
 MAX_EXAMPLES = 1_000_000  # synthetic examples of one call
