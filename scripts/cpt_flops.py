@@ -21,7 +21,8 @@ import torch
 
 from workbench.bench.train_steps import counted_train_flops
 from workbench.training.runconfig import make_run_config
-from workbench.training.train import init_from, make_strategy
+from workbench.training.strategies import make_strategy
+from workbench.training.train import init_from
 
 ROOT = Path(__file__).resolve().parents[1]
 H200_BF16_DENSE = 989e12  # FLOP/s, H200 SXM (the same tensor cores as H100 SXM)

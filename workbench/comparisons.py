@@ -549,7 +549,7 @@ def hd_step_times(out: Path, members: list[str], threads: int, reps: int = 5) ->
     from workbench.bench.timing import measure, ratio_of
     from workbench.bench.train_steps import optimiser_step
     from workbench.runtime.checkpoint import load_model
-    from workbench.training.train import make_strategy
+    from workbench.training.strategies import make_strategy
 
     def step_of(name: str) -> Callable:
         cfg = load_run_config(out / name / "config.json")

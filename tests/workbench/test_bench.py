@@ -372,7 +372,7 @@ def test_counted_train_flops_match_a_hand_count_for_each_architecture(arch, extr
     pass; HD: the last stream), FBT's two D x D fusion matrices once (pass 2). Attention's
     QK^T and AV run in SDPA's fused kernel, which the counter does not see on CPU."""
     from workbench.bench.train_steps import counted_train_flops
-    from workbench.training.train import make_strategy
+    from workbench.training.strategies import make_strategy
 
     B, T = 2, 16
     x = torch.randint(0, 100, (B, T + 1))

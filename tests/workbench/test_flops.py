@@ -11,7 +11,8 @@ from workbench.runtime.config import build_model
 from workbench.training.flops import peak_flops, train_flops_per_token
 from workbench.training.metrics import read_metrics
 from workbench.training.runconfig import make_run_config
-from workbench.training.train import make_strategy, train
+from workbench.training.strategies import make_strategy
+from workbench.training.train import train
 
 
 def test_the_formula_on_a_hand_counted_model():

@@ -29,7 +29,8 @@ from workbench.runtime.tokenizer import CharTokenizer, HFTokenizer, load_tokeniz
 from workbench.storage.errors import BadInput, MissingFile, OutputExists
 from workbench.training.evaluate import check_not_trained_on, evaluate_run
 from workbench.training.runconfig import make_run_config
-from workbench.training.train import fit_fusion, init_from, initial_losses, train
+from workbench.training.strategies import fit_fusion
+from workbench.training.train import init_from, initial_losses, train
 
 SAMPLE = Path(__file__).parents[1] / "data" / "gsm8k_sample.jsonl"
 COUNTS = tally("hostile corpora")  # malformed sources tried; prepared corpora damaged by hand

@@ -15,7 +15,8 @@ from workbench.runtime.config import build_model
 from workbench.runtime.tokenizer import CharTokenizer
 from workbench.training.metrics import read_metrics
 from workbench.training.runconfig import make_run_config
-from workbench.training.train import FBTStrategy, HDStrategy, Strategy, TrainingDiverged, ntp_loss, train
+from workbench.training.strategies import FBTStrategy, HDStrategy, Strategy, ntp_loss
+from workbench.training.train import TrainingDiverged, train
 
 
 def weights(run: Path) -> dict:
@@ -236,7 +237,7 @@ def test_eval_refuses_to_score_a_run_on_its_own_training_file(tmp_path):
 
 @pytest.mark.parametrize("arch", ["baseline", "fbt", "hd"])
 def test_activation_checkpointing_gives_the_same_loss_and_gradients(arch):
-    from workbench.training.train import make_strategy
+    from workbench.training.strategies import make_strategy
 
     cfg = make_run_config(arch, "debug", "mix", FAST + ["fbt.feedback_start=0", "fbt.state_noise=0"])
     x = torch.randint(0, 100, (4, 33))  # inputs and targets of FAST's seq_len=32

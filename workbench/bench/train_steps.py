@@ -12,7 +12,7 @@ from models import PRESETS
 from workbench.bench.timing import paired
 from workbench.runtime.config import build_model
 from workbench.training.runconfig import make_run_config
-from workbench.training.train import FBTStrategy
+from workbench.training.strategies import FBTStrategy
 
 
 def optimiser_step(model, loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], sizes: dict, seed: int = 0) -> Callable:
