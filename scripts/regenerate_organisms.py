@@ -16,7 +16,7 @@ Each step is the ``workbench`` command a user would type, run in turn and timed:
    ``study_STUDY_org_TASK.json``), the claims table read from the studies there written to
    ``claims.json``, and ``scripts/results_pages.py`` run.
 
-A study runs on the organisms where it reads a claim (``workbench.claims``: traces on addition
+A study runs on the organisms where it reads a claim (``workbench.experiments.claims``: traces on addition
 only). What each step last did is kept in ``docs/results/organisms_regenerated.json`` by command
 (commit, wall-clock seconds, exit status, when it finished), across partial runs
 (``--organism``, ``--study``); a whole run also records its command and total time
@@ -43,7 +43,7 @@ import results_pages  # noqa: E402
 from results_pages import CLAIMS_JSON, ORGANISM_STUDIES  # noqa: E402
 from results_pages import organism_study_name as results_name  # noqa: E402
 
-from workbench.claims import ALL, CLAIMS, claims_table  # noqa: E402
+from workbench.experiments.claims import ALL, CLAIMS, claims_table  # noqa: E402
 from workbench.storage.provenance import source_commit  # noqa: E402
 
 STUDIES = list(ORGANISM_STUDIES)

@@ -1777,7 +1777,7 @@ PAGES: dict[str, tuple[str, Callable[[Path], str]]] = {
 
 
 def layer0_probes_page(results: Path, name: str) -> str:
-    """The ``probes`` study (``workbench.comparisons.layer0_probes``) on one organism."""
+    """The ``probes`` study (``workbench.experiments.comparisons.layer0_probes``) on one organism."""
     study = read(results, name)
     readings = study["readings"]
     rows = [
@@ -1808,7 +1808,7 @@ def layer0_probes_page(results: Path, name: str) -> str:
 
 
 def trace_lengths_page(results: Path, name: str) -> str:
-    """The ``traces`` study (``workbench.comparisons.trace_lengths``) on one organism."""
+    """The ``traces`` study (``workbench.experiments.comparisons.trace_lengths``) on one organism."""
     study = read(results, name)
     readings = study["readings"]
     rows = [
@@ -1837,7 +1837,7 @@ ORGANISM_STUDIES = {  # scripts/regenerate_organisms.py writes each study on eac
     "probes": layer0_probes_page,
     "traces": trace_lengths_page,
 }
-ORGANISM_NAMES = ("flipflop", "perm", "addition")  # workbench.claims.ALL
+ORGANISM_NAMES = ("flipflop", "perm", "addition")  # workbench.experiments.claims.ALL
 CLAIMS_JSON = "claims.json"
 
 
@@ -1893,7 +1893,7 @@ def claims_page(results: Path) -> str:
         "",
         "Each claim of the seed papers on each organism, read from the study that tests it: the comparison",
         "of the study's declared family, its mean difference [simultaneous 95% interval under Holm], and",
-        'the verdict (`workbench/claims.py`; docs/training.md, "The claims", says what each means).',
+        'the verdict (`workbench/experiments/claims.py`; docs/training.md, "The claims", says what each means).',
         "",
         table(["paper", "claim", "organism", "study", "comparison", "difference", "verdict", "why"], rows),
     ]

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Add each comparison study's declared family of comparisons, Holm-corrected with simultaneous
-intervals (``workbench.comparisons.study_family``), for the study JSON files measured before
+intervals (``workbench.experiments.comparisons.study_family``), for the study JSON files measured before
 ``run_study`` wrote it: ``docs/results/study_families.json``, read by their results pages.
 
     python scripts/study_families.py     # then python scripts/results_pages.py
@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from workbench.comparisons import study_family
+from workbench.experiments.comparisons import study_family
 from workbench.storage.provenance import source_commit
 
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"

@@ -7,7 +7,7 @@ docs/dynamics.md and docs/traces.md).
 Runs the CLI verbs (``probe``, ``dynamics``, ``traces``) on each seed's members, ``--jobs`` at a
 time with one torch thread each, writing into each run's ``results/`` (probes) and
 ``ZOO/analyses/`` (dynamics, traces); a verb whose output is already there is not rerun. Then
-reads the reports (``workbench.seed_readings.zoo_readings``, which the app's Zoo page also shows)
+reads the reports (``workbench.experiments.seed_readings.zoo_readings``, which the app's Zoo page also shows)
 and writes the readings across seeds with the commands, settings and commit.
 """
 
@@ -21,7 +21,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from workbench.seed_readings import PROBES, analysis_reports, zoo_readings
+from workbench.experiments.seed_readings import PROBES, analysis_reports, zoo_readings
 from workbench.storage.files import read_json, write_json
 from workbench.storage.provenance import source_commit
 from workbench.training.zoo import seed_name

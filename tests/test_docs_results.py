@@ -491,7 +491,7 @@ def _regenerate():
 
 
 def test_the_organisms_pages_name_what_the_claims_read():
-    from workbench import claims
+    from workbench.experiments import claims
 
     assert pages.ORGANISM_NAMES == claims.ALL
     assert set(pages.ORGANISM_STUDIES) == {c.study for c in claims.CLAIMS} == set(claims.CONTROLS)
@@ -503,7 +503,7 @@ def test_the_claims_page_reads_the_studies_in_the_results_folder(tmp_path):
     "not measured yet"; the claims page shows each row and links the study's page."""
     from helpers import fair_study
 
-    from workbench import claims
+    from workbench.experiments import claims
 
     study = fair_study(-0.2)
     name = pages.organism_study_name("fbt-vs-baseline", "perm")

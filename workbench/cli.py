@@ -572,7 +572,7 @@ def _add_eval(sub) -> None:
 
 def study_out(study: str, preset: str) -> Path:
     """A study's default output: ``runs/organisms/TASK/studies/STUDY`` on an organism (where the
-    claims table looks, ``workbench.claims.study_path``), else ``runs/studies/STUDY``."""
+    claims table looks, ``workbench.experiments.claims.study_path``), else ``runs/studies/STUDY``."""
     if preset.startswith("org-"):
         return Path("runs") / "organisms" / preset.removeprefix("org-") / "studies" / study
     return Path("runs") / "studies" / study
@@ -584,7 +584,7 @@ def cmd_zoo(args) -> dict:
     if args.study is None and args.reuse is not None:
         raise BadInput(f"--reuse {args.reuse} without --study: only a study copies a zoo's members")
     if args.study == "fbt-vs-baseline":
-        from workbench.studies.fbt_vs_baseline import run_comparison
+        from workbench.experiments.fbt_vs_baseline import run_comparison
 
         if args.only or args.reuse is not None:
             raise BadInput(f"--only/--reuse with --study {args.study}: it tunes and trains all of its members itself")
@@ -596,7 +596,7 @@ def cmd_zoo(args) -> dict:
             print(f"{name}: {words}")
         written = out / "study.json"
     elif args.study is not None:
-        from workbench.comparisons import run_study
+        from workbench.experiments.comparisons import run_study
 
         if args.only:
             raise BadInput(f"--only {args.only[0]} with --study {args.study}: a study trains all of its members")

@@ -1,4 +1,4 @@
-"""Zoo and studies: the seeds' claims on the model organisms (``workbench.claims``), each zoo's members across training seeds (accuracy with its 95% interval,
+"""Zoo and studies: the seeds' claims on the model organisms (``workbench.experiments.claims``), each zoo's members across training seeds (accuracy with its 95% interval,
 competence), its probes, dynamics and traces across seeds where they were run
 (``scripts/zoo_analyses.py``), and each comparison study's readings (``workbench zoo --study``)."""
 
@@ -9,9 +9,9 @@ import streamlit as st
 
 from app.charts import member_accuracy
 from app.state import runs_root, shown_errors
-from workbench.claims import claims_from
-from workbench.comparisons import family_rows, interval_text, reading_rows
-from workbench.seed_readings import zoo_readings
+from workbench.experiments.claims import claims_from
+from workbench.experiments.comparisons import family_rows, interval_text, reading_rows
+from workbench.experiments.seed_readings import zoo_readings
 from workbench.storage.errors import BadInput
 from workbench.storage.files import read_json
 from workbench.training.zoo import seed_rows

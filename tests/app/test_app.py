@@ -913,7 +913,7 @@ def test_the_empty_runs_page_offers_every_zoo_and_the_organisms_go_in_one_direct
 def test_the_zoo_page_shows_the_claims_read_from_the_organisms_studies(monkeypatch, tmp_path):
     from helpers import fair_study  # the claims tests' study with a known answer
 
-    from workbench.claims import NOT_MEASURED, REPRODUCED, study_path
+    from workbench.experiments.claims import NOT_MEASURED, REPRODUCED, study_path
     from workbench.storage.files import write_json
 
     root = tmp_path / "runs"

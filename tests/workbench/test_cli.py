@@ -221,8 +221,8 @@ def test_help_shows_every_options_default():
     for dest in ("threads", "jobs"):  # spelled in the parser to keep torch out of it
         text = next(a.help for a in verbs["zoo"]._actions if a.dest == dest)
         assert text.endswith("default: " + ", ".join(f"{k} {v[dest]}" for k, v in SCALES.items())), dest
-    from workbench.comparisons import STUDIES
-    from workbench.studies import fbt_vs_baseline
+    from workbench.experiments import fbt_vs_baseline
+    from workbench.experiments.comparisons import STUDIES
 
     extra = [scale for scale in fbt_vs_baseline.SCALES if scale not in SCALES]
     assert next(a.choices for a in verbs["zoo"]._actions if a.dest == "preset") == list(SCALES) + ["organisms"] + extra

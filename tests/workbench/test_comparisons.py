@@ -6,7 +6,7 @@ import math
 import pytest
 from helpers import assert_usage_error, cli
 
-from workbench.comparisons import (
+from workbench.experiments.comparisons import (
     BUDGETS,
     HORIZONS,
     THREE_PASS,
@@ -229,7 +229,7 @@ def test_a_studys_declared_family_pairs_by_seed_and_corrects_over_all_of_it():
     that spread around 0. Holm over the 3: the smallest p times 3."""
     from scipy.stats import t as student_t
 
-    from workbench.comparisons import study_family
+    from workbench.experiments.comparisons import study_family
 
     def member(lam, full, k8):
         return {
@@ -261,7 +261,7 @@ def test_the_probes_family_by_hand():
     (differences 0.35, 0.35, 0.35: no spread); both detectable in a family of 2."""
     from scipy.stats import t as student_t
 
-    from workbench.comparisons import study_family
+    from workbench.experiments.comparisons import study_family
 
     def member(**regimes):
         return {"accuracy": {regime: {"values": values} for regime, values in regimes.items()}}
@@ -286,7 +286,7 @@ def test_the_probes_study_on_the_micro_zoo_reusing_its_members(tmp_path, micro_z
     """The baseline and FBT are the zoo's (copied, not trained); each is probed at layer 0 for the
     flip-flop's stored bit (the micro zoo's mix), FBT under standard and recurrent K = 2 prefill, the
     report in the run's results/; a second run of the command reads the reports back."""
-    from workbench.comparisons import PROBE_HOOK, study_members
+    from workbench.experiments.comparisons import PROBE_HOOK, study_members
 
     assert [(n, arch) for n, arch, *_ in study_members("probes", "org-perm", 1)] == [
         ("baseline-seed1", "baseline"),
@@ -319,7 +319,7 @@ def test_the_traces_family_by_hand():
     """Two seeds x three problems: FBT's fused traces 2 tokens shorter on every problem, its soft
     traces the baseline's; correctness the same everywhere. Crossed differences: fused -2 with no
     spread (detectable), soft 0 (not), accuracy 0 in both."""
-    from workbench.comparisons import study_family
+    from workbench.experiments.comparisons import study_family
 
     base = {"trace_tokens": [[20, 30, 40], [22, 31, 39]], "correct": [[1, 0, 1], [1, 1, 0]]}
     fused = {"trace_tokens": [[18, 28, 38], [20, 29, 37]], "correct": base["correct"]}
@@ -346,7 +346,7 @@ def test_the_traces_study_refuses_a_task_without_traces_before_training(tmp_path
 def test_the_traces_study_on_the_micro_zoo_reusing_its_members(tmp_path, micro_zoo):
     """The zoo's baseline and FBT traced on the same chain problems at its one seed: the baseline in
     standard, FBT in each regime; the per-problem matrices are the traces.csv's; a rerun reads it back."""
-    from workbench.comparisons import TRACE_PROBLEMS
+    from workbench.experiments.comparisons import TRACE_PROBLEMS
     from workbench.studies.traces import read_traces
 
     argv = ["zoo", "--study", "traces", "--out", str(tmp_path), "--reuse", str(micro_zoo), "--no-progress"]

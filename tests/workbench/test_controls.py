@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from workbench import build_model, save_model
-from workbench.comparisons import study_family
 from workbench.data.tasks import TaskConfig
 from workbench.dynamics.study import analyse_run
+from workbench.experiments.comparisons import study_family
 from workbench.probing.study import probe_study
 from workbench.studies.traces import summarise
 

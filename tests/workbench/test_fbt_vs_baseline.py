@@ -13,10 +13,10 @@ from helpers import assert_usage_error, cli
 from workbench import build_model
 from workbench.data.splits import heldout_examples
 from workbench.data.tasks import synthetic_examples
+from workbench.experiments import fbt_vs_baseline as fvb
 from workbench.runtime.checkpoint import load_model
 from workbench.runtime.tokenizer import CharTokenizer, load_tokenizer
 from workbench.storage.files import read_json
-from workbench.studies import fbt_vs_baseline as fvb
 from workbench.training.evaluate import evaluate_examples
 from workbench.training.runconfig import load_run_config, task_settings
 
@@ -230,7 +230,7 @@ def test_the_study_end_to_end_on_the_micro_scale(tmp_path):
     for name in ("baseline", "fbt-seed1", "fbt-no-feedback"):
         assert all(len(v) == n for v in read_json(out / name / "results" / fvb.TEST_FILE)["correct"].values())
     assert set(study["family"]) == set(fvb.FAMILY)
-    from workbench.comparisons import family_rows, reading_rows
+    from workbench.experiments.comparisons import family_rows, reading_rows
 
     assert [r["comparison"] for r in family_rows(study)] == list(fvb.FAMILY)
     assert {(r["member"], r["regime"]) for r in reading_rows(study)} == {

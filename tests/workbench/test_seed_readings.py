@@ -2,7 +2,7 @@
 
 import math
 
-from workbench.seed_readings import across, dynamics_readings, probe_readings, trace_readings
+from workbench.experiments.seed_readings import across, dynamics_readings, probe_readings, trace_readings
 
 
 def probe_row(prefill, passes, layer, accuracy, stream=0, **more):
