@@ -51,6 +51,13 @@ def test_a_wandb_mode_wandb_does_not_know_is_a_one_line_error(tmp_path, monkeypa
         train(_config("wandb"), tmp_path / "run", progress=False)
 
 
+def test_a_resume_may_start_logging_to_a_tracker():
+    """Where a run logs is not what it computes: ``--resume --set train.log_to=...`` is allowed."""
+    from workbench.training.runconfig import with_execution_overrides
+
+    assert with_execution_overrides(_config("none"), ["train.log_to=tensorboard"]).train.log_to == "tensorboard"
+
+
 def test_scalars_are_a_lines_numbers_but_its_step():
     line = {"step": 4, "loss": 1.5, "loss_pass2": 2, "tokens_per_s": 10.0, "note": "x", "flag": True}
     assert scalars(line) == {"loss": 1.5, "loss_pass2": 2.0, "tokens_per_s": 10.0}

@@ -330,8 +330,15 @@ def check_device_here(cfg: RunConfig) -> None:
         raise BadInput(f"train field device={name!r}: this machine has {count} CUDA device(s)")
 
 
-# how a run executes, not what it computes (to rounding): a resume may change these with --set
-EXECUTION_FIELDS = ("train.parallel", "train.device", "train.compile", "train.checkpoint_blocks", "train.peak_tflops")
+# how a run executes or where it logs, not what it computes (to rounding): a resume may change these with --set
+EXECUTION_FIELDS = (
+    "train.parallel",
+    "train.device",
+    "train.compile",
+    "train.checkpoint_blocks",
+    "train.peak_tflops",
+    "train.log_to",
+)
 
 
 def with_execution_overrides(cfg: RunConfig, overrides: Sequence[str]) -> RunConfig:
