@@ -97,6 +97,11 @@ def test_bad_settings_and_files_are_one_line_errors(tmp_path):
         S.train_sae(torch.zeros(5, 3), S.SAEConfig(d_in=4, d_sae=8, k=2))
     with pytest.raises(MissingFile, match="missing sae_weights.safetensors"):
         S.load_sae(tmp_path)
+    from workbench.probing.sae_study import sae_study
+
+    for n in (9, 100_001):  # refused before any model loads
+        with pytest.raises(BadInput, match=f"n_sequences={n}: expected 10..100,000"):
+            sae_study(tmp_path / "no-run", "blocks.0.hook_resid_pre", n_sequences=n)
 
 
 @pytest.mark.slow

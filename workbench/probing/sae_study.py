@@ -29,6 +29,7 @@ import torch
 from workbench.data.splits import heldout_task
 from workbench.probing.sae import SAEConfig, evaluate_sae, save_sae, train_sae
 from workbench.probing.store import cache_activations, hook_names, load_store
+from workbench.probing.study import MAX_SEQUENCES
 from workbench.runtime.checkpoint import load_model
 from workbench.runtime.tokenizer import tokenizer_of
 from workbench.storage.errors import BadInput
@@ -83,8 +84,8 @@ def sae_study(
     started = time.perf_counter()
     report = progress or (lambda fraction, what: None)
     run_dir = Path(run_dir)
-    if not 10 <= n_sequences:
-        raise BadInput(f"n_sequences={n_sequences}: expected at least 10 (a tenth of them are held out)")
+    if not 10 <= n_sequences <= MAX_SEQUENCES:  # every stored row is held in memory while the SAE trains
+        raise BadInput(f"n_sequences={n_sequences}: expected 10..{MAX_SEQUENCES:,} (a tenth of them are held out)")
     if expansion < 1:
         raise BadInput(f"expansion={expansion}: expected latents = expansion x d_in with expansion >= 1")
     model, tokenizer = load_model(run_dir, device=device), tokenizer_of(run_dir)
