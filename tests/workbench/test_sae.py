@@ -22,10 +22,11 @@ def _one_thread():
 def test_the_learned_decoder_recovers_a_planted_dictionary(seed):
     """20,000 rows, each the sum of 3 of 48 random unit atoms in 32 dimensions with coefficients in
     [0.5, 1.5]: a TopK SAE with k = 3 and 64 latents finds most atoms (cosine > 0.9 with some
-    decoder row: measured 48, 46 and 47 of 48 at training seeds 0, 1, 2; asserted at least 90%)
-    and explains over 95% of the variance (measured 0.974, 0.965, 0.965) at L0 = 3."""
+    decoder row: measured 48, 46 and 46 of 48 at training seeds 0, 1, 2 after 800 steps, the same
+    as after 1,500; asserted at least 90%) and explains over 95% of the variance (measured 0.972,
+    0.964, 0.963) at L0 = 3."""
     x, atoms, _ = S.planted_dictionary(20_000, 32, 48, 3, seed=0)
-    settings = S.SAEConfig(d_in=32, d_sae=64, k=3, lr=3e-3, batch_size=512, steps=1500, dead_after=20_000, seed=seed)
+    settings = S.SAEConfig(d_in=32, d_sae=64, k=3, lr=3e-3, batch_size=512, steps=800, dead_after=20_000, seed=seed)
     sae, record = S.train_sae(x, settings)
     cosines = S.recovered(sae.W_dec.detach(), atoms)
     assert float((cosines > 0.9).float().mean()) >= 0.9, cosines.sort().values[:8]
