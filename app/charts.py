@@ -162,6 +162,21 @@ def attention_mass_bars(mass: pd.DataFrame) -> alt.Chart:
     )
 
 
+def latent_densities(latents: pd.DataFrame) -> alt.Chart:
+    """Sparse autoencoders page: each live latent's density (the fraction of held-out rows it fires
+    on), densest first; the bars' order is the table's below it."""
+    return (
+        alt.Chart(latents)
+        .mark_bar()
+        .encode(
+            x=alt.X("latent:O", sort=alt.EncodingSortField("density", order="descending"), title="latent, densest first"),
+            y=alt.Y("density:Q", title="fraction of rows"),
+            tooltip=["latent", alt.Tooltip("density:Q", format=".4f")],
+        )
+        .properties(height=200)
+    )
+
+
 def state_norm_title(arch: str) -> str:
     """What the Playground's norm chart shows: only FBT carries its state to the next step."""
     if arch == "fbt":

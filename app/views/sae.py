@@ -7,6 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from app import jobs
+from app.charts import latent_densities
 from app.state import find, pick_run, runs, shown_errors
 from workbench.probing.sae_study import LATENTS, N_SEQUENCES, REPORT, default_out
 from workbench.probing.study import default_hooks
@@ -96,6 +97,6 @@ st.caption(
 )
 st.subheader("Latents by density")
 alive = table[table["density"] > 0].sort_values("density", ascending=False)
-st.bar_chart(alive.set_index("latent")["density"], height=200)
+st.altair_chart(latent_densities(alive), width="stretch")
 st.caption("Each latent's top contexts: the tokens before the position, and [the token at it], strongest first.")
 st.dataframe(alive, hide_index=True, width="stretch")

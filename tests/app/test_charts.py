@@ -146,6 +146,12 @@ def test_stream_similarity_colours_the_whole_cosine_range():
     assert scale["domain"] == [-1, 1]  # not the data's 0.96..0.97
 
 
+def test_latent_densities_are_drawn_densest_first():
+    latents = pd.DataFrame({"latent": [3, 7, 1], "density": [0.2, 0.6, 0.1]})
+    x = charts.latent_densities(latents).to_dict()["encoding"]["x"]
+    assert x["sort"] == {"field": "density", "order": "descending"} and x["type"] == "ordinal"
+
+
 def test_state_norms_title_what_each_architecture_shows_and_colour_by_regime():
     def out(regime, scale=1.0, ablate=None):
         return {"regime": regime, "state_norm": [1.0, 2.0], "intervention": {"state_scale": scale, "ablate_stream": ablate}}
