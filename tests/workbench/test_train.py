@@ -97,21 +97,26 @@ def test_fbt_schedule_logs_per_pass_losses(tmp_path):
     assert all(set(r) >= {"step", "loss", "lr", "grad_norm", "tokens_per_s", "peak_rss_mib"} for r in rows)
 
 
+def poison(monkeypatch, strategy, at_step: int) -> None:
+    """Make ``strategy``'s loss NaN at step ``at_step`` (a divergence at a known step)."""
+    real = strategy.loss
+
+    def poisoned(self, model, x, y, step, rows, weight=None):
+        loss, info = real(self, model, x, y, step, rows, weight)
+        if step == at_step:
+            loss = loss * float("nan")
+            info["loss"] = loss.detach()
+        return loss, info
+
+    monkeypatch.setattr(strategy, "loss", poisoned)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("log_every", [1, 1000], ids=["read-every-step", "read-at-checkpoints"])
 def test_divergence_names_the_step_and_keeps_the_last_checkpoint(tmp_path, monkeypatch, log_every):
     """The host reads the loss on logging and checkpoint steps only (issue #39): a NaN at step 6
     is still named exactly, and found before the checkpoint at step 8 would be written."""
-    real = Strategy.loss
-
-    def poisoned(self, model, x, y, step, rows, weight=None):
-        loss, info = real(self, model, x, y, step, rows, weight)
-        if step == 6:
-            loss = loss * float("nan")
-            info["loss"] = loss.detach()
-        return loss, info
-
-    monkeypatch.setattr(Strategy, "loss", poisoned)
+    poison(monkeypatch, Strategy, at_step=6)
     with pytest.raises(TrainingDiverged, match=r"non-finite loss at step 6 \(loss nan, .*last checkpoint \(step 4\)"):
         train(config("baseline", f"train.log_every={log_every}"), tmp_path / "run", progress=False)
     from workbench import load_model
@@ -124,16 +129,7 @@ def test_a_divergence_before_a_growth_step_stops_before_the_model_is_grown(tmp_p
     """The host reads the losses at logging steps only, but an HD expansion (or FBT's switch) is
     fitted and recorded from the current weights: a NaN at step 1 with logging every 1000 steps
     is named before the expansion at step 3 records losses of a broken model."""
-    real = HDStrategy.loss
-
-    def poisoned(self, model, x, y, step, rows, weight=None):
-        loss, info = real(self, model, x, y, step, rows, weight)
-        if step == 1:
-            loss = loss * float("nan")
-            info["loss"] = loss.detach()
-        return loss, info
-
-    monkeypatch.setattr(HDStrategy, "loss", poisoned)
+    poison(monkeypatch, HDStrategy, at_step=1)
     cfg = config("hd", "train.log_every=1000", "hd.streams=1,2", "hd.expand_at=0,3", steps=6)
     with pytest.raises(TrainingDiverged, match=r"non-finite loss at step 1 "):
         train(cfg, tmp_path / "run", progress=False)

@@ -180,7 +180,7 @@ def _latents(sae, x, table, rows, tokenizer, density: list[float]) -> dict:
     z = sae.encode(x)
     seqs, positions = table["seq"], table["pos"]
     by_seq: dict[int, dict[int, int]] = {}
-    for s, p, t in zip(seqs, positions, table["token"]):
+    for s, p, t in zip(seqs[rows], positions[rows], table["token"][rows]):  # each position once (one pass)
         by_seq.setdefault(int(s), {})[int(p)] = int(t)
     top = z.topk(min(TOP_CONTEXTS, len(z)), dim=0)  # [TOP, d_sae]
     out = []
