@@ -752,10 +752,16 @@ def fbt_vs_baseline_page(results: Path, name: str = "study_fbt_vs_baseline.json"
             f"{row['feedback_start']:g}" if "feedback_start" in row else "-",
             f"{row['ramp']:g}" if "ramp" in row else "-",
             row["regime"],
+            ", ".join(f"{loss:.4f}" for loss in row.get("validation_losses", [row["validation_loss"]])),
             f"{row['validation_loss']:.4f}",
         ]
         for row in tuning["rows"]
     ]
+    if "tuning_seeds" in tuning:  # from issue #37 on: each row at two seeds, read by the worse
+        seeds = " and ".join(str(seed) for seed in tuning["tuning_seeds"])
+        trained = f"Every sweep row trains at seeds {seeds} (no comparison member's) and is read by the worse of them;"
+    else:
+        trained = f"Every sweep run trains at seed {tuning['tuning_seed']} (no comparison member's)"
     accuracy = [
         [f"`{member}`", regime, crossed(cell, sign=False), f"{cell['n_seeds']} x {cell['n_problems']}"]
         for member, regimes in readings["accuracy"].items()
@@ -777,11 +783,11 @@ def fbt_vs_baseline_page(results: Path, name: str = "study_fbt_vs_baseline.json"
     body = [
         "## Tuning, by a rule fixed before the sweep",
         "",
-        f"Rule: {tuning['rule']} Every sweep run trains at seed {tuning['tuning_seed']} (no comparison member's)",
-        f"and is scored on {tuning['validation_problems']} validation problems (a split of its own: neither",
+        f"Rule: {tuning['rule']} {trained}",
+        f"each is scored on {tuning['validation_problems']} validation problems (a split of its own: neither",
         "training data nor the test problems).",
         "",
-        table(["sweep run", "lr", "feedback_start", "ramp", "regime", "validation loss"], sweep),
+        table(["sweep run", "lr", "feedback_start", "ramp", "regime", "validation loss by seed", "validation loss"], sweep),
         f"## Accuracy on the same test problems, {seeds} seeds",
         "",
         "Each cell: mean [95% interval over seeds and problems] (two-way random effects, Satterthwaite df;",

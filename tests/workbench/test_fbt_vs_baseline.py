@@ -32,6 +32,19 @@ def test_the_rule_takes_the_lowest_validation_loss_and_the_first_of_ties():
     assert fvb.choose(rows, "fbt")["lr"] == 1e-3
 
 
+def test_a_row_is_scored_by_its_worse_tuning_seed():
+    """The addition organism's case (issue #37): lr 5e-4 had the lowest loss at one tuning seed
+    (0.0397 against 0.0431) but learned late at two of five comparison seeds. Scored by the worse
+    of two seeds, a setting that fails at one of them loses to one that learns at both."""
+    rows = [
+        fvb.scored_row("slow", "baseline", {"lr": 5e-4}, [0.0397, 0.30]),
+        fvb.scored_row("steady", "baseline", {"lr": 1e-3}, [0.0431, 0.045]),
+    ]
+    assert [r["validation_loss"] for r in rows] == [0.30, 0.045]
+    assert fvb.choose(rows, "baseline")["name"] == "steady"
+    assert rows[1]["validation_losses"] == [0.0431, 0.045] and rows[1]["regime"] == "standard"
+
+
 def test_every_architecture_gets_the_same_learning_rates_and_fbt_its_starts():
     rows = fvb.stage_one("modsum")
     lrs = fvb.SCALES["modsum"]["lrs"]
@@ -39,7 +52,8 @@ def test_every_architecture_gets_the_same_learning_rates_and_fbt_its_starts():
     assert [s["lr"] for a, s in rows if a == "baseline"] == list(lrs)
     fbt = [(s["lr"], s["feedback_start"], s["ramp"]) for a, s in rows if a == "fbt"]
     assert fbt == [(lr, f, fvb.RAMPS[0]) for lr in lrs for f in fvb.FEEDBACK_STARTS]
-    assert fvb.TUNING_SEED >= 10  # no comparison seed (0..MAX_SEEDS-1) is the sweep's
+    assert len(fvb.TUNING_SEEDS) == 2 and min(fvb.TUNING_SEEDS) >= 10  # no comparison seed (0..MAX_SEEDS-1) is the sweep's
+    assert fvb.tuning_run("baseline", {"lr": 1e-3}, fvb.TUNING_SEEDS[1]) == "tune-baseline-lr0.001-seed1001"
 
 
 def test_validation_problems_are_neither_test_problems_nor_training_data():
@@ -221,6 +235,11 @@ def test_the_study_end_to_end_on_the_micro_scale(tmp_path):
     assert study["tuning"]["chosen"]["baseline"] == min(
         (r for r in rows if r["arch"] == "baseline"), key=lambda r: r["validation_loss"]
     )
+    for row in rows:  # each row trained and scored at both tuning seeds, read by the worse
+        runs = [out / fvb.tuning_run(row["arch"], row, seed) for seed in fvb.TUNING_SEEDS]
+        assert [read_json(run / "config.json")["train"]["seed"] for run in runs] == list(fvb.TUNING_SEEDS)
+        assert row["validation_losses"] == [fvb.validation_loss(run, row["arch"], fvb.SCALES["micro"]["validation"]) for run in runs]
+        assert row["validation_loss"] == max(row["validation_losses"])
     chosen = study["tuning"]["chosen"]
     assert study["models"]["baseline-seed1"]["seed"] == 1
     assert read_json(out / "baseline" / "config.json")["train"]["lr"] == chosen["baseline"]["lr"]

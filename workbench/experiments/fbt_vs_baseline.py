@@ -4,9 +4,11 @@
 1. **Tuning, by a rule written before the sweep runs** (``RULE``). Each architecture gets the same
    sweep of learning rates (``lrs`` of the scale); FBT also ``fbt.feedback_start`` in
    ``FEEDBACK_STARTS`` (at ``fbt.ramp`` 0.1) and then, at its chosen learning rate and start,
-   ``fbt.ramp`` in ``RAMPS``. Every sweep run trains at ``TUNING_SEED``, a seed no comparison
-   member uses, for the full budget, and is scored on the validation split
-   (``tasks.split_rng(..., "validation")``: neither training data nor test problems).
+   ``fbt.ramp`` in ``RAMPS``. Every sweep row trains at each of ``TUNING_SEEDS``, seeds no
+   comparison member uses, for the full budget, and is scored on the validation split
+   (``tasks.split_rng(..., "validation")``: neither training data nor test problems) by the worse
+   of its seeds' losses: a setting whose learning time depends on the seed loses to one that
+   learns at both (from issue #37 on; the studies before it tuned at one seed, ``tuning_seed``).
 2. **The comparison**, at training seeds 0..n-1, each architecture at its chosen setting:
    ``baseline``; ``fbt`` (matched initialisation, warm feedback switch: the defaults); and the
    control ``fbt-no-feedback``, FBT's model at the baseline's setting with ``fbt.pass_weights=1,0,0``
@@ -59,16 +61,17 @@ from workbench.training.zoo import (
 from workbench.training.zoo import SCALES as SCALES_OF_ZOO
 
 STUDY = "fbt-vs-baseline"
-TUNING_SEED = 1000  # the sweep's training seed: none of the comparison's seeds 0..MAX_SEEDS-1
+TUNING_SEEDS = (1000, 1001)  # the sweep's training seeds: none of the comparison's seeds 0..MAX_SEEDS-1
 FEEDBACK_STARTS = (0.3, 0.7)
 RAMPS = (0.1, 0.3)  # the first is the stage-1 ramp (the default)
 REGIME = {"baseline": "standard", "fbt": "fused"}  # the regime an architecture is tuned and compared in
 RULE = (
     "Per architecture, the sweep row with the lowest validation completion loss (mean over the "
     "validation problems' completion tokens) at the full budget, in the architecture's regime "
-    "(baseline: standard; FBT: fused, its feedback at the prompt and at every generated step); ties "
-    "go to the row listed first. FBT: stage 1 chooses the learning rate and feedback_start at "
-    "ramp 0.1, stage 2 the ramp at that learning rate and start."
+    "(baseline: standard; FBT: fused, its feedback at the prompt and at every generated step), a "
+    "row's loss being the worse of its two tuning seeds'; ties go to the row listed first. FBT: "
+    "stage 1 chooses the learning rate and feedback_start at ramp 0.1, stage 2 the ramp at that "
+    "learning rate and start."
 )
 TEST_FILE = "comparison_test.json"  # per member, in results/: its per-problem scores
 
@@ -229,6 +232,19 @@ def stage_one(scale: str) -> list[tuple[str, dict]]:
     return rows
 
 
+def scored_row(name: str, arch: str, setting: dict, losses: list[float]) -> dict:
+    """A sweep row as ``RULE`` reads it: its validation loss at each of ``TUNING_SEEDS``
+    (``validation_losses``) and the worse of them (``validation_loss``), by which it is chosen."""
+    return {
+        "name": name,
+        "arch": arch,
+        **setting,
+        "regime": REGIME[arch],
+        "validation_losses": losses,
+        "validation_loss": max(losses),
+    }
+
+
 def choose(rows: list[dict], arch: str) -> dict:
     """``RULE`` over the scored sweep ``rows`` of ``arch`` (the first of equal losses)."""
     mine = [r for r in rows if r["arch"] == arch]
@@ -245,16 +261,22 @@ def validation_loss(run: Path, arch: str, n: int) -> float:
     return row["answer_loss"][REGIME[arch]]
 
 
-def _plan(scale: str, rows: list[tuple[str, dict]], seed: int) -> list:
-    seeded = [f"train.seed={seed}"]
+def tuning_run(arch: str, setting: dict, seed: int) -> str:
+    """The directory of a sweep row's run at tuning seed ``seed`` (the first seed keeps the row's name)."""
+    name = sweep_name(arch, setting)
+    return name if seed == TUNING_SEEDS[0] else f"{name}-seed{seed}"
+
+
+def _plan(scale: str, rows: list[tuple[str, dict]]) -> list:
     return [
         (
-            sweep_name(arch, setting),
+            tuning_run(arch, setting, seed),
             sweep_name(arch, setting),
             seed,
-            member_config(scale, arch, seeded + setting_overrides(arch, setting)),
+            member_config(scale, arch, [f"train.seed={seed}", *setting_overrides(arch, setting)]),
         )
         for arch, setting in rows
+        for seed in TUNING_SEEDS
     ]
 
 
@@ -267,7 +289,7 @@ def tune(scale: str, out: Path, *, threads: int, jobs: int, progress: bool | Cal
 
     def run_stage(rows: list[tuple[str, dict]]) -> None:
         rows = [(arch, setting) for arch, setting in rows if all(r["name"] != sweep_name(arch, setting) for r in scored)]
-        plan = _plan(scale, rows, TUNING_SEED)
+        plan = _plan(scale, rows)
         train_plan(
             plan,
             out,
@@ -279,9 +301,9 @@ def tune(scale: str, out: Path, *, threads: int, jobs: int, progress: bool | Cal
             progress=progress,
             targets=s["targets"],
         )
-        for (arch, setting), (name, *_) in zip(rows, plan):
-            loss = validation_loss(out / name, arch, s["validation"])
-            scored.append({"name": name, "arch": arch, **setting, "regime": REGIME[arch], "validation_loss": loss})
+        for arch, setting in rows:
+            losses = [validation_loss(out / tuning_run(arch, setting, seed), arch, s["validation"]) for seed in TUNING_SEEDS]
+            scored.append(scored_row(sweep_name(arch, setting), arch, setting, losses))
 
     run_stage(stage_one(scale))
     first = choose(scored, "fbt")
@@ -293,7 +315,7 @@ def tune(scale: str, out: Path, *, threads: int, jobs: int, progress: bool | Cal
     tuning = {
         **summary,
         "rule": RULE,
-        "tuning_seed": TUNING_SEED,
+        "tuning_seeds": list(TUNING_SEEDS),
         "validation_problems": s["validation"],
         "rows": scored,
         "chosen": chosen,
@@ -532,7 +554,7 @@ def run_comparison(
     finally:
         torch.set_num_threads(before)
     with hold(out):
-        summary["tuning"] = {k: tuning[k] for k in ("rule", "tuning_seed", "validation_problems", "rows", "chosen")}
+        summary["tuning"] = {k: tuning[k] for k in ("rule", "tuning_seeds", "validation_problems", "rows", "chosen")}
         summary["readings"] = readings(per_seed, s["threshold"], s["window"], s["steps"], tuple(s.get("beyond", {})))
         summary["readings"]["beyond_settings"] = {b: as_recorded(v) for b, v in s.get("beyond", {}).items()}
         summary["family"] = summary["readings"].pop("family")  # where every study keeps its family
