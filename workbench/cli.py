@@ -501,10 +501,6 @@ def cmd_train(args) -> dict:
     if args.resume:  # make_run_config checked a new run's; a resumed one's config may have been edited
         check_run_fits(cfg)
     summary = train(cfg, args.out, resume=args.resume, progress=not args.no_progress, stop_after=args.stop_after).summary
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():  # under torchrun: left to the interpreter's exit, gloo can abort
-        dist.destroy_process_group()
     print(f"trained {cfg.arch} to step {summary['steps']} in {summary['seconds']:.1f}s -> {args.out}")
     return summary
 
@@ -1361,6 +1357,10 @@ def main(argv: list[str] | None = None) -> int:
             _set_compute(args)
         result = args.func(args)
         _emit(result, args.json_out, args.verb)
+        if args.verb == "train":  # under torchrun: no interpreter finalization (see leave_distributed)
+            from workbench.training.parallel import leave_distributed
+
+            leave_distributed(0)
     except (WorkbenchError, OSError) as err:
         # Only these are the user's to fix. A WorkbenchError names the value, path or file and what
         # was expected. An OSError is the environment refusing (a full disk, a permission denied, a

@@ -20,7 +20,9 @@ the same way: gather, grow, carry the moments, shard the grown model.
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -57,6 +59,24 @@ def setup_distributed(device_pref: str) -> tuple[Dist, torch.device]:
             torch.cuda.set_device(local)
         return Dist(dist.get_rank(), world), torch.device(f"cuda:{local}") if use_cuda else torch.device("cpu")
     return Dist(), torch.device("cuda" if use_cuda else device_pref if device_pref != "auto" else "cpu")
+
+
+def leave_distributed(code: int) -> None:
+    """End a ``torchrun`` worker: destroy the process group, flush, and leave without the
+    interpreter's finalization (``os._exit``); does nothing in a process that no ``torchrun``
+    started. DDP keeps gloo's process group alive past ``destroy_process_group`` (torch 2.13: its
+    worker threads outlive the DDP wrapper and its module, collected), and tearing those threads
+    down while the interpreter finalizes aborts the process now and then ("terminate called
+    without an active exception", exit -6): measured in 1 of 53 exits of a 2-process DDP script
+    whose ranks had both finished, and once in CI. Everything the verb wrote is closed by then."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
 
 
 class StepLoss(nn.Module):
