@@ -238,7 +238,9 @@ def test_the_study_end_to_end_on_the_micro_scale(tmp_path):
     for row in rows:  # each row trained and scored at both tuning seeds, read by the worse
         runs = [out / fvb.tuning_run(row["arch"], row, seed) for seed in fvb.TUNING_SEEDS]
         assert [read_json(run / "config.json")["train"]["seed"] for run in runs] == list(fvb.TUNING_SEEDS)
-        assert row["validation_losses"] == [fvb.validation_loss(run, row["arch"], fvb.SCALES["micro"]["validation"]) for run in runs]
+        assert row["validation_losses"] == [
+            fvb.validation_loss(run, row["arch"], fvb.SCALES["micro"]["validation"]) for run in runs
+        ]
         assert row["validation_loss"] == max(row["validation_losses"])
     chosen = study["tuning"]["chosen"]
     assert study["models"]["baseline-seed1"]["seed"] == 1
