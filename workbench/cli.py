@@ -697,7 +697,8 @@ def cmd_cache(args) -> dict:
     from workbench.training.runconfig import task_config
 
     model = resolve_model(args.run, device=args.device, dtype=_dtype(args))
-    examples = heldout_task(args.task, args.n, args.seed, task_config(args.run))[: args.n]  # the run's own problems
+    tokenizer = _tokenizer_for(args.run)
+    examples = heldout_task(args.task, args.n, args.seed, task_config(args.run), tokenizer)[: args.n]  # the run's own problems
     started = time.perf_counter()
     out = cache_activations(
         model,
@@ -706,7 +707,7 @@ def cmd_cache(args) -> dict:
         args.out,
         prefill=args.prefill,
         passes=args.passes,
-        tokenizer=_tokenizer_for(args.run),
+        tokenizer=tokenizer,
         overwrite=args.overwrite,
         on_estimate=lambda e: print(f"storing about {e['rows']:,} rows, {e['bytes'] / 2**30:.2f} GiB, in {args.out}", flush=True),
     )

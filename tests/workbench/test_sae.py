@@ -2,6 +2,7 @@
 layout, and errors that name the value."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -142,3 +143,37 @@ def test_workbench_sae_on_the_micro_zoos_carried_state_explains_what_a_structure
     # a second run into the same directory is refused without --overwrite
     with pytest.raises(SystemExit):
         main([*argv, "--n", "64", "--steps", "10", "--out", str(out), "--no-progress"])
+
+
+@pytest.mark.slow
+def test_an_sae_on_a_run_trained_on_a_prepared_corpus_stores_its_held_out_documents(tmp_path):
+    """A run trained on a prepared corpus (``prepared:DIR``) has no synthetic held-out stream: the
+    SAE stores the corpus's held-out documents (those eval scores), decoded with the run's
+    tokenizer, so every latent's top context is text from one of them."""
+    from helpers import FAST
+
+    from workbench.data.prepared import PreparedCorpus, heldout_examples, prepare_corpus
+    from workbench.data.splits import heldout_task
+    from workbench.probing.sae_study import sae_study
+    from workbench.runtime.tokenizer import CharTokenizer
+    from workbench.training.runconfig import make_run_config
+    from workbench.training.train import train
+
+    sample = Path(__file__).parents[1] / "data" / "gsm8k_sample.jsonl"
+    prepare_corpus([sample], CharTokenizer(), tmp_path / "c", heldout_fraction=0.5)
+    task = f"prepared:{tmp_path / 'c'}"
+    train(
+        make_run_config("baseline", "debug", task, FAST + ["train.steps=2", "model.n_ctx=1024"]), tmp_path / "run", progress=False
+    )
+    report = sae_study(
+        tmp_path / "run", "blocks.0.hook_resid_post", n_sequences=10, steps=20, batch_size=256, out=tmp_path / "sae"
+    )
+    held = heldout_examples(PreparedCorpus.open(tmp_path / "c"), CharTokenizer(), 10)
+    too_long = sum(len(ex.text) > 1024 for ex in held)  # one token a character; left out, as eval does
+    assert too_long > 0 and report["skipped_too_long"] == too_long and report["n_sequences"] == 10 - too_long
+    assert report["task"] == task and report["rows"]["test"] > 0
+    latents = json.loads((tmp_path / "sae" / "latents.json").read_text())["latents"]
+    contexts = [c["before"] + c["token"] for latent in latents for c in latent["top"]]
+    assert contexts and all(any(text in ex.text for ex in held) for text in contexts)
+    with pytest.raises(ValueError, match="need the tokenizer it was made with"):
+        heldout_task(task, 3, 0)

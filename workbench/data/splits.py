@@ -27,9 +27,18 @@ def heldout_examples(task: str, n: int, seed: int, cfg: TaskConfig | None = None
     return synthetic_examples(task, n, seed, cfg, split=HELDOUT)
 
 
-def heldout_task(spec: str, n: int, seed: int, cfg: TaskConfig | None = None) -> list[Example]:
+def heldout_task(spec: str, n: int, seed: int, cfg: TaskConfig | None = None, tokenizer=None) -> list[Example]:
     """``load_task`` for evaluation: a synthetic task from its held-out stream; a file-backed
-    source (``jsonl:``, ``text:``, ``hf:``) as ``load_task`` reads it (it ignores the seed)."""
+    source (``jsonl:``, ``text:``, ``hf:``) as ``load_task`` reads it (it ignores the seed); a
+    prepared corpus (``prepared:DIR``) its first ``n`` held-out documents, decoded with
+    ``tokenizer`` (the run's: the corpus was tokenized with it)."""
+    from workbench.data import prepared  # it imports the tasks this module imports
+
+    directory = prepared.corpus_dir(spec)
+    if directory is not None:
+        if tokenizer is None:
+            raise ValueError(f"{spec}: a prepared corpus's held-out documents need the tokenizer it was made with")
+        return prepared.heldout_examples(prepared.PreparedCorpus.open(directory), tokenizer, n)
     kind, _, rest = spec.partition(":")
     if kind in ("jsonl", "text", "hf") and rest:
         return load_task(spec, n, seed, cfg)

@@ -107,7 +107,11 @@ def sae_study(
     )
     out = Path(out) if out is not None else default_out(run_dir, hook, prefill, passes, stream)
     task = load_run_config(run_dir / "config.json").data.task
-    examples = heldout_task(task, n_sequences, seed, task_config(run_dir))[:n_sequences]
+    drawn = heldout_task(task, n_sequences, seed, task_config(run_dir), tokenizer)[:n_sequences]
+    # a prepared corpus's document can be longer than the context: left out and counted, as eval does
+    examples = [ex for ex in drawn if len(tokenizer.encode(ex.text)) <= model.cfg.n_ctx]
+    if not examples:
+        raise BadInput(f"none of the {len(drawn)} held-out sequences of {task} fits the context n_ctx={model.cfg.n_ctx}")
     with claim(out, "sae", overwrite=overwrite) as c:
         report(0.0, "caching activations")
         with c.making():
@@ -157,6 +161,7 @@ def sae_study(
             "stream": stream,
             "task": task,
             "n_sequences": len(examples),
+            "skipped_too_long": len(drawn) - len(examples),
             "seed": seed,
             "rows": {"train": int((~held).sum()), "test": int(held.sum())},
             "settings": {k: v for k, v in asdict(cfg).items() if k != "metadata"},

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from models import DecoderLM, NonFiniteActivation
 from workbench.data.answers import is_correct
-from workbench.data.prepared import PreparedCorpus, corpus_dir, heldout_examples, source_hashes
+from workbench.data.prepared import corpus_dir, source_hashes
 from workbench.data.sources import file_sha256
 from workbench.data.splits import heldout_task
 from workbench.data.tasks import MAX_EXAMPLES, SYNTHETIC, Example, TaskConfig
@@ -277,11 +277,7 @@ def _evaluate_run(
     started = time.perf_counter()
     result = {"run": str(run_dir), "arch": cfg.arch, "fused_passes": fused_passes, "n_examples": n, "tasks": {}}
     for name in eval_tasks(task or cfg.data.task, data):
-        directory = corpus_dir(name)
-        if directory is not None:
-            examples = heldout_examples(PreparedCorpus.open(directory), tokenizer, n)
-        else:
-            examples = heldout_task(name, n, cfg.train.seed, data)[:n]
+        examples = heldout_task(name, n, cfg.train.seed, data, tokenizer)[:n]
         fits = [ex for ex in examples if len(tokenizer.encode(ex.text)) + 1 + 8 <= model.cfg.n_ctx]
         if not fits:
             raise BadInput(f"no {name!r} example fits the context n_ctx={model.cfg.n_ctx}")
