@@ -82,8 +82,6 @@ if [[ -x .venv/bin/python ]]; then py=.venv/bin/python; else py=python3; fi
     || { echo "mutation.sh: $py has no mutmut 3 (pip install 'mutmut>=3,<4')" >&2; exit 2; }
 
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-# mutmut runs pytest in its own forked workers: the suite's two xdist workers (pyproject addopts) off
-export PYTEST_ADDOPTS="-n 0 ${PYTEST_ADDOPTS:-}"
 # Tests that start Python subprocesses (the CLI, kill harnesses) import the mutated copies too.
 export PYTHONPATH=$repo/mutants
 budget=${MUTATION_BUDGET:-1500}

@@ -8,9 +8,7 @@ import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported; subprocesses inherit it
 
-import json
 import pickle
-import sys
 from pathlib import Path
 
 import pytest
@@ -84,32 +82,15 @@ def no_unpickling(monkeypatch):
     monkeypatch.setattr(pickle, "Unpickler", Unpickler)
 
 
-def _tally() -> dict:
-    helpers = sys.modules.get("helpers")
-    return helpers.TALLY if helpers is not None else {}
-
-
-def pytest_sessionfinish(session):
-    """Under pytest-xdist a worker hands its fault tally to the controller, which prints the sum."""
-    if hasattr(session.config, "workeroutput"):
-        session.config.workeroutput["fault_tally"] = json.dumps(_tally())
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_testnodedown(node, error):
-    """The controller adds each worker's fault tally to its own (xdist's hook: absent without it)."""
-    from helpers import tally
-
-    for name, counts in json.loads(getattr(node, "workeroutput", {}).get("fault_tally", "{}")).items():
-        tally(name).update(counts)
-
-
 def pytest_terminal_summary(terminalreporter):
     """The fault suites' tally (``tests/helpers.py``), one line per fault class they exercised."""
-    if not _tally():
+    import sys
+
+    helpers = sys.modules.get("helpers")
+    if helpers is None or not helpers.TALLY:
         return
     terminalreporter.section("fault tally")
-    for name, c in _tally().items():
+    for name, c in helpers.TALLY.items():
         terminalreporter.write_line(
             f"{name}: inputs tried {c['inputs_tried']}, faults injected {c['faults_injected']}, data lost {c['data_lost']}"
         )
