@@ -11,8 +11,12 @@ so any two streams share some of them by chance.
 from __future__ import annotations
 
 import random
+from typing import TYPE_CHECKING
 
 from workbench.data.tasks import Example, TaskConfig, load_task, split_rng, synthetic_examples
+
+if TYPE_CHECKING:
+    from workbench.runtime.tokenizer import TokenizerBase
 
 HELDOUT = "heldout"
 
@@ -27,7 +31,9 @@ def heldout_examples(task: str, n: int, seed: int, cfg: TaskConfig | None = None
     return synthetic_examples(task, n, seed, cfg, split=HELDOUT)
 
 
-def heldout_task(spec: str, n: int, seed: int, cfg: TaskConfig | None = None, tokenizer=None) -> list[Example]:
+def heldout_task(
+    spec: str, n: int, seed: int, cfg: TaskConfig | None = None, tokenizer: TokenizerBase | None = None
+) -> list[Example]:
     """``load_task`` for evaluation: a synthetic task from its held-out stream; a file-backed
     source (``jsonl:``, ``text:``, ``hf:``) as ``load_task`` reads it (it ignores the seed); a
     prepared corpus (``prepared:DIR``) its first ``n`` held-out documents, decoded with
