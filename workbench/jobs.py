@@ -527,6 +527,9 @@ def supervise(path: Path) -> int:
 
     # before the pid is recorded: a cancel that reads it must never meet the default SIGTERM (death)
     signal.signal(signal.SIGTERM, cancel)
+    # SIGINT too: an ignored signal survives exec, and a launcher under nohup (or an execnet worker)
+    # ignores it; a handled one is reset there, so the verb gets Python's KeyboardInterrupt for its Ctrl-C
+    signal.signal(signal.SIGINT, cancel)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     data.update(state="running", pid=os.getpid(), host=socket.gethostname(), started=time.time())
     write_json(file, data)

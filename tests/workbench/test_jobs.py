@@ -87,6 +87,24 @@ def test_cancel_stops_the_verb_cleanly_and_a_killed_supervisor_is_lost(tmp_path)
 
 
 @pytest.mark.slow
+def test_a_job_started_where_ctrl_c_is_ignored_is_still_cancelled_cleanly(tmp_path):
+    """A launcher run under ``nohup`` (or in an execnet worker) ignores SIGINT, and an ignored
+    signal survives exec: unless the supervisor takes SIGINT back, the verb never gets its Ctrl-C
+    and a cancel ends in a kill, leaving what the verb staged."""
+    run = tmp_path / "run"
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        job = start_job(tmp_path, [*TRAIN, "--set", "train.steps=100000", "--out", str(run)], title="nohup")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    job = wait(job, lambda j: j.progress.get("fraction") is not None, timeout=300)
+    assert cancel_job(job)
+    job = wait(job, lambda j: not j.running, timeout=120)
+    assert job.state == "cancelled" and "KeyboardInterrupt" in job.log_tail(), job.log_tail()
+    assert not [p for p in run.iterdir() if p.name.startswith(".staging")]
+
+
+@pytest.mark.slow
 def test_a_job_directory_is_never_reused_and_bad_argv_is_refused(tmp_path):
     a = start_job(tmp_path, ["presets"], title="a")
     b = start_job(tmp_path, ["presets"], title="b")
