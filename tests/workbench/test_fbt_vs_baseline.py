@@ -45,6 +45,22 @@ def test_a_row_is_scored_by_its_worse_tuning_seed():
     assert rows[1]["validation_losses"] == [0.0431, 0.045] and rows[1]["regime"] == "standard"
 
 
+def test_a_row_whose_loss_is_not_finite_is_the_worst_wherever_it_is_listed():
+    """A diverged run evaluates to a NaN loss, and NaN compares false with everything: ``max`` and
+    ``min`` would then answer by the order rows and seeds are listed in."""
+    nan = float("nan")
+    for losses in ([nan, 0.05], [0.05, nan]):
+        assert fvb.scored_row("diverged", "baseline", {"lr": 4e-3}, losses)["validation_loss"] == float("inf")
+    rows = [
+        fvb.scored_row("steady", "baseline", {"lr": 1e-3}, [0.04, 0.05]),
+        fvb.scored_row("diverged", "baseline", {"lr": 4e-3}, [nan, nan]),
+        fvb.scored_row("worse", "baseline", {"lr": 2e-3}, [0.07, 0.10]),
+    ]
+    for order in (rows, rows[::-1], rows[1:] + rows[:1]):
+        assert fvb.choose(order, "baseline")["name"] == "steady"
+    assert fvb.choose(rows[1:], "baseline")["name"] == "worse"
+
+
 def test_every_architecture_gets_the_same_learning_rates_and_fbt_its_starts():
     rows = fvb.stage_one("modsum")
     lrs = fvb.SCALES["modsum"]["lrs"]

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -234,14 +235,15 @@ def stage_one(scale: str) -> list[tuple[str, dict]]:
 
 def scored_row(name: str, arch: str, setting: dict, losses: list[float]) -> dict:
     """A sweep row as ``RULE`` reads it: its validation loss at each of ``TUNING_SEEDS``
-    (``validation_losses``) and the worse of them (``validation_loss``), by which it is chosen."""
+    (``validation_losses``) and the worse of them (``validation_loss``), by which it is chosen; a
+    loss that is not finite (a diverged run) counts as infinite, the worst, wherever it is listed."""
     return {
         "name": name,
         "arch": arch,
         **setting,
         "regime": REGIME[arch],
         "validation_losses": losses,
-        "validation_loss": max(losses),
+        "validation_loss": max(loss if math.isfinite(loss) else math.inf for loss in losses),
     }
 
 
