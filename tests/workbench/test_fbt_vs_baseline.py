@@ -298,7 +298,9 @@ def test_the_fair_study_on_an_organism_trains_the_organisms_task_at_its_budget(t
     study = make_run_config(
         "baseline", scale["preset"], scale["task"], [*scale["common"], f"train.lr={lr}", f"train.steps={scale['steps']}"]
     )
-    assert scale["lrs"][1] == lr and scale["steps"] == zoo.train.steps
+    # the organism's learning rate in the sweep's middle; addition's sweep starts at it (below, its
+    # baseline learns late by seed: fbt_vs_baseline's note on the learning rates)
+    assert scale["lrs"].index(lr) == (0 if task == "addition" else 1) and scale["steps"] == zoo.train.steps
     differ = {k for k, v in study.to_dict()["train"].items() if zoo.to_dict()["train"][k] != v}
     assert differ == {"log_every"} and study.to_dict()["data"] == zoo.to_dict()["data"]
 

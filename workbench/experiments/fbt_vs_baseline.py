@@ -137,7 +137,7 @@ SCALES = {
 
 def organism_scale(task: str, lrs: tuple[float, ...], threshold: float) -> dict:
     """The fair study on a model organism (``workbench.training.zoo.ORGANISMS``): its task, settings
-    and budget, a sweep of three learning rates around the organism's own (the middle one), the
+    and budget, a sweep of three learning rates ``lrs`` that holds the organism's own, the
     loss logged every 10 steps for the time to ``threshold``, and its test sets beyond training
     (``BEYOND``)."""
     steps = ORGANISM_BUDGETS[task][0]
@@ -173,11 +173,16 @@ BEYOND_REGIMES = ("standard", "fused")  # single-token answers: soft decodes as 
 # thresholds: perm's chance-level completion loss is ln(6) / 2 = 0.90 (answer and <eos>), a
 # flip-flop's ln(2) / 2 = 0.35, each about halved as above; addition's completions are traces,
 # so its threshold is the training loss at which the pilot's held-out accuracy passed one half
-# (0.23 at step 500, accuracy 0.47; 0.11 at step 600, 0.77)
+# (0.23 at step 500, accuracy 0.47; 0.11 at step 600, 0.77).
+# Learning rates: the organism's own in the middle, one a factor 2 either side; addition's start at
+# its own (issue #37). Below it the baseline learns addition late and by seed: at 5e-4 it missed
+# the target at 2 of 7 seeds (0.825, 0.215), and neither lever of the organism the budget allows
+# caught the slower one up (2,000 steps: 0.76; 1-2 digits: 0.855), while at 1e-3 it reached it at
+# every seed; FBT's choice sat at the grid's top (2e-3), so the sweep goes a factor 2 past it.
 SCALES |= {
     "org-flipflop": organism_scale("flipflop", (2.5e-4, 5e-4, 1e-3), 0.17),
     "org-perm": organism_scale("perm", (2.5e-4, 5e-4, 1e-3), 0.45),
-    "org-addition": organism_scale("addition", (5e-4, 1e-3, 2e-3), 0.2),
+    "org-addition": organism_scale("addition", (1e-3, 2e-3, 4e-3), 0.2),
 }
 CONTROL = "fbt-no-feedback"
 FAMILY = (
