@@ -58,6 +58,19 @@ def micro_zoo(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def micro_runs(tmp_path_factory):
+    """The ``micro`` zoo's baseline and FBT configs (its task and settings) trained 2 steps, for
+    tests that need runs of that task but not what the zoo's training (~15 s) teaches them."""
+    from workbench.training.train import train
+    from workbench.training.zoo import member_config, members
+
+    out = tmp_path_factory.mktemp("micro-runs")
+    for name, arch, overrides, _ in members("micro", out)[:2]:
+        train(member_config("micro", arch, [*overrides, "train.steps=2"], None), out / name, progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
 def micro_study(tmp_path_factory):
     """The data-efficiency study on the micro zoo at two seeds, once per test session (~2 min)."""
     from workbench.cli import main

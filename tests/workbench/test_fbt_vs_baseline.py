@@ -178,8 +178,8 @@ def test_the_organisms_test_sets_beyond_training_are_drawn_beyond_it():
     assert ignored(drawn("flipflop", fvb.BEYOND["flipflop"]["denser"])) < trained - 0.2
 
 
-def test_a_member_is_scored_beyond_training_on_problems_drawn_with_the_sets_settings(micro_zoo, tmp_path):
-    run = shutil.copytree(micro_zoo / "fbt", tmp_path / "fbt")
+def test_a_member_is_scored_beyond_training_on_problems_drawn_with_the_sets_settings(micro_runs, tmp_path):
+    run = shutil.copytree(micro_runs / "fbt", tmp_path / "fbt")
     longer = ("longer", {"modsum_min_len": 7, "modsum_max_len": 9})
     scores = fvb.score_member(run, "fbt", 6, longer)
     assert read_json(run / "results" / "comparison_test_longer.json") == scores

@@ -248,7 +248,7 @@ def test_probe_study_reports_progress_up_to_done(tmp_path):
     assert sum("probed" in w for _, w in seen) == 2  # one hook x standard prefill x 2 streams
 
 
-def test_probe_study_draws_the_problems_the_run_trained_on(micro_zoo, tmp_path):
+def test_probe_study_draws_the_problems_the_run_trained_on(micro_runs, tmp_path):
     """The micro zoo trains modsum mod 3 over 1-6 digits (the zoo's TASK), not the defaults (mod 7
     over 4-16): probing its running sum on default problems asked for a sum mod 7 of a model that
     computes one mod 3, and found nothing. The sweep now draws the run's own problems, records
@@ -259,7 +259,7 @@ def test_probe_study_draws_the_problems_the_run_trained_on(micro_zoo, tmp_path):
     from workbench.probing.study import probe_study
     from workbench.training.runconfig import task_config
 
-    run = shutil.copytree(micro_zoo / "baseline", tmp_path / "baseline")
+    run = shutil.copytree(micro_runs / "baseline", tmp_path / "baseline")
     data = task_config(run)
     assert (data.modsum_p, data.modsum_min_len, data.modsum_max_len) == (3, 1, 6)
     report = probe_study(
