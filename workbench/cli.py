@@ -759,6 +759,7 @@ def cmd_sae(args) -> dict:
             seed=args.seed,
             expansion=args.expansion,
             k=args.k,
+            architecture=args.architecture,
             steps=args.steps,
             lr=args.lr,
             out=args.out,
@@ -770,7 +771,8 @@ def cmd_sae(args) -> dict:
         )
     test, settings = report["test"], report["settings"]
     print(
-        f"{report['hook']} ({report['prefill']}, K={report['passes']}): {settings['d_sae']} latents, k={settings['k']}, "
+        f"{report['hook']} ({report['prefill']}, K={report['passes']}): {settings['architecture']}, "
+        f"{settings['d_sae']} latents, k={settings['k']}, "
         f"{report['rows']['train']:,} training rows; on {test['rows']:,} held-out rows: variance explained "
         f"{test['explained']:.3f}, MSE {test['mse']:.4g}, L0 {test['l0']:.1f}, dead {test['dead']} "
         f"({test['dead_fraction']:.1%}); {report['seconds']}s"
@@ -780,7 +782,7 @@ def cmd_sae(args) -> dict:
 
 def _add_sae(sub) -> None:
     """``workbench sae``'s arguments."""
-    p = sub.add_parser("sae", help="a sparse autoencoder (TopK) on one hook's activations, saved for SAELens")
+    p = sub.add_parser("sae", help="a sparse autoencoder (TopK or BatchTopK) on one hook's activations, saved for SAELens")
     p.add_argument("run")
     p.add_argument("--hook", required=True, help="one hook name or pattern, e.g. fusion.hook_state, blocks.0.hook_resid_pre")
     p.add_argument("--prefill", choices=["standard", "recurrent"], default="standard")
@@ -790,6 +792,12 @@ def _add_sae(sub) -> None:
     p.add_argument("--seed", type=_seed, default=0)
     p.add_argument("--expansion", type=int, default=4, help="latents = expansion x d_model (default 4)")
     p.add_argument("--k", type=int, default=None, help="active latents a row (default d_model / 8, within 4..32)")
+    p.add_argument(
+        "--architecture",
+        choices=["topk", "batchtopk"],
+        default="topk",
+        help="topk: k latents every row; batchtopk: k on average over a training batch, then a threshold (saved as jumprelu)",
+    )
     p.add_argument("--steps", type=int, default=2000, help="training steps of 1,024 rows (default 2000)")
     p.add_argument("--lr", type=float, default=None, help="Adam's learning rate (default 2e-4 / sqrt(latents / 2^14))")
     p.add_argument("--out", default=None, help="default RUN/results/sae/HOOK-PREFILL[-K]")

@@ -49,7 +49,7 @@ def test_topk_keeps_the_k_largest_relu_pre_activations_by_hand():
     """d_in 2, d_sae 3: W_enc = [[1, 0, 1], [0, 1, -1]], no biases, k = 2. x = (3, 1): pre
     (3, 1, 2) -> z (3, 0, 2); x = (1, 2): pre (1, 2, -1) -> ReLU (1, 2, 0) -> z (1, 2, 0). With
     W_dec = W_enc's transpose the reconstruction of (3, 1) is 3 (1, 0) + 2 (1, -1) = (5, -2)."""
-    sae = S.TopKSAE(2, 3, 2)
+    sae = S.SparseAutoencoder(2, 3, 2)
     with torch.no_grad():
         sae.W_enc.copy_(torch.tensor([[1.0, 0, 1], [0, 1, -1]]))
         sae.W_dec.copy_(sae.W_enc.t())
@@ -59,16 +59,71 @@ def test_topk_keeps_the_k_largest_relu_pre_activations_by_hand():
     assert sae(torch.tensor([[3.0, 1]])).tolist() == [[5, -2]]
 
 
+def test_batchtopk_keeps_the_batchs_k_times_rows_largest_and_infers_by_its_threshold_by_hand():
+    """k = 2 over a batch of 2 rows keeps the batch's 4 largest ReLU pre-activations wherever they
+    are: of (3, 1, 2) and (0.5, 2, 0), all three of the first row and one of the second. After
+    training, the SAE encodes as a JumpReLU at the threshold learned (SAELens saves it so): the
+    SAE of the TopK test at threshold 1.5 maps x = (3, 1), pre (3, 1, 2), to (3, 0, 2), and
+    x = (1, 2), ReLU pre (1, 2, 0), to (0, 2, 0)."""
+    z = S.batch_topk(torch.tensor([[3.0, 1, 2], [0.5, 2, 0]]), 2)
+    assert z.tolist() == [[3, 1, 2], [0, 2, 0]]
+    sae = S.SparseAutoencoder(2, 3, 2, threshold=1.5)
+    with torch.no_grad():
+        sae.W_enc.copy_(torch.tensor([[1.0, 0, 1], [0, 1, -1]]))
+        sae.W_dec.copy_(sae.W_enc.t())
+        sae.b_enc.zero_(), sae.b_dec.zero_()
+    assert sae.encode(torch.tensor([[3.0, 1], [1, 2]])).tolist() == [[3, 0, 2], [0, 2, 0]]
+
+
+@pytest.mark.slow
+def test_batchtopk_learns_a_planted_dictionary_and_beats_topk_where_rows_use_more_or_fewer_atoms():
+    """BatchTopK (k = 3 on average over each batch) on two planted dictionaries of 48 atoms in 32
+    dimensions. Its threshold (the running mean of each batch's smallest kept activation, SAELens's
+    recipe) gives about k active latents a row at inference, with no batch. Every row uses 3 atoms:
+    it finds them as TopK does (measured 48 of 48 at cosine > 0.9, 0.963 explained against TopK's
+    0.972, L0 3.000). Rows use 1 to 5 atoms (3 on average): one latent budget per row cannot fit
+    them, and at the same mean L0 BatchTopK explains more (measured 0.949 against 0.867): the
+    reason to use it. Asserted: 90% of the atoms, over 0.95 explained where every row uses 3, L0
+    within 2.8..3.2, and BatchTopK at least 0.05 above TopK where rows differ."""
+    explained = {}
+    for k_min in (None, 1):
+        x, atoms, _ = S.planted_dictionary(20_000, 32, 48, 5 if k_min else 3, seed=0, k_min=k_min)
+        for architecture in ("topk", "batchtopk"):
+            settings = S.SAEConfig(
+                d_in=32, d_sae=64, k=3, lr=3e-3, batch_size=512, steps=800, dead_after=20_000, architecture=architecture
+            )
+            sae, record = S.train_sae(x, settings)
+            report = S.evaluate_sae(sae, x)
+            explained[k_min, architecture] = report.explained
+            if architecture == "batchtopk":
+                assert sae.threshold is not None and float(sae.threshold.min()) == float(sae.threshold.max()) > 0
+                assert record["threshold"] == pytest.approx(float(sae.threshold[0]))
+                assert float((S.recovered(sae.W_dec.detach(), atoms) > 0.9).float().mean()) >= 0.9
+                assert 2.8 <= report.l0 <= 3.2, report.l0
+    assert explained[None, "batchtopk"] > 0.95, explained
+    assert explained[1, "batchtopk"] - explained[1, "topk"] >= 0.05, explained
+
+
+def test_a_planted_dictionary_can_give_each_row_its_own_number_of_atoms():
+    x, atoms, used = S.planted_dictionary(2000, 8, 12, 5, seed=0, k_min=1)
+    counts = (used >= 0).sum(axis=1)
+    assert counts.min() == 1 and counts.max() == 5 and abs(counts.mean() - 3) < 0.1
+    row = 0
+    coefficients = torch.linalg.lstsq(atoms[used[row][used[row] >= 0]].t(), x[row].unsqueeze(1)).solution.squeeze(1)
+    assert bool(((coefficients >= 0.5 - 1e-5) & (coefficients <= 1.5 + 1e-5)).all())  # x[0] is exactly its atoms' sum
+
+
 def test_the_saved_weights_are_the_same_function_on_raw_activations():
     """Training sees the rows scaled to mean squared norm d_in; the returned SAE on the raw rows
     gives the same latents and the raw reconstruction (``unscaled``, checked on any SAE)."""
-    sae = S.TopKSAE(8, 16, 3, torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        sae.b_enc.normal_(0, 0.1), sae.b_dec.normal_(0, 1)
-    x, scale = torch.randn(50, 8), 7.5
-    raw = S.unscaled(sae, scale)
-    torch.testing.assert_close(raw.encode(x), sae.encode(x * scale))
-    torch.testing.assert_close(raw(x), sae(x * scale) / scale)
+    for threshold in (None, 0.3):  # TopK, and BatchTopK's inference at its threshold
+        sae = S.SparseAutoencoder(8, 16, 3, torch.Generator().manual_seed(0), threshold=threshold)
+        with torch.no_grad():
+            sae.b_enc.normal_(0, 0.1), sae.b_dec.normal_(0, 1)
+        x, scale = torch.randn(50, 8), 7.5
+        raw = S.unscaled(sae, scale)
+        torch.testing.assert_close(raw.encode(x), sae.encode(x * scale))
+        torch.testing.assert_close(raw(x), sae(x * scale) / scale)
 
 
 def test_the_sae_is_saved_in_saelens_layout_and_loads_back(tmp_path):
@@ -92,9 +147,33 @@ def test_the_sae_is_saved_in_saelens_layout_and_loads_back(tmp_path):
     torch.testing.assert_close(loaded(x[:10]), sae(x[:10]), rtol=0, atol=0)
 
 
+def test_a_batchtopk_sae_is_saved_as_saelens_saves_one_a_jumprelu_and_loads_back(tmp_path):
+    x, _, _ = S.planted_dictionary(2000, 16, 24, 2, seed=3)
+    cfg = S.SAEConfig(d_in=16, d_sae=32, k=2, steps=50, architecture="batchtopk", metadata={"hook_name": "h"})
+    sae, _ = S.train_sae(x, cfg)
+    S.save_sae(sae, tmp_path, cfg)
+    saved = json.loads((tmp_path / "cfg.json").read_text())
+    assert (saved["architecture"], saved["trained_as"], saved["k"]) == ("jumprelu", "batchtopk", 2)
+    from safetensors.torch import load_file
+
+    weights = load_file(str(tmp_path / "sae_weights.safetensors"))
+    assert torch.equal(weights["threshold"], sae.threshold) and weights["threshold"].shape == (32,)
+    loaded, _ = S.load_sae(tmp_path)
+    torch.testing.assert_close(loaded.encode(x[:50]), sae.encode(x[:50]), rtol=0, atol=0)
+    assert bool((loaded.encode(x[:50]) > 0).sum(dim=1).ne(2).any())  # per row not always k: a threshold
+
+
 def test_bad_settings_and_files_are_one_line_errors(tmp_path):
     with pytest.raises(BadInput, match="SAE field k=9: expected at most d_sae=8"):
         S.SAEConfig(d_in=4, d_sae=8, k=9)
+    with pytest.raises(BadInput, match="SAE field architecture='relu': expected one of topk, batchtopk"):
+        S.SAEConfig(d_in=4, d_sae=8, k=2, architecture="relu")
+    (tmp_path / "other").mkdir()
+    S.save_sae(S.SparseAutoencoder(4, 8, 2), tmp_path / "other", S.SAEConfig(d_in=4, d_sae=8, k=2))
+    cfg = json.loads((tmp_path / "other" / "cfg.json").read_text())
+    (tmp_path / "other" / "cfg.json").write_text(json.dumps({**cfg, "architecture": "gated"}))
+    with pytest.raises(BadInput, match="architecture 'gated', expected 'topk' or 'jumprelu'"):
+        S.load_sae(tmp_path / "other")
     with pytest.raises(BadInput, match=r"SAE rows of shape \(5, 3\): expected \[rows, d_in=4\]"):
         S.train_sae(torch.zeros(5, 3), S.SAEConfig(d_in=4, d_sae=8, k=2))
     with pytest.raises(MissingFile, match="missing sae_weights.safetensors"):

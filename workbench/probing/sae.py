@@ -17,9 +17,17 @@ error, scaled by ``aux_coefficient``, which brings them back. Activations are sc
 squared norm of ``d_in`` while training (the scale is recorded) and the saved weights are those
 of the same function on the raw activations.
 
+``architecture="batchtopk"`` (Bussmann et al. 2024, "BatchTopK Sparse Autoencoders"; SAELens's
+``batchtopk``) keeps the ``k x rows`` largest activations of each training batch wherever they
+fall, so a row may use more latents or fewer, k on average; a threshold follows the running mean
+(rate ``threshold_lr``) of each batch's smallest kept activation, and after training the SAE
+encodes as a JumpReLU at it, ``z = pre * (pre > threshold)``, with no batch in sight.
+
 Saved in SAELens's on-disk layout: ``sae_weights.safetensors`` (``W_enc``, ``W_dec``, ``b_enc``,
-``b_dec``) and ``cfg.json`` (architecture ``topk``, ``k``, ``d_in``, ``d_sae``, and the workbench's
-run, hook, prefill and passes in ``metadata``), so ``sae_lens.SAE.load_from_disk`` loads it.
+``b_dec``; a BatchTopK SAE also ``threshold``, [d_sae]) and ``cfg.json`` (architecture ``topk``,
+or ``jumprelu`` for a BatchTopK SAE as SAELens saves one, with ``trained_as``; ``k``, ``d_in``,
+``d_sae``, and the workbench's run, hook, prefill and passes in ``metadata``), so
+``sae_lens.SAE.load_from_disk`` loads it.
 ``workbench sae`` (``sae_study``) adds its report and the latents' top contexts beside them.
 """
 
@@ -38,13 +46,16 @@ from workbench.storage.errors import BadInput, MissingFile
 from workbench.storage.files import read_json, write_json
 
 WEIGHTS, CONFIG = "sae_weights.safetensors", "cfg.json"  # SAELens's names
+ARCHITECTURES = ("topk", "batchtopk")
+SAVED_AS = {"topk": "topk", "batchtopk": "jumprelu"}  # SAELens's inference architecture of each
 
 
 @dataclass
 class SAEConfig:
     d_in: int
     d_sae: int  # latents
-    k: int  # active latents per row
+    k: int  # active latents per row (batchtopk: on average over a training batch)
+    architecture: str = "topk"  # or "batchtopk"
     lr: float = 2e-4 * 16  # Gao et al.'s 2e-4 / sqrt(d_sae / 2**14), at a small d_sae: set per use
     batch_size: int = 1024
     steps: int = 2000
@@ -52,6 +63,7 @@ class SAEConfig:
     k_aux: int | None = None  # dead latents in the auxiliary loss (default d_in // 2)
     aux_coefficient: float = 1 / 32
     dead_after: int = 200_000  # rows without firing before a latent counts as dead in training
+    threshold_lr: float = 0.01  # batchtopk: the rate of the threshold's running mean (SAELens's)
     metadata: dict = field(default_factory=dict)  # what the activations are: run, hook, prefill, passes
 
     def __post_init__(self) -> None:
@@ -62,12 +74,20 @@ class SAEConfig:
             raise BadInput(f"SAE field k={self.k}: expected at most d_sae={self.d_sae} active latents")
         if not (0 < self.lr <= 1):
             raise BadInput(f"SAE field lr={self.lr!r}: expected a number in (0, 1]")
+        if self.architecture not in ARCHITECTURES:
+            raise BadInput(f"SAE field architecture={self.architecture!r}: expected one of {', '.join(ARCHITECTURES)}")
+        if not (0 < self.threshold_lr <= 1):
+            raise BadInput(f"SAE field threshold_lr={self.threshold_lr!r}: expected a number in (0, 1]")
 
 
-class TopKSAE(nn.Module):
-    def __init__(self, d_in: int, d_sae: int, k: int, generator: torch.Generator | None = None):
+class SparseAutoencoder(nn.Module):
+    """TopK (``threshold`` None) or, once trained as BatchTopK, a JumpReLU at ``threshold``."""
+
+    def __init__(self, d_in: int, d_sae: int, k: int, generator: torch.Generator | None = None, threshold: float | None = None):
         super().__init__()
         self.k = k
+        self.threshold: Tensor | None  # [d_sae]: a buffer, saved beside the weights
+        self.register_buffer("threshold", None if threshold is None else torch.full((d_sae,), float(threshold)))
         W_dec = torch.randn(d_sae, d_in, generator=generator)
         W_dec = W_dec / W_dec.norm(dim=1, keepdim=True)
         self.W_dec = nn.Parameter(W_dec)  # [d_sae, d_in]
@@ -80,8 +100,11 @@ class TopKSAE(nn.Module):
         return torch.relu((x - self.b_dec) @ self.W_enc + self.b_enc)
 
     def encode(self, x: Tensor) -> Tensor:
-        """The latents: each row's ``k`` largest pre-activations, the rest 0. [batch, d_sae]"""
+        """The latents: each row's ``k`` largest pre-activations (TopK) or those above the
+        threshold (a trained BatchTopK SAE), the rest 0. [batch, d_sae]"""
         pre = self.pre_activations(x)
+        if self.threshold is not None:
+            return pre * (pre > self.threshold)
         top = pre.topk(self.k, dim=-1)
         return torch.zeros_like(pre).scatter(-1, top.indices, top.values)
 
@@ -125,8 +148,15 @@ class SAEReport:
         return {k: v for k, v in asdict(self).items() if k != "density"}
 
 
+def batch_topk(pre: Tensor, k: int) -> Tensor:
+    """BatchTopK's training activation: the ``k x rows`` largest of the batch's ReLU
+    pre-activations ``pre`` [rows, d_sae], wherever they are, the rest 0."""
+    top = pre.flatten().topk(k * len(pre))
+    return torch.zeros_like(pre).flatten().scatter(0, top.indices, top.values).view_as(pre)
+
+
 @torch.no_grad()
-def evaluate_sae(sae: TopKSAE, x: Tensor, batch_size: int = 8192) -> SAEReport:
+def evaluate_sae(sae: SparseAutoencoder, x: Tensor, batch_size: int = 8192) -> SAEReport:
     squared, fired, active = 0.0, torch.zeros(sae.W_dec.shape[0], dtype=torch.long), 0
     for start in range(0, len(x), batch_size):
         rows = x[start : start + batch_size]
@@ -149,10 +179,10 @@ def evaluate_sae(sae: TopKSAE, x: Tensor, batch_size: int = 8192) -> SAEReport:
     )
 
 
-def train_sae(x: Tensor, cfg: SAEConfig) -> tuple[TopKSAE, dict]:
-    """Train a TopK SAE on the rows ``x`` [rows, d_in] (float32, on the CPU or a GPU); returns it,
-    working on raw activations, and the training record (the activation scale, the loss curve
-    every 1/20th of the steps, the dead latents seen at the end of training)."""
+def train_sae(x: Tensor, cfg: SAEConfig) -> tuple[SparseAutoencoder, dict]:
+    """Train an SAE (``cfg.architecture``) on the rows ``x`` [rows, d_in] (float32, on the CPU or a
+    GPU); returns it, working on raw activations, and the training record (the activation scale,
+    the loss curve every 1/20th of the steps with the dead latents seen; BatchTopK's threshold)."""
     if x.ndim != 2 or x.shape[1] != cfg.d_in:
         raise BadInput(f"SAE rows of shape {tuple(x.shape)}: expected [rows, d_in={cfg.d_in}]")
     if len(x) < 2:
@@ -161,7 +191,8 @@ def train_sae(x: Tensor, cfg: SAEConfig) -> tuple[TopKSAE, dict]:
     generator = torch.Generator().manual_seed(cfg.seed)
     scale = math.sqrt(cfg.d_in / float((x**2).sum(dim=1).mean()))  # E||s x||^2 = d_in
     xs = x * scale
-    sae = TopKSAE(cfg.d_in, cfg.d_sae, cfg.k, generator).to(x.device)
+    sae = SparseAutoencoder(cfg.d_in, cfg.d_sae, cfg.k, generator).to(x.device)
+    threshold = torch.zeros((), dtype=torch.float64, device=x.device)  # batchtopk's running mean
     with torch.no_grad():
         sae.b_dec.copy_(xs.mean(dim=0))
     opt = torch.optim.Adam(sae.parameters(), lr=cfg.lr, betas=(0.9, 0.999))
@@ -172,8 +203,15 @@ def train_sae(x: Tensor, cfg: SAEConfig) -> tuple[TopKSAE, dict]:
         idx = torch.randint(len(xs), (min(cfg.batch_size, len(xs)),), generator=generator).to(x.device)
         rows = xs[idx]
         pre = sae.pre_activations(rows)
-        top = pre.topk(cfg.k, dim=-1)
-        z = torch.zeros_like(pre).scatter(-1, top.indices, top.values)
+        if cfg.architecture == "batchtopk":
+            z = batch_topk(pre, cfg.k)
+            with torch.no_grad():
+                kept = z[z > 0]
+                if len(kept):  # the threshold follows the smallest activation kept (no host read)
+                    threshold = (1 - cfg.threshold_lr) * threshold + cfg.threshold_lr * kept.min().double()
+        else:
+            top = pre.topk(cfg.k, dim=-1)
+            z = torch.zeros_like(pre).scatter(-1, top.indices, top.values)
         x_hat = sae.decode(z)
         error = rows - x_hat
         loss = (error**2).sum(dim=-1).mean()
@@ -196,16 +234,20 @@ def train_sae(x: Tensor, cfg: SAEConfig) -> tuple[TopKSAE, dict]:
         sae.normalize_decoder()
         if step % every == 0 or step == cfg.steps - 1:
             curve.append({"step": step + 1, "mse": float(loss.detach()), "aux": float(aux.detach()), "dead": int(dead.sum())})
-    raw = unscaled(sae, scale)
-    return raw, {"activation_scale": scale, "curve": curve}
+    record: dict = {"activation_scale": scale, "curve": curve}
+    if cfg.architecture == "batchtopk":  # the pre-activations, and so the threshold, are those of the raw rows too
+        sae.threshold = torch.full((cfg.d_sae,), float(threshold), device=x.device)
+        record["threshold"] = float(threshold)
+    return unscaled(sae, scale), record
 
 
 @torch.no_grad()
-def unscaled(sae: TopKSAE, scale: float) -> TopKSAE:
+def unscaled(sae: SparseAutoencoder, scale: float) -> SparseAutoencoder:
     """The SAE trained on activations times ``scale`` as the same function of the raw activations:
-    the same latents (``W_enc`` times ``scale``, ``b_dec`` over it) and the raw reconstruction
-    (``W_dec`` over ``scale``)."""
-    raw = TopKSAE(sae.W_enc.shape[0], sae.W_enc.shape[1], sae.k)
+    the same latents (``W_enc`` times ``scale``, ``b_dec`` over it: the same pre-activations, so
+    the same threshold) and the raw reconstruction (``W_dec`` over ``scale``)."""
+    raw = SparseAutoencoder(sae.W_enc.shape[0], sae.W_enc.shape[1], sae.k)
+    raw.threshold = None if sae.threshold is None else sae.threshold.detach().clone()
     raw.W_enc.copy_(sae.W_enc * scale)
     raw.b_enc.copy_(sae.b_enc)
     raw.W_dec.copy_(sae.W_dec / scale)
@@ -213,15 +255,16 @@ def unscaled(sae: TopKSAE, scale: float) -> TopKSAE:
     return raw.to(sae.W_enc.device)
 
 
-def save_sae(sae: TopKSAE, directory: str | Path, cfg: SAEConfig) -> list[Path]:
+def save_sae(sae: SparseAutoencoder, directory: str | Path, cfg: SAEConfig) -> list[Path]:
     """Write ``sae`` into the existing ``directory`` in SAELens's layout; returns the two files."""
     directory = Path(directory)
-    weights = {n: p.detach().cpu().contiguous() for n, p in sae.named_parameters()}
+    weights = {n: p.detach().cpu().contiguous() for n, p in sae.state_dict().items()}
     save_file(weights, str(directory / WEIGHTS))
     write_json(
         directory / CONFIG,
         {
-            "architecture": "topk",
+            "architecture": SAVED_AS[cfg.architecture],
+            "trained_as": cfg.architecture,
             "d_in": cfg.d_in,
             "d_sae": cfg.d_sae,
             "k": cfg.k,
@@ -236,18 +279,20 @@ def save_sae(sae: TopKSAE, directory: str | Path, cfg: SAEConfig) -> list[Path]:
     return [directory / WEIGHTS, directory / CONFIG]
 
 
-def load_sae(directory: str | Path) -> tuple[TopKSAE, dict]:
-    """An SAE saved by ``save_sae`` (or a TopK SAE in SAELens's layout) and its ``cfg.json``."""
+def load_sae(directory: str | Path) -> tuple[SparseAutoencoder, dict]:
+    """An SAE saved by ``save_sae`` (or a TopK or JumpReLU SAE in SAELens's layout with a ``k``)
+    and its ``cfg.json``."""
     directory = Path(directory)
     for name in (WEIGHTS, CONFIG):
         if not (directory / name).is_file():
             raise MissingFile(f"no SAE at {directory} (missing {name})")
     cfg = read_json(directory / CONFIG)
-    if cfg.get("architecture") != "topk":
-        raise BadInput(f"{directory / CONFIG}: architecture {cfg.get('architecture')!r}, expected 'topk'")
+    if cfg.get("architecture") not in SAVED_AS.values():
+        raise BadInput(f"{directory / CONFIG}: architecture {cfg.get('architecture')!r}, expected 'topk' or 'jumprelu'")
     weights = load_file(str(directory / WEIGHTS))
-    sae = TopKSAE(int(cfg["d_in"]), int(cfg["d_sae"]), int(cfg["k"]))
-    expected = {n: tuple(p.shape) for n, p in sae.named_parameters()}
+    jumprelu = cfg["architecture"] == "jumprelu"
+    sae = SparseAutoencoder(int(cfg["d_in"]), int(cfg["d_sae"]), int(cfg["k"]), threshold=0.0 if jumprelu else None)
+    expected = {n: tuple(p.shape) for n, p in sae.state_dict().items()}
     found = {n: tuple(t.shape) for n, t in weights.items()}
     if found != expected:
         raise BadInput(f"{directory / WEIGHTS}: tensors {found}, expected {expected} for its cfg.json")
@@ -256,18 +301,23 @@ def load_sae(directory: str | Path) -> tuple[TopKSAE, dict]:
 
 
 def planted_dictionary(
-    n_rows: int, d_in: int, n_atoms: int, k: int, seed: int = 0, noise: float = 0.0
+    n_rows: int, d_in: int, n_atoms: int, k: int, seed: int = 0, noise: float = 0.0, k_min: int | None = None
 ) -> tuple[Tensor, Tensor, np.ndarray]:
     """Rows built from a known sparse code: ``n_atoms`` random unit directions, each row the sum of
-    ``k`` distinct ones with coefficients uniform in [0.5, 1.5] (plus Gaussian noise of sd
-    ``noise`` per coordinate). Returns the rows [n_rows, d_in], the atoms [n_atoms, d_in] and the
-    atoms each row uses [n_rows, k]: the known answer an SAE should recover."""
+    ``k`` distinct ones (with ``k_min``, of ``k_min..k`` drawn uniformly per row) with coefficients
+    uniform in [0.5, 1.5] (plus Gaussian noise of sd ``noise`` per coordinate). Returns the rows
+    [n_rows, d_in], the atoms [n_atoms, d_in] and the atoms each row uses [n_rows, k] (-1 past a
+    row's count): the known answer an SAE should recover."""
     g = torch.Generator().manual_seed(seed)
     atoms = torch.randn(n_atoms, d_in, generator=g)
     atoms = atoms / atoms.norm(dim=1, keepdim=True)
     used = torch.rand(n_rows, n_atoms, generator=g).argsort(dim=1)[:, :k]
     coefficients = 0.5 + torch.rand(n_rows, k, generator=g)
-    rows = (coefficients.unsqueeze(-1) * atoms[used]).sum(dim=1)
+    if k_min is not None:
+        counts = torch.randint(k_min, k + 1, (n_rows, 1), generator=g)
+        beyond = torch.arange(k) >= counts  # [n_rows, k]
+        coefficients, used = coefficients.masked_fill(beyond, 0.0), used.masked_fill(beyond, -1)
+    rows = (coefficients.unsqueeze(-1) * atoms[used.clamp_min(0)]).sum(dim=1)
     if noise:
         rows = rows + noise * torch.randn(rows.shape, generator=g)
     return rows, atoms, used.numpy()

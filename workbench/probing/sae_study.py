@@ -69,6 +69,7 @@ def sae_study(
     seed: int = 0,
     expansion: int = 4,
     k: int | None = None,
+    architecture: str = "topk",
     steps: int = 2000,
     batch_size: int = 1024,
     lr: float | None = None,
@@ -79,8 +80,9 @@ def sae_study(
     context_size: int = 32,
     progress: Callable[[float, str], None] | None = None,
 ) -> dict:
-    """Train and save the SAE; returns the report written to ``sae.json``. ``saelens_activations``:
-    also export the training rows for SAELens, ``context_size`` rows a sequence."""
+    """Train and save the SAE (``architecture``: ``topk`` or ``batchtopk``, ``workbench.probing.sae``);
+    returns the report written to ``sae.json``. ``saelens_activations``: also export the training
+    rows for SAELens, ``context_size`` rows a sequence."""
     started = time.perf_counter()
     report = progress or (lambda fraction, what: None)
     run_dir = Path(run_dir)
@@ -100,6 +102,7 @@ def sae_study(
         d_in=d_in,
         d_sae=expansion * d_in,
         k=k or default_k(d_in),
+        architecture=architecture,
         lr=lr or default_lr(expansion * d_in),
         batch_size=batch_size,
         steps=steps,
