@@ -176,9 +176,10 @@ BEYOND_REGIMES = ("standard", "fused")  # single-token answers: soft decodes as 
 # (0.23 at step 500, accuracy 0.47; 0.11 at step 600, 0.77).
 # Learning rates: the organism's own in the middle, one a factor 2 either side; addition's start at
 # its own (issue #37). Below it the baseline learns addition late and by seed: at 5e-4 it missed
-# the target at 2 of 7 seeds (0.825, 0.215), and neither lever of the organism the budget allows
-# caught the slower one up (2,000 steps: 0.76; 1-2 digits: 0.855), while at 1e-3 it reached it at
-# every seed; FBT's choice sat at the grid's top (2e-3), so the sweep goes a factor 2 past it.
+# the target at 2 of 7 seeds (0.825, 0.215), and neither lever of the organism caught the slower
+# one up (docs/results/organism_pilots.json, seed 4: 0.88 after 2,000 steps, past the zoo's time
+# budget; 0.85 on 1-2 digits), while at 1e-3 it reached it at each of the zoo's 5 seeds; FBT's
+# choice sat at the old grid's top (2e-3), so the sweep goes a factor 2 past it.
 SCALES |= {
     "org-flipflop": organism_scale("flipflop", (2.5e-4, 5e-4, 1e-3), 0.17),
     "org-perm": organism_scale("perm", (2.5e-4, 5e-4, 1e-3), 0.45),
