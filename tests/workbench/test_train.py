@@ -55,6 +55,26 @@ def test_resume_reaches_the_uninterrupted_weights(tmp_path, arch, extra):
     assert len(switch) == (2 if arch == "fbt" else 0) and len(set(switch)) <= 1
 
 
+def test_a_resume_from_python_with_other_settings_is_refused_naming_them(tmp_path):
+    """``workbench train --resume`` refuses a ``--set`` that changes what the run computes, and a
+    zoo refuses a member of other settings; ``train(cfg, resume=True)`` took any ``cfg``, went on
+    from the checkpoint under it and published it as the run's config.json, so the file no longer
+    said how the weights were trained. How a run executes (``EXECUTION_FIELDS``) may change."""
+    from workbench.storage.errors import BadInput
+    from workbench.training.runconfig import load_run_config
+
+    cfg = config("baseline", "train.steps=4", "train.checkpoint_every=2")
+    train(cfg, tmp_path / "run", progress=False, stop_after=2)
+    before = (tmp_path / "run" / "config.json").read_text()
+    other = config("baseline", "train.steps=4", "train.checkpoint_every=2", "train.lr=0.5", "train.seed=3")
+    with pytest.raises(BadInput, match=r"train\.lr, train\.seed"):
+        train(other, tmp_path / "run", resume=True, progress=False)
+    assert (tmp_path / "run" / "config.json").read_text() == before
+    logged = config("baseline", "train.steps=4", "train.checkpoint_every=2", "train.log_to=none", "train.compile=false")
+    assert train(logged, tmp_path / "run", resume=True, progress=False).summary["steps"] == 4
+    assert load_run_config(tmp_path / "run" / "config.json").train.lr == cfg.train.lr
+
+
 def test_the_feedback_passes_weights_ramp_up_from_the_switch():
     """feedback_start 0.3 of 100 steps, ramp 0.1: pass 1 keeps its weight, passes 2-3 get
     (step - 30 + 1) / 10 of theirs from step 30 to 39, then all of it; ramp 0 gives all at once."""

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import re
@@ -339,6 +340,23 @@ EXECUTION_FIELDS = (
     "train.peak_tflops",
     "train.log_to",
 )
+
+
+GROWN = ("n_streams",)  # model fields training changes (HD's progressive expansion)
+
+
+def config_differences(saved: dict, wanted: dict) -> list[str]:
+    """The fields in which a saved run config differs from a wanted one, apart from ``init_from``
+    (where it continued from) and the model fields that training grows (``GROWN``)."""
+    saved, wanted = json.loads(json.dumps(saved)), json.loads(json.dumps(wanted))  # tuples as JSON lists
+    differ = sorted(
+        f"{section}.{key}"
+        for section in wanted
+        if isinstance(wanted[section], dict)
+        for key in wanted[section]
+        if not (section == "model" and key in GROWN) and saved.get(section, {}).get(key) != wanted[section][key]
+    )
+    return differ + [key for key in ("arch", "preset") if saved.get(key) != wanted[key]]
 
 
 def with_execution_overrides(cfg: RunConfig, overrides: Sequence[str]) -> RunConfig:

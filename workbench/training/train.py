@@ -51,7 +51,7 @@ from workbench.training.flops import peak_flops
 from workbench.training.metrics import read_metrics
 from workbench.training.parallel import Dist, Engine, setup_distributed
 from workbench.training.readings import Reading, StepReadings
-from workbench.training.runconfig import RunConfig, load_run_config
+from workbench.training.runconfig import EXECUTION_FIELDS, RunConfig, config_differences, load_run_config
 from workbench.training.strategies import FBTStrategy, fit_fusion, make_strategy, ntp_loss
 from workbench.training.tracking import FILES as TRACKING_FILES
 from workbench.training.tracking import Tracking, tracked
@@ -476,6 +476,13 @@ def train(
             saved = load_run_config(run_dir / "config.json")
             if saved.arch != cfg.arch:
                 raise BadInput(f"--resume: {run_dir} holds an {saved.arch!r} run, not {cfg.arch!r}")
+            # a resume continues what the run computes: its config.json must go on saying how the weights were trained
+            differ = [f for f in config_differences(saved.to_dict(), cfg.to_dict()) if f not in EXECUTION_FIELDS]
+            if differ:
+                raise BadInput(
+                    f"--resume: {run_dir} holds a run of other settings ({', '.join(differ[:6])}); a resume may change "
+                    f"only {', '.join(EXECUTION_FIELDS)}: train into a new directory"
+                )
             if (run_dir / "metrics.jsonl").is_file():
                 read_metrics(run_dir / "metrics.jsonl")  # a corrupt log stops the resume before it writes anything
             model, opt, start = load_checkpoint(run_dir, cfg, device, tokenizer)

@@ -39,7 +39,7 @@ from workbench.storage.provenance import source_commit
 from workbench.training.evaluate import evaluate_run
 from workbench.training.intervals import ACCURACY, seed_interval
 from workbench.training.metrics import logged_seconds
-from workbench.training.runconfig import RunConfig, load_run_config, make_run_config, run_config_from_dict
+from workbench.training.runconfig import RunConfig, config_differences, load_run_config, make_run_config, run_config_from_dict
 from workbench.training.train import EXPANSIONS_FILE, check_new_run_dir, train
 
 ZOO = "zoo"  # the kind of a zoo's (or study's) output record: its summary file is the zoo's own
@@ -528,23 +528,6 @@ def across_seeds(models: dict) -> dict:
             "tasks": tasks,
         }
     return result
-
-
-GROWN = ("n_streams",)  # model fields training changes (HD's progressive expansion)
-
-
-def config_differences(saved: dict, wanted: dict) -> list[str]:
-    """The fields in which a saved run config differs from a wanted one, apart from ``init_from``
-    (where it continued from) and the model fields that training grows (``GROWN``)."""
-    saved, wanted = json.loads(json.dumps(saved)), json.loads(json.dumps(wanted))  # tuples as JSON lists
-    differ = sorted(
-        f"{section}.{key}"
-        for section in wanted
-        if isinstance(wanted[section], dict)
-        for key in wanted[section]
-        if not (section == "model" and key in GROWN) and saved.get(section, {}).get(key) != wanted[section][key]
-    )
-    return differ + [key for key in ("arch", "preset") if saved.get(key) != wanted[key]]
 
 
 def check_member(run: Path, cfg) -> None:
