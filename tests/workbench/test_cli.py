@@ -399,6 +399,14 @@ def test_every_verb_refuses_a_bad_run_or_regime_before_any_work(tmp_path, capsys
         assert time.perf_counter() - started < 1.0, argv
 
 
+def test_the_clis_sae_architectures_are_the_librarys():
+    from workbench.cli import build_parser
+    from workbench.probing.sae import ARCHITECTURES
+
+    verbs = build_parser()._subparsers._group_actions[0].choices
+    assert tuple(next(a.choices for a in verbs["sae"]._actions if a.dest == "architecture")) == ARCHITECTURES
+
+
 def test_the_clis_regime_names_are_the_models():
     from models.full_bandwidth import FullBandwidthLM
     from workbench.cli import REGIME_NAMES

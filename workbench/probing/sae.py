@@ -46,8 +46,8 @@ from workbench.storage.errors import BadInput, MissingFile
 from workbench.storage.files import read_json, write_json
 
 WEIGHTS, CONFIG = "sae_weights.safetensors", "cfg.json"  # SAELens's names
-ARCHITECTURES = ("topk", "batchtopk")
-SAVED_AS = {"topk": "topk", "batchtopk": "jumprelu"}  # SAELens's inference architecture of each
+SAVED_AS = {"topk": "topk", "batchtopk": "jumprelu"}  # each architecture and SAELens's inference one of it
+ARCHITECTURES = tuple(SAVED_AS)
 
 
 @dataclass
@@ -205,10 +205,10 @@ def train_sae(x: Tensor, cfg: SAEConfig) -> tuple[SparseAutoencoder, dict]:
         pre = sae.pre_activations(rows)
         if cfg.architecture == "batchtopk":
             z = batch_topk(pre, cfg.k)
-            with torch.no_grad():
-                kept = z[z > 0]
-                if len(kept):  # the threshold follows the smallest activation kept (no host read)
-                    threshold = (1 - cfg.threshold_lr) * threshold + cfg.threshold_lr * kept.min().double()
+            with torch.no_grad():  # the threshold follows the smallest activation kept, read on the device
+                smallest = torch.where(z > 0, z, torch.inf).min().double()  # inf: nothing kept, no update
+                moved = (1 - cfg.threshold_lr) * threshold + cfg.threshold_lr * smallest
+                threshold = torch.where(smallest.isfinite(), moved, threshold)
         else:
             top = pre.topk(cfg.k, dim=-1)
             z = torch.zeros_like(pre).scatter(-1, top.indices, top.values)
