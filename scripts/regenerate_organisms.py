@@ -18,11 +18,16 @@ Each step is the ``workbench`` command a user would type, run in turn and timed:
 
 A study runs on the organisms where it reads a claim (``workbench.experiments.claims``: traces on addition
 only). What each step last did is kept in ``docs/results/organisms_regenerated.json`` by command
-(commit, wall-clock seconds, exit status, when it finished), across partial runs
-(``--organism``, ``--study``); a whole run also records its command and total time
-(``last_full_run``). ``--copy`` runs nothing and copies what the runs hold now. A step that fails
-stops the rest (its output is on the terminal); a study's or zoo's finished members are kept, so
-running the command again continues.
+(commit, training fingerprint, wall-clock seconds, exit status, when it finished), across
+partial runs (``--organism``, ``--study``), and beside the step's output (``OUT.step.json``:
+``runs/organisms.step.json`` for the zoo, ``runs/organisms/TASK/studies/STUDY.step.json``), so
+that ``--copy``, which runs nothing and copies what the runs hold now, also brings in the record
+of runs made elsewhere (a worktree). A whole run also records its command and total time
+(``last_full_run``). The whole thing is longer than a session, so it is made in parts at more
+than one commit: the training fingerprint (``workbench.training.fingerprint``, computed once per
+invocation, 10 s) says whether two parts were trained by the same code, and the claims table
+records each study's (``made_under``). A step that fails stops the rest (its output is on the
+terminal); a study's or zoo's finished members are kept, so running the command again continues.
 """
 
 from __future__ import annotations
@@ -45,20 +50,43 @@ from results_pages import organism_study_name as results_name  # noqa: E402
 
 from workbench.experiments.claims import ALL, CLAIMS, claims_table  # noqa: E402
 from workbench.storage.provenance import source_commit  # noqa: E402
+from workbench.training.fingerprint import training_fingerprint  # noqa: E402
 
 STUDIES = list(ORGANISM_STUDIES)
 SERVES = {study: {o for c in CLAIMS if c.study == study for o in c.organisms} for study in STUDIES}  # where it reads a claim
 RECORD = "organisms_regenerated.json"
+ZOO_JSON = "zoo_organisms.json"
 
 
 def claims_json(results: Path) -> dict:
-    """The claims table read from the studies' JSON files in ``results`` (``results_name``)."""
+    """The claims table read from the studies' JSON files in ``results`` (``results_name``), and
+    ``made_under``: the training fingerprint each of those files (and the zoo's) was made under,
+    from the steps ``RECORD`` keeps (None where the step recorded none)."""
 
     def found(study: str, organism: str) -> dict | None:
         path = results / results_name(study, organism)
         return json.loads(path.read_text()) if path.is_file() else None
 
-    return {"written_by": "python scripts/regenerate_organisms.py", "commit": source_commit(), "rows": claims_table(found)}
+    steps = json.loads((results / RECORD).read_text()).get("steps", {}) if (results / RECORD).is_file() else {}
+    made_under = {}
+    zoo = [step for command, step in steps.items() if command.startswith("workbench zoo --preset organisms ")]
+    if (results / ZOO_JSON).is_file():
+        made_under[ZOO_JSON] = zoo[-1].get("training_fingerprint") if zoo else None  # the last zoo step run
+    for name in [results_name(s, o) for s in STUDIES for o in ALL]:
+        if (results / name).is_file():
+            command = json.loads((results / name).read_text()).get("command")
+            made_under[name] = steps.get(f"{command} --no-progress", {}).get("training_fingerprint")
+    return {
+        "written_by": "python scripts/regenerate_organisms.py",
+        "commit": source_commit(),
+        "rows": claims_table(found),
+        "made_under": made_under,
+    }
+
+
+def step_file(out: Path) -> Path:
+    """Where a step's record is kept beside its output ``out``."""
+    return out.with_name(out.name + ".step.json")
 
 
 def workbench() -> str:
@@ -88,25 +116,40 @@ def main(argv: list[str] | None = None) -> int:
     path = args.results / RECORD
     record = json.loads(path.read_text()) if path.is_file() else {"written_by": "python scripts/regenerate_organisms.py"}
     steps = record.setdefault("steps", {})  # by command: what each step last did, kept across partial runs
+    fingerprint = None
 
-    def run(command: list[str]) -> None:
+    def run(command: list[str], out: Path) -> str:
+        """Run (or with ``--copy``, find the record of) ``workbench COMMAND``; the command as it ran."""
+        nonlocal fingerprint
         print(("copying what this wrote: " if args.copy else "$ ") + " ".join(["workbench", *command]), flush=True)
-        t = time.perf_counter()
-        code = 0 if args.copy else subprocess.call([workbench(), *command])
-        if not args.copy:
-            steps[" ".join(["workbench", *command])] = {
+        key, code = " ".join(["workbench", *command]), 0
+        if args.copy:
+            if step_file(out).is_file():  # the record of a step run elsewhere (as it ran there) comes with its output
+                saved = json.loads(step_file(out).read_text())
+                key, steps[saved["command"]] = saved["command"], saved["step"]
+                write(path, record)
+        else:
+            if fingerprint is None:
+                fingerprint = training_fingerprint()["sha256"]
+                print(f"training fingerprint of this code: {fingerprint}", flush=True)
+            t = time.perf_counter()
+            code = subprocess.call([workbench(), *command])
+            steps[key] = {
                 "commit": source_commit(),
+                "training_fingerprint": fingerprint,
                 "wall_seconds": round(time.perf_counter() - t, 1),
                 "rc": code,
                 "finished": datetime.now(UTC).isoformat(timespec="seconds"),
             }
             write(path, record)
+            write(step_file(out), {"written_by": "python scripts/regenerate_organisms.py", "command": key, "step": steps[key]})
         if code != 0:
             raise SystemExit(f"`workbench {' '.join(command)}` exited {code}: the steps after it were not run")
+        return key
 
     if not args.no_zoo and not (args.copy and not (args.runs / "organisms.json").is_file()):
-        run(["zoo", "--preset", "organisms", "--seeds", str(args.seeds), "--out", str(args.runs), "--no-progress"])
-        shutil.copyfile(args.runs / "organisms.json", args.results / "zoo_organisms.json")
+        run(["zoo", "--preset", "organisms", "--seeds", str(args.seeds), "--out", str(args.runs), "--no-progress"], args.runs)
+        shutil.copyfile(args.runs / "organisms.json", args.results / ZOO_JSON)
         for organism in ALL:
             shutil.copyfile(args.runs / organism / "zoo.json", args.results / f"zoo_org_{organism}.json")
     for organism in organisms:
@@ -120,14 +163,15 @@ def main(argv: list[str] | None = None) -> int:
             if args.copy and not (out / "study.json").is_file():
                 print(f"{out / 'study.json'}: not there, not copied", flush=True)
                 continue
-            run([*command, "--no-progress"])
+            ran = run([*command, "--no-progress"], out).removesuffix(" --no-progress")
             copied = json.loads((out / "study.json").read_text())
-            write(args.results / results_name(study, organism), {"command": " ".join(["workbench", *command]), **copied})
+            write(args.results / results_name(study, organism), {"command": ran, **copied})
     write(args.results / CLAIMS_JSON, claims_json(args.results))
     if not args.no_zoo and args.organism is None and args.study is None and not args.copy:  # the whole thing, in one go
         record["last_full_run"] = {
             "command": " ".join(["python scripts/regenerate_organisms.py", *(argv if argv is not None else sys.argv[1:])]),
             "commit": source_commit(),
+            "training_fingerprint": fingerprint,
             "seeds": args.seeds,
             "wall_seconds": round(time.perf_counter() - started, 1),
         }

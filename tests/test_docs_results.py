@@ -543,3 +543,32 @@ def test_regenerating_by_copy_reproduces_the_committed_organism_study_and_claims
     claims_now = json.loads((results / "claims.json").read_text())["rows"]
     assert claims_now == json.loads((ROOT / "docs" / "results" / "claims.json").read_text())["rows"]
     assert pages.main(["--check", "--results", str(results)]) == 0
+
+
+def test_copy_brings_in_a_step_made_elsewhere_and_the_claims_say_what_trained_each_study(tmp_path):
+    """A study run in another tree (a worktree) leaves its step's record beside its output;
+    ``--copy`` takes that record into ``organisms_regenerated.json`` and the study's JSON keeps the
+    command as it ran there; the claims table says which training fingerprint made each result,
+    and its page lists them."""
+    committed = json.loads((ROOT / "docs" / "results" / "study_three_pass_org_perm.json").read_text())
+    runs, results = tmp_path / "elsewhere" / "runs" / "organisms", tmp_path / "results"
+    study = runs / "perm" / "studies" / "three-pass"
+    study.mkdir(parents=True)
+    (study / "study.json").write_text(json.dumps({k: v for k, v in committed.items() if k != "command"}))
+    ran = "workbench zoo --study three-pass --preset org-perm --seeds 5 --out runs/organisms/perm/studies/three-pass"
+    step = {"commit": "c" * 40, "training_fingerprint": "f" * 64, "wall_seconds": 1.0, "rc": 0, "finished": "then"}
+    regenerate = _regenerate()
+    assert regenerate.step_file(study) == study.parent / "three-pass.step.json"
+    regenerate.step_file(study).write_text(json.dumps({"command": f"{ran} --no-progress", "step": step}))
+    shutil.copytree(ROOT / "docs" / "results", results)
+    argv = ["--copy", "--no-zoo", "--organism", "perm", "--study", "three-pass", "--runs", str(runs), "--results", str(results)]
+    assert regenerate.main(argv) == 0
+    assert json.loads((results / regenerate.RECORD).read_text())["steps"][f"{ran} --no-progress"] == step
+    assert json.loads((results / "study_three_pass_org_perm.json").read_text())["command"] == ran
+    made_under = json.loads((results / "claims.json").read_text())["made_under"]
+    assert made_under["study_three_pass_org_perm.json"] == "f" * 64
+    assert set(made_under) == {"zoo_organisms.json"} | {p.name for p in results.glob("study_*_org_*.json")}
+    page = (results / "claims.md").read_text()
+    assert "| `ffffffffffff` | `study_three_pass_org_perm` |" in page
+    assert "made under 1 fingerprint, and" in page
+    assert pages.main(["--check", "--results", str(results)]) == 0

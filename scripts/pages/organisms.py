@@ -132,9 +132,40 @@ def claims(results: Path) -> Page:
             'the verdict (`workbench/experiments/claims.py`; docs/training.md, "The claims", says what each means).',
             "",
             table(["paper", "claim", "organism", "study", "comparison", "difference", "verdict", "why"], rows),
+            *made_under_section(data.get("made_under")),
         ]
 
     return Page((CLAIMS_JSON,), "The seed papers' claims on the model organisms (measured)", body)
+
+
+def made_under_section(made_under: dict | None) -> list[str]:
+    """Which training fingerprint each result behind the table was made under (scripts/
+    regenerate_organisms.py): results made in parts, at several commits, are one regeneration
+    where they share one."""
+    if not made_under:
+        return []
+    by_print: dict[str | None, list[str]] = {}
+    for name, fingerprint in made_under.items():
+        by_print.setdefault(fingerprint, []).append(f"`{name.removesuffix('.json')}`")
+    known = [f for f in by_print if f is not None]
+    rows = [[f"`{f[:12]}`", ", ".join(by_print[f])] for f in known]
+    if None in by_print:
+        rows.append(["not recorded (made before fingerprints were)", ", ".join(by_print[None])])
+    return [
+        "",
+        "## What trained them",
+        "",
+        "The zoo and the studies take hours on 2 cores, so they are made in parts, at more than one commit.",
+        "Each part records the training fingerprint of its code (`workbench.training.fingerprint`: the",
+        "weights and readings of a few steps of every kind of member on every organism, hashed), so parts",
+        "with one fingerprint were trained by the same code, bit for bit. "
+        + (
+            f"The results behind this table were made under {len(known)} fingerprint{'s' if len(known) != 1 else ''}"
+            + (f", and {len(by_print[None])} before any was recorded." if None in by_print else ".")
+        ),
+        "",
+        table(["training fingerprint", "results"], rows),
+    ]
 
 
 def claims_page(results: Path) -> str:

@@ -1,0 +1,104 @@
+"""A training fingerprint: one hash of what this code trains and evaluates, so that results made at
+different commits can be shown to come from the same training behaviour (issue #37).
+
+The organisms' zoo and its studies take hours on 2 cores, longer than a session, so a regeneration
+runs in parts, at more than one commit. A commit hash cannot say whether two parts are comparable
+(a commit may change only documentation; an optimizer change between them changes every weight).
+``training_fingerprint`` trains, on each organism's own task and data settings, a few steps of
+each kind of member the zoo and its studies train (a baseline; FBT through its single-pass phase,
+the warm switch, the ramp and 3-pass batches; HD continued from the baseline by progressive
+expansion 2 -> 4), at the ``debug`` model size with one thread, evaluates each, and hashes the
+weights and the evaluation's numbers. Equal fingerprints: the same weights and readings from the
+same settings, bit for bit, on this machine's torch; a change to the model, the data, the
+optimizer, the training loop or the evaluation changes it. It says nothing about code it does
+not run (a study's statistics, the analyses): those are recomputed from the saved runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+STEPS = 8  # each member's training steps: FBT's switch at step 2, its ramp over 2, 3-pass batches after
+HD_STEPS = 4  # HD's: expanded 2 -> 4 streams at step 2
+COMMON = [
+    "train.batch_size=4",
+    "train.seq_len=48",
+    "train.warmup=2",
+    "train.log_every=4",
+    "train.eval_examples=6",
+    "data.n_train=200",
+    "model.n_ctx=128",
+]
+
+
+def members(out: Path, tasks: tuple[str, ...] | None = None) -> list[tuple[str, object]]:
+    """(name, run config) of each member the fingerprint trains on each organism's task (``tasks``:
+    all by default), in order; HD's start from the baseline of its task, trained before them."""
+    from workbench.training.runconfig import make_run_config
+    from workbench.training.zoo import ORGANISMS, SCALES
+
+    runs = []
+    for task, scale in ORGANISMS.items():
+        if tasks is not None and task not in tasks:
+            continue
+        settings = [*SCALES[scale]["common"], *COMMON, f"train.checkpoint_every={STEPS}", "train.lr=3e-3"]  # later wins
+
+        def config(arch: str, extra: list[str], init: str | None = None, task: str = task, settings=settings):
+            return make_run_config(arch, "debug", task, [*settings, *extra], init_from=init)
+
+        baseline = out / f"{task}-baseline"
+        runs += [
+            (f"{task}-baseline", config("baseline", [f"train.steps={STEPS}"])),
+            (
+                f"{task}-fbt",
+                config(
+                    "fbt",
+                    [f"train.steps={STEPS}", "fbt.feedback_start=0.25", "fbt.ramp=0.25", "fbt.three_pass_fraction=0.5"],
+                ),
+            ),
+            (f"{task}-hd4", config("hd", [f"train.steps={HD_STEPS}", "hd.streams=2,4", "hd.expand_at=0,2"], str(baseline))),
+        ]
+    return runs
+
+
+def _without_timings(value):
+    if isinstance(value, dict):
+        return {k: _without_timings(v) for k, v in value.items() if "second" not in k and k not in ("run", "path")}
+    if isinstance(value, list):
+        return [_without_timings(v) for v in value]
+    return value
+
+
+def weights_digest(path: Path) -> str:
+    """SHA-256 over a safetensors file's tensors (name, dtype, shape, bytes, by name): the weights,
+    not the file's metadata."""
+    h = hashlib.sha256()
+    for name, tensor in sorted(load_file(str(path)).items()):
+        h.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        h.update(tensor.contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def training_fingerprint(work: str | Path | None = None, tasks: tuple[str, ...] | None = None) -> dict:
+    """Train and evaluate ``members`` in ``work`` (a new temporary directory by default) and return
+    ``{"sha256": ..., "members": {name: sha256}, "steps": ..., "torch": ...}``: the first hashes
+    every member's weights and evaluation in order. ``tasks`` (all organisms by default) is for
+    tests; the record's fingerprint is always of all three."""
+    from workbench.training.zoo import train_member
+
+    with tempfile.TemporaryDirectory(prefix="workbench-fingerprint-") as tmp:
+        out = Path(work) if work is not None else Path(tmp)
+        digests = {}
+        for name, cfg in members(out, tasks):
+            evaluation = train_member(cfg, out / name, threads=1)["evaluation"]
+            h = hashlib.sha256(weights_digest(out / name / "model.safetensors").encode())
+            h.update(json.dumps(_without_timings(evaluation["tasks"]), sort_keys=True).encode())
+            digests[name] = h.hexdigest()
+    whole = hashlib.sha256(json.dumps(digests, sort_keys=True).encode()).hexdigest()
+    return {"sha256": whole, "members": digests, "steps": STEPS, "hd_steps": HD_STEPS, "torch": torch.__version__}
