@@ -152,14 +152,13 @@ def made_under_section(made_under: dict | None) -> list[str]:
     if None in by_print:
         rows.append(["not recorded (made before fingerprints were)", ", ".join(by_print[None])])
     return [
-        "",
         "## What trained them",
         "",
         "The zoo and the studies take hours on 2 cores, so they are made in parts, at more than one commit.",
         "Each part records the training fingerprint of its code (`workbench.training.fingerprint`: the",
         "weights and readings of a few steps of every kind of member on every organism, hashed), so parts",
-        "with one fingerprint were trained by the same code, bit for bit. "
-        + (
+        "with one fingerprint were trained by the same code, bit for bit.",
+        (
             f"The results behind this table were made under {len(known)} fingerprint{'s' if len(known) != 1 else ''}"
             + (f", and {len(by_print[None])} before any was recorded." if None in by_print else ".")
         ),
