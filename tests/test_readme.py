@@ -1,5 +1,6 @@
 """The README's quick start stays true: CI runs its test command verbatim."""
 
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,3 +52,39 @@ def test_the_first_hours_numbers_are_the_walks_record():
 
 def test_duration_text():
     assert [_duration(s) for s in (28.5, 59.4, 59.6, 148.4, 600)] == ["28 s", "59 s", "1 min 0 s", "2 min 28 s", "10 min 0 s"]
+
+
+def _anchors(path: Path) -> set[str]:
+    """The anchors GitHub gives a Markdown file's headings (lower case, punctuation dropped, spaces
+    to hyphens, ``-1``, ``-2`` after repeats)."""
+    found, seen = set(), {}
+    for line in path.read_text().splitlines():
+        if m := re.match(r"^#+\s+(.*)$", line):
+            anchor = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+            found.add(anchor if anchor not in seen else f"{anchor}-{seen[anchor]}")
+            seen[anchor] = seen.get(anchor, 0) + 1
+    return found
+
+
+def broken_links(files: list[Path]) -> list[str]:
+    """Each relative link ``[text](path#anchor)`` outside code blocks whose file or heading is not there."""
+    bad = []
+    for path in files:
+        text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+        for link in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"^[a-z]+:", link):  # https:, mailto:
+                continue
+            name, _, anchor = link.partition("#")
+            target = (path.parent / name).resolve() if name else path
+            if not target.exists():
+                bad.append(f"{path.name}: {link} (no such file)")
+            elif anchor and target.suffix == ".md" and anchor not in _anchors(target):
+                bad.append(f"{path.name}: {link} (no such heading)")
+    return bad
+
+
+def test_every_relative_link_in_the_readme_and_docs_resolves(tmp_path):
+    assert not broken_links([ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))])
+    page = tmp_path / "page.md"
+    page.write_text("# A title\n## A title\n[ok](#a-title-1) [gone](#a-titles) [none](nothere.md)\n```\n[code](x.md)\n```\n")
+    assert broken_links([page]) == ["page.md: #a-titles (no such heading)", "page.md: nothere.md (no such file)"]
