@@ -24,6 +24,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from workbench.training.runconfig import RunConfig, make_run_config
+
 STEPS = 8  # each member's training steps: FBT's switch at step 2, its ramp over 2, 3-pass batches after
 HD_STEPS = 4  # HD's: expanded 2 -> 4 streams at step 2
 COMMON = [
@@ -37,10 +39,9 @@ COMMON = [
 ]
 
 
-def members(out: Path, tasks: tuple[str, ...] | None = None) -> list[tuple[str, object]]:
+def members(out: Path, tasks: tuple[str, ...] | None = None) -> list[tuple[str, RunConfig]]:
     """(name, run config) of each member the fingerprint trains on each organism's task (``tasks``:
     all by default), in order; HD's start from the baseline of its task, trained before them."""
-    from workbench.training.runconfig import make_run_config
     from workbench.training.zoo import ORGANISMS, SCALES
 
     runs = []
