@@ -49,22 +49,14 @@ def members(out: Path, tasks: tuple[str, ...] | None = None) -> list[tuple[str, 
         if tasks is not None and task not in tasks:
             continue
         settings = [*SCALES[scale]["common"], *COMMON, f"train.checkpoint_every={STEPS}", "train.lr=3e-3"]  # later wins
-
-        def config(arch: str, extra: list[str], init: str | None = None, task: str = task, settings=settings):
-            return make_run_config(arch, "debug", task, [*settings, *extra], init_from=init)
-
-        baseline = out / f"{task}-baseline"
-        runs += [
-            (f"{task}-baseline", config("baseline", [f"train.steps={STEPS}"])),
-            (
-                f"{task}-fbt",
-                config(
-                    "fbt",
-                    [f"train.steps={STEPS}", "fbt.feedback_start=0.25", "fbt.ramp=0.25", "fbt.three_pass_fraction=0.5"],
-                ),
-            ),
-            (f"{task}-hd4", config("hd", [f"train.steps={HD_STEPS}", "hd.streams=2,4", "hd.expand_at=0,2"], str(baseline))),
-        ]
+        fbt = ["fbt.feedback_start=0.25", "fbt.ramp=0.25", "fbt.three_pass_fraction=0.5"]
+        hd = [f"train.steps={HD_STEPS}", "hd.streams=2,4", "hd.expand_at=0,2"]
+        for name, arch, extra, init in [
+            ("baseline", "baseline", [f"train.steps={STEPS}"], None),
+            ("fbt", "fbt", [f"train.steps={STEPS}", *fbt], None),
+            ("hd4", "hd", hd, str(out / f"{task}-baseline")),
+        ]:
+            runs.append((f"{task}-{name}", make_run_config(arch, "debug", task, [*settings, *extra], init_from=init)))
     return runs
 
 
