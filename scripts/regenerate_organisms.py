@@ -26,7 +26,9 @@ of runs made elsewhere (a worktree). A whole run also records its command and to
 (``last_full_run``). The whole thing is longer than a session, so it is made in parts at more
 than one commit: the training fingerprint (``workbench.training.fingerprint``, computed once per
 invocation, 10 s) says whether two parts were trained by the same code, and the claims table
-records each study's (``made_under``). A step that fails stops the rest (its output is on the
+records each study's (``made_under``). The fingerprint also depends on the CPU's instruction set, so
+every step and the fingerprint run under ``PINNED_NUMERICS`` (PyTorch, MKL and oneDNN on their AVX2
+paths, MKL's results fixed), and each step records the path that ran (``numerics``). A step that fails stops the rest (its output is on the
 terminal); a study's or zoo's finished members are kept, so running the command again continues.
 """
 
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -50,7 +53,7 @@ from results_pages import organism_study_name as results_name  # noqa: E402
 
 from workbench.experiments.claims import ALL, CLAIMS, claims_table  # noqa: E402
 from workbench.storage.provenance import source_commit  # noqa: E402
-from workbench.training.fingerprint import training_fingerprint  # noqa: E402
+from workbench.training.fingerprint import PINNED_NUMERICS  # noqa: E402
 
 STUDIES = list(ORGANISM_STUDIES)
 SERVES = {study: {o for c in CLAIMS if c.study == study for o in c.organisms} for study in STUDIES}  # where it reads a claim
@@ -87,6 +90,16 @@ def claims_json(results: Path) -> dict:
 def step_file(out: Path) -> Path:
     """Where a step's record is kept beside its output ``out``."""
     return out.with_name(out.name + ".step.json")
+
+
+def pinned_fingerprint(tasks: tuple[str, ...] = ()) -> dict:
+    """The training fingerprint under ``PINNED_NUMERICS``, computed in a new process (the variables
+    only act before torch is imported); ``tasks`` (default all organisms) is for tests."""
+    command = [sys.executable, "-m", "workbench.training.fingerprint", *[a for t in tasks for a in ("--task", t)]]
+    done = subprocess.run(command, env=os.environ | PINNED_NUMERICS, capture_output=True, text=True, cwd=ROOT)
+    if done.returncode != 0:
+        raise SystemExit(f"the training fingerprint failed (exit {done.returncode}):\n{done.stderr}")
+    return json.loads(done.stdout)
 
 
 def workbench() -> str:
@@ -130,13 +143,14 @@ def main(argv: list[str] | None = None) -> int:
                 write(path, record)
         else:
             if fingerprint is None:
-                fingerprint = training_fingerprint()["sha256"]
-                print(f"training fingerprint of this code: {fingerprint}", flush=True)
+                fingerprint = pinned_fingerprint()
+                print(f"training fingerprint of this code: {fingerprint['sha256']} ({fingerprint['numerics']})", flush=True)
             t = time.perf_counter()
-            code = subprocess.call([workbench(), *command])
+            code = subprocess.call([workbench(), *command], env=os.environ | PINNED_NUMERICS)
             steps[key] = {
                 "commit": source_commit(),
-                "training_fingerprint": fingerprint,
+                "training_fingerprint": fingerprint["sha256"],
+                "numerics": fingerprint["numerics"],
                 "wall_seconds": round(time.perf_counter() - t, 1),
                 "rc": code,
                 "finished": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -171,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         record["last_full_run"] = {
             "command": " ".join(["python scripts/regenerate_organisms.py", *(argv if argv is not None else sys.argv[1:])]),
             "commit": source_commit(),
-            "training_fingerprint": fingerprint,
+            "training_fingerprint": fingerprint["sha256"] if fingerprint else None,
             "seeds": args.seeds,
             "wall_seconds": round(time.perf_counter() - started, 1),
         }

@@ -572,3 +572,15 @@ def test_copy_brings_in_a_step_made_elsewhere_and_the_claims_say_what_trained_ea
     assert "| `ffffffffffff` | `study_three_pass_org_perm` |" in page
     assert "made under 1 fingerprint, and" in page
     assert pages.main(["--check", "--results", str(results)]) == 0
+
+
+@pytest.mark.slow
+def test_the_regeneration_fingerprints_on_the_pinned_cpu_path():
+    """The regeneration's fingerprint is computed in a new process under ``PINNED_NUMERICS`` (they
+    act only before torch is imported), which takes PyTorch's AVX2 kernels on this AVX-512 machine:
+    a part made in a later session on another CPU is compared on the same path."""
+    from workbench.training.fingerprint import PINNED_NUMERICS
+
+    made = _regenerate().pinned_fingerprint(("flipflop",))
+    assert made["numerics"] == {"cpu_capability": "AVX2", **PINNED_NUMERICS}
+    assert set(made["members"]) == {"flipflop-baseline", "flipflop-fbt", "flipflop-hd4"}

@@ -12,12 +12,25 @@ weights and the evaluation's numbers. Equal fingerprints: the same weights and r
 same settings, bit for bit, on this machine's torch; a change to the model, the data, the
 optimizer, the training loop or the evaluation changes it. It says nothing about code it does
 not run (a study's statistics, the analyses): those are recomputed from the saved runs.
+
+The CPU's instruction set is part of the numerics: the same code on this machine gives one
+fingerprint with PyTorch's AVX-512 kernels, another with AVX2 and a third with MKL's results pinned
+(measured, 2026-12-05), and sessions land on different machines. ``PINNED_NUMERICS`` is the
+environment that makes PyTorch, MKL and oneDNN take their AVX2 paths and MKL give the same results
+on any CPU that has AVX2; a regeneration made in parts runs every part under it, and the record
+says which path ran (``numerics``). It must be set before torch is imported, so it is set for a
+new process (``python -m workbench.training.fingerprint``, ``workbench zoo``).
+
+    python -m workbench.training.fingerprint     # this process's fingerprint, as JSON
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
+import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -26,6 +39,7 @@ from safetensors.torch import load_file
 
 from workbench.training.runconfig import RunConfig, make_run_config
 
+PINNED_NUMERICS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 STEPS = 8  # each member's training steps: FBT's switch at step 2, its ramp over 2, 3-pass batches after
 HD_STEPS = 4  # HD's: expanded 2 -> 4 streams at step 2
 COMMON = [
@@ -78,9 +92,15 @@ def weights_digest(path: Path) -> str:
     return h.hexdigest()
 
 
+def numerics() -> dict:
+    """The CPU path this process's torch computes on: its kernels' instruction set and the
+    ``PINNED_NUMERICS`` variables as they are set here (None where unset)."""
+    return {"cpu_capability": torch.backends.cpu.get_cpu_capability(), **{k: os.environ.get(k) for k in PINNED_NUMERICS}}
+
+
 def training_fingerprint(work: str | Path | None = None, tasks: tuple[str, ...] | None = None) -> dict:
     """Train and evaluate ``members`` in ``work`` (a new temporary directory by default) and return
-    ``{"sha256": ..., "members": {name: sha256}, "steps": ..., "torch": ...}``: the first hashes
+    ``{"sha256": ..., "members": {name: sha256}, "steps": ..., "torch": ..., "numerics": ...}``: the first hashes
     every member's weights and evaluation in order. ``tasks`` (all organisms by default) is for
     tests; the record's fingerprint is always of all three."""
     from workbench.training.zoo import train_member
@@ -94,4 +114,23 @@ def training_fingerprint(work: str | Path | None = None, tasks: tuple[str, ...] 
             h.update(json.dumps(_without_timings(evaluation["tasks"]), sort_keys=True).encode())
             digests[name] = h.hexdigest()
     whole = hashlib.sha256(json.dumps(digests, sort_keys=True).encode()).hexdigest()
-    return {"sha256": whole, "members": digests, "steps": STEPS, "hd_steps": HD_STEPS, "torch": torch.__version__}
+    return {
+        "sha256": whole,
+        "members": digests,
+        "steps": STEPS,
+        "hd_steps": HD_STEPS,
+        "torch": torch.__version__,
+        "numerics": numerics(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Print this process's training fingerprint as JSON.")
+    parser.add_argument("--task", action="append", default=None, help="only this organism's members (repeatable; tests)")
+    args = parser.parse_args(argv)
+    print(json.dumps(training_fingerprint(tasks=tuple(args.task) if args.task else None)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
