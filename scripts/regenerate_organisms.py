@@ -87,6 +87,12 @@ def claims_json(results: Path) -> dict:
     }
 
 
+def measured(study: Path) -> bool:
+    """Whether ``study`` (a ``study.json``) is a finished study: a running one writes its members'
+    rows as they finish and its readings last."""
+    return study.is_file() and "readings" in json.loads(study.read_text())
+
+
 def step_file(out: Path) -> Path:
     """Where a step's record is kept beside its output ``out``."""
     return out.with_name(out.name + ".step.json")
@@ -174,8 +180,8 @@ def main(argv: list[str] | None = None) -> int:
             command = ["zoo", "--study", study, "--preset", f"org-{organism}", "--seeds", str(args.seeds), "--out", str(out)]
             if study != "fbt-vs-baseline" and (args.runs / organism / "zoo.json").is_file():
                 command += ["--reuse", str(args.runs / organism)]  # the zoo's members the study shares are copied
-            if args.copy and not (out / "study.json").is_file():
-                print(f"{out / 'study.json'}: not there, not copied", flush=True)
+            if args.copy and not measured(out / "study.json"):
+                print(f"{out / 'study.json'}: not there or not finished (no readings yet), not copied", flush=True)
                 continue
             ran = run([*command, "--no-progress"], out).removesuffix(" --no-progress")
             copied = json.loads((out / "study.json").read_text())

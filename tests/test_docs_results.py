@@ -572,6 +572,12 @@ def test_copy_brings_in_a_step_made_elsewhere_and_the_claims_say_what_trained_ea
     assert "| `ffffffffffff` | `study_three_pass_org_perm` |" in page
     assert "made under 1 fingerprint, and" in page
     assert pages.main(["--check", "--results", str(results)]) == 0
+    running = runs / "flipflop" / "studies" / "three-pass"  # a study still training: its rows so far, no readings
+    running.mkdir(parents=True)
+    (running / "study.json").write_text(json.dumps({k: v for k, v in committed.items() if k != "readings"}))
+    argv = ["--copy", "--no-zoo", "--study", "three-pass", "--runs", str(runs), "--results", str(results)]
+    assert regenerate.main(argv) == 0
+    assert not (results / "study_three_pass_org_flipflop.json").exists()
 
 
 @pytest.mark.slow
