@@ -4,6 +4,7 @@ every organism, the claims table and every results page (issue #37).
 
     python scripts/regenerate_organisms.py                       # everything, 5 seeds (hours on 2 cores)
     python scripts/regenerate_organisms.py --organism perm --study fbt-vs-baseline --no-zoo
+    python scripts/regenerate_organisms.py --no-zoo --study probes --expect d8b51918   # a later part
 
 Each step is the ``workbench`` command a user would type, run in turn and timed:
 
@@ -129,6 +130,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--copy", action="store_true", help="run nothing: copy the JSON the zoo and studies hold now, then the claims and pages"
     )
+    parser.add_argument(
+        "--expect",
+        default=None,
+        help="a training fingerprint (or its first characters) the parts made so far were trained under: "
+        "refuse to train anything where this code and machine give another",
+    )
     args = parser.parse_args(argv)
     organisms, studies = args.organism or list(ALL), args.study or STUDIES
     started = time.perf_counter()
@@ -151,6 +158,11 @@ def main(argv: list[str] | None = None) -> int:
             if fingerprint is None:
                 fingerprint = pinned_fingerprint()
                 print(f"training fingerprint of this code: {fingerprint['sha256']} ({fingerprint['numerics']})", flush=True)
+                if args.expect and not fingerprint["sha256"].startswith(args.expect):
+                    raise SystemExit(
+                        f"--expect {args.expect}: this code on this machine trains under fingerprint "
+                        f"{fingerprint['sha256']} ({fingerprint['numerics']}); nothing was run"
+                    )
             t = time.perf_counter()
             code = subprocess.call([workbench(), *command], env=os.environ | PINNED_NUMERICS)
             steps[key] = {
@@ -200,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)  # a step that failed may not have made its output
     path.write_text(json.dumps(data, indent=1) + "\n")
 
 

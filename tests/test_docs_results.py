@@ -595,3 +595,23 @@ def test_the_regeneration_fingerprints_on_the_pinned_cpu_path():
     made = _regenerate().pinned_fingerprint(("flipflop",))
     assert made["numerics"] == {"cpu_capability": "AVX2", **PINNED_NUMERICS}
     assert set(made["members"]) == {"flipflop-baseline", "flipflop-fbt", "flipflop-hd4"}
+
+
+def test_a_later_part_under_another_fingerprint_trains_nothing(tmp_path, monkeypatch):
+    """``--expect``: a part of the regeneration made in a later session refuses to train when this
+    code and machine give a fingerprint other than the one the earlier parts were made under."""
+    regenerate = _regenerate()
+    monkeypatch.setattr(regenerate, "pinned_fingerprint", lambda: {"sha256": "ab" * 32, "numerics": {"cpu_capability": "X"}})
+    ran = []
+    monkeypatch.setattr(regenerate.subprocess, "call", lambda command, **kw: ran.append(command) or 1)  # fails
+    results = tmp_path / "results"
+    shutil.copytree(ROOT / "docs" / "results", results)
+    argv = ["--no-zoo", "--organism", "perm", "--study", "probes", "--runs", str(tmp_path / "runs"), "--results", str(results)]
+    with pytest.raises(SystemExit, match=f"--expect d8b5: this code on this machine trains under fingerprint {'ab' * 32}"):
+        regenerate.main([*argv, "--expect", "d8b5"])
+    assert ran == [] and not (tmp_path / "runs").exists()
+    with pytest.raises(SystemExit, match="exited 1: the steps after it were not run"):  # the one expected: it runs
+        regenerate.main([*argv, "--expect", "abab"])
+    assert len(ran) == 1 and ran[0][1:4] == ["zoo", "--study", "probes"]
+    step = json.loads(regenerate.step_file(tmp_path / "runs" / "perm" / "studies" / "probes").read_text())["step"]
+    assert step["rc"] == 1 and step["training_fingerprint"] == "ab" * 32  # a failed step is recorded too
