@@ -27,10 +27,12 @@ of runs made elsewhere (a worktree). A whole run also records its command and to
 (``last_full_run``). The whole thing is longer than a session, so it is made in parts at more
 than one commit: the training fingerprint (``workbench.training.fingerprint``, computed once per
 invocation, 10 s) says whether two parts were trained by the same code, and the claims table
-records each study's (``made_under``). The fingerprint also depends on the CPU's instruction set, so
-every step and the fingerprint run under ``PINNED_NUMERICS`` (PyTorch, MKL and oneDNN on their AVX2
-paths, MKL's results fixed), and each step records the path that ran (``numerics``). A step that fails stops the rest (its output is on the
-terminal); a study's or zoo's finished members are kept, so running the command again continues.
+records each study's (``made_under``). The fingerprint also depends on the CPU's instruction
+set, so every step and the fingerprint run under ``PINNED_NUMERICS`` (PyTorch, MKL and oneDNN on
+their AVX2 paths, MKL's results fixed), each step records the path that ran (``numerics``), and
+``--expect`` makes a later part refuse to train under another fingerprint. A step that fails
+stops the rest (its output is on the terminal); a study's or zoo's finished members are kept, so
+running the command again continues.
 """
 
 from __future__ import annotations
