@@ -16,10 +16,9 @@ not run (a study's statistics, the analyses): those are recomputed from the save
 The CPU's instruction set is part of the numerics: the same code on this machine gives one
 fingerprint with PyTorch's AVX-512 kernels, others with its AVX2 and its generic ones, and
 another with AVX2 and MKL's results pinned (measured, 2026-12-05); sessions land on different
-machines. ``PINNED_NUMERICS`` is the
-environment that makes PyTorch, MKL and oneDNN take their AVX2 paths and MKL give the same results
-on any CPU that has AVX2; a regeneration made in parts runs every part under it, and the record
-says which path ran (``numerics``). It must be set before torch is imported, so it is set for a
+machines. ``PINNED_NUMERICS`` is the environment that makes PyTorch, MKL and oneDNN take their AVX2
+paths and MKL give the same results on any CPU that has AVX2; a regeneration made in parts runs
+every part under it, and the record says which path ran (``numerics``). It must be set before torch is imported, so it is set for a
 new process (``python -m workbench.training.fingerprint``, ``workbench zoo``).
 
     python -m workbench.training.fingerprint     # this process's fingerprint, as JSON
