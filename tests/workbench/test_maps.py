@@ -6,11 +6,13 @@ import pytest
 import torch
 
 from workbench.dynamics.maps import (
+    FADING,
     eigenvalues,
     find_fixed_points,
     frobenius_hutchinson,
     jacobian,
     lyapunov_from_growth,
+    newton_steps,
     perturbation_growth,
     spectral_norm,
     spectral_radius,
@@ -287,6 +289,43 @@ def test_a_residual_that_fades_without_a_root_is_refused_for_its_newton_step():
     points, report = find_fixed_points(lambda h: h + torch.exp(-h), starts, max_iter=0)
     assert points == [] and report["refused"]["n"] == 1
     assert list(report["refused"]["reasons"]) == ["the Newton step does not vanish (a residual that fades without a root)"]
+
+
+def test_in_fp32_a_gaussian_tail_within_newtons_reach_is_refused_as_fading():
+    """h + 0.5 exp(-h^2) in fp32 at h = 3.2, the tail one CPU path settled on (CI, AVX2, in 2-D):
+    the residual 0.5 exp(-h^2) = 1.8e-5 meets the tolerance the starts near 0 set (1.7e-4) and is
+    45x its rounding (4e-7), and Newton's step, 1 / (2h) = 0.156 outward, is inside the fp32
+    neighbourhood (radius 10 eps^(1/3) (1 + h) = 0.21). Its next step, from h + 0.156, is 0.149:
+    the steps shrink by h / (h + 1/(2h)), so they predict a root ~h = 3.5 away, 17 radii, where a
+    root of order k is k steps away."""
+    starts = torch.tensor([[3.2], [0.1], [0.0], [-0.1]])
+    points, report = find_fixed_points(lambda h: h + 0.5 * torch.exp(-h.pow(2)), starts, max_iter=0)
+    assert points == [] and report["refused"] == {"n": 1, "reasons": {FADING: 1}}
+
+
+def test_in_fp32_the_bump_tail_is_refused_as_fading_where_j_minus_i_is_rank_deficient():
+    """The same tail in 2-D at the point CI's AVX2 path settled on (|h| = 3.23): J - I is rank 1
+    and formed in fp32 with ~1e-3 relative error in its entries (1 - 5.7e-5 cancels), so least
+    squares used to take a step of ~2 along the direction J - I cannot resolve (whose size is
+    rounding over rounding, and so whose refusal depended on the CPU path). The minimum-norm
+    step is the 1-D one, 0.155, and the tail is refused for where its steps head."""
+    starts = torch.tensor([[-1.9774, -2.5584], [0.1, 0.0], [0.0, 0.1], [0.1, 0.1]])
+    step = newton_steps(bump, starts[:1], bump(starts[:1]) - starts[:1])
+    assert abs(float(step.norm()) - 1 / (2 * float(starts[0].norm()))) < 1e-3
+    points, report = find_fixed_points(bump, starts, max_iter=0)
+    assert points == [] and report["refused"] == {"n": 1, "reasons": {FADING: 1}}
+
+
+@pytest.mark.parametrize("start", [0.3, -0.5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_triple_root_approached_from_a_start_is_accepted_in_either_precision(dtype, start):
+    """h - h^3 from a start: Newton approaches the triple root linearly, each step 2/3 of the
+    last, so the root its steps predict is 3 steps away, within the neighbourhood test's reach of
+    roots of order up to 8 (in fp32 too, where the radius is 0.05). Located to atol^(1/3) (the
+    residual is -h^3), 0.02 in fp32, where F' = 1 - 3h^2 can fall below the marginal band."""
+    points, report = find_fixed_points(lambda h: h - h**3, torch.tensor([[start]], dtype=dtype), max_iter=200)
+    assert len(points) == 1 and report["n_converged"] == 1 and report["refused"]["n"] == 0
+    assert abs(float(points[0].state[0])) <= report["atol"] ** (1 / 3)
 
 
 def test_a_small_residual_that_is_flat_around_the_point_is_refused_as_not_small():

@@ -202,6 +202,21 @@ def batched_jacobians(F: Map, h: Tensor, max_rows: int = 8192) -> Tensor:
     return torch.cat(out)
 
 
+def newton_steps(F: Map, h: Tensor, r: Tensor, roundings: float = 4.0, max_rows: int = 8192) -> Tensor:
+    """The undamped Newton step [n, D] at each state h [n, D] with residual r = F(h) - h: the least
+    squares solution of (J - I) step = -r through the SVD of J - I, its singular values at most
+    ``roundings`` x eps ||J||_F taken as 0 (the minimum-norm step). Where J is near I, J - I is
+    known only to ~eps per entry (forming it cancels), and a direction it cannot resolve would
+    otherwise get a step of rounding over rounding, of any size."""
+    J = batched_jacobians(F, h, max_rows)
+    U, S, Vh = torch.linalg.svd(J - torch.eye(h.shape[-1], dtype=h.dtype, device=h.device))
+    noise = roundings * torch.finfo(h.dtype).eps * torch.linalg.matrix_norm(J)
+    kept = S > noise[:, None]
+    inverse = torch.where(kept, 1 / torch.where(kept, S, 1.0), 0.0)
+    coeffs = -(U.transpose(1, 2) @ r[..., None])[..., 0] * inverse
+    return (Vh.transpose(1, 2) @ coeffs[..., None])[..., 0]
+
+
 # why a start whose residual met the tolerance was refused (the report counts each)
 IDENTITY = "F is the identity to working precision here"
 FADING = "the Newton step does not vanish (a residual that fades without a root)"
@@ -261,6 +276,7 @@ def find_fixed_points(
     exact_eig_max_dim: int = 512,
     max_rows: int = 8192,
     roundings: float = 4.0,
+    max_order: int = 8,
 ) -> tuple[list[FixedPoint], dict]:
     """Fixed points h* = F(h*) from every start [n, D], each solved on its own (batched; nothing
     is shared between starts) by Levenberg-Marquardt, a damped Newton iteration on the residual
@@ -274,7 +290,10 @@ def find_fixed_points(
     which it is located (``neighbourhood_steps``): (1) the map's step there, or J - I there times
     rho, exceeds ``roundings`` x the rounding of F(x) - x, else a zero residual is rounding, not a
     root (``IDENTITY``: far out on h + 0.5 exp(-|h|^2), F(h) == h exactly); (2) the undamped Newton
-    step is <= rho, else the residual fades without a root, at infinity or at a ghost of a fold
+    step (``newton_steps``) is <= rho and, where the residual is resolved (above ``roundings`` x
+    its rounding), the distance to a root its first two steps predict, s0 / (1 - s1 / s0), is
+    <= ``max_order`` x rho (a root of order k is k steps away), else the residual fades without a
+    root, at infinity, where the steps shrink slowly or not at all, or at a ghost of a fold
     (``FADING``); (3) ||r|| is at most half the step around it and both the step and J - I are
     resolved there (``NOT_SMALL``). A degenerate root (J - I = 0 at the point, as for h - h^3 at
     0) passes: F is not the identity around it. Converged points closer than ``dedup`` (relative)
@@ -337,13 +356,18 @@ def find_fixed_points(
     refused: dict[str, int] = {}
     small = torch.nonzero(torch.isfinite(norm) & (norm <= atol)).flatten()
     if len(small):
-        Jr = batched_jacobians(F, h[small], max_rows) - eye
-        step = torch.linalg.lstsq(Jr, -r[small, :, None]).solution[..., 0]
+        settled_norm = norm[small].clone()
+        step = newton_steps(F, h[small], r[small], roundings, max_rows)
         newton = step.norm(dim=-1).nan_to_num(float("inf"))
         radius = xtol * (1 + h[small].norm(dim=-1))
         with torch.no_grad():
             polished = h[small] + step
-            n_polished = (F(polished) - polished).norm(dim=-1)
+            r_polished = F(polished) - polished
+        n_polished = r_polished.norm(dim=-1)
+        # Newton's next step: how fast the steps shrink says how far off the root they head for is
+        next_step = newton_steps(F, polished, r_polished, roundings, max_rows).norm(dim=-1).nan_to_num(float("inf"))
+        ahead = torch.where(next_step < newton, newton**2 / (newton - next_step), float("inf"))
+        ahead[newton == 0] = 0.0
         better = (newton <= radius) & torch.isfinite(n_polished) & (n_polished < norm[small])
         h[small[better]], norm[small[better]] = polished[better], n_polished[better]
         radius = xtol * (1 + h[small].norm(dim=-1))
@@ -355,7 +379,8 @@ def find_fixed_points(
         step_resolved = step_around > roundings * rounding
         slope_resolved = slope_around > roundings * rounding
         identity = ~step_resolved & ~slope_resolved
-        fading = ~identity & ~(newton <= radius)
+        resolved = settled_norm > roundings * rounding  # below it, Newton's steps are rounding's
+        fading = ~identity & (~(newton <= radius) | (resolved & ~(ahead <= max_order * radius)))
         # half the step around it: a degenerate root located to ~radius (h - h^3) stays well below,
         # a residual that is merely flat there (a translation, a fading tail) does not
         small_here = step_resolved & slope_resolved & (norm[small] <= 0.5 * step_around)
