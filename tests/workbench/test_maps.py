@@ -316,6 +316,15 @@ def test_in_fp32_the_bump_tail_is_refused_as_fading_where_j_minus_i_is_rank_defi
     assert points == [] and report["refused"] == {"n": 1, "reasons": {FADING: 1}}
 
 
+def test_a_newton_step_where_the_map_is_not_finite_is_nan_for_that_state_only():
+    """A state whose Jacobian holds a NaN gets a NaN step (refused, as an infinite Newton step),
+    where the SVD would otherwise fail for the whole batch."""
+    F = lambda h: h - h**3 + torch.where(h > 5, torch.log(5 - h), 0.0)
+    h = torch.tensor([[0.1], [6.0]], dtype=torch.float64)
+    step = newton_steps(F, h, F(h) - h)
+    assert torch.isnan(step[1]).all() and float(step[0, 0]) == pytest.approx(-0.1 / 3)
+
+
 @pytest.mark.parametrize("start", [0.3, -0.5])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_a_triple_root_approached_from_a_start_is_accepted_in_either_precision(dtype, start):

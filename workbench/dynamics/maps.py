@@ -209,12 +209,15 @@ def newton_steps(F: Map, h: Tensor, r: Tensor, roundings: float = 4.0, max_rows:
     known only to ~eps per entry (forming it cancels), and a direction it cannot resolve would
     otherwise get a step of rounding over rounding, of any size."""
     J = batched_jacobians(F, h, max_rows)
+    finite = torch.isfinite(J).flatten(1).all(-1) & torch.isfinite(r).all(-1)  # else a NaN step, not an SVD error
+    J, r = torch.where(finite[:, None, None], J, 0.0), torch.where(finite[:, None], r, 0.0)
     U, S, Vh = torch.linalg.svd(J - torch.eye(h.shape[-1], dtype=h.dtype, device=h.device))
     noise = roundings * torch.finfo(h.dtype).eps * torch.linalg.matrix_norm(J)
     kept = S > noise[:, None]
     inverse = torch.where(kept, 1 / torch.where(kept, S, 1.0), 0.0)
     coeffs = -(U.transpose(1, 2) @ r[..., None])[..., 0] * inverse
-    return (Vh.transpose(1, 2) @ coeffs[..., None])[..., 0]
+    step = (Vh.transpose(1, 2) @ coeffs[..., None])[..., 0]
+    return torch.where(finite[:, None], step, float("nan"))
 
 
 # why a start whose residual met the tolerance was refused (the report counts each)
