@@ -86,7 +86,7 @@ def check(sae_dir: Path) -> None:
     shape = dict(d_in=cfg["d_in"], d_sae=cfg["d_sae"], k=cfg["k"], device="cpu")
     if batchtopk:
         training = BatchTopKTrainingSAE(BatchTopKTrainingSAEConfig(**shape))
-        training.topk_threshold.fill_(float(sae.threshold[0]))  # one threshold for every latent, as saved
+        training.topk_threshold.fill_(float(sae.threshold[0].detach()))  # one threshold for every latent, as saved
     else:
         training = TopKTrainingSAE(TopKTrainingSAEConfig(**shape))
     weights = {name: w for name, w in sae.state_dict().items() if name != "threshold"}
