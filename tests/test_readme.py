@@ -88,3 +88,26 @@ def test_every_relative_link_in_the_readme_and_docs_resolves(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("# A title\n## A title\n[ok](#a-title-1) [gone](#a-titles) [none](nothere.md)\n```\n[code](x.md)\n```\n")
     assert broken_links([page]) == ["page.md: #a-titles (no such heading)", "page.md: nothere.md (no such file)"]
+
+
+def test_the_readmes_claim_counts_are_the_claims_tables():
+    """The README's summary of the claims table counts what ``docs/results/claims.json`` holds:
+    rows, claims, organisms and each verdict, so a regeneration that moves a verdict fails here
+    until the front door says so."""
+    import json
+    from collections import Counter
+
+    rows = json.loads((ROOT / "docs" / "results" / "claims.json").read_text())["rows"]
+    text = " ".join((ROOT / "README.md").read_text().split())
+    claims, organisms = len({r["claim"] for r in rows}), len({r["organism"] for r in rows})
+    assert f"of {len(rows)} rows ({claims} claims on {organisms} organisms" in text
+    verdicts = Counter(r["verdict"] for r in rows)
+    found = {v: int(n) for n, v in re.findall(r"\*\*(\d+) (reproduced at this scale|not reproduced|not testable here)\*\*", text)}
+    assert found == {v: n for v, n in verdicts.items() if v != "not measured yet"} and "not measured yet" not in verdicts
+    untestable = [r["why"] for r in rows if r["verdict"] == "not testable here"]
+    reasons = [sum(key in why for why in untestable) for key in ("at the ceiling", "cannot show", "sign test")]
+    assert sum(reasons) == len(untestable)
+    assert (
+        "({} at an organism's ceiling, {} where the claim cannot show on the organism, {} where a sign test".format(*reasons)
+        in text
+    )
