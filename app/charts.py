@@ -63,7 +63,13 @@ def probe_depths(rows: pd.DataFrame, arch: str | None = None) -> alt.LayerChart:
     depths = rows["layer"].dropna().tolist()
     ticks = list(range(math.floor(min(depths)), math.ceil(max(depths)) + 1)) if depths else []
     base = alt.Chart(long).encode(
-        x=alt.X("layer:Q", title="depth (0 = input to block 0)", axis=alt.Axis(values=ticks, format="d")),
+        x=alt.X(
+            "layer:Q",
+            title="depth (0 = input to block 0)",
+            axis=alt.Axis(values=ticks, format="d"),
+            # half a layer of room each side: one depth alone gets a domain of its own width, not +-0.05
+            scale=alt.Scale(domain=[min(depths) - 0.5, max(depths) + 0.5]) if depths else alt.Undefined,
+        ),
         y=alt.Y("value:Q", title="accuracy", scale=alt.Scale(zero=False)),
         tooltip=["hook", "regime", "kind", alt.Tooltip("value:Q", format=".3f"), "n_test"],
     )
@@ -92,18 +98,31 @@ def _with_regime_keys(df: pd.DataFrame, archs: dict[str, str]) -> pd.DataFrame:
 
 
 def trace_histogram(view: pd.DataFrame, length: str, unit: str, archs: dict[str, str]) -> alt.FacetChart:
-    """Traces page: trace lengths (column ``length``, in ``unit``), one panel per model, each regime
-    in its colour (``archs``: model name -> architecture; a baseline model takes the baseline's)."""
+    """Traces page: trace lengths (column ``length``, in ``unit``) in at most 30 bins of whole
+    lengths, one panel per model, each regime's bar beside the others' in its colour (overlaid
+    bars hid a regime whose counts another's covered; ``archs``: model name -> architecture; a
+    baseline model takes the baseline's). Each bar is labelled by its bin's first length."""
     data = _with_regime_keys(view.filter(items=["model", "regime", length]), archs)
+    lengths = data[length].astype(int)
+    low = int(lengths.min()) if len(lengths) else 0
+    width = max(1, math.ceil((int(lengths.max()) - low + 1) / 30)) if len(lengths) else 1
+    data = data.assign(bin=low + (lengths - low) // width * width)
+    counts = data.groupby(["model", "regime_key", "bin"]).size().rename("problems").reset_index()
+    title = f"trace length ({unit} before ####)" + (f", bins of {width}" if width > 1 else "")
     return (
-        alt.Chart(data)
-        .mark_bar(opacity=0.6)
+        alt.Chart(counts)
+        .mark_bar()
         .encode(
-            x=alt.X(
-                f"{length}:Q", bin=alt.Bin(maxbins=30), title=f"trace length ({unit} before ####)", axis=alt.Axis(format="d")
-            ),
-            y=alt.Y("count():Q", stack=None, title="problems", axis=alt.Axis(format="d", tickMinStep=1)),
-            color=alt.Color("regime_key:N", scale=regime_scale(data["regime_key"]), legend=legend("regime")),
+            x=alt.X("bin:O", title=title, sort="ascending", axis=alt.Axis(labelAngle=0, labelOverlap=True)),
+            xOffset=alt.XOffset("regime_key:N", scale=alt.Scale(domain=list(regime_scale(counts["regime_key"]).domain))),
+            y=alt.Y("problems:Q", title="problems", axis=alt.Axis(format="d", tickMinStep=1)),
+            color=alt.Color("regime_key:N", scale=regime_scale(counts["regime_key"]), legend=legend("regime")),
+            tooltip=[
+                "model",
+                alt.Tooltip("regime_key:N", title="regime"),
+                alt.Tooltip("bin:O", title=f"from ({unit})"),
+                "problems",
+            ],
         )
         .properties(height=110)
         .facet(row=alt.Row("model:N", title=None))

@@ -6,11 +6,12 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+import time
 from pathlib import Path
 
 import streamlit as st
 
-from app.state import app_root, device, stamp, writable
+from app.state import app_root, device, job_threads, stamp, writable
 from workbench.cli import ANALYSIS_VERBS
 from workbench.jobs import Job, cancel_job, list_jobs, start_job
 from workbench.storage.errors import BadInput
@@ -29,8 +30,10 @@ def start(argv: list[str], *, title: str, page: str, outputs: list[Path]) -> Job
     if busy:
         st.error(f"A job is already writing there: {busy[0].title} (started {when(busy[0].created)}). Wait for it or cancel it.")
         return None
-    if argv[0] in ANALYSIS_VERBS and device() != "cpu":  # the sidebar's device; the CLI's default is cpu
-        argv = [*argv, "--device", device()]
+    if argv[0] in ANALYSIS_VERBS:
+        if device() != "cpu":  # the sidebar's device; the CLI's default is cpu
+            argv = [*argv, "--device", device()]
+        argv = [*argv, "--threads", str(job_threads(sum(j.running for j in list_jobs(app_root()))))]
     try:
         return start_job(app_root(), [*argv, "--no-progress"], title=title, page=page, outputs=[str(o) for o in outputs])
     except (BadInput, OSError) as err:  # a planted link for the jobs directory, a full disk
@@ -72,7 +75,12 @@ def panel(page: str) -> None:
         ended = {j.id for j in now if not j.running} & seen
         seen.clear()
         seen.update(j.id for j in now if j.running)
-        if ended:
+        passed = st.session_state.setdefault(f"jobs_milestones_{page}", {})
+        milestones = {j.id: j.progress.get("milestone") or 0 for j in now if j.running}
+        moved = any(m > passed.get(i, m) for i, m in milestones.items())  # a member finished: show it
+        passed.clear()
+        passed.update(milestones)
+        if ended or moved:
             st.rerun()  # the page: show what the job wrote
         with st.container(border=True):
             st.markdown("**Jobs** (background processes: they go on if you leave this page or close the tab)")
@@ -82,6 +90,32 @@ def panel(page: str) -> None:
                 draw_job(job)
 
     draw()
+
+
+def clock(seconds: float) -> str:
+    seconds = int(max(0.0, seconds))
+    return (
+        f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+        if seconds >= 3600
+        else f"{seconds // 60}:{seconds % 60:02d}"
+    )
+
+
+def progress_counts(progress: dict, created: float, now: float) -> str:
+    """`` (12 of 40 steps, 0:35 elapsed, about 1:10 left)``: the count of the phase in progress
+    (``workbench.runtime.progress.Bar``), the job's time so far and the phase's estimate at its
+    rate so far; what a progress file lacks is left out."""
+    parts = []
+    n, total, unit = progress.get("n"), progress.get("total"), progress.get("unit") or ""
+    if n is not None and total and unit in ("", "it"):  # a count of no unit: a share of the work
+        parts.append(f"{n / total:.0%}")
+    elif n is not None and total:
+        parts.append(f"{n:,.0f} of {total:,.0f} {unit}{'' if unit.endswith('s') else 's'}")
+    parts.append(f"{clock(now - created)} elapsed")
+    started, updated = progress.get("started"), progress.get("updated")
+    if n and total and started is not None and updated is not None and updated > started and n < total:
+        parts.append(f"about {clock((total - n) * (updated - started) / n)} left")
+    return " (" + ", ".join(parts) + ")"
 
 
 def draw_job(job: Job) -> None:
@@ -97,6 +131,7 @@ def draw_job(job: Job) -> None:
     if job.running:
         fraction = job.progress.get("fraction")
         what = " ".join(filter(None, (job.progress.get("desc"), job.progress.get("what")))) or job.state
+        what += progress_counts(job.progress, job.created, time.time())
         if job.state == "orphaned":
             what = f"its supervisor was killed; the verb (PID {job.verb_pid}) still runs and holds its outputs"
         c1, c2 = st.columns([5, 1])

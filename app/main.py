@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from app.state import device_picker, runs_root_picker
+from app.state import device_picker, runs_root_picker, threads_picker
 
 st.set_page_config(page_title="Latent workbench", page_icon=":material/science:", layout="wide")
 page = st.navigation(
@@ -19,4 +19,5 @@ page = st.navigation(
 )
 runs_root_picker()
 device_picker()
+threads_picker()
 page.run()

@@ -16,6 +16,7 @@ from workbench.runs import RunInfo, exposure_warning, find_run_dirs, list_runs, 
 from workbench.runtime.checkpoint import load_model
 from workbench.runtime.tokenizer import TokenizerBase, tokenizer_of
 from workbench.storage.outputs import holder
+from workbench.training.run import Run, RunTask
 
 ROOT_KEY, INPUT_KEY, REFUSED_KEY = "runs_root", "runs_root_input", "runs_root_refused"
 DEVICE_KEY = "device"
@@ -52,7 +53,7 @@ def runs_root_picker() -> None:
             "Runs directory",
             key=INPUT_KEY,
             on_change=_choose_root,
-            help=f"{app_root()} (the runs root) or a directory under it; its subdirectories (up to 3 levels deep) are run directories.",
+            help=f"{app_root()} (the runs root) or a directory under it; its subdirectories (up to 5 levels deep) are run directories.",
         )
         if refused := st.session_state.pop(REFUSED_KEY, None):
             st.error(refused)
@@ -145,6 +146,29 @@ def device_picker() -> None:
             st.error(problem)
 
 
+THREADS_KEY = "job_threads"
+
+
+def threads_picker() -> None:
+    """The sidebar's torch threads for analysis jobs, shared among the jobs running at once."""
+    with st.sidebar:
+        st.number_input(
+            "Job threads",
+            min_value=1,
+            max_value=max(1, os.cpu_count() or 1),
+            value=min(os.cpu_count() or 1, 4),
+            key=THREADS_KEY,
+            help="Torch threads of an analysis job (probes, dynamics, SAEs, traces): divided among the jobs running "
+            "when it starts, so jobs side by side do not oversubscribe the cores (1 each on 2 cores). `--threads` of the CLI.",
+        )
+
+
+def job_threads(running: int) -> int:
+    """Threads for a job that starts beside ``running`` others: the sidebar's budget divided among them."""
+    budget = int(st.session_state.get(THREADS_KEY) or min(os.cpu_count() or 1, 4))
+    return max(1, budget // (running + 1))
+
+
 def model(run: RunInfo):
     return model_at(run.path)
 
@@ -167,6 +191,43 @@ def tokenizer(run: RunInfo) -> TokenizerBase:
     except Exception as err:  # noqa: BLE001 - shown, not raised, like every failure of a computation
         st.error(f"Reading the tokenizer of {run.name} failed: {type(err).__name__}: {err}")
         st.stop()
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def _run_task(path: str, version: tuple) -> RunTask:
+    return Run.open(path).task
+
+
+def run_task_at(path: str | Path) -> RunTask:
+    """The task the run at ``path`` trained on (``Run.task``): every page's default input."""
+    return _run_task(str(path), stamp(Path(path), ("config.json",)))
+
+
+def run_task(run: RunInfo) -> RunTask:
+    return run_task_at(run.path)
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def _default_prompt(path: str, version: tuple) -> str | None:
+    task = Run.open(path).task
+    return None if task.spec is None else task.prompt(tokenizer=tokenizer_of(path))
+
+
+def default_prompt(run: RunInfo) -> str | None:
+    """The prompt of the first held-out problem of the run's own task; None where it records no task."""
+    return _default_prompt(str(run.path), stamp(run.path, ("config.json", *TOKENIZER_FILES)))
+
+
+def input_warnings(chosen: list[RunInfo], *, prompt: str | None = None, task: str | None = None) -> list[dict]:
+    """Each chosen run's input record (``RunTask.input_record``) for a prompt or task given on the
+    page, with a warning element for each run the input is not the task of."""
+    records = []
+    for run in chosen:
+        record = run_task(run).input_record(task, prompt=prompt, run=run.name)
+        if "warning" in record:
+            st.warning(record["warning"], icon=":material/warning:")
+        records.append(record)
+    return records
 
 
 def tokenizer_summary(tok: TokenizerBase) -> str:

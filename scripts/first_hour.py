@@ -15,7 +15,11 @@ background jobs a browser starts):
 
 The seconds of each step, what each showed, the commit, whether the tree was clean and the
 machine's load when it started are written to ``--out``; the README's first hour quotes it and a
-test holds the two together. The runs directory is kept (the screenshots are taken on it).
+test holds the two together. The walk runs on PyTorch's, MKL's and oneDNN's AVX2 paths with MKL's
+results pinned (``PINNED_NUMERICS``, inherited by every job), so its numbers are those of any
+machine with AVX2, and ``tests/integration/test_first_hour.py`` recomputes the probe from the
+recorded job arguments and must find the same numbers. The runs directory is kept (the
+screenshots are taken on it).
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ def wait_for_jobs(runs: Path) -> None:
 
 def walk(runs: Path, zoo: str = "quick") -> dict:
     from streamlit.testing.v1 import AppTest
+
+    from workbench.jobs import list_jobs
 
     os.environ["WORKBENCH_RUNS"] = str(runs)
     seconds, shown = {}, {}
@@ -85,6 +91,10 @@ def walk(runs: Path, zoo: str = "quick") -> dict:
     shown["layer-0 probe"] = {"target": target} | {
         "standard" if r["prefill"] == "standard" else f"recurrent K={r['passes']}": r["accuracy"] for r in layer0
     }
+    shown["layer-0 probe converged"] = all(r["converged"] for r in layer0)
+    # the job's arguments with the runs directory as RUNS: what the test replays
+    [job] = [j for j in list_jobs(runs) if j.argv[0] == "probe"]
+    shown["probe job"] = [a.replace(str(runs), "RUNS") for a in job.argv[: job.argv.index("--json")]]
 
     started = time.perf_counter()
     clean(at.switch_page("views/dynamics.py").run(), "dynamics")
@@ -94,8 +104,10 @@ def walk(runs: Path, zoo: str = "quick") -> dict:
     clean(at.run(), "dynamics after the analysis")
     seconds["analyse the feedback dynamics (defaults)"] = time.perf_counter() - started
     [dyn] = (runs / zoo / "fbt" / "results").glob("dynamics-*/dynamics.json")
-    lyapunov = json.loads(dyn.read_text())["runs"][f"{zoo}/fbt"]["lyapunov"]
-    shown["lyapunov"] = lyapunov
+    analysis = json.loads(dyn.read_text())["runs"][f"{zoo}/fbt"]
+    shown["dynamics input"] = analysis["input"] | {"prompt": analysis["prompt"]}
+    shown["lyapunov"] = analysis["lyapunov"]
+    shown["lyapunov tangent"] = {T: v[0] for T, v in analysis["lyapunov_tangent"].items()}
 
     for page in ("traces", "streams", "playground"):
         started = time.perf_counter()
@@ -114,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--zoo", default="quick", help="the zoo trained on the Runs page (micro: a minute's check of the walk)")
     parser.add_argument("--out", type=Path, default=OUT, help=f"where the record goes (default {OUT.relative_to(ROOT)})")
     args = parser.parse_args(argv)
+    from workbench.runtime.process import PINNED_NUMERICS  # torch-free: the environment is set before torch loads
+
+    os.environ.update(PINNED_NUMERICS)
     runs = args.runs or Path(tempfile.mkdtemp(prefix="first-hour-")) / "runs"
     if runs.exists() and any(runs.iterdir()):
         raise SystemExit(f"{runs}: not empty; the first hour starts from an empty runs directory")
@@ -127,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         "started": datetime.now(UTC).isoformat(timespec="seconds"),
         "runs": str(runs),
         "zoo": args.zoo,
+        "numerics": PINNED_NUMERICS,
     }
     record |= walk(runs, args.zoo)
     args.out.write_text(json.dumps(record, indent=2) + "\n")

@@ -71,6 +71,22 @@ def micro_runs(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def two_tasks(tmp_path_factory):
+    """``TASK/ARCH``: an FBT and an HD run of the flip-flop and of addition, trained 2 steps (a few
+    seconds): runs of two tasks, for tests of what an instrument feeds a run by default."""
+    from workbench.training.runconfig import make_run_config
+    from workbench.training.train import train
+
+    root = tmp_path_factory.mktemp("two-tasks")
+    short = ["train.steps=2", "train.batch_size=2", "train.seq_len=32", "train.eval_examples=0", "data.n_train=50"]
+    for task, settings in {"flipflop": ["data.flipflop_bits=1"], "addition": []}.items():
+        for arch in ("fbt", "hd"):
+            config = make_run_config(arch, "debug", task, [*short, *settings, "data.loss_on=completion"])
+            train(config, root / task / arch, progress=False)
+    return root
+
+
+@pytest.fixture(scope="session")
 def micro_study(tmp_path_factory):
     """The data-efficiency study on the micro zoo at two seeds, once per test session (~2 min)."""
     from workbench.cli import main

@@ -105,9 +105,11 @@ def test_the_readmes_claim_counts_are_the_claims_tables():
     found = {v: int(n) for n, v in re.findall(r"\*\*(\d+) (reproduced at this scale|not reproduced|not testable here)\*\*", text)}
     assert found == {v: n for v, n in verdicts.items() if v != "not measured yet"} and "not measured yet" not in verdicts
     untestable = [r["why"] for r in rows if r["verdict"] == "not testable here"]
-    reasons = [sum(key in why for why in untestable) for key in ("at the ceiling", "cannot show", "sign test")]
+    keys = ("at the ceiling", "cannot show", "sign test", "chain prompt")
+    reasons = [sum(key in why for why in untestable) for key in keys]
     assert sum(reasons) == len(untestable)
     assert (
-        "({} at an organism's ceiling, {} where the claim cannot show on the organism, {} where a sign test".format(*reasons)
+        "({} at an organism's ceiling, {} where the claim cannot show on the organism, {} where a sign test".format(*reasons[:3])
         in text
     )
+    assert f"{reasons[3]} where the rollouts continued a chain prompt" in text

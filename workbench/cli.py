@@ -101,6 +101,7 @@ def cmd_app(args) -> dict:
     runs = Path(args.runs)
     if runs.exists() and not runs.is_dir():
         raise BadInput(f"--runs {runs}: expected a directory of run directories, got a file")
+    script = app_script()  # what is missing first: a free port is no use without streamlit
     port_free(args.address, args.port)
     if warning := exposure_warning(args.address, runs):
         print(f"workbench app: warning: {warning}", file=sys.stderr, flush=True)
@@ -109,7 +110,7 @@ def cmd_app(args) -> dict:
         "-m",
         "streamlit",
         "run",
-        str(app_script()),
+        str(script),
         "--server.address",
         args.address,
         "--server.port",
@@ -622,7 +623,7 @@ def cmd_zoo(args) -> dict:
     else:
         from workbench.training.zoo import train_zoo
 
-        out = Path(args.out) if args.out is not None else Path("runs")
+        out = Path(args.out) if args.out is not None else Path("runs") / args.preset
         summary = train_zoo(
             args.preset,
             out,
@@ -654,8 +655,8 @@ def _add_zoo(sub) -> None:
     p.add_argument(
         "--out",
         default=None,
-        help="directory (default: runs; organisms: runs/organisms; with --study: runs/studies/STUDY, "
-        "on an organism runs/organisms/TASK/studies/STUDY)",
+        help="directory (default: runs/PRESET, as the app trains them; organisms: runs/organisms; with --study: "
+        "runs/studies/STUDY, on an organism runs/organisms/TASK/studies/STUDY)",
     )
     # comparisons.STUDIES (a test keeps them equal), spelled here to keep torch out of the parser
     p.add_argument(
@@ -694,11 +695,17 @@ def cmd_cache(args) -> dict:
     from workbench.data.splits import heldout_task
     from workbench.probing.store import cache_activations
     from workbench.runtime.checkpoint import resolve_model
-    from workbench.training.runconfig import task_config
+    from workbench.training.run import run_task
 
+    own = run_task(args.run)  # none recorded for ARCH:PRESET
+    task = args.task or own.spec
+    if task is None:
+        raise BadInput(f"{args.run} records no task: give --task")
+    source = own.input_record(task, run=args.run)
     model = resolve_model(args.run, device=args.device, dtype=_dtype(args))
     tokenizer = _tokenizer_for(args.run)
-    examples = heldout_task(args.task, args.n, args.seed, task_config(args.run), tokenizer)[: args.n]  # the run's own problems
+    data = own.settings if task == own.spec else None
+    examples = heldout_task(task, args.n, args.seed, data, tokenizer)[: args.n]
     started = time.perf_counter()
     out = cache_activations(
         model,
@@ -716,6 +723,7 @@ def cmd_cache(args) -> dict:
 
     meta["peak_rss_mib"] = peak_rss_mib()
     meta["seconds"] = round(time.perf_counter() - started, 1)
+    meta["input"] = source
     print(
         f"stored {meta['n_rows']} rows ({len(meta['hooks'])} hooks, labels {meta['labels']}) in {out} "
         f"in {meta['seconds']}s; peak resident memory {meta['peak_rss_mib']} MiB"
@@ -728,7 +736,7 @@ def _add_cache(sub) -> None:
     p = sub.add_parser("cache", help="store hook activations with per-position labels as an Arrow dataset")
     p.add_argument("run", help="run directory, or ARCH:PRESET[:SEED] for a fresh model")
     p.add_argument("--hooks", nargs="+", required=True, help="hook names or glob patterns, e.g. 'blocks.*.hook_resid_post'")
-    p.add_argument("--task", default="modsum")
+    p.add_argument("--task", default=None, help="a task spec (default: the run's own task)")
     p.add_argument("--n", type=int, default=1000, help="held-out sequences to store")
     _renamed(p, "--n-sequences", "--n", "n", int)
     p.add_argument("--prefill", choices=["standard", "recurrent"], default="standard")
@@ -748,7 +756,7 @@ def cmd_sae(args) -> dict:
     from workbench.probing.sae_study import sae_study
     from workbench.runtime.progress import Bar
 
-    with Bar(f"sae {args.hook}", 1000, show=not args.no_progress, bar_format="{l_bar}{bar}| {postfix}") as bar:
+    with Bar(f"sae {args.hook}", 1000, show=not args.no_progress, bar_format=FRACTION_BAR) as bar:
         report = sae_study(
             args.run,
             args.hook,
@@ -824,7 +832,7 @@ def cmd_probe(args) -> dict:
         out, report_name = str(Path(out).parent), Path(out).name
         print(f"workbench: --out FILE.json is deprecated and will be removed: use --out {out} (a directory)", file=sys.stderr)
     # the bar opens with its first update, once the inputs are checked
-    with Bar(f"probe {args.target}", 1000, show=not args.no_progress, bar_format="{l_bar}{bar}| {postfix}") as bar:
+    with Bar(f"probe {args.target or ''}".strip(), 1000, show=not args.no_progress, bar_format=FRACTION_BAR) as bar:
         report = probe_study(
             args.run,
             args.target,
@@ -838,6 +846,7 @@ def cmd_probe(args) -> dict:
             device=args.device,
             overwrite=args.overwrite,
             mdl=not args.no_mdl,
+            mdl_hooks=args.mdl_hooks,
             ranks=RANKS if args.ranks is None else args.ranks,
             progress=lambda fraction, what: bar.update(round(1000 * fraction), what),
         )
@@ -861,7 +870,12 @@ def _add_probe(sub) -> None:
     """``workbench probe``'s arguments."""
     p = sub.add_parser("probe", help="layer-0 study: linear probes by hook x prefill regime")
     p.add_argument("run")
-    p.add_argument("--target", required=True, help="label to probe: running_sum (modsum), memory (flipflop), value (chain)")
+    p.add_argument(
+        "--target",
+        default=None,
+        help="label to probe: memory (flipflop), perm_state (perm), carry (addition), running_sum (modsum), value (chain); "
+        "default: the run's own task's",
+    )
     p.add_argument("--hooks", nargs="+", default=None, help="default: blocks.0.hook_resid_pre and every hook_resid_post")
     p.add_argument(
         "--passes",
@@ -875,6 +889,12 @@ def _add_probe(sub) -> None:
     _renamed(p, "--n-sequences", "--n", "n", int)
     p.add_argument("--seed", type=_seed, default=0)
     p.add_argument("--no-mdl", action="store_true", help="skip the online-code description lengths (the slowest measure)")
+    p.add_argument(
+        "--mdl-hooks",
+        nargs="+",
+        default=None,
+        help="description lengths at these hooks only (names or patterns; default: every hook)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(
         "--ranks",
@@ -932,8 +952,9 @@ def cmd_dynamics(args) -> dict:
         full = " ".join(f"T={t}: {v[0]:+.3f}" for t, v in r["lyapunov_tangent_full"].items())
         rho = " ".join(f"{s['spectral_radius']:.2f}" for s in r["spectra"])
         fps = [(len(f["points"]), sum(p["stable"] for p in f["points"])) for f in r["fixed_points"]]
+        source = r["input"]["input_task"] + ("" if "warning" in r["input"] else ", the run's task")
         print(
-            f"{name}: {r['horizon']} steps{' (' + r['stopped'] + ')' if r['stopped'] else ''}; "
+            f"{name} ({source}): {r['horizon']} steps{' (' + r['stopped'] + ')' if r['stopped'] else ''}; "
             f"final ||h|| {r['per_step']['state_norm'][-1]:.2f}; Lyapunov (perturbation) {lyap}; "
             f"leading Lyapunov exponent (tangent through F_t) {tangent}; (tangent through the whole step) {full}; "
             f"spectral radius along rollout {rho}; "
@@ -961,7 +982,11 @@ def _add_dynamics(sub) -> None:
     p.add_argument(
         "--tangents", type=int, default=DYNAMICS["tangents"], help="leading Lyapunov exponents from tangent vectors (1..64)"
     )
-    p.add_argument("--prompt", default=None, help="the text the rollout continues (default: a chain problem)")
+    p.add_argument(
+        "--prompt",
+        default=None,
+        help="the text the rollout continues (default: the first held-out problem of each run's own task)",
+    )
     p.add_argument(
         "--names", nargs="+", default=None, help="what the results call each run, one per run (default: their directory names)"
     )
@@ -984,8 +1009,7 @@ def cmd_traces(args) -> dict:
 
     default_out(args, "traces")
     # the bar opens with its first update, once the inputs are checked
-    bar_format = "{l_bar}{bar}| {elapsed}<{remaining} {postfix}"
-    with Bar("traces", 1000, show=not args.no_progress, bar_format=bar_format) as bar:
+    with Bar("traces", 1000, show=not args.no_progress, bar_format=FRACTION_BAR) as bar:
         summary = trace_study(
             args.runs,
             args.out,
@@ -1004,6 +1028,7 @@ def cmd_traces(args) -> dict:
             device=args.device,
             progress=lambda fraction, what: bar.update(round(1000 * fraction), what),
         )
+    print(f"task: {summary['task']} ({summary['n_problems']} problems, difficulties {summary['difficulties']})")
     for key, g in summary["groups"].items():
         print(
             f"{key:24s} mean trace {g['mean_trace']:6.1f}  median {g['median_trace']:6.1f}  accuracy {g['accuracy']:.3f}  "
@@ -1031,7 +1056,11 @@ def _add_traces(sub) -> None:
     """``workbench traces``'s arguments."""
     p = sub.add_parser("traces", help="trace lengths and accuracy per model and regime on the same problems")
     p.add_argument("runs", nargs="+", help="run directories; the first one's first regime is the paired reference")
-    p.add_argument("--task", default="chain", help="chain | addition | gsm8k-jsonl:PATH")
+    p.add_argument(
+        "--task",
+        default=None,
+        help="chain | addition | gsm8k-jsonl:PATH | prepared:DIR (default: the first run's own task, held-out problems)",
+    )
     p.add_argument(
         "--names", nargs="+", default=None, help="what the results call each run, one per run (default: their directory names)"
     )
@@ -1046,7 +1075,7 @@ def _add_traces(sub) -> None:
         "--difficulty",
         type=_difficulty_range,
         default=None,
-        help="steps, e.g. 1..4 or 1,3 (default: 1..4 for chain, any for a file)",
+        help="steps (chain) or digits (addition), e.g. 1..4 or 1,3 (default: the run's range; any for a file or corpus)",
     )
     p.add_argument("--max-new-tokens", type=int, default=160)
     p.add_argument(
@@ -1132,6 +1161,11 @@ def check_runs_first(args) -> None:
             )
         if args.verb == "dynamics":
             raise BadInput(f"{value}: a {arch} run; dynamics analyses FBT runs (the feedback map)")
+
+
+# a bar counting thousandths of a verb's work: its percentage, elapsed and remaining time, and what it
+# does (tqdm writes the postfix as ", TEXT")
+FRACTION_BAR = "{l_bar}{bar}| [{elapsed}<{remaining}]{postfix}"
 
 
 def default_out(args, verb: str) -> None:

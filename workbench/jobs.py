@@ -322,6 +322,11 @@ _PROGRESS = {
     "desc": (*_TEXT, False),
     "what": (*_TEXT, False),
     "updated": (*_TIME, False),
+    "n": (lambda v: _is_number(v) and v >= 0, "a count (a number >= 0)", False),
+    "total": (lambda v: _is_number(v) and v > 0, "a total (a number > 0)", False),
+    "unit": (*_TEXT, False),
+    "started": (*_TIME, False),
+    "milestone": (lambda v: type(v) is int and v >= 0, "a whole number >= 0", False),
 }
 
 

@@ -16,6 +16,8 @@ from workbench.training.metrics import read_metrics
 from workbench.training.runconfig import run_config_from_dict
 
 SKIP = {"train_state", "results", "probes"}
+# how deep runs lie under a root: an organism study's members are organisms/TASK/studies/STUDY/MEMBER
+MAX_DEPTH = 5
 PLOTTED = ("loss", "lr", "tokens_per_s")  # what the Runs page draws of every metrics record
 
 
@@ -45,7 +47,7 @@ class RunInfo:
         return self.metrics[-1]["step"] if self.metrics else None
 
 
-def _walk(root: Path, max_depth: int = 3) -> list[tuple[Path, OSError | None]]:
+def _walk(root: Path, max_depth: int = MAX_DEPTH) -> list[tuple[Path, OSError | None]]:
     """(run directory, None) for each directory holding a config.json, and (directory, error) for
     each one that cannot be looked into: it may hold runs, so it is reported rather than skipped."""
     if not root.is_dir():
@@ -67,7 +69,7 @@ def _walk(root: Path, max_depth: int = 3) -> list[tuple[Path, OSError | None]]:
     return sorted(found, key=lambda entry: entry[0])
 
 
-def find_run_dirs(root: str | Path, max_depth: int = 3) -> list[Path]:
+def find_run_dirs(root: str | Path, max_depth: int = MAX_DEPTH) -> list[Path]:
     """Directories under ``root`` (itself included) that hold a ``config.json`` and a
     ``model.safetensors`` (or only a config: an unfinished or broken run), and those that cannot be
     read (``list_runs`` reports them), sorted by path. Never raises for what lies under ``root``."""

@@ -10,9 +10,9 @@ import streamlit as st
 import torch
 
 from app import jobs
-from app.state import find, pick_run, runs, shown_errors
+from app.state import default_prompt, find, follow, input_warnings, pick_run, runs, shown_errors
 from workbench.dynamics.defaults import DEFAULTS
-from workbench.dynamics.study import DEFAULT_PROMPT, read_study, state_pca
+from workbench.dynamics.study import read_study, state_pca
 
 st.title("Feedback dynamics")
 st.caption(
@@ -45,10 +45,23 @@ with st.expander("Spectra and fixed points"):
     n_spectra = d1.number_input("Steps with a spectrum", 1, 12, DEFAULTS["n_spectra"], key="dyn_spectra")
     n_starts = d2.number_input("Fixed-point starts", 2, 64, DEFAULTS["n_starts"], key="dyn_starts")
     fp_steps = d3.number_input("Fixed-point Newton iterations", 2, 500, DEFAULTS["fp_steps"], key="dyn_fp_steps")
-prompt = st.text_area("Prompt", DEFAULT_PROMPT, key="dyn_prompt", height=68)
+own = {run.name: default_prompt(run) for run in chosen}
+first = own[chosen[0].name] or ""
+follow("dyn_prompt", tuple(own.items()), first)
+prompt = st.text_area(
+    "Prompt",
+    key="dyn_prompt",
+    height=68,
+    help="By default each run continues the first held-out problem of its own task; an edited prompt is given to every run.",
+)
 if not prompt:
     st.error("The prompt is empty: the rollout continues a prompt.")
     st.stop()
+by_hand = prompt != first
+if by_hand:
+    input_warnings(chosen, prompt=prompt)
+elif len(chosen) > 1 and len(set(own.values())) > 1:
+    st.caption("Each run continues the first held-out problem of its own task (shown: the first run's).")
 if perturb_at >= horizon:
     st.error(f"Perturb at step {perturb_at} must come before the horizon ({horizon} steps).")
     st.stop()
@@ -65,7 +78,7 @@ settings = {
     "--starts": int(n_starts),
     "--fp-steps": int(fp_steps),
     "--max-passes": int(max_passes),
-    "--prompt": prompt,
+    **({"--prompt": prompt} if by_hand else {}),
 }
 out = jobs.keyed_output("dynamics", chosen, settings)
 jobs.panel("dynamics")
@@ -96,6 +109,11 @@ columns = st.columns(len(results))
 for col, (name, (r, states)) in zip(columns, results.items()):
     with col:
         st.subheader(name)
+        source = r.get("input") or {}
+        if "warning" in source:
+            st.warning(source["warning"], icon=":material/warning:")
+        elif source:
+            st.caption(f"Input: {source['input_task']}, the run's own task ({r['prompt'][:60]!r}).")
         if r["stopped"]:
             st.warning(f"Rollout stopped: {r['stopped']}")
         lyap, tangent, full = r["lyapunov"], r.get("lyapunov_tangent", {}), r.get("lyapunov_tangent_full", {})

@@ -5,8 +5,20 @@ an imported model, whose prompt can also go through its chat template)."""
 import streamlit as st
 
 from app.charts import intervention_label, state_norms
-from app.state import find, follow, model, pick_run, runs, show_text, shown_errors, token_strip, tokenizer, tokenizer_summary
-from workbench.dynamics.study import DEFAULT_PROMPT
+from app.state import (
+    default_prompt,
+    find,
+    follow,
+    input_warnings,
+    model,
+    pick_run,
+    runs,
+    show_text,
+    shown_errors,
+    token_strip,
+    tokenizer,
+    tokenizer_summary,
+)
 from workbench.studies.playground import FED_BACK, Intervention, inspect_generation
 
 st.title("Playground")
@@ -15,7 +27,18 @@ if run is None:
     st.stop()
 tok = tokenizer(run)
 st.caption(f"Tokenizer: {tokenizer_summary(tok)}. Each box below is one generated token.")
-prompt = st.text_area("Prompt", DEFAULT_PROMPT, key="pg_prompt", height=80)
+own = default_prompt(run)
+follow("pg_prompt", (run.name, own), own or "")
+prompt = st.text_area(
+    "Prompt",
+    key="pg_prompt",
+    height=80,
+    help="By default the first held-out problem of the run's own task"
+    + ("" if own is not None else " (this run records none: an imported model; type any text)")
+    + ".",
+)
+if prompt and prompt != own:
+    input_warnings([run], prompt=prompt)
 chat = bool(tok.chat_template) and st.checkbox(
     "Chat format",
     value=False,
@@ -92,9 +115,14 @@ for out in st.session_state.get("playground", []):
     st.markdown(f"**{out['regime']}**{label}" + ("" if out["finished"] else " (budget ran out before <eos>)"))
     rows = {"||h||": out["state_norm"]}
     if any(g is not None for g in out["gate_mean"]):
-        rows |= {"gate": out["gate_mean"], "||W_U h||": out["value_norm"]}
+        rows |= {"gate sd": out.get("gate_sd", []), "||W_U h||": out["value_norm"]}
     st.html(token_strip(out["tokens"], rows, shade="||h||"))
     show_text(out["text"])
+if any(g is not None for out in st.session_state.get("playground", []) for g in out["gate_mean"]):
+    st.caption(
+        "gate sd: the spread over d_model of the gate sigmoid(W_G e) each fed-back token re-entered with (its mean sits "
+        "near 0.5 whatever passes); ||W_U h||: the norm of the value path, the carried state's contribution."
+    )
 if st.session_state.get("playground"):
     arch = st.session_state.get("playground_arch", run.arch)
     st.altair_chart(state_norms(st.session_state["playground"], arch), width="stretch")

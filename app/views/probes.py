@@ -7,9 +7,8 @@ import streamlit as st
 
 from app import jobs
 from app.charts import probe_depths
-from app.state import find, follow, pick_run, runs, shown_errors, tokenizer, tokenizer_summary
-from workbench.data.tasks import LABELS
-from workbench.probing.study import N_SEQUENCES, default_hooks
+from app.state import find, follow, input_warnings, pick_run, run_task, runs, shown_errors, tokenizer, tokenizer_summary
+from workbench.probing.study import N_SEQUENCES, TARGET_TASK, default_hooks, default_target
 from workbench.storage.errors import BadInput
 from workbench.storage.files import read_json
 
@@ -68,6 +67,9 @@ def probe_report(path: Path) -> tuple[dict, pd.DataFrame]:
     return report, table
 
 
+LAYER0 = "blocks.0.hook_resid_pre"
+MEMORISED = 0.99  # control accuracy at which the control task is memorised, not read
+
 st.title("Probes")
 st.caption("Does recurrent (K-pass) prefill expose a global state at the bottom of the stack, where standard prefill does not?")
 run = pick_run("Run", key="probe_run", default=find(runs(), "fbt"))
@@ -80,15 +82,20 @@ if tok.kind != "char":
         "each token takes the label of the character it ends at (a token ending inside a character is not probed)."
     )
 
-targets = sorted(label for labels in LABELS.values() for label in labels)
+own = run_task(run)
+targets = sorted(TARGET_TASK)
+follow("probe_target", run.name, default_target(own) if own.labels else "memory")
 c1, c2, c3 = st.columns(3)
 target = c1.selectbox(
     "Target",
     targets,
-    index=targets.index("memory"),
     key="probe_target",
-    help="memory: the flip-flop's stored bit; running_sum: modsum's running sum; value: chain's current value",
+    format_func=lambda t: f"{t} (the run's task)" if t in own.labels else t,
+    help="memory: the flip-flop's stored bit; perm_state: the running product; carry: addition's carry; running_sum: "
+    "modsum's running sum; value: chain's current value. Each is probed on held-out problems of its own task.",
 )
+if target not in own.labels:
+    input_warnings([run], task=TARGET_TASK[target])
 n_sequences = c2.number_input("Sequences", min_value=10, max_value=20000, value=N_SEQUENCES, step=50, key="probe_n")
 n_layers = run.config["model"]["n_layers"]
 every_hook = default_hooks(n_layers)
@@ -101,11 +108,12 @@ if run.arch == "fbt":
     exact = c5.checkbox("Also the exact recurrence", value=True, key="probe_exact")
 
 with_capacity = st.checkbox(
-    "Capacity measures (online-code MDL and rank-limited probes)",
+    "Capacity measures at every depth (online-code MDL and rank-limited probes)",
     value=False,
     key="probe_capacity",
     help="What a probe's accuracy alone cannot tell: how much structure it needed. They cost more than the probes "
-    "themselves (on the quick zoo's fbt at the defaults: 301 s with them, 147 s without).",
+    "themselves (on the quick zoo's fbt at the defaults: 301 s with them, 147 s without); without this box the "
+    "online-code MDL is measured at layer 0 only.",
 )
 
 saved = run.path / "results" / f"probe_{target}.json"
@@ -120,7 +128,7 @@ if st.button(label, key="probe_train", type="primary", disabled=bool(busy)):
         argv = ["probe", str(run.path), "--target", target, "--n", str(int(n_sequences)), "--hooks", *hooks]
         argv += ["--passes", ",".join(map(str, passes))] if passes else []
         argv += [] if exact else ["--no-exact"]
-        argv += [] if with_capacity else ["--no-mdl", "--ranks", "none"]
+        argv += [] if with_capacity else ["--mdl-hooks", LAYER0, "--ranks", "none"]
         argv += ["--overwrite"] if previous else []
         if jobs.start(argv, title=f"Probe {target} on {run.name}", page="probes", outputs=outputs):
             st.rerun()
@@ -150,14 +158,31 @@ if len(layer0):
     cols = st.columns(len(layer0))
     for col, (_, r) in zip(cols, layer0.iterrows()):
         change = None if r["prefill"] == "standard" or base.empty else round(r["accuracy"] - base.iloc[0], 3) + 0.0
+        compression = r.get("compression")
+        described = compression is not None and compression == compression  # NaN: not measured at this hook
         # a change that rounds to 0 is shown as +0.000 without a colour (it read -0.000 in red)
         col.metric(
-            r["regime"],
+            r["regime"] + ("" if r["converged"] else " (not converged)"),
             f"{r['accuracy']:.3f}",
             None if change is None else f"{change:+.3f} vs standard",
             delta_color="normal" if change else "off",
             delta_arrow="auto" if change else "off",
-            help=f"chance {r['chance']:.3f}, control {r['control_accuracy']:.3f}",
+            help=f"chance {r['chance']:.3f}, control {r['control_accuracy']:.3f}"
+            + (f", MDL compression {compression:.2f} (control {r['control_compression']:.2f})" if described else ""),
+        )
+        if described:
+            col.caption(f"MDL compression {compression:.2f} (control {r['control_compression']:.2f})")
+    unconverged = layer0[~layer0["converged"]]["regime"].tolist()
+    if unconverged:
+        st.warning(
+            f"The layer-0 probe of {', '.join(unconverged)} did not converge (its solver stopped at its iteration "
+            "limit): that accuracy may understate what a linear probe reads there; compare the converged ones."
+        )
+    if (layer0["control_accuracy"] >= MEMORISED).any():
+        st.info(
+            f"The control task (token identity) is solved by memorisation at layer 0 (control accuracy >= {MEMORISED}): "
+            "selectivity (probe minus control accuracy) says nothing there. The MDL compression (uniform code / online "
+            "code, real labels against control labels) is the measure that does."
         )
 
 st.subheader("Accuracy by depth")

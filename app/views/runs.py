@@ -131,6 +131,15 @@ with curves:
             st.altair_chart(stage_losses(wide), width="stretch")  # a stage logged once is a point
         else:
             st.line_chart(df, x="step", y="loss", y_label="loss")
+        loss_on = run.config.get("data", {}).get("loss_on", "all")
+        st.caption(
+            "The loss is on the positions training scored: "
+            + (
+                "the completions (data.loss_on=completion); a prompt's tokens are read, not predicted."
+                if loss_on == "completion"
+                else "every position (data.loss_on=all)."
+            )
+        )
         left, right = st.columns(2)
         left.line_chart(df, x="step", y="lr", height=200)
         right.line_chart(df, x="step", y="tokens_per_s", height=200)

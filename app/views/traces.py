@@ -8,8 +8,22 @@ import streamlit as st
 
 from app import jobs
 from app.charts import accuracy_by_length, trace_histogram
-from app.state import find, follow, pick_run, pieces, runs, show_text, shown_errors, token_strip, tokenizer, tokenizer_summary
-from workbench.studies.traces import CHAT_INSTRUCTION, chat_problem, problems, read_study
+from app.state import (
+    find,
+    follow,
+    input_warnings,
+    pick_run,
+    pieces,
+    run_task,
+    runs,
+    show_text,
+    shown_errors,
+    token_strip,
+    tokenizer,
+    tokenizer_summary,
+)
+from workbench.storage.errors import BadInput
+from workbench.studies.traces import CHAT_INSTRUCTION, chat_problem, default_difficulties, read_study, study_problems
 
 UNITS = {"tokens": "trace_tokens", "characters": "trace_chars"}
 
@@ -27,6 +41,27 @@ if not chosen:
     st.stop()
 tokenizers = {run.name: tokenizer(run) for run in chosen}
 templated = [name for name, tok in tokenizers.items() if tok.chat_template]
+own = run_task(chosen[0])
+try:
+    own_trace = own.trace_task()
+except BadInput as err:
+    if own.kinds:  # answered by one token: nothing to measure, whatever other problems are offered
+        st.info(f"{chosen[0].name}: {err}.")
+        st.stop()
+    own_trace = None
+offered = list(dict.fromkeys([*([own_trace] if own_trace else []), "chain", "addition"]))
+follow("tr_task", (chosen[0].name, own_trace), offered[0])
+task = st.selectbox(
+    "Problems",
+    offered,
+    key="tr_task",
+    format_func=lambda t: f"{t} (the run's own task, held out)" if t == own_trace else t,
+    help=f"Held-out problems of the first run's own task ({own.name}) by default.",
+)
+if task != own_trace:
+    input_warnings(chosen, task=task)
+settings_of_task = own.settings if task in own.kinds else None
+graded = default_difficulties(task, settings_of_task)
 c1, c2, c3, c4 = st.columns(4)
 regimes = c1.multiselect(
     "FBT regimes",
@@ -36,7 +71,17 @@ regimes = c1.multiselect(
     help="Other architectures always decode in the standard regime.",
 )
 passes = c2.number_input("Fused prefill K", min_value=1, max_value=64, value=2, key="tr_passes")
-difficulties = c3.multiselect("Difficulties (steps)", [1, 2, 3, 4, 5, 6], default=[1, 2, 3, 4], key="tr_difficulty")
+if graded is None:
+    difficulties = []
+    c3.caption("Difficulties: every problem of the file or corpus")
+else:
+    follow("tr_difficulty", (task, tuple(graded)), graded)
+    difficulties = c3.multiselect(
+        f"Difficulties ({'steps' if task == 'chain' else 'digits'})",
+        list(range(1, max(graded) + 4)),
+        key="tr_difficulty",
+        help="The run's training range by default; larger ones test beyond it.",
+    )
 n_problems = c4.number_input("Problems", min_value=1, max_value=2000, value=24, step=8, key="tr_n")
 max_new = st.slider(
     "Token budget per trace", 16, 256, 160, key="tr_budget", help="In each run's own tokens (a subword holds several characters)."
@@ -59,10 +104,11 @@ chat = bool(templated) and st.checkbox(
 by_name = {run.name: run for run in chosen}  # paths under the runs root: micro/fbt and quick/fbt compare
 as_chat = [run.name for run in chosen if chat and run.name in templated]
 settings = {
+    "--task": task,
     "--regimes": ",".join(regimes),
     "--passes": int(passes),
     "--n": int(n_problems),
-    "--difficulty": ",".join(map(str, sorted(difficulties))),
+    **({"--difficulty": ",".join(map(str, sorted(difficulties)))} if graded is not None else {}),
     "--max-new-tokens": int(max_new),
     **({"--chat": ",".join(as_chat)} if as_chat else {}),
 }
@@ -72,7 +118,7 @@ if not (out / "summary.json").is_file():
     if jobs.running("traces", out):
         st.info(f"Generating traces of {', '.join(by_name)}: the comparison appears here when the job is done.")
     elif st.button("Compare", key="tr_compare", type="primary"):
-        if not regimes or not difficulties:
+        if not regimes or (graded is not None and not difficulties):
             st.error("Pick at least one regime and one difficulty.")
         else:
             argv = ["traces", *(str(r.path) for r in chosen), "--out", str(out), "--names", *by_name]
@@ -86,11 +132,14 @@ if not (out / "summary.json").is_file():
 summary = study = None
 with shown_errors("Reading the comparison"):
     summary, saved = read_study(out, list(by_name))
-    examples = problems(summary["task"], summary["n_problems"], summary["difficulties"])
+    examples = study_problems(summary, tokenizers[chosen[0].name])
     study = pd.DataFrame(saved)
     st.caption(f"Saved comparison: {out}")
 if summary is None or study is None:
     st.stop()
+for record in (summary.get("inputs") or {}).values():
+    if "warning" in record:
+        st.warning(record["warning"], icon=":material/warning:")
 chat_runs = set((summary["chat"] or {}).get("runs", []))
 mixed = len({tok.tokenizer.to_str() for tok in tokenizers.values()}) > 1
 if st.session_state.get("tr_shown") != str(out):  # a new comparison: its unit by default

@@ -116,13 +116,14 @@ if study:
 st.subheader("Members across seeds")
 task = st.radio("Task", sorted(rows["task"].unique()), horizontal=True, key="zoo_task")
 shown = rows[rows["task"] == task].assign(  # an accuracy's interval is drawn inside [0, 1]
-    low=lambda d: d["low"].clip(0, 1), high=lambda d: d["high"].clip(0, 1)
+    low=lambda d: d["low"].astype(float).clip(0, 1), high=lambda d: d["high"].astype(float).clip(0, 1)
 )
 st.altair_chart(member_accuracy(shown, task).properties(height=320), width="stretch")
 st.dataframe(shown, hide_index=True)
 st.caption(
-    "Points: mean accuracy across seeds; bars: the 95% interval (none with one seed). 'qualified seeds' counts "
-    "the seeds that reached every competence target (docs/training.md)."
+    "Points: mean accuracy across seeds; bars: the 95% interval (none with one seed: low and high empty). "
+    "'qualified seeds' counts the seeds whose accuracy in that row's regime reached the task's competence target "
+    "(docs/training.md); a member qualifies on its standard row."
 )
 
 analyses = {}

@@ -184,3 +184,25 @@ def test_a_claim_of_more_accuracy_over_a_member_at_the_ceiling_is_not_testable()
     assert row["verdict"] == claims.NOT_TESTABLE and "hd4 answers 1.000 and hd4-cross-every-layer answers 1.000" in row["why"]
     hd["readings"]["hd4"]["accuracy"]["mean"] = 0.8
     assert claims.read_claim(CLAIM["hd-few-cross-layers"], "perm", hd)["verdict"] == claims.REPRODUCED
+
+
+def _three_pass(inputs: list[dict | None]) -> dict:
+    """A three-pass study whose 3% fraction contracts detectably (lambda(1000) lower by 0.5 at every
+    seed), its per-seed rollouts with ``inputs`` (None: a row made before rollouts recorded one)."""
+    rng = np.random.default_rng(2)
+    none = rng.normal(0.0, 0.05, size=(len(inputs), 1))
+    cells = {"fbt-3pass0.03 - fbt-3pass0: lambda(1000)": stats.paired_difference(none, none - 0.5)}
+    rows = [{"lyapunov_tangent": {"1000": -0.5}, **({} if i is None else {"input": i})} for i in inputs]
+    models = {f"fbt-3pass0-seed{s}": {"member": "fbt-3pass0", "competence": {"qualified": True}} for s in range(len(inputs))}
+    readings = {"fbt-3pass0.03": {"per_seed": rows}, "fbt-3pass0": {"per_seed": rows}}
+    return {"study": "three-pass", "models": models, "family": stats.family(cells), "readings": readings}
+
+
+def test_a_contraction_read_on_another_tasks_prompt_is_not_testable():
+    own = {"run_task": "flipflop", "input_task": "flipflop"}
+    assert claims.read_claim(CLAIM["fbt-contraction"], "flipflop", _three_pass([own] * 5))["verdict"] == claims.REPRODUCED
+    before = claims.read_claim(CLAIM["fbt-contraction"], "flipflop", _three_pass([None] * 5))
+    assert before["verdict"] == claims.NOT_TESTABLE and before["why"].startswith("its rollouts continued a chain prompt")
+    chain = {"run_task": "flipflop", "input_task": "chain", "warning": "fbt trained on flipflop, and this input is chain: ..."}
+    other = claims.read_claim(CLAIM["fbt-contraction"], "flipflop", _three_pass([own] * 4 + [chain]))
+    assert other["verdict"] == claims.NOT_TESTABLE and "this input is chain" in other["why"]

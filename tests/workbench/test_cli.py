@@ -139,12 +139,18 @@ def test_bad_training_arguments_are_usage_errors(argv, match, capsys, tmp_path, 
 
 
 def test_app_without_streamlit_names_the_extra(monkeypatch):
-    """The app is an install extra: without streamlit, ``workbench app`` says which, before starting anything."""
+    """The app is an install extra: without streamlit, ``workbench app`` says which, before starting
+    anything and before it looks at the port (here one that is taken, as 8501 is while an app runs)."""
     import importlib.util
+    import socket
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "streamlit" else real(name, *a))
-    assert_usage_error(["app", "--runs", "."], "streamlit is not installed", "pip install -e '.[app]'")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        assert_usage_error(["app", "--runs", ".", "--port", port], "streamlit is not installed", "pip install -e '.[app]'")
 
 
 def test_resume_refuses_flags_it_would_ignore(tmp_path):
@@ -468,7 +474,7 @@ def test_the_dynamics_analysis_tells_each_phase_its_own_count(tmp_path):
 
     run = save_model(build_model("fbt", "debug"), tmp_path / "run")
     told = []
-    analyse_run(run, horizon=12, perturb_at=3, n_spectra=3, n_fixed=2, n_starts=2, max_passes=2, fp_steps=2, tangents=1,
+    analyse_run(run, prompt="Q: Start with 3.", horizon=12, perturb_at=3, n_spectra=3, n_fixed=2, n_starts=2, max_passes=2, fp_steps=2, tangents=1,
                 progress=lambda *a: told.append(a))  # fmt: skip
     phases = list(dict.fromkeys(p for p, _, _ in told))
     runs = [p for i, (p, _, _) in enumerate(told) if i == 0 or told[i - 1][0] != p]

@@ -101,10 +101,10 @@ def test_a_bug_exits_1_with_its_traceback():
         ),
         (["eval", "OUT"], "OUT: no such run directory"),
         (
-            ["cache", "fbt:debug", "--hooks", "blocks.9.hook_q", "--out", "OUT"],
+            ["cache", "fbt:debug", "--task", "modsum", "--hooks", "blocks.9.hook_q", "--out", "OUT"],
             "unknown hook name 'blocks.9.hook_q' for arch 'fbt'",
         ),
-        (["cache", "fbt:debug", "--hooks", "blocks.*.hook_nothing", "--out", "OUT"], "matches no hook point"),
+        (["cache", "fbt:debug", "--task", "modsum", "--hooks", "blocks.*.hook_nothing", "--out", "OUT"], "matches no hook point"),
     ],
 )
 def test_a_user_error_is_one_line_with_status_2(tmp_path, monkeypatch, capsys, argv, message):
@@ -287,7 +287,7 @@ def test_analyse_run_returns_the_report_beside_the_states(tmp_path):
     from workbench.dynamics.study import DynamicsResult, analyse_run
 
     run = workbench.save_model(build_model("fbt", "debug"), tmp_path / "fbt")
-    result = analyse_run(run, horizon=12, perturb_at=3, n_spectra=1, n_fixed=0, max_passes=2)
+    result = analyse_run(run, prompt="Q: Start with 3.", horizon=12, perturb_at=3, n_spectra=1, n_fixed=0, max_passes=2)
     assert isinstance(result, DynamicsResult) and "_states" not in result.report
     assert json.loads(json.dumps(result.report)) == result.report
     assert result.states.shape == (result.report["horizon"], 32) and result.states.dtype == torch.float32

@@ -32,15 +32,11 @@ def test_tokens_to_reach_interpolates_in_log_tokens_and_bounds_the_rest():
 
 
 @pytest.mark.slow
-def test_the_stability_measures_reach_the_horizon_they_report(tmp_path):
+def test_the_stability_measures_reach_the_horizon_they_report(two_tasks):
     """lambda(T) needs T tangent steps after the perturbation: a rollout of T steps in all (the
     first cpu study's 1000, perturbed at step 20) never reached lambda(1000)."""
-    from workbench.runtime.checkpoint import save_model
-    from workbench.runtime.config import build_model
-
     assert set(HORIZONS.values()) == {100, 1000}
-    run = save_model(build_model("fbt", "debug"), tmp_path / "fbt")
-    measured = stability(run, 100)
+    measured = stability(two_tasks / "flipflop" / "fbt", 100)
     assert list(measured["lyapunov_tangent"]) == list(measured["lyapunov_tangent_full"]) == ["100"]
     assert sorted(measured["kpass_residual"], key=int) == [str(k) for k in range(2, 9)]
 

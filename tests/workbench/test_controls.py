@@ -38,13 +38,16 @@ def power_iteration_fbt(path, gains):
     return model.cfg.d_model
 
 
+PROMPT = "Q: Start with 12. Add 7. Multiply by 3. What is the result?\nA:"  # the planted maps ignore the tokens
+
+
 @pytest.mark.slow
 def test_the_dynamics_study_finds_a_planted_contraction_and_no_contraction_where_there_is_none(tmp_path):
     D = build_model("fbt", "debug").cfg.d_model
     gains = [1.0, 0.5, 0.5, 0.5, *np.linspace(0.4, 0.1, D - 4).tolist()]
     power_iteration_fbt(tmp_path / "contraction", gains)
     report = analyse_run(
-        tmp_path / "contraction", horizon=120, perturb_at=20, n_spectra=1, n_fixed=1, max_passes=2, tangents=2
+        tmp_path / "contraction", prompt=PROMPT, horizon=120, perturb_at=20, n_spectra=1, n_fixed=1, max_passes=2, tangents=2
     ).report
     stable = [p for p in report["fixed_points"][0]["points"] if p["label"] == "stable"]
     assert len(stable) >= 1
@@ -58,7 +61,7 @@ def test_the_dynamics_study_finds_a_planted_contraction_and_no_contraction_where
 
     power_iteration_fbt(tmp_path / "identity", [1.0] * D)  # every state on the sphere is fixed: no contraction
     report = analyse_run(
-        tmp_path / "identity", horizon=120, perturb_at=20, n_spectra=1, n_fixed=1, max_passes=2, tangents=2
+        tmp_path / "identity", prompt=PROMPT, horizon=120, perturb_at=20, n_spectra=1, n_fixed=1, max_passes=2, tangents=2
     ).report
     assert abs(report["lyapunov_tangent"]["100"][0]) < 1e-3
     labels = {p["label"] for p in report["fixed_points"][0]["points"] if p["spectral_radius"] < 10}

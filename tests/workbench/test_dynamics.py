@@ -156,6 +156,8 @@ def test_dynamics_cli_compares_runs_and_writes_figures(tmp_path, capsys):
         [
             "dynamics",
             *map(str, runs),
+            "--prompt",
+            "Q: Start with 12. Add 7. Multiply by 3. What is the result?\nA:",
             "--horizon",
             "150",
             "--perturb-at",

@@ -129,7 +129,10 @@ def test_corrupt_or_missing_checkpoints_name_the_file(tmp_path):
     "argv, message",
     [
         (["generate", "fbt:debug", "--prompt", "Q", "--temperature", "nan"], "temperature=nan: expected a finite number >= 0"),
-        (["cache", "baseline:debug", "--hooks", "hook_embed", "--n", "0", "--out", "STORE"], "no examples to cache"),
+        (
+            ["cache", "baseline:debug", "--task", "modsum", "--hooks", "hook_embed", "--n", "0", "--out", "STORE"],
+            "no examples to cache",
+        ),
         (["zoo", "--only", "bogus", "--out", "ZOO"], "unknown zoo member(s) ['bogus']"),
         (["dynamics", "RUN", "--starts", "1", "--out", "DYN"], "starts=1: expected 2..4096"),
         (["dynamics", "RUN", "--spectra", "-2", "--out", "DYN"], "spectra=-2: expected 1..300 (at most one per step)"),
@@ -138,13 +141,13 @@ def test_corrupt_or_missing_checkpoints_name_the_file(tmp_path):
         (["dynamics", "RUN", "--starts", "1000000000", "--out", "DYN"], "starts=1000000000: expected 2..4096"),
         (["dynamics", "RUN", "--fp-steps", "1000000000", "--out", "DYN"], "fp_steps=1000000000: expected 2..100,000"),
         (["dynamics", "RUN", "--max-passes", "1000000000", "--out", "DYN"], "max_passes=1000000000: expected 2..256"),
-        (["traces", "RUN", "--n", "1000000000", "--out", "DYN"], "n_problems=1000000000: expected 1..100,000"),
+        (["traces", "RUN", "--task", "chain", "--n", "1000000000", "--out", "DYN"], "n_problems=1000000000: expected 1..100,000"),
         (
             ["traces", "RUN", "--difficulty", "1..1000000000", "--out", "DYN"],
             "expected steps like 1..4 or 1,3,5 within 1..64, got '1..1000000000'",
         ),
         (
-            ["cache", "baseline:debug", "--hooks", "hook_embed", "--n", "1000000000", "--out", "STORE"],
+            ["cache", "baseline:debug", "--task", "modsum", "--hooks", "hook_embed", "--n", "1000000000", "--out", "STORE"],
             "1000000000 modsum examples requested: expected 0..1,000,000",
         ),
         (["eval", "SAVED", "--n", "1000000000"], "n=1000000000: expected 1..1,000,000 examples per task"),

@@ -129,6 +129,11 @@ def visible_ticks(axis, limits) -> list[float]:
     return [t for t in axis.get_ticklocs() if limits[0] <= t <= limits[1]]
 
 
+def test_a_probe_figure_of_one_depth_gives_it_a_layer_of_room():
+    ax = probe_figure(probe_rows(layers=(0,)), "fbt: probing memory at layer 0", "fbt").axes[0]
+    assert ax.get_xlim() == (-0.5, 0.5) and visible_ticks(ax.xaxis, ax.get_xlim()) == [0]
+
+
 def test_probe_figure_ticks_whole_layers_colours_by_regime_and_tells_probe_from_control():
     ax = probe_figure(probe_rows(), "fbt: probing memory", "fbt").axes[0]
     ticks = visible_ticks(ax.xaxis, ax.get_xlim())

@@ -126,7 +126,19 @@ def test_the_progress_bar_writes_the_job_file_only_when_asked(tmp_path, monkeypa
         assert read_json(path)["fraction"] == 0.3
         bar.advance(4)  # within the write interval: not yet on disk
         assert read_json(path)["fraction"] == 0.3
-    assert read_json(path) | {"updated": 0} == {"desc": "phase", "fraction": 0.7, "what": "three", "updated": 0}
+    written = read_json(path)
+    assert written["started"] <= written["updated"]
+    assert written | {"updated": 0, "started": 0} == {
+        "desc": "phase",
+        "fraction": 0.7,
+        "what": "three",
+        "updated": 0,
+        "n": 7,
+        "total": 10,
+        "unit": "it",
+        "started": 0,
+        "milestone": 0,
+    }
 
 
 @pytest.mark.slow

@@ -323,18 +323,26 @@ def wrong_targets(base: Path) -> list[tuple[list[str], str, str]]:
     run, store, mine = (str(base / n) for n in ("run", "store", "mine"))
     sets = [a for s in FAST + ["train.steps=2"] for a in ("--set", s)]
     return [  # (argv, what must be named, the directory to compare)
-        (["cache", "fbt:debug", "--hooks", "hook_embed", "--n", "4", "--out", run], "not an activation store", "run"),
         (
-            ["cache", "fbt:debug", "--hooks", "hook_embed", "--n", "4", "--out", run, "--overwrite"],
+            ["cache", "fbt:debug", "--task", "modsum", "--hooks", "hook_embed", "--n", "4", "--out", run],
             "not an activation store",
             "run",
         ),
         (
-            ["cache", "fbt:debug", "--hooks", "hook_embed", "--n", "4", "--out", mine, "--overwrite"],
+            ["cache", "fbt:debug", "--task", "modsum", "--hooks", "hook_embed", "--n", "4", "--out", run, "--overwrite"],
+            "not an activation store",
+            "run",
+        ),
+        (
+            ["cache", "fbt:debug", "--task", "modsum", "--hooks", "hook_embed", "--n", "4", "--out", mine, "--overwrite"],
             "thesis.tex",
             "mine",
         ),
-        (["cache", "fbt:debug", "--hooks", "hook_embed", "--n", "4", "--out", store], "pass --overwrite", "store"),
+        (
+            ["cache", "fbt:debug", "--task", "modsum", "--hooks", "hook_embed", "--n", "4", "--out", store],
+            "pass --overwrite",
+            "store",
+        ),
         (["demo", "--out", run, "--preset", "debug"], "not a demo output", "run"),
         (["demo", "--out", str(base), "--preset", "debug", "--overwrite"], "not a demo output", "."),
         (["export", run, run], "not a Hugging Face export", "run"),

@@ -220,6 +220,8 @@ def test_traces_stop_naming_the_step_and_site_and_write_no_summary(tmp_path):
             "traces",
             str(good),
             str(run),
+            "--task",
+            "chain",
             "--n",
             "2",
             "--difficulty",
@@ -237,6 +239,8 @@ def test_traces_stop_naming_the_step_and_site_and_write_no_summary(tmp_path):
 
 
 DYNAMICS = [
+    "--prompt",
+    "Q: Start with 12.",
     "--horizon",
     "30",
     "--perturb-at",

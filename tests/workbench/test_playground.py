@@ -20,6 +20,8 @@ def test_soft_reports_the_gate_and_value_each_token_reentered_with(fbt):
     embed = fbt.embed.W_E[torch.tensor(out["ids"][:-1])]
     expected = torch.sigmoid(fbt.fusion.W_G(embed)).mean(-1)
     torch.testing.assert_close(torch.tensor(out["gate_mean"][:-1]), expected)
+    spread = torch.sigmoid(fbt.fusion.W_G(embed)).std(-1)  # over d_model: which features the gate passes
+    torch.testing.assert_close(torch.tensor(out["gate_sd"][:-1]), spread)
     assert out["gate_mean"][-1] is None  # the last token is never fed back
     assert all(v > 0 for v in out["value_norm"][:-1])
 

@@ -84,7 +84,7 @@ def test_stream_windows_are_encoded_by_the_tokenizer_given():
     from workbench.studies.streams import task_windows
 
     bpe = HFTokenizer(byte_level_bpe(), CONFIG)
-    x = task_windows("chain", 3, 12, tokenizer=bpe)
+    x, _ = task_windows("chain", 3, 12, tokenizer=bpe)
     texts = [ex.text for ex in heldout_examples("chain", 8, 0)]
     for row in x:
         pieces = bpe.decode(row, skip_special=False).split("<|im_end|>")  # eos between examples
@@ -125,7 +125,9 @@ def test_traces_chat_prompts_through_the_template_and_counts_characters(run, tmp
     prompts = []
     real = traces.generate
     monkeypatch.setattr(traces, "generate", lambda model, batch, **kw: prompts.extend(batch) or real(model, batch, **kw))
-    code, _, err = cli(["traces", str(run), "--chat", "--n", "4", "--max-new-tokens", "8", "--out", str(tmp_path / "t")])
+    code, _, err = cli(
+        ["traces", str(run), "--task", "chain", "--chat", "--n", "4", "--max-new-tokens", "8", "--out", str(tmp_path / "t")]
+    )
     assert code is None, err
     bpe = load_tokenizer(run)
     examples = traces.problems("chain", 4, [1, 2, 3, 4])
@@ -152,7 +154,9 @@ def test_traces_chat_refuses_a_run_without_a_template_before_generating(tmp_path
     from workbench import build_model, save_model
 
     char_run = save_model(build_model("baseline", "debug"), tmp_path / "char")
-    assert_usage_error(["traces", str(char_run), "--chat", "--out", str(tmp_path / "t")], "has no chat template")
+    assert_usage_error(
+        ["traces", str(char_run), "--task", "chain", "--chat", "--out", str(tmp_path / "t")], "has no chat template"
+    )
     assert not (tmp_path / "t").exists()
 
 
@@ -172,7 +176,19 @@ def test_traces_chat_names_the_runs_it_formats_and_the_others_keep_the_completio
         "generate",
         lambda model, batch, **kw: prompts.setdefault(model.cfg.d_vocab, []).extend(batch) or real(model, batch, **kw),
     )
-    argv = ["traces", str(run), str(char_run), "--n", "3", "--max-new-tokens", "6", "--out", str(tmp_path / "t")]
+    argv = [
+        "traces",
+        str(run),
+        str(char_run),
+        "--task",
+        "chain",
+        "--n",
+        "3",
+        "--max-new-tokens",
+        "6",
+        "--out",
+        str(tmp_path / "t"),
+    ]
     code, _, err = cli([*argv, "--chat", "run"])
     assert code is None, err
     bpe, char = load_tokenizer(run), load_tokenizer(char_run)

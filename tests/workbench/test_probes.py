@@ -215,12 +215,14 @@ def test_probe_and_cache_errors_list_valid_names(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "unknown probe target 'sum'" in err and "'running_sum'" in err and "'memory'" in err
     with pytest.raises(SystemExit):
-        main(["cache", str(run), "--hooks", "blocks.*.hook_resid_postt", "--out", str(tmp_path / "s")])
+        main(["cache", str(run), "--task", "modsum", "--hooks", "blocks.*.hook_resid_postt", "--out", str(tmp_path / "s")])
     assert "matches no hook point" in capsys.readouterr().err
     main(
         [
             "cache",
             str(run),
+            "--task",
+            "modsum",
             "--hooks",
             "blocks.*.hook_resid_post",
             "hook_stream_embed",

@@ -81,25 +81,27 @@ def test_a_prompt_that_fills_the_context_stops_at_once_with_the_reason():
 
 @pytest.mark.slow
 def test_the_dynamics_cli_reports_a_rollout_that_diverges_past_the_context(tmp_path, monkeypatch):
-    import workbench.dynamics.study as study
+    import workbench.training.run as runs
 
     run = save_model(build_model("fbt", "debug"), tmp_path / "fbt")
-    real = study.load_model
+    real = runs.load_model
 
     def diverging(path, *args, **kwargs):
         model = real(path, *args, **kwargs)
         model.add_hook("fusion.hook_value", inf_at_step(90), is_permanent=True)
         return model
 
-    monkeypatch.setattr(study, "load_model", diverging)
+    monkeypatch.setattr(runs, "load_model", diverging)
     COUNTS["faults_injected"] += 1
-    # the default prompt is 62 tokens, so the 128-token window slides at step 66, before the fault; the
+    # the prompt is 62 tokens, so the 128-token window slides at step 66, before the fault; the
     # hook's first 8 calls are the own-dtype check's soft steps, then one per fp64 rollout step (the
     # tangents ride in the same call as extra rows): call 91 is step 82's
     assert_usage_error(
         [
             "dynamics",
             str(run),
+            "--prompt",
+            "Q: Start with 12. Add 7. Multiply by 3. What is the result?\nA:",
             "--horizon",
             "150",
             "--perturb-at",

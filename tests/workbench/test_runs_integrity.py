@@ -357,3 +357,10 @@ def test_a_run_being_written_is_training_not_broken(micro_zoo, tmp_path):
     assert holder(run) is None  # released
     info = inspect_run(run, tmp_path)
     assert info.training is None and "model.safetensors" in info.error
+
+
+def test_an_organism_studys_members_five_levels_down_are_listed(tmp_path):
+    member = tmp_path / "organisms" / "addition" / "studies" / "three-pass" / "fbt-3pass0"
+    member.mkdir(parents=True)
+    (member / "config.json").write_text("{}")
+    assert find_run_dirs(tmp_path) == [member]

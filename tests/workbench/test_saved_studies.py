@@ -54,10 +54,19 @@ def saved(tmp_path_factory):
     runs = [save_model(build_model("fbt", "debug", seed=s), root / f"fbt{s}") for s in (0, 1)]
     dyn = root / "dynamics"
     dynamics_study(
-        list(map(str, runs)), dyn, horizon=12, perturb_at=2, n_spectra=1, n_fixed=1, n_starts=3, fp_steps=5, max_passes=2
+        list(map(str, runs)),
+        dyn,
+        prompt="Q: Start with 3.",
+        horizon=12,
+        perturb_at=2,
+        n_spectra=1,
+        n_fixed=1,
+        n_starts=3,
+        fp_steps=5,
+        max_passes=2,
     )
     traces = root / "traces"
-    trace_study([str(r) for r in runs], traces, regimes=("standard", "soft"), n_problems=3, max_new_tokens=8)
+    trace_study([str(r) for r in runs], traces, task="chain", regimes=("standard", "soft"), n_problems=3, max_new_tokens=8)
     return root, ["fbt0", "fbt1"]
 
 

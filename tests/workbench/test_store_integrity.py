@@ -274,6 +274,8 @@ def test_a_store_larger_than_the_free_disk_is_refused_before_writing(tiny_filesy
         [
             "cache",
             "baseline:debug",
+            "--task",
+            "modsum",
             "--hooks",
             "blocks.*.hook_resid_post",
             "--n",
@@ -286,5 +288,18 @@ def test_a_store_larger_than_the_free_disk_is_refused_before_writing(tiny_filesy
         "store fewer hooks",
     )
     assert list(tiny_filesystem.iterdir()) == []
-    code, _, err = cli(["cache", "baseline:debug", "--hooks", "hook_embed", "--n", "20", "--out", str(tiny_filesystem / "store")])
+    code, _, err = cli(
+        [
+            "cache",
+            "baseline:debug",
+            "--task",
+            "modsum",
+            "--hooks",
+            "hook_embed",
+            "--n",
+            "20",
+            "--out",
+            str(tiny_filesystem / "store"),
+        ]
+    )
     assert code is None, err  # a store that fits is written

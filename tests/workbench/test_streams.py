@@ -45,7 +45,7 @@ def test_stream_norms_start_equal_for_replicated_streams_and_windows_are_held_ou
 
     base = build_model("baseline", "debug", n_layers=2)
     hd = expand_streams(base, 3, cross_layers=(1,))
-    x = task_windows("flipflop", 4, 16, tokenizer=CharTokenizer())
+    x, _ = task_windows("flipflop", 4, 16, tokenizer=CharTokenizer())
     assert x.shape == (4, 16) and x.dtype == torch.long
     norms = stream_norms(hd, x)
     assert norms.shape == (3, 3)

@@ -105,7 +105,7 @@ def test_the_trace_study_encodes_and_decodes_with_each_runs_tokenizer(tmp_path, 
 
     monkeypatch.setattr(traces, "run_traces", spy)
     run = save_model(build_model("fbt", "debug", d_vocab=bpe.id_limit, seed=2), tmp_path / "bpe-run", tokenizer=bpe)
-    trace_study([str(run)], tmp_path / "traces", regimes=["standard"], n_problems=4, max_new_tokens=6)
+    trace_study([str(run)], tmp_path / "traces", task="chain", regimes=["standard"], n_problems=4, max_new_tokens=6)
     # the run's own tokenizer, not the character one (whose ids for the same prompt differ)
     assert [type(t) for t in used] == [HFTokenizer]
     prompt = problems("chain", 1, [1], 0)[0].prompt

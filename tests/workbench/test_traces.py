@@ -39,7 +39,7 @@ def test_problems_are_deterministic_and_spread_over_difficulties(tmp_path):
     path = tmp_path / "gsm.jsonl"
     path.write_text(json.dumps({"question": "2+2?", "answer": "2+2=<<2+2=4>>4\n#### 4"}) + "\n")
     assert [e.answer for e in problems(f"gsm8k-jsonl:{path}", 1, None, 0)] == ["4"]
-    with pytest.raises(ValueError, match="has 1 problems; n_problems=10 asks for more"):
+    with pytest.raises(ValueError, match="has 1 problems with a final answer; n_problems=10 asks for more"):
         problems(f"gsm8k-jsonl:{path}", 10, None, 0)
     with pytest.raises(ValueError, match="unknown trace task 'gsm8k'"):
         problems("gsm8k", 3, [1], 0)
@@ -90,6 +90,8 @@ def test_trace_cli_is_deterministic_and_writes_every_output(tmp_path, capsys):
             [
                 "traces",
                 *map(str, runs),
+                "--task",
+                "chain",
                 "--n",
                 "6",
                 "--difficulty",
@@ -183,7 +185,7 @@ def test_regimes_without_standard_pair_against_what_exists_and_bad_choices_fail_
     from helpers import assert_usage_error, cli
 
     run = str(save_model(build_model("fbt", "debug"), tmp_path / "fbt"))
-    common = ["--n", "4", "--difficulty", "1..2", "--max-new-tokens", "8"]
+    common = ["--task", "chain", "--n", "4", "--difficulty", "1..2", "--max-new-tokens", "8"]
     code, out, err = cli(["traces", run, "--regimes", "soft,fused", *common, "--out", str(tmp_path / "a")])
     assert code is None, err
     summary = json.loads((tmp_path / "a" / "summary.json").read_text())

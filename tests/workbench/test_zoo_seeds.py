@@ -117,9 +117,9 @@ def test_members_trained_in_parallel_processes_are_bitwise_those_trained_one_aft
             self.seen = []
             bars.append(self)
 
-        def update(self, n, what=None):
+        def update(self, n, what=None, **kwargs):
             self.seen.append(n)
-            super().update(n, what)
+            super().update(n, what, **kwargs)
 
     monkeypatch.setattr(zoo, "Bar", Recorded)
     monkeypatch.setattr(zoo, "POLL", 0.05)

@@ -31,6 +31,7 @@ import dataclasses
 import itertools
 import json
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -335,6 +336,23 @@ def make_addition(rng: random.Random, cfg: TaskConfig, digits: int | None = None
     else:
         a, b = rng.randrange(10 ** (digits - 1) if digits > 1 else 0, 10**digits), rng.randrange(10**digits)
     return addition_example(a, b, scratchpad_verbosity(a, b, cfg.add_verbosity_weights))
+
+
+# What a prompt of each synthetic task starts with, to say which task a prompt given by hand is
+# (addition before the looser GSM8K-style frame of chain and the files).
+PROMPT_FORMS = {
+    "chain": re.compile(r"Q: Start with \d+\."),
+    "addition": re.compile(r"Q: \d+\+\d+\s*(\nA:|$)"),
+    "modsum": re.compile(r"S:\d*(=|$)"),
+    "flipflop": re.compile(r"F:([a-h][01]|--|\?[a-h][01]?)*$"),
+    "perm": re.compile(r"P:[a-x]*(=|$)"),
+}
+
+
+def task_of_prompt(prompt: str) -> str | None:
+    """The synthetic task whose problems ``prompt`` is written as, or None (any other text)."""
+    text = prompt.strip()
+    return next((task for task, form in PROMPT_FORMS.items() if form.match(text)), None)
 
 
 MAKERS = {"chain": make_chain, "modsum": make_modsum, "flipflop": make_flipflop, "perm": make_perm, "addition": make_addition}

@@ -14,17 +14,16 @@ from safetensors.torch import load_file, save_file
 from workbench.dynamics.defaults import DEFAULTS
 from workbench.dynamics.feedback import RolloutDiverged, feedback_map, feedback_model, kpass_convergence, prefill_context, rollout
 from workbench.dynamics.maps import find_fixed_points, jacobian_summary, lyapunov_from_growth
-from workbench.runtime.checkpoint import load_model, run_labels
+from workbench.runtime.checkpoint import run_labels
 from workbench.runtime.decoding import NonFinite
-from workbench.runtime.tokenizer import tokenizer_of
 from workbench.storage.errors import BadInput
 from workbench.storage.files import read_json, write_json
 from workbench.storage.outputs import claim
 from workbench.storage.provenance import source_commit
 from workbench.storage.shapes import Each, check_shape
+from workbench.training.run import Run
 
 MAX_HORIZON = 100_000  # states are kept for every step: 100k steps of d_model 1024 in float32 is 400 MB
-DEFAULT_PROMPT = "Q: Start with 12. Add 7. Multiply by 3. What is the result?\nA:"
 
 
 def check_params(**settings) -> None:
@@ -62,7 +61,7 @@ class DynamicsResult:
 def analyse_run(
     run_dir: str | Path,
     *,
-    prompt: str = DEFAULT_PROMPT,
+    prompt: str | None = None,
     horizon: int = DEFAULTS["horizon"],
     perturb_at: int = DEFAULTS["perturb_at"],
     n_spectra: int = DEFAULTS["n_spectra"],
@@ -75,7 +74,9 @@ def analyse_run(
     device: str | torch.device = "cpu",
     progress: Callable[[str, int, int], None] | None = None,
 ) -> DynamicsResult:
-    """Every feedback-map analysis of the FBT run in ``run_dir`` (see ``dynamics_study``).
+    """Every feedback-map analysis of the FBT run in ``run_dir`` (see ``dynamics_study``), rolled
+    out from ``prompt``: by default the prompt of the first held-out problem of the run's own task
+    (``Run.task``); a prompt of another task is analysed, and the report's ``input`` says so.
     ``progress(phase, done, total)`` is told of each piece of each phase as it is done: the
     rollout's steps, the spectra, the fixed-point searches, the K-pass convergence. The phases
     differ in cost per piece by orders of magnitude (a spectrum is a Jacobian, a fixed-point search
@@ -98,9 +99,15 @@ def analyse_run(
     )
     from workbench.runtime.decoding import check_passes
 
-    model = feedback_model(load_model(run_dir, device=device))
+    run = Run.open(run_dir)
+    model = feedback_model(run.model(device=device))
     check_passes(model, max_passes, "max_passes")  # before any work: K passes cost K forwards
-    tok = tokenizer_of(run_dir)
+    tok = run.tokenizer
+    given = prompt is not None
+    if not given and run.task.spec is None:
+        raise BadInput(f"{run_dir} records no task (a model saved or imported without training data): give a prompt (--prompt)")
+    prompt = prompt if given else run.task.prompt(tokenizer=tok)
+    source = run.task.input_record(prompt=prompt if given else None, run=name)
     ids = tok.encode(prompt)
     if model.embed.W_E.dtype != torch.float64:
         # fp64 absorbs what overflows in the checkpoint's own precision (a 1e30 weight squares to
@@ -190,6 +197,7 @@ def analyse_run(
     report = {
         "run": str(run_dir),
         "prompt": prompt,
+        "input": source,
         "horizon": len(roll.tokens),
         "stopped": roll.stopped,
         "slid_at": roll.slid_at,
@@ -265,6 +273,8 @@ def dynamics_study(
 
 # What readers of a saved study use of each run's report (``analyse_run``): checked by ``read_study``.
 RUN_REPORT = {
+    "prompt": str,
+    "input?": {"run_task": (str, None), "input_task": (str, None), "warning?": str},
     "stopped": (str, None),
     "perturb_at": int,
     "per_step": {"state_norm": [float], "input_norm": [float], "perturbation_ratio": [float]},

@@ -148,11 +148,28 @@ def read_claim(claim: Claim, organism: str, study: Mapping | None) -> dict:
             "verdict": NOT_TESTABLE,
             "why": f"the reference member reached its targets at {qualified} of {seeds} seeds",
         }
+    elsewhere = _read_elsewhere(study)
+    if elsewhere is not None:
+        return {**row, **_interval(cell), "verdict": NOT_TESTABLE, "why": elsewhere}
     ceiling = _ceiling(claim, study, cell)
     if ceiling is not None:
         return {**row, **_interval(cell), "verdict": NOT_TESTABLE, "why": ceiling}
     verdict, why = _verdict(cell, claim.sign)  # NOT_TESTABLE too: a readout that cannot reach significance
     return {**row, **_interval(cell), "verdict": verdict, "why": why}
+
+
+def _read_elsewhere(study: Mapping) -> str | None:
+    """Why a study's rollouts say nothing of its members' own task: a member rolled out from a
+    prompt of another task (its per-seed ``input`` warns), or rolled out before the rollouts read
+    the run's task (no ``input``: from a chain prompt, whatever the organism); None otherwise."""
+    readings = [m for m in study.get("readings", {}).values() if isinstance(m, Mapping)]
+    rows = [r for m in readings for r in m.get("per_seed", []) if isinstance(r, Mapping) and "lyapunov_tangent" in r]
+    if not rows:  # no rollouts: a study of other readouts
+        return None
+    if any("input" not in r for r in rows):
+        return "its rollouts continued a chain prompt, not the organism's own problems (made before the rollouts read the run's task): rerun the study"
+    warned = next((r["input"]["warning"] for r in rows if "warning" in r["input"]), None)
+    return f"read on another task's input: {warned}" if warned else None
 
 
 def arm_accuracy(study: Mapping, arm: str, test_set: str | None = None) -> float | None:

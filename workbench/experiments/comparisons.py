@@ -305,7 +305,7 @@ def regrowth_step(ratios: list[float]) -> int | None:
 
 
 def stability(run: Path, horizon: int) -> dict:
-    """The stability measures of one FBT member (``analyse_run`` on the default prompt), the
+    """The stability measures of one FBT member (``analyse_run`` on its own task's first held-out prompt), the
     exponents up to ``horizon`` steps after the perturbation."""
     from workbench.dynamics.study import analyse_run
 
@@ -317,6 +317,7 @@ def stability(run: Path, horizon: int) -> dict:
         "lyapunov_tangent_full": {T: v[0] for T, v in report["lyapunov_tangent_full"].items() if T in ("100", "1000")},
         "regrowth_step": regrowth_step(report["per_step"]["perturbation_ratio"]),
         "horizon": report["horizon"],
+        "input": report["input"],
     }
 
 

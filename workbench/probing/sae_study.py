@@ -26,7 +26,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from workbench.data.splits import heldout_task
 from workbench.probing.sae import SAEConfig, evaluate_sae, save_sae, train_sae
 from workbench.probing.store import cache_activations, hook_names, load_store
 from workbench.probing.study import MAX_SEQUENCES
@@ -36,7 +35,7 @@ from workbench.storage.errors import BadInput
 from workbench.storage.files import write_json
 from workbench.storage.outputs import claim
 from workbench.storage.provenance import source_commit
-from workbench.training.runconfig import load_run_config, task_config
+from workbench.training.run import Run
 
 REPORT, LATENTS, ACTIVATIONS = "sae.json", "latents.json", "activations"
 N_SEQUENCES = 512
@@ -109,8 +108,9 @@ def sae_study(
         seed=seed,
     )
     out = Path(out) if out is not None else default_out(run_dir, hook, prefill, passes, stream)
-    task = load_run_config(run_dir / "config.json").data.task
-    drawn = heldout_task(task, n_sequences, seed, task_config(run_dir), tokenizer)[:n_sequences]
+    own = Run.open(run_dir).task
+    task = own.spec
+    drawn = own.heldout(n_sequences, seed, tokenizer)  # the run's own held-out problems (or documents)
     # a prepared corpus's document can be longer than the context: left out and counted, as eval does
     examples = [ex for ex in drawn if len(tokenizer.encode(ex.text)) <= model.cfg.n_ctx]
     if not examples:
@@ -163,6 +163,7 @@ def sae_study(
             "passes": passes,
             "stream": stream,
             "task": task,
+            "input": own.input_record(),
             "n_sequences": len(examples),
             "skipped_too_long": len(drawn) - len(examples),
             "seed": seed,

@@ -28,6 +28,7 @@ from workbench.storage.errors import BadInput, NotADirectory, OutputExists
 from workbench.storage.files import atomic_write, fsync, read_json, write_json
 from workbench.storage.outputs import discard, foreign_entries, hold, listing, real_directory, record_made, record_of, staging_in
 from workbench.storage.provenance import source_commit
+from workbench.training.run import RunTask, run_task
 from workbench.training.runconfig import task_config
 
 RESULTS = "results"  # the kind of the output record of a directory probe sweeps write into
@@ -62,7 +63,7 @@ N_SEQUENCES = 400  # held-out sequences a probe sweep stores, by default (the CL
 
 def probe_study(
     run_dir: str | Path,
-    target: str,
+    target: str | None = None,
     *,
     hooks: list[str] | None = None,
     passes: Sequence[int] = (2, 3),
@@ -76,6 +77,7 @@ def probe_study(
     overwrite: bool = False,
     progress: Callable[[float, str], None] | None = None,
     mdl: bool = True,
+    mdl_hooks: Sequence[str] | None = None,
     ranks: Sequence[int] = RANKS,
     device: str | torch.device = "cpu",
 ) -> dict:
@@ -87,7 +89,12 @@ def probe_study(
     what)`` is called before each activation caching and after each probe. ``mdl`` and ``ranks``
     go to ``train_probe``: every row carries the online codelength (``mdl_bits``,
     ``control_mdl_bits``, ``uniform_bits``, ``compression``, ``control_compression``; None with
-    ``mdl=False``) and the rank sweep (``rank_sweep``; empty with ``ranks=()``)."""
+    ``mdl=False``, or at hooks not in ``mdl_hooks`` where that is given) and the rank sweep
+    (``rank_sweep``; empty with ``ranks=()``). ``target``: by
+    default the label of the run's own task (``Run.task``); the problems probed are always that
+    label's task's held-out problems, and the report's ``input`` says whether they are the run's."""
+    own = run_task(run_dir)
+    target = target if target is not None else default_target(own)
     if target not in TARGET_TASK:
         raise BadInput(f"unknown probe target {target!r}: expected one of {sorted(TARGET_TASK)}")
     if not 3 <= n_sequences <= MAX_SEQUENCES:
@@ -95,7 +102,9 @@ def probe_study(
     run_dir = Path(run_dir)
     model, tokenizer = load_model(run_dir, device=device), tokenizer_of(run_dir)
     hooks = hook_names(model, hooks or default_hooks(model.cfg.n_layers))  # patterns become the names the store has
+    described = set(hooks if mdl_hooks is None else hook_names(model, list(mdl_hooks))) if mdl else set()
     task = TARGET_TASK[target]
+    source = own.input_record(task, run=run_dir.name)
     results_dir = Path(out) if out is not None else run_dir / "results"
     if out is None and results_dir.is_symlink():
         raise BadInput(
@@ -137,7 +146,13 @@ def probe_study(
                     # thread only contends (the sweep ran 10-40x slower with all of them)
                     with threadpool_limits(1, user_api="blas"):
                         result = train_probe(
-                            X, labels[keep], table["seq"][keep], table["token"][keep], seed=seed, mdl=mdl, ranks=ranks
+                            X,
+                            labels[keep],
+                            table["seq"][keep],
+                            table["token"][keep],
+                            seed=seed,
+                            mdl=hook in described,
+                            ranks=ranks,
                         )
                     name = f"{hook}__{prefill}-{k}" + (f"__s{stream}" if meta["n_streams"] > 1 else "")
                     saved = staging.path / "probes" / f"{name}.safetensors"
@@ -174,6 +189,7 @@ def probe_study(
             "arch": model.arch,
             "target": target,
             "task": task,
+            "input": source,
             "n_sequences": n_sequences,
             "data": dataclasses.asdict(data) if data is not None else None,
             "commit": source_commit(),
@@ -191,6 +207,19 @@ def probe_study(
         record_made(results_dir, RESULTS, probes_dir, figure, out)
     report["figure"] = str(figure)
     return report
+
+
+def default_target(task: RunTask) -> str:
+    """The label a probe of a run on ``task`` targets by default: its task's label; in a mix, the
+    flip-flop's stored bit where the mix has it (the state the layer-0 studies probe, as the
+    probes study does), else its first task's. ``BadInput`` naming the labels where it has none."""
+    if "memory" in task.labels:
+        return "memory"
+    if task.labels:
+        return task.labels[0]
+    raise BadInput(
+        f"the run's task ({task.name}) carries no per-position labels: give --target, one of {', '.join(sorted(TARGET_TASK))}"
+    )
 
 
 def check_probe_outputs(out: Path, probes_dir: Path, overwrite: bool) -> None:
@@ -255,7 +284,9 @@ def probe_figure(rows: list[dict], title: str, arch: str | None = None):
         ax.plot(depths, [r["accuracy"] for r in sel], marker=marker, color=color, label=label)
         ax.plot(depths, [r["control_accuracy"] for r in sel], ls=":", marker=marker, mfc="none", color=color, alpha=0.6)
     ax.axhline(rows[0]["chance"], color="grey", ls="--", label="chance (majority)")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # depths are layer boundaries
+    depths = [r["layer"] for r in rows]
+    ax.set_xlim(min(depths) - 0.5, max(depths) + 0.5)  # one depth alone would get matplotlib's +-0.05 around it
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))  # depths are layer boundaries
     ax.set_xlabel("depth (0 = input to block 0)")
     ax.set_ylabel("probe accuracy (dotted: control task)")
     ax.set_title(title)

@@ -5,6 +5,10 @@ from __future__ import annotations
 import resource
 from pathlib import Path
 
+# the environment in which PyTorch, MKL and oneDNN take their AVX2 paths and MKL gives the same
+# results on any CPU with AVX2 (set before torch loads): what reproduces a number across machines
+PINNED_NUMERICS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+
 
 def peak_rss_mib() -> float:
     """Peak resident memory of this process image, in MiB. Linux's VmHWM, not ``ru_maxrss``: a

@@ -3,9 +3,11 @@ file the app reads to draw its own bar (``workbench.jobs``).
 
 A verb makes one ``Bar`` per phase. The terminal bar opens on the first update, so a verb that
 fails on its inputs prints an error and no empty bar. The file, named by the environment variable
-``WORKBENCH_JOB_PROGRESS``, holds the latest ``{"fraction", "what", "desc", "updated"}``: it is
-rewritten atomically at most every ``INTERVAL`` seconds, and when the count reaches the total and
-on ``close``.
+``WORKBENCH_JOB_PROGRESS``, holds the latest ``{"fraction", "what", "desc", "updated", "n",
+"total", "unit", "started", "milestone"}`` (``started``: the phase's first update, for its rate;
+``milestone``: a count of finished pieces, such as a zoo's members, at which a page shows what
+they wrote): it is rewritten atomically at most every ``INTERVAL`` seconds, at once when a
+milestone is passed or the count reaches the total, and on ``close``.
 """
 
 from __future__ import annotations
@@ -29,15 +31,22 @@ class Bar:
         self.show = show
         self.n = 0.0
         self.what = ""
+        self.milestone = 0
+        self.started: float | None = None  # the first update's time
         self._tqdm = None
         self._written = 0.0
         path = os.environ.get(PROGRESS_ENV)
         self.path = Path(path) if path else None
 
-    def update(self, n: float, what: str | None = None) -> None:
+    def update(self, n: float, what: str | None = None, *, milestone: int | None = None) -> None:
         self.n = n
+        if self.started is None:
+            self.started = time.time()
         if what is not None:
             self.what = what
+        passed = milestone is not None and milestone != self.milestone
+        if milestone is not None:
+            self.milestone = milestone
         if self.show:
             if self._tqdm is None:
                 from tqdm.auto import tqdm
@@ -48,7 +57,7 @@ class Bar:
             self._tqdm.update(n - self._tqdm.n)
             if what is not None:
                 self._tqdm.set_postfix_str(what, refresh=False)
-        if self.path is not None and (time.monotonic() - self._written >= INTERVAL or n >= self.total):
+        if self.path is not None and (time.monotonic() - self._written >= INTERVAL or n >= self.total or passed):
             self._write()
 
     def advance(self, units: float, what: str | None = None) -> None:
@@ -57,7 +66,20 @@ class Bar:
     def _write(self) -> None:
         assert self.path is not None  # the callers check
         fraction = min(1.0, self.n / self.total) if self.total else None
-        write_json(self.path, {"desc": self.desc, "fraction": fraction, "what": self.what, "updated": time.time()})
+        write_json(
+            self.path,
+            {
+                "desc": self.desc,
+                "fraction": fraction,
+                "what": self.what,
+                "updated": time.time(),
+                "n": self.n,
+                "total": self.total,
+                "unit": self.unit,
+                "started": self.started,
+                "milestone": self.milestone,
+            },
+        )
         self._written = time.monotonic()
 
     def close(self) -> None:

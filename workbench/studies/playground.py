@@ -71,7 +71,8 @@ def inspect_generation(
     stop_at_eos: bool = True,
 ) -> dict:
     """Greedy generation of one prompt; per generated token: its text, the norm of the state that
-    produced it and, for FBT's fed-back steps, the mean gate ``sigmoid(W_G e)`` and the value-path
+    produced it and, for FBT's fed-back steps, the gate ``sigmoid(W_G e)``'s mean and its spread over
+    d_model (``gate_sd``: a mean near 0.5 says nothing of which features pass) and the value-path
     norm ``||W_U h||`` with which the token re-entered the stack (None where it did not)."""
     tokenizer = tokenizer or CharTokenizer()
     if not prompt:
@@ -95,13 +96,15 @@ def inspect_generation(
     n = int(out.lengths[0])
     new = out.new_tokens[0, :n].tolist()
     gate: list[float | None] = [None] * n
+    spread: list[float | None] = [None] * n
     value: list[float | None] = [None] * n
     if names and regime != "standard":
         # the token generated at step j re-enters the stack at forward call j + 1 (call 0 is the prefill)
         last = {name: {r.step: r.value for r in rec.calls(name)} for name in names}
         for j in range(n):
             if j + 1 in last["fusion.hook_gate"]:
-                gate[j] = float(last["fusion.hook_gate"][j + 1][0, -1].float().mean())
+                g = last["fusion.hook_gate"][j + 1][0, -1].float()  # [d_model]
+                gate[j], spread[j] = float(g.mean()), float(g.std())
                 value[j] = float(last["fusion.hook_value"][j + 1][0, -1].float().norm())
     return {
         "regime": regime,
@@ -112,6 +115,7 @@ def inspect_generation(
         "text": tokenizer.decode(new),
         "state_norm": out.states[0, :n].float().norm(dim=-1).tolist(),
         "gate_mean": gate,
+        "gate_sd": spread,
         "value_norm": value,
         "finished": bool(out.finished[0]),
         "intervention": {"state_scale": intervention.state_scale, "ablate_stream": intervention.ablate_stream},

@@ -9,25 +9,36 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from models import HiddenDecodingLM, unstack_streams
-from workbench.data.splits import heldout_examples
+from workbench.data.splits import heldout_task
 from workbench.data.tasks import TaskConfig
-from workbench.data.windows import TokenStream, batch_windows
+from workbench.data.windows import IGNORE, TokenStream, batch_windows
 from workbench.runtime.activations import ActivationRecorder
 from workbench.runtime.tokenizer import TokenizerBase
 from workbench.storage.errors import BadInput
 
 
 def task_windows(
-    task: str, n_sequences: int, seq_len: int, seed: int = 0, *, tokenizer: TokenizerBase, data: TaskConfig | None = None
-) -> Tensor:
-    """[n_sequences, seq_len] windows of held-out ``task`` text (the held-out stream, independent
-    of every training seed's), encoded by ``tokenizer`` (the run's), for the analyses below;
-    ``data``: the task settings (pass the run's, ``task_config``; default: the tasks' defaults)."""
+    task: str,
+    n_sequences: int,
+    seq_len: int,
+    seed: int = 0,
+    *,
+    tokenizer: TokenizerBase,
+    data: TaskConfig | None = None,
+    completion_only: bool = False,
+    example_starts: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """[n_sequences, seq_len] windows of held-out ``task`` text (a task spec: the held-out stream,
+    independent of every training seed's; a prepared corpus's held-out documents), encoded by
+    ``tokenizer`` (the run's), and their next-token targets, ``IGNORE`` where a training run with
+    ``completion_only`` scored none (prompts). ``data``: the task settings (pass the run's;
+    default: the tasks' defaults); ``example_starts``: windows start at problems, as the run's did
+    with ``data.windows=example``."""
     if n_sequences < 1 or seq_len < 2:
         raise BadInput(f"n_sequences={n_sequences}, seq_len={seq_len}: expected n_sequences >= 1 and seq_len >= 2")
-    examples = heldout_examples(task, max(8, n_sequences), seed, data)
-    stream = TokenStream.from_examples(examples, tokenizer)
-    return batch_windows(stream, seed, 0, n_sequences, seq_len)[0]
+    examples = heldout_task(task, max(8, n_sequences), seed, data, tokenizer)
+    stream = TokenStream.from_examples(examples, tokenizer, completion_only=completion_only, example_starts=example_starts)
+    return batch_windows(stream, seed, 0, n_sequences, seq_len)
 
 
 def _check(model) -> None:
@@ -80,15 +91,23 @@ def attention_mass(model: HiddenDecodingLM, tokens: Tensor) -> dict[int, dict[st
 
 
 @torch.no_grad()
-def stream_logit_lens(model: HiddenDecodingLM, tokens: Tensor) -> dict[str, list[float]]:
+def stream_logit_lens(model: HiddenDecodingLM, tokens: Tensor, targets: Tensor | None = None) -> dict:
     """Read every stream's final state through the tied readout: per stream, the next-token loss
-    and top-1 accuracy against the true next token (the last stream is the model's prediction)."""
+    and top-1 accuracy against ``targets`` [batch, pos] (default: the next token of ``tokens``),
+    over the positions whose target is not ``IGNORE`` (``positions``: how many); the last stream
+    is the model's prediction."""
     _check(model)
-    logits = model(tokens, all_streams=True)[:, :-1].float()  # [batch, L-1, n, vocab]
-    target = tokens[:, 1:, None].expand(-1, -1, model.n_streams)
-    loss = F.cross_entropy(logits.flatten(0, 2), target.flatten(), reduction="none").view(target.shape)
-    acc = (logits.argmax(-1) == target).float()
-    return {"loss": loss.mean(dim=(0, 1)).tolist(), "accuracy": acc.mean(dim=(0, 1)).tolist()}
+    if targets is None:
+        targets = F.pad(tokens[:, 1:], (0, 1), value=IGNORE)
+    logits = model(tokens, all_streams=True).float()  # [batch, pos, n, vocab]
+    keep = targets != IGNORE
+    if not keep.any():
+        raise BadInput("no position is scored in these windows: lengthen them or score all positions")
+    picked, target = logits[keep], targets[keep]  # [scored, n, vocab], [scored]
+    target = target[:, None].expand(-1, model.n_streams)
+    loss = F.cross_entropy(picked.flatten(0, 1), target.flatten(), reduction="none").view(target.shape)
+    acc = (picked.argmax(-1) == target).float()
+    return {"loss": loss.mean(0).tolist(), "accuracy": acc.mean(0).tolist(), "positions": int(keep.sum())}
 
 
 @torch.no_grad()

@@ -15,6 +15,7 @@ and the site when an activation overflows.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import statistics
 import time
@@ -27,7 +28,7 @@ from numpy.typing import ArrayLike
 
 from models import NonFiniteActivation
 from workbench.data.answers import is_correct, last_number, parse_final_answer
-from workbench.data.splits import heldout_rng
+from workbench.data.splits import heldout_rng, heldout_task
 from workbench.data.tasks import LIMITS, Example, TaskConfig, load_jsonl, make_addition, make_chain
 from workbench.runtime.checkpoint import load_model, run_labels
 from workbench.runtime.decoding import REGIMES, NonFinite, generate
@@ -37,42 +38,69 @@ from workbench.storage.errors import BadInput
 from workbench.storage.files import read_json, write_json
 from workbench.storage.outputs import check_claim, claim
 from workbench.storage.shapes import Each, check_shape
+from workbench.training.run import Run, RunTask, run_task
 
 MARKER = "####"
 MAX_PROBLEMS = 100_000
 
 
-CHAIN_DIFFICULTIES = [1, 2, 3, 4]  # chain's default; a GSM8K file's default is every problem
-# a synthetic trace task's default difficulties: chain's steps, addition's digits
-DEFAULT_DIFFICULTIES = {"chain": CHAIN_DIFFICULTIES, "addition": [1, 2, 3]}
+TRACE_TASK_FORMS = "chain, addition, gsm8k-jsonl:PATH or prepared:DIR"
 
 
-def problems(task: str, n: int, difficulties: list[int] | None, seed: int = 0) -> list[Example]:
-    """``n`` problems: ``chain`` (``addition``) problems spread evenly over ``difficulties``
-    (steps; digits of the longer operand; default ``DEFAULT_DIFFICULTIES``), or the first ``n`` problems of a GSM8K-format JSONL file
-    (``gsm8k-jsonl:PATH``) whose difficulty (its number of ``<<`` steps) is in ``difficulties``
-    (default: any). A file with fewer such problems is refused, saying how many it has."""
+def default_difficulties(task: str, settings: TaskConfig | None = None) -> list[int] | None:
+    """A synthetic trace task's difficulties in the run's settings (chain's steps 1..max, addition's
+    digits min..max); None (any) for a file or corpus."""
+    settings = settings or TaskConfig()
+    if task == "chain":
+        return list(range(1, settings.chain_max_steps + 1))
+    if task == "addition":
+        return list(range(settings.add_min_digits, settings.add_max_digits + 1))
+    return None
+
+
+def problems(
+    task: str,
+    n: int,
+    difficulties: list[int] | None,
+    seed: int = 0,
+    settings: TaskConfig | None = None,
+    tokenizer: TokenizerBase | None = None,
+) -> list[Example]:
+    """``n`` problems: ``chain`` (``addition``) problems in the run's ``settings`` spread evenly
+    over ``difficulties`` (steps; digits of the longer operand; default ``default_difficulties``),
+    or the first ``n`` problems of a GSM8K-format JSONL file (``gsm8k-jsonl:PATH``), or of a
+    prepared corpus's held-out GSM8K documents (``prepared:DIR``, decoded with ``tokenizer``),
+    whose difficulty (its number of ``<<`` steps) is in ``difficulties`` (default: any). A source
+    with fewer such problems is refused, saying how many it has."""
     if not 1 <= n <= MAX_PROBLEMS:
         raise BadInput(f"n_problems={n}: expected 1..{MAX_PROBLEMS:,} (every model and regime generates for each)")
-    if task.startswith("gsm8k-jsonl:"):
-        path = task.split(":", 1)[1]
-        examples = [ex for ex in load_jsonl(path) if not difficulties or ex.difficulty in difficulties]
+    if task.startswith(("gsm8k-jsonl:", "prepared:")):
+        source = task.split(":", 1)[1]
+        found = load_jsonl(source) if task.startswith("gsm8k-jsonl:") else heldout_task(task, MAX_PROBLEMS, seed, None, tokenizer)
+        examples = [ex for ex in found if ex.answer and (not difficulties or ex.difficulty in difficulties)]
         if len(examples) < n:
             which = f" with difficulty in {difficulties}" if difficulties else ""
-            raise BadInput(f"{path} has {len(examples)} problems{which}; n_problems={n} asks for more")
+            raise BadInput(f"{source} has {len(examples)} problems with a final answer{which}; n_problems={n} asks for more")
         return examples[:n]
-    if task not in DEFAULT_DIFFICULTIES:
-        raise BadInput(f"unknown trace task {task!r}: expected 'chain', 'addition' or 'gsm8k-jsonl:PATH'")
-    difficulties = DEFAULT_DIFFICULTIES[task] if difficulties is None else difficulties
+    if task not in ("chain", "addition"):
+        raise BadInput(f"unknown trace task {task!r}: expected {TRACE_TASK_FORMS}")
+    settings = settings or TaskConfig()
+    difficulties = default_difficulties(task, settings) if difficulties is None else difficulties
     if not difficulties or min(difficulties) < 1:
         raise BadInput(f"difficulties={difficulties!r}: expected {'step' if task == 'chain' else 'digit'} counts >= 1")
-    if task == "addition" and max(difficulties) > LIMITS["add_max_digits"]:
-        raise BadInput(f"difficulties={difficulties!r}: expected at most {LIMITS['add_max_digits']} digits")
+    top = LIMITS["chain_max_steps" if task == "chain" else "add_max_digits"]
+    if max(difficulties) > top:
+        raise BadInput(f"difficulties={difficulties!r}: expected at most {top} {'steps' if task == 'chain' else 'digits'}")
     rng = heldout_rng("traces" if task == "chain" else f"traces-{task}", seed)
     if task == "chain":
-        cfg = TaskConfig(chain_max_steps=max(difficulties))
+        cfg = dataclasses.replace(settings, chain_max_steps=max(difficulties))
         return [make_chain(rng, cfg, difficulties[i % len(difficulties)]) for i in range(n)]
-    return [make_addition(rng, TaskConfig(), difficulties[i % len(difficulties)]) for i in range(n)]
+    return [make_addition(rng, settings, difficulties[i % len(difficulties)]) for i in range(n)]
+
+
+def _input_kind(task: str) -> str:
+    """The run task a trace task's problems are of (``gsm8k-jsonl:PATH`` is a ``jsonl:PATH`` run's)."""
+    return "jsonl:" + task.removeprefix("gsm8k-jsonl:") if task.startswith("gsm8k-jsonl:") else task
 
 
 def trace_length(text: str, tokenizer: TokenizerBase) -> int:
@@ -254,7 +282,7 @@ def trace_study(
     runs: list[str],
     out_dir: str | Path,
     *,
-    task: str = "chain",
+    task: str | None = None,
     regimes: Sequence[str] = ("standard", "soft", "fused"),
     passes: int | str = 2,
     n_problems: int = 200,
@@ -272,8 +300,11 @@ def trace_study(
 ) -> dict:
     """Every run under every regime on the same problems, into ``out_dir`` (``summary.json``,
     ``traces.csv``, ``traces.png``): a new or empty directory, or a previous trace study there,
-    replaced only with ``overwrite``. ``chat``: every run is prompted through its chat template
-    (``True``) or the runs so named (directory names; the others in the completion format).
+    replaced only with ``overwrite``. ``task``: by default the first run's own (held-out problems
+    in its settings; ``RunTask.trace_task`` refuses a task answered by one token); a task given
+    that is not a run's is studied, and the summary's ``inputs`` says so for each run. ``chat``:
+    every run is prompted through its chat template (``True``) or the runs so named (directory
+    names; the others in the completion format).
     ``reference`` (``MODEL/REGIME``): what every other (model, regime) is paired against; by
     default the first run's first regime (``standard`` unless the regimes leave it out).
     Problems whose prompt leaves a run no room for ``max_new_tokens`` are skipped for that run and
@@ -291,8 +322,15 @@ def trace_study(
         if not as_chat or as_chat - set(names):
             unknown = sorted(as_chat - set(names)) or ["(none)"]
             raise BadInput(f"--chat {','.join(chat)}: {', '.join(unknown)} is not one of the runs' names: {', '.join(names)}")
-    examples = problems(task, n_problems, None if difficulties is None else list(difficulties), seed)  # n, or an error
     check_claim(out_dir, "traces", overwrite=overwrite)  # the output first, then the runs
+    first = Run.open(runs[0]) if (Path(runs[0]) / "config.json").is_file() else None
+    own = first.task if first is not None else RunTask(None, TaskConfig())
+    task = own.trace_task() if task is None else task
+    settings = own.settings if task in own.kinds else None
+    tokenizer = first.tokenizer if first is not None else None
+    difficulties = list(difficulties) if difficulties is not None else default_difficulties(task, settings)
+    examples = problems(task, n_problems, difficulties, seed, settings, tokenizer)  # n, or an error
+    inputs = {label[run]: run_task(run).input_record(_input_kind(task), run=label[run]) for run in runs}
     loaded, skipped = {}, {}  # loaded: each model once, kept for the generation below
     for run in runs:  # before any generation: templates, and room in every run's context
         model, tokenizer = load_model(run, device=device), tokenizer_of(run)  # each run encodes the problems with its own
@@ -355,11 +393,12 @@ def trace_study(
             timing[f"{name}/{regime}"] = {"seconds": round(seconds, 2), "problems_per_s": round(done / seconds, 2)}
         summary = {
             "task": task,
+            "inputs": inputs,
+            "seed": seed,
+            "settings": dataclasses.asdict(settings) if settings is not None else None,
             "passes": passes,
             "n_problems": len(examples),
-            "difficulties": "any"
-            if difficulties is None and task not in DEFAULT_DIFFICULTIES
-            else list(difficulties or DEFAULT_DIFFICULTIES[task]),
+            "difficulties": "any" if difficulties is None else difficulties,
             "max_new_tokens": max_new_tokens,
             "skipped": skipped,
             "lost_characters": lost,
@@ -425,6 +464,9 @@ SUMMARY = {
     "n_problems": int,
     "difficulties": ([int], str),
     "reference": str,
+    "seed?": int,
+    "settings?": (None, dict),
+    "inputs?": Each({"run_task": (str, None), "input_task": (str, None), "warning?": str}),
     "chat": (None, {"runs": [str]}),
     "paired": Each({"trace_tokens": _STAT, "trace_chars": _STAT, "accuracy": _STAT}),
 }
@@ -445,6 +487,17 @@ def read_study(out_dir: str | Path, models: list[str]) -> tuple[dict, list[dict]
                 f"one of this study's (models {models}, regimes {list(REGIMES)}, problems 0..{summary['n_problems'] - 1})"
             )
     return summary, rows
+
+
+def study_problems(summary: dict, tokenizer: TokenizerBase | None = None) -> list[Example]:
+    """The problems a saved study (``read_study``'s summary) generated on, in its order
+    (``tokenizer``: the first run's, for a prepared corpus's documents)."""
+    try:
+        settings = TaskConfig(**summary["settings"]) if summary.get("settings") else None
+    except TypeError as err:
+        raise BadInput(f"the study's settings are not a task's ({err})") from None
+    difficulties = None if summary["difficulties"] == "any" else summary["difficulties"]
+    return problems(summary["task"], summary["n_problems"], difficulties, summary.get("seed", 0), settings, tokenizer)
 
 
 def plot_traces(rows: list[dict], summary: dict, out_dir: Path, archs: dict[str, str] | None = None) -> list[str]:

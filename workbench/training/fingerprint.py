@@ -37,9 +37,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from workbench.runtime.process import PINNED_NUMERICS
 from workbench.training.runconfig import RunConfig, make_run_config
 
-PINNED_NUMERICS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 STEPS = 8  # each member's training steps: FBT's switch at step 2, its ramp over 2, 3-pass batches after
 HD_STEPS = 4  # HD's: expanded 2 -> 4 streams at step 2
 COMMON = [

@@ -451,13 +451,20 @@ def train_in_parallel(plan: list, out: Path, threads: int, jobs: int, progress: 
                 record(name, plain, seed, cfg, result)
                 done.add(name)
                 steps_done += cfg.train.steps
-                last = f"; {name} took {result['seconds']:.0f} s"
+                last = f"{name} took {result['seconds']:.0f} s"
                 if callable(progress):
                     progress(name, cfg.train.steps, cfg.train.steps, None)
             training = sum(min(logged_step(out / item[0]), item[3].train.steps) for item in running.values())
-            bar.update(steps_done + training, f"training {', '.join(item[0] for item in running.values())}{last}")
-    bar.update(steps_done, last.removeprefix("; "))
+            what = zoo_status([item[0] for item in running.values()], len(done), len(plan), last)
+            bar.update(steps_done + training, what, milestone=len(done))
+    bar.update(steps_done, zoo_status([], len(done), len(plan), last), milestone=len(done))
     bar.close()
+
+
+def zoo_status(training: list[str], done: int, members: int, last: str) -> str:
+    """What a zoo's progress says: the members training now, how many are done, the last one's time."""
+    parts = [f"training {', '.join(training)}" if training else "", f"{done} of {members} done" if done else "", last]
+    return "; ".join(filter(None, parts))
 
 
 POLL = 2.0  # seconds between looks at the running members' metrics logs (the zoo's progress)
@@ -556,8 +563,9 @@ def ensure_zoo(scale: str = "micro", out: str | Path = "runs/micro", *, progress
 
 def seed_rows(summary: dict) -> list[dict]:
     """``zoo.json`` (or a study's ``study.json``) as table rows, one per member, task and regime:
-    the accuracy's mean with its 95% interval across seeds (one seed: the value, no interval),
-    the answer loss's mean, the seeds and how many of them reached the competence targets."""
+    the accuracy's mean with its 95% interval across seeds (one seed: no interval, ``low`` and
+    ``high`` None), the answer loss's mean, the seeds, and how many seeds reached the task's
+    competence target in this row's regime (a member qualifies on its ``standard`` row)."""
     groups: dict[str, list[str]] = {}
     for name, row in summary.get("models", {}).items():
         groups.setdefault(row.get("member", name), []).append(name)
@@ -565,23 +573,26 @@ def seed_rows(summary: dict) -> list[dict]:
     for member, names in sorted(groups.items()):
         names = sorted(names, key=lambda n: int(summary["models"][n].get("seed", 0)))
         runs = [summary["models"][n] for n in names]
-        qualified = sum(bool(r.get("competence", {}).get("qualified")) for r in runs)
         plumbing = any(r.get("competence", {}).get("plumbing_check") for r in runs)
         for task, first in runs[0]["tasks"].items():
+            target = runs[0].get("competence", {}).get("tasks", {}).get(task, {}).get("target")
             for regime in first.get("accuracy", {}):
-                accuracy = seed_interval([r["tasks"][task]["accuracy"][regime] for r in runs], bounds=ACCURACY)
+                values = [r["tasks"][task]["accuracy"][regime] for r in runs]
+                accuracy = seed_interval(values, bounds=ACCURACY)
                 loss = seed_interval([r["tasks"][task]["answer_loss"][regime] for r in runs])
+                spread = len(runs) > 1
+                at_target = "no target" if target is None else f"{sum(v >= target for v in values)}/{len(runs)}"
                 rows.append(
                     {
                         "member": member,
                         "task": task,
                         "regime": regime,
                         "accuracy": accuracy["mean"],
-                        "low": accuracy["low"],
-                        "high": accuracy["high"],
+                        "low": accuracy["low"] if spread else None,
+                        "high": accuracy["high"] if spread else None,
                         "answer loss": loss["mean"],
                         "seeds": len(runs),
-                        "qualified seeds": "plumbing check" if plumbing else f"{qualified}/{len(runs)}",
+                        "qualified seeds": "plumbing check" if plumbing else at_target,
                     }
                 )
     return rows

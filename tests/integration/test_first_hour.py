@@ -1,0 +1,41 @@
+"""The README's first hour is reproduced at HEAD: the layer-0 probe the walk recorded
+(``docs/results/first_hour.json``, from ``scripts/first_hour.py``) is recomputed here from the
+``quick`` zoo's own settings and the probe job's own arguments, on the walk's numerics, and must
+give the same accuracies. A change that moves what a newcomer sees fails here until the walk is
+run again (and the README quotes its new numbers)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from workbench.runtime.process import PINNED_NUMERICS
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def workbench(*argv: str) -> None:
+    env = {**os.environ, **PINNED_NUMERICS}  # set before torch loads, as the walk sets it for its jobs
+    done = subprocess.run([sys.executable, "-m", "workbench.cli", *argv], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_the_first_hours_layer0_probe_recomputes_at_head(tmp_path):
+    walk = json.loads((ROOT / "docs" / "results" / "first_hour.json").read_text())
+    assert walk["numerics"] == PINNED_NUMERICS
+    runs = tmp_path / "runs"
+    # the quick zoo's fbt exactly as the zoo trains it (its member's config, one thread, a worker process)
+    workbench("zoo", "--preset", "quick", "--only", "fbt", "--out", str(runs / "quick"), "--no-progress")
+    argv = [a.replace("RUNS", str(runs)) for a in walk["shown"]["probe job"]]
+    assert argv[:2] == ["probe", str(runs / "quick" / "fbt")]
+    workbench(*argv, "--json", str(tmp_path / "probe.json"))
+    report = json.loads((tmp_path / "probe.json").read_text())
+    layer0 = {
+        "standard" if r["prefill"] == "standard" else f"recurrent K={r['passes']}": r["accuracy"]
+        for r in report["rows"]
+        if r["hook"] == "blocks.0.hook_resid_pre"
+    }
+    quoted = {k: v for k, v in walk["shown"]["layer-0 probe"].items() if k != "target"}
+    assert report["target"] == walk["shown"]["layer-0 probe"]["target"]
+    assert layer0 == quoted  # counts of correct rows over the same rows: equal, not close
