@@ -46,6 +46,12 @@ def test_the_first_hours_numbers_are_the_walks_record():
     assert f"**Analyse** ({_duration(seconds['analyse the feedback dynamics (defaults)'])})" in text
     probe = walk["shown"]["layer-0 probe"]
     assert f"{probe['standard']:.3f} under standard prefill, {probe['recurrent K=2']:.3f} under recurrent K = 2" in text
+    assert f"{probe['recurrent K=3']:.3f} at K = 3" in text
+    # a headline read from an unconverged probe says so
+    assert walk["shown"]["layer-0 probe converged"] or "stopped at its iteration limit" in text
+    dynamics = walk["shown"]["dynamics input"]
+    assert dynamics["input_task"] == dynamics["run_task"] == walk["shown"]["task"][0]  # the run's own problem
+    assert f"tangent exponent at T = 100 is {walk['shown']['lyapunov tangent']['100']:.3f}" in text
     assert set(walk["shown"]["held-out accuracy"].values()) == {1.0}  # 'Every member learns it'
     assert "Every member learns it" in text
 
