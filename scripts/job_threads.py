@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     record = {
-        "command": "python scripts/job_threads.py",
+        "command": " ".join(["python scripts/job_threads.py", *(argv if argv is not None else sys.argv[1:])]),
         "commit": commit,
         "cores": os.cpu_count(),
         "load average at start": os.getloadavg()[0],

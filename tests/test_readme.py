@@ -119,3 +119,19 @@ def test_the_readmes_claim_counts_are_the_claims_tables():
         in text
     )
     assert f"{reasons[3]} where the rollouts continued a chain prompt" in text
+
+
+def test_the_app_pages_job_times_are_the_measurements_record():
+    """docs/app.md's times of jobs beside another job, before and after the thread budget, are
+    ``scripts/job_threads.py``'s record."""
+    import json
+
+    measured = json.loads((ROOT / "docs" / "results" / "job_threads.json").read_text())["seconds"]
+    text = " ".join((ROOT / "docs" / "app.md").read_text().split())
+    b, a = ({k: round(v[key]) for k, v in measured.items()} for key in ("median_before", "median_after"))
+    ratio = {k: f"{v['ratio']:.1f}x" for k, v in measured.items()}
+    assert f"the probe sweep took {b['probe']} s, the dynamics analysis {b['dynamics']} s and the SAE {b['sae']} s" in text
+    assert (
+        f"{a['probe']} s, {a['dynamics']} s and {a['sae']} s: {ratio['probe']}, {ratio['dynamics']} and {ratio['sae']} faster"
+        in text
+    )

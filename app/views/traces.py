@@ -52,7 +52,7 @@ except BadInput as err:
 offered = list(dict.fromkeys([*([own_trace] if own_trace else []), "chain", "addition"]))
 follow("tr_task", (chosen[0].name, own_trace), offered[0])
 task = st.selectbox(
-    "Problems",
+    "Task",
     offered,
     key="tr_task",
     format_func=lambda t: f"{t} (the run's own task, held out)" if t == own_trace else t,

@@ -182,11 +182,13 @@ def test_every_page_in_chromium(server, tmp_path):
         shoot("dynamics")
 
         page.goto(f"{server}/traces")
-        settle("Compare")
-        fill("Problems", "8")
-        page.get_by_role("button", name="Compare").click()
-        settle("One problem under each model and regime")  # drawn once the job is done
-        shoot("traces")
+        settle("Trace lengths")
+        if page.get_by_text("trace length is not defined").count() == 0:  # a zoo whose task writes traces
+            settle("Compare")
+            fill("Problems", "8")
+            page.get_by_role("button", name="Compare").click()
+            settle("One problem under each model and regime")  # drawn once the job is done
+        shoot("traces")  # on the flip-flop: the page says why there is no trace to compare
 
         page.goto(f"{server}/streams")
         settle("Per-stream activation norms")
