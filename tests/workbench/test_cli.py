@@ -4,6 +4,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import assert_usage_error
@@ -484,3 +485,14 @@ def test_the_dynamics_analysis_tells_each_phase_its_own_count(tmp_path):
         counts = [(d, t) for p, d, t in told if p == phase]
         assert [d for d, _ in counts] == sorted(d for d, _ in counts) and counts[-1][0] == counts[-1][1]
     assert [d for p, d, _ in told if p == "run: rollout steps"] == list(range(1, 13))
+
+
+def test_a_zoo_without_out_trains_into_runs_preset_not_the_runs_root(monkeypatch, tmp_path):
+    """Without ``--out`` a zoo trains into runs/PRESET, beside other zoos, never into runs/ itself."""
+    import workbench.training.zoo as zoo
+
+    monkeypatch.chdir(tmp_path)
+    told = []
+    monkeypatch.setattr(zoo, "train_zoo", lambda preset, out, **kw: told.append(out) or {"models": {}})
+    main(["zoo", "--preset", "org-addition", "--no-progress"])
+    assert told == [Path("runs") / "org-addition"]
