@@ -528,7 +528,7 @@ def _add_train(sub) -> None:
         "--init-from", default=None, help="continue from this run's weights and tokenizer (e.g. FBT or HD from an imported model)"
     )
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
-    p.add_argument("--stop-after", type=int, default=None, help="stop after N steps this session (resume later)")
+    p.add_argument("--stop-after", type=_count, default=None, help="stop after N steps this session (resume later)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", dest="json_out", help="write the summary as JSON here")
     p.set_defaults(func=cmd_train)
@@ -815,7 +815,7 @@ def _add_sae(sub) -> None:
         action="store_true",
         help="also write the training rows in SAELens's cached-activations layout (OUT/activations)",
     )
-    p.add_argument("--context-size", type=int, default=32, help="rows per sequence of that export (default 32)")
+    p.add_argument("--context-size", type=_count, default=32, help="rows per sequence of that export (default 32)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", dest="json_out", help="also write the report here")
     _compute_arguments(p)
@@ -1251,6 +1251,17 @@ def _seed(text: str) -> int:
     if not 0 <= seed <= SEED_MAX:
         raise argparse.ArgumentTypeError(f"invalid seed {seed}: expected 0..{SEED_MAX}")
     return seed
+
+
+def _count(text: str) -> int:
+    """An argument that counts something (steps, rows): an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
 
 
 def _positive_list(text: str, what: str) -> list[int]:

@@ -7,7 +7,6 @@ refused with one line naming its file and line."""
 from __future__ import annotations
 
 import hashlib
-import json
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ from workbench.data.pieces import piece_bounds
 from workbench.data.tasks import gsm8k_example
 from workbench.runtime.tokenizer import TokenizerBase
 from workbench.storage.errors import BadInput, MissingFile
+from workbench.storage.files import parse_json
 
 MAX_DOCUMENT_BYTES = 1 << 26  # 64 MiB: what one document may hold; reading it needs a few times that
 _MISSING = object()
@@ -116,10 +116,7 @@ def _jsonl_documents(path: Path) -> Iterator[tuple[str, str, str]]:
     for i, line, _ in _lines(path):
         if not line.strip():
             continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise BadInput(f"{path}:{i}: not JSON ({err.msg} at column {err.colno}); every line must be one JSON object") from err
+        row = parse_json(line, f"{path}:{i}", "; every line must be one JSON object")
         yield (f"{path}:{i}", *_row_text(row, f"{path}:{i}"))
 
 

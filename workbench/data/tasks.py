@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import random
 import re
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from workbench.data.answers import parse_final_answer
 from workbench.data.example import Example
 from workbench.runtime.config import check_section
 from workbench.storage.errors import BadInput, MissingFile
+from workbench.storage.files import parse_json
 
 SYNTHETIC = ("chain", "modsum", "flipflop", "perm", "addition")
 TASK_KINDS = SYNTHETIC + ("mix",)
@@ -408,10 +408,7 @@ def load_jsonl(path: str | Path) -> list[Example]:
     for i, line in enumerate(_read_text(path).splitlines(), 1):
         if not line.strip():
             continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise BadInput(f"{path}:{i}: not JSON ({err})") from err
+        row = parse_json(line, f"{path}:{i}")
         if not isinstance(row, dict) or not {"question", "answer"} <= set(row):
             raise BadInput(f"{path}:{i}: expected an object with 'question' and 'answer'")
         out.append(gsm8k_example(str(row["question"]), str(row["answer"])))

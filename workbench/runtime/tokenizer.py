@@ -309,7 +309,7 @@ def _read_config(directory: Path) -> dict:
         return {}
     try:
         config = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, RecursionError) as err:
         raise BadInput(f"corrupt tokenizer config {path}: {err}") from err
     if not isinstance(config, dict):
         raise BadInput(f"corrupt tokenizer config {path}: expected a JSON object, got {type(config).__name__}")

@@ -93,14 +93,32 @@ def write_json(path: Path, data: dict) -> None:
     atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(data, indent=2) + "\n"))
 
 
+def parse_json(text: str | bytes, where: str, expected: str = ""):
+    """``text`` (from elsewhere) parsed as JSON. Malformed text, nesting deeper than the parser
+    recurses and an integer of more digits than ``int`` converts are each one ``BadInput`` naming
+    ``where`` (and, for text that is not JSON, what was ``expected``): the parser's own errors are a
+    traceback of a RecursionError or a ValueError."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise BadInput(f"{where}: not JSON ({err.msg} at line {err.lineno} column {err.colno}){expected}") from None
+    except UnicodeDecodeError as err:
+        raise BadInput(f"{where}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    except RecursionError:
+        raise BadInput(f"{where}: JSON nested too deeply to read") from None
+    except ValueError as err:
+        raise BadInput(f"{where}: a number too long to read ({str(err).partition(':')[0]})") from None
+
+
 def read_json(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise MissingFile(f"missing {path}")
     try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
-        raise BadInput(f"corrupt JSON in {path}: {err}") from err
+        text = path.read_text()
+    except UnicodeDecodeError as err:
+        raise BadInput(f"corrupt JSON in {path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    data = parse_json(text, f"corrupt JSON in {path}")
     if not isinstance(data, dict):
         raise BadInput(f"{path} must hold a JSON object, got {type(data).__name__}")
     return data

@@ -35,7 +35,7 @@ from workbench.runtime.decoding import REGIMES, NonFinite, generate
 from workbench.runtime.palette import regime_color
 from workbench.runtime.tokenizer import TokenizerBase, tokenizer_of
 from workbench.storage.errors import BadInput
-from workbench.storage.files import read_json, write_json
+from workbench.storage.files import parse_json, read_json, write_json
 from workbench.storage.outputs import check_claim, claim
 from workbench.storage.shapes import Each, check_shape
 from workbench.training.run import Run, RunTask, run_task
@@ -443,7 +443,7 @@ def read_traces(path: str | Path) -> list[dict]:
                 raise BadInput(f"{path}: line {line} has no field {k!r}")
         try:
             row.update({k: int(row[k]) for k in TRACE_INTS})
-            row["state_norms"] = json.loads(row["state_norms"])
+            row["state_norms"] = parse_json(row["state_norms"], "state_norms")
         except ValueError as err:
             raise BadInput(f"{path}: line {line}: {err}") from None
         if any(row[k] not in ("True", "False") for k in TRACE_BOOLS):

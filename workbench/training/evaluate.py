@@ -14,6 +14,7 @@ stream; for a prepared corpus, ``prepared:DIR``, its held-out documents):
 
 from __future__ import annotations
 
+import hashlib
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -225,7 +226,10 @@ def eval_file_name(cfg, n: int, fused_passes: int | str, task: str | None) -> st
     if n != cfg.train.eval_examples:
         differs.append(f"n-{n}")
     if task is not None and task != cfg.data.task:
-        differs.append("task-" + re.sub(r"[^A-Za-z0-9.]+", "-", task).strip("-")[:80])
+        slug = re.sub(r"[^A-Za-z0-9.]+", "-", task).strip("-")[:80]
+        if slug != task:  # a lossy name: two tasks would share it (d/x.jsonl, d_x.jsonl) but for the digest
+            slug += "-" + hashlib.sha256(task.encode()).hexdigest()[:10]
+        differs.append("task-" + slug)
     return "eval.json" if not differs else f"eval_{'_'.join(differs)}.json"
 
 

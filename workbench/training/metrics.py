@@ -20,7 +20,7 @@ def read_metrics(path: Path) -> list[dict]:
             record = json.loads(line)
             if not isinstance(record, dict) or not isinstance(record.get("step"), int):
                 raise ValueError
-        except ValueError:
+        except (ValueError, RecursionError):
             if number == len(lines):
                 break
             raise BadInput(f"corrupt line {number} of {path}: {line[:60]!r}") from None

@@ -116,8 +116,10 @@ def save_checkpoint(run_dir: Path, model: DecoderLM, opt, cfg: RunConfig, step: 
     steps' files. A process killed at any point leaves state.json naming a complete checkpoint (the
     previous one or this one) and the run directory's files loadable, except in one window: when an
     HD run has just grown its streams, between publishing the weights and the config (a resume
-    publishes them again)."""
+    publishes them again). The files deleted are those of the checkpoint this one supersedes, and
+    no other: a checkpoint a user put back into ``train_state/`` stays."""
     state_dir = real_directory(run_dir / STATE_DIR)
+    superseded = _committed_files(state_dir)
     made = [state_dir]
     if not all((state_dir / name).is_file() for name in TOKENIZER_FILES):  # it never changes: committed once
         tokenizer.save(state_dir)
@@ -148,23 +150,31 @@ def save_checkpoint(run_dir: Path, model: DecoderLM, opt, cfg: RunConfig, step: 
         },
     )
     record_made(run_dir, RUN, *made, state_dir / "state.json", recursive=False)
-    _publish(run_dir, cfg, model.cfg, files, tokenizer)
+    _publish(run_dir, cfg, model.cfg, files, tokenizer, superseded)
 
 
-def _publish(run_dir: Path, cfg: RunConfig, model_cfg, files: dict, tokenizer: TokenizerBase) -> None:
-    """The run directory's files from the committed checkpoint ``files``; then delete older steps'
-    files and the temporary files of writes a killed process left behind: only what the run's
-    record names with the identity it recorded, so a file the run did not write stays."""
+def _committed_files(state_dir: Path) -> list[str]:
+    """The file names ``state.json`` commits now (none if it is missing or unreadable)."""
+    try:
+        state = read_json(state_dir / "state.json")
+    except (OSError, ValueError):
+        return []
+    return [name for name in (state.get("weights"), state.get("optimizer")) if isinstance(name, str)]
+
+
+def _publish(run_dir: Path, cfg: RunConfig, model_cfg, files: dict, tokenizer: TokenizerBase, superseded: list[str] = ()) -> None:
+    """The run directory's files from the committed checkpoint ``files``; then delete the superseded
+    checkpoint's files and the temporary files of writes a killed process left behind: only what
+    the run's record names with the identity it recorded, so a file the run did not write stays."""
     state_dir = real_directory(run_dir / STATE_DIR)
     link_or_copy(state_dir / files["weights"], run_dir / "model.safetensors")
     write_json(run_dir / "config.json", {**cfg.to_dict(), "model": model_cfg.to_dict()})
     tokenizer.save(run_dir, model_cfg.n_ctx)
     record_made(run_dir, RUN, *(run_dir / name for name in ("model.safetensors", "config.json", *TOKENIZER_FILES)))
     record = record_of(run_dir, RUN)
-    for path in state_dir.iterdir():
-        rel = f"{STATE_DIR}/{path.name}"
-        if path.name not in ("state.json", *TOKENIZER_FILES, *files.values()) and owns(record, run_dir, rel):
-            path.unlink()
+    for name in set(superseded) - set(files.values()):
+        if owns(record, run_dir, f"{STATE_DIR}/{name}"):
+            (state_dir / name).unlink(missing_ok=True)
     remove_stale_temps(run_dir, ["model.safetensors", "config.json", *TOKENIZER_FILES, "metrics.jsonl", RECORD])
     remove_stale_temps(state_dir)
 

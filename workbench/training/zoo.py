@@ -482,7 +482,7 @@ def logged_step(run: Path) -> int:
     for line in reversed(lines):
         try:
             record = json.loads(line)
-        except ValueError:  # a line cut by the 4 KiB window, or being written
+        except (ValueError, RecursionError):  # a line cut by the 4 KiB window, or being written
             continue
         if isinstance(record, dict) and isinstance(record.get("step"), int):
             return record["step"]
