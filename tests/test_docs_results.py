@@ -185,7 +185,7 @@ def test_readings_table_rows_by_place_and_columns_by_measure():
     ],
 )
 def test_the_three_seed_zoo_rerun_equals_the_reported_zoo_as_floats(rerun_file, resumed):
-    """docs/training.md: the cpu zoo trained again gives every member's held-out evaluation
+    """docs/organisms.md: the cpu zoo trained again gives every member's held-out evaluation
     exactly, the claim this pins: once with two fbt seeds resumed from checkpoints, once from
     nothing on an idle machine (the budget's measurement)."""
     reported = json.loads((ROOT / "docs" / "results" / "zoo_cpu_seeds.json").read_text())["models"]
@@ -470,7 +470,7 @@ def test_a_figure_drawn_from_other_data_is_stale_until_redrawn(tmp_path, capsys)
 
 
 def test_the_organisms_zoo_is_what_the_docs_say():
-    """docs/training.md, "The organisms' zoo at five seeds": within the 60-minute budget, every
+    """docs/organisms.md, "The organisms' zoo at five seeds": within the 60-minute budget, every
     baseline at its target at 5 of 5 seeds, each organism's zoo.json beside the summary."""
     from workbench.training.zoo import ORGANISMS, TARGETS
 

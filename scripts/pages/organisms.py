@@ -129,7 +129,7 @@ def claims(results: Path) -> Page:
             "",
             "Each claim of the seed papers on each organism, read from the study that tests it: the comparison",
             "of the study's declared family, its mean difference [simultaneous 95% interval under Holm], and",
-            'the verdict (`workbench/experiments/claims.py`; docs/training.md, "The claims", says what each means).',
+            "the verdict (`workbench/experiments/claims.py`; docs/claims.md says what each means).",
             "",
             table(["paper", "claim", "organism", "study", "comparison", "difference", "verdict", "why"], rows),
             *made_under_section(data.get("made_under")),

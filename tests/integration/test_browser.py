@@ -249,7 +249,8 @@ def test_the_playground_generates_from_an_imported_model_in_chat_format(tmp_path
         settled(page, "Hugging Face (subword), 300 ids, chat template")
         page.get_by_text("Chat format").click()
         settled(page, "Generate")
-        page.get_by_role("textbox", name="Prompt").fill("What is two plus three?")  # an imported model has no task to draw one from
+        # an imported model has no task to draw a prompt from
+        page.get_by_role("textbox", name="Prompt").fill("What is two plus three?")
         page.get_by_role("textbox", name="Prompt").press("Control+Enter")
         settled(page, "Generate")
         page.get_by_role("button", name="Generate").click()
