@@ -1,10 +1,11 @@
 """The architectures: nn.Modules, configs and hook points. Knows nothing of training or analysis."""
 
 from models.baseline import BaselineLM, DecoderLM, trusted_ids, without_hooks
+from models.config import ModelConfig
 from models.fields import ConfigError, FieldTypeError, check_config, check_fields
 from models.full_bandwidth import FBTConfig, FullBandwidthLM
 from models.hidden_decoding import HDConfig, HiddenDecodingLM, expand_streams, unstack_streams
-from models.layers import KVCache, ModelConfig
+from models.kv_cache import KVCache
 from models.numerics import NonFiniteActivation, guard_numerics
 from models.presets import PRESETS, preset
 

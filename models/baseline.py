@@ -13,18 +13,10 @@ from torch.utils.checkpoint import checkpoint
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
-from models.layers import (
-    Attention,
-    AttnContext,
-    Block,
-    KVCache,
-    ModelConfig,
-    RMSNorm,
-    Rotary,
-    StaticStep,
-    _is_hooked,
-    init_weights,
-)
+from models.attention import Attention, AttnContext, _is_hooked
+from models.config import ModelConfig
+from models.kv_cache import KVCache, StaticStep
+from models.layers import Block, RMSNorm, Rotary, init_weights
 from models.numerics import UNGUARDED
 
 

@@ -20,8 +20,9 @@ from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
 from models.baseline import DecoderLM
+from models.config import ModelConfig
 from models.fields import ConfigError
-from models.layers import KVCache, ModelConfig
+from models.kv_cache import KVCache
 
 FUSIONS = ("glu", "add")
 

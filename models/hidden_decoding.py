@@ -19,8 +19,10 @@ from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
 from models.baseline import DecoderLM
+from models.config import ModelConfig, check_size
 from models.fields import ConfigError
-from models.layers import Block, KVCache, ModelConfig, check_size
+from models.kv_cache import KVCache
+from models.layers import Block
 
 POSITION_MODES = ("token", "interleaved")
 READOUTS = ("last", "sum")
@@ -36,7 +38,7 @@ class HDConfig(ModelConfig):
     positions: str = "token"  # rotary position of stream s of token i: i, or i * n_streams + s
     readout: str = "last"  # "last" stream, or the ablation "sum" over streams
     # "separate": every stream's keys and values stay visible to later tokens; the ablation
-    # "shared": only the last stream's do (models.layers.Attention)
+    # "shared": only the last stream's do (models.attention.Attention)
     kv: str = "separate"
 
     def __post_init__(self) -> None:

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 from helpers import tokens
 
-from models.layers import Attention, ModelConfig, apply_rotary, attention_mask
+from models.attention import Attention, apply_rotary, attention_mask
+from models.config import ModelConfig
 
 
 def _attention(dtype, n_heads=4, d_head=8, window=None):

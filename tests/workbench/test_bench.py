@@ -264,7 +264,7 @@ def test_smollm2_decode_sides_make_the_same_tokens(tiny_import):
 
 def test_smollm2_cache_sides_hold_the_same_activations(tiny_import):
     """The bridge caches every hook our model has under the same name, and the same values, except
-    attn.hook_q / hook_k: ours are after rotary (models/layers.py), TransformerLens's before."""
+    attn.hook_q / hook_k: ours are after rotary (models/attention.py), TransformerLens's before."""
     from workbench.bench.pretrained import cache_sides
 
     sides = cache_sides(tiny_import, 24)

@@ -14,7 +14,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from models import BaselineLM, ModelConfig
-from models.layers import SIZE_LIMIT
+from models.config import SIZE_LIMIT
 from workbench.runtime.checkpoint import CONFIG, save_model
 from workbench.runtime.config import check_model_fits, config_errors
 from workbench.runtime.tokenizer import HFTokenizer, TokenizerBase
