@@ -4,21 +4,17 @@ pages can trust a usable run's fields), and the rules for writing under the root
 from __future__ import annotations
 
 import ipaddress
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workbench.runtime.checkpoint import load_model
 from workbench.storage.errors import BadInput, MissingFile, WorkbenchError
 from workbench.storage.files import read_json
 from workbench.storage.outputs import holder
-from workbench.training.metrics import read_metrics
-from workbench.training.runconfig import run_config_from_dict
+from workbench.training.run import Run
 
 SKIP = {"train_state", "results", "probes"}
 # how deep runs lie under a root: an organism study's members are organisms/TASK/studies/STUDY/MEMBER
 MAX_DEPTH = 5
-PLOTTED = ("loss", "lr", "tokens_per_s")  # what the Runs page draws of every metrics record
 
 
 @dataclass
@@ -76,80 +72,17 @@ def find_run_dirs(root: str | Path, max_depth: int = MAX_DEPTH) -> list[Path]:
     return [path for path, _ in _walk(Path(root), max_depth)]
 
 
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def check_metrics(records: list[dict], path: Path) -> list[dict]:
-    """``records`` (read from ``path``) if each has the numbers the Runs page plots (and
-    ``loss_pass*``, ``n_streams`` are numbers where present), else a ValueError naming the record."""
-    for number, record in enumerate(records, 1):
-        for key in [*PLOTTED, *(k for k in record if k.startswith("loss_pass") or k == "n_streams")]:
-            if not _number(record.get(key)):
-                raise BadInput(
-                    f"{path}: record {number} (step {record['step']}) has {key}={json.dumps(record.get(key))[:60]}, "
-                    f"expected a number"
-                )
-    return records
-
-
-def check_eval(data: dict, path: Path) -> dict:
-    """``data`` (read from ``path``) if it has the structure ``evaluate_run`` writes, else a
-    ValueError naming the field, its value, the file and what was expected."""
-
-    def expect(ok: bool, where: str, value, expected: str) -> None:
-        if not ok:
-            raise BadInput(f"{path}: {where} is {json.dumps(value)[:60]}, expected {expected}")
-
-    for key, ok, expected in [
-        ("run", lambda v: isinstance(v, str), "a string"),
-        ("arch", lambda v: isinstance(v, str), "a string"),
-        ("fused_passes", lambda v: isinstance(v, str) or _number(v), "a number of passes"),
-        ("seconds", _number, "a number"),
-    ]:
-        if key in data:
-            expect(ok(data[key]), key, data[key], expected)
-    tasks = data.get("tasks")
-    if not isinstance(tasks, dict):
-        raise ValueError(f"{path}: tasks is {json.dumps(tasks)[:60]}, expected an object of task name -> result")
-    for task, res in tasks.items():
-        expect(isinstance(res, dict), f"tasks.{task}", res, "an object with n, loss, answer_loss, accuracy")
-        for key in ("n", "skipped_too_long"):
-            if key == "n" or key in res:
-                expect(
-                    isinstance(res.get(key), int) and not isinstance(res.get(key), bool) and res[key] >= 0,
-                    f"tasks.{task}.{key}",
-                    res.get(key),
-                    "an integer >= 0",
-                )
-        for key in ("loss", "answer_loss", "accuracy"):
-            values = res.get(key)
-            expect(isinstance(values, dict), f"tasks.{task}.{key}", values, "an object of regime -> number")
-            for regime, value in values.items():
-                if key == "accuracy":
-                    expect(_number(value) and 0 <= value <= 1, f"tasks.{task}.{key}.{regime}", value, "a number in [0, 1]")
-                else:
-                    expect(_number(value), f"tasks.{task}.{key}.{regime}", value, "a number")
-    return data
-
-
 def inspect_run(path: str | Path, root: str | Path | None = None, *, check_weights: bool = True) -> RunInfo:
     """Everything the Runs page shows of one run; problems end up in ``error``, never raised."""
     path = Path(path)
     info = RunInfo(name=_name(path, root), path=path, arch=None, config={}, plumbing_check=_in_micro_zoo(path))
     try:
-        raw = read_json(path / "config.json")
-        run_config = run_config_from_dict(raw, source=path / "config.json")  # a model-only config gets the defaults
-        info.config = {**raw, "model": run_config.model.to_dict()}  # every model field, for the pages to read
-        info.arch = run_config.arch
-        info.metrics = check_metrics(read_metrics(path / "metrics.jsonl"), path / "metrics.jsonl")
-        results = path / "results"
-        if (results / "eval.json").is_file():
-            info.eval = check_eval(read_json(results / "eval.json"), results / "eval.json")
-        if results.is_dir():  # hidden files (locks, temporaries of atomic writes) are not results
-            info.results = sorted(p.name for p in results.iterdir() if not p.name.startswith(".") and p.is_file())
+        run = Run.open(path)
+        info.config = {**run.raw, "model": run.config.model.to_dict()}  # every model field, for the pages to read
+        info.arch = run.arch
+        info.metrics, info.eval, info.results = run.metrics, run.eval, sorted(run.results)
         if check_weights:
-            load_model(path)
+            run.model()
     except (ValueError, FileNotFoundError, KeyError, TypeError, RuntimeError, OSError) as err:
         info.error = _describe(err)
         if str(path) not in info.error:  # e.g. torch's own message for a size it cannot allocate

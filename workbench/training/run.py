@@ -1,5 +1,5 @@
-"""A run directory, read once: ``Run.open(path)`` with its ``config``, ``task``, ``tokenizer`` and
-``model()``.
+"""A run directory, read once: ``Run.open(path)`` with its ``config``, ``task``, ``tokenizer``,
+``model()``, ``metrics``, ``results`` and ``eval``.
 
 Instruments take their default inputs from ``Run.task``: held-out problems of the task the run
 trained on, scored at the positions training scored. An input from elsewhere is allowed and said:
@@ -9,6 +9,7 @@ the page, stderr and the result JSON.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from functools import cached_property
@@ -21,12 +22,14 @@ from workbench.runtime.checkpoint import CONFIG, load_model
 from workbench.runtime.tokenizer import TokenizerBase, tokenizer_of
 from workbench.storage.errors import BadInput, MissingFile
 from workbench.storage.files import read_json
+from workbench.training.metrics import read_metrics
 from workbench.training.runconfig import RunConfig, run_config_from_dict, task_settings
 
 logger = logging.getLogger(__name__)
 
 BY_HAND = "a prompt given by hand"  # the input task of a prompt that is no task's problem
 TRACE_TASKS = ("chain", "addition")  # synthetic tasks whose answers follow a written trace
+PLOTTED = ("loss", "lr", "tokens_per_s")  # what the Runs page draws of every metrics record
 
 
 @dataclass(frozen=True)
@@ -146,6 +149,83 @@ class Run:
 
     def model(self, device=None, dtype=None):
         return load_model(self.path, device=device, dtype=dtype)
+
+    @cached_property
+    def metrics(self) -> list[dict]:
+        """The records of ``metrics.jsonl``, each with the numbers the pages plot."""
+        path = self.path / "metrics.jsonl"
+        return check_metrics(read_metrics(path), path)
+
+    @cached_property
+    def results(self) -> dict[str, Path]:
+        """The files under ``results/`` by name (hidden files, locks and temporaries, are not results)."""
+        folder = self.path / "results"
+        if not folder.is_dir():
+            return {}
+        return {p.name: p for p in sorted(folder.iterdir()) if not p.name.startswith(".") and p.is_file()}
+
+    @cached_property
+    def eval(self) -> dict | None:
+        """``results/eval.json`` (the run's own evaluation), checked; None before ``workbench eval``."""
+        path = self.results.get("eval.json")
+        return None if path is None else check_eval(read_json(path), path)
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_metrics(records: list[dict], path: Path) -> list[dict]:
+    """``records`` (read from ``path``) if each has the numbers the Runs page plots (and
+    ``loss_pass*``, ``n_streams`` are numbers where present), else a ValueError naming the record."""
+    for number, record in enumerate(records, 1):
+        for key in [*PLOTTED, *(k for k in record if k.startswith("loss_pass") or k == "n_streams")]:
+            if not _number(record.get(key)):
+                raise BadInput(
+                    f"{path}: record {number} (step {record['step']}) has {key}={json.dumps(record.get(key))[:60]}, "
+                    f"expected a number"
+                )
+    return records
+
+
+def check_eval(data: dict, path: Path) -> dict:
+    """``data`` (read from ``path``) if it has the structure ``evaluate_run`` writes, else a
+    ValueError naming the field, its value, the file and what was expected."""
+
+    def expect(ok: bool, where: str, value, expected: str) -> None:
+        if not ok:
+            raise BadInput(f"{path}: {where} is {json.dumps(value)[:60]}, expected {expected}")
+
+    for key, ok, expected in [
+        ("run", lambda v: isinstance(v, str), "a string"),
+        ("arch", lambda v: isinstance(v, str), "a string"),
+        ("fused_passes", lambda v: isinstance(v, str) or _number(v), "a number of passes"),
+        ("seconds", _number, "a number"),
+    ]:
+        if key in data:
+            expect(ok(data[key]), key, data[key], expected)
+    tasks = data.get("tasks")
+    if not isinstance(tasks, dict):
+        raise ValueError(f"{path}: tasks is {json.dumps(tasks)[:60]}, expected an object of task name -> result")
+    for task, res in tasks.items():
+        expect(isinstance(res, dict), f"tasks.{task}", res, "an object with n, loss, answer_loss, accuracy")
+        for key in ("n", "skipped_too_long"):
+            if key == "n" or key in res:
+                expect(
+                    isinstance(res.get(key), int) and not isinstance(res.get(key), bool) and res[key] >= 0,
+                    f"tasks.{task}.{key}",
+                    res.get(key),
+                    "an integer >= 0",
+                )
+        for key in ("loss", "answer_loss", "accuracy"):
+            values = res.get(key)
+            expect(isinstance(values, dict), f"tasks.{task}.{key}", values, "an object of regime -> number")
+            for regime, value in values.items():
+                if key == "accuracy":
+                    expect(_number(value) and 0 <= value <= 1, f"tasks.{task}.{key}.{regime}", value, "a number in [0, 1]")
+                else:
+                    expect(_number(value), f"tasks.{task}.{key}.{regime}", value, "a number")
+    return data
 
 
 def run_task(path: str | Path) -> RunTask:
