@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from models import ModelConfig
-from models.layers import SIZE_LIMIT
+from models.config import SIZE_LIMIT
 from workbench.data.tasks import MAX_EXAMPLES, TASK_KINDS, TaskConfig
 from workbench.runtime.config import (
     ARCHS,
@@ -281,14 +281,23 @@ def training_bytes(cfg: RunConfig, sizes: dict[str, int]) -> int:
     return state + batch + activations + logits
 
 
+def run_sizes(cfg: RunConfig) -> dict[str, int]:
+    """The sizes ``training_bytes`` reads: the model's at its largest stage (an HD run's last
+    ``hd.streams``), the batch and the sequence length."""
+    sizes = {**model_sizes(cfg.model), "batch_size": cfg.train.batch_size, "seq_len": cfg.train.seq_len}
+    if cfg.arch == "hd":
+        sizes["n_streams"] = cfg.hd.streams[-1]
+    return sizes
+
+
 def check_run_fits(cfg: RunConfig) -> None:
     """Refuse (``BadInput``, before any file is written) a run whose training step cannot fit in the
     memory of the device it trains on, naming the settings that make it large: the model at its
     largest stage (an HD run's last ``hd.streams``), the batch and the sequence length."""
-    sizes = {**model_sizes(cfg.model), "batch_size": cfg.train.batch_size, "seq_len": cfg.train.seq_len}
+    sizes = run_sizes(cfg)
     labels = {name: f"model.{name}" for name in sizes} | {"batch_size": "train.batch_size", "seq_len": "train.seq_len"}
     if cfg.arch == "hd":
-        sizes["n_streams"], labels["n_streams"] = cfg.hd.streams[-1], "hd.streams"
+        labels["n_streams"] = "hd.streams"
     check_fits(
         lambda s: training_bytes(cfg, s),
         sizes,

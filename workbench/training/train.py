@@ -12,7 +12,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,7 +162,9 @@ def _committed_files(state_dir: Path) -> list[str]:
     return [name for name in (state.get("weights"), state.get("optimizer")) if isinstance(name, str)]
 
 
-def _publish(run_dir: Path, cfg: RunConfig, model_cfg, files: dict, tokenizer: TokenizerBase, superseded: list[str] = ()) -> None:
+def _publish(
+    run_dir: Path, cfg: RunConfig, model_cfg, files: dict, tokenizer: TokenizerBase, superseded: Sequence[str] = ()
+) -> None:
     """The run directory's files from the committed checkpoint ``files``; then delete the superseded
     checkpoint's files and the temporary files of writes a killed process left behind: only what
     the run's record names with the identity it recorded, so a file the run did not write stays."""
