@@ -28,7 +28,7 @@ class Embed(nn.Module):
     def forward(self, tokens: Tensor) -> Tensor:
         # F.embedding, not W_E[tokens]: the same rows, but indexing's backward (index_put_ with
         # accumulation) adds repeated tokens' rows across CPU threads in arrival order, so two
-        # identical training steps differed; embedding's backward is deterministic
+        # identical training steps can differ; embedding's backward is deterministic
         return nn.functional.embedding(tokens, self.W_E)
 
 

@@ -22,8 +22,8 @@ class ConfigError(ValueError):
 
 
 class FieldTypeError(ConfigError, TypeError):
-    """A config field whose value has the wrong type (a ``TypeError`` too, as it was before the
-    validators became one)."""
+    """A config field whose value has the wrong type (a ``TypeError`` too, so that code
+    catching ``TypeError`` for a wrongly typed value still catches it)."""
 
 
 _HINTS: dict[type, dict[str, object]] = {}

@@ -166,7 +166,8 @@ def cpt(run: Path, task: str, work: Path, steps: int, archs: tuple[str, ...], be
 def resume(run: Path, task: str, work: Path, steps: int) -> dict:
     """FBT: 4 steps in one go == 2 steps, stop, resume, 2 more (HD is the same loop, tested on a
     tiny model). One thread: with two, CPU kernels split reductions differently from run to run and
-    two uninterrupted runs already differ in the last bits (the zoo issue #19 is about that)."""
+    two uninterrupted runs already differ in the last bits (docs/training.md, "Reproducible training,
+    and seeds")."""
     log: list = []
     extra = CPT["fbt"] + STEP + SCHEDULE + [f"train.steps={steps}", "train.checkpoint_every=2"]
     common = ["--arch", "fbt", "--init-from", str(run), "--task", task, *sets(extra), "--no-progress"]

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The README's first hour, walked through the app itself and timed: what a new researcher does
-after the main job's command, each step the button the README names (issue #38).
+after the main job's command, each step the button the README names.
 
     python scripts/first_hour.py [--runs EMPTY_DIR] [--out docs/results/first_hour.json]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The GPU suite (issue #39): what this project checks on a GPU, in one call, into one JSON.
+"""The GPU suite: what this project checks on a GPU, in one call, into one JSON.
 
     bash scripts/gpu_suite.sh --prepare                 # here, once: wheels into .whl/, SmolLM2's tokenizer and a corpus into .gpu/
     bash scripts/gpu_suite.sh [--dry] [--out FILE] [--only S,S] [--budget SECONDS]

@@ -6,11 +6,11 @@ dynamics and an SAE job take on ``quick/fbt`` while another analysis job runs (d
 
 Each measured job is started as the app starts it (``workbench.jobs.start_job``, the page's
 arguments) while a background job (a long dynamics rollout of the same run) runs. ``before``: no
-``--threads``, as the app started jobs before the sidebar's budget (torch's default, one thread
-per core, for each job); ``after``: ``--threads`` from the budget the app now divides among the
-running jobs (``min(cores, 4) // (running + 1)``), the background job included. The two modes
-alternate within each repetition, on the same machine in one sitting; the ratio is before / after
-of the median seconds.
+``--threads``, the app without its thread budget (torch's default, one thread per core, for each
+job); ``after``: ``--threads`` from the budget the app divides among the running jobs
+(``min(cores, 4) // (running + 1)``), the background job included. The two modes alternate within
+each repetition, on the same machine in one sitting; the ratio is before / after of the median
+seconds.
 """
 
 from __future__ import annotations

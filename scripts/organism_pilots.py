@@ -1,7 +1,7 @@
 """Learning curves of candidate model organisms: a ``tiny`` baseline trained on one task alone,
 its held-out accuracy (``standard``, greedy) measured every ``--every`` steps, and the steps at
 which it first reaches the task's competence target. What chose the organisms' tasks and
-budgets (docs/training.md, "Model organisms").
+budgets (docs/organisms.md, "Model organisms").
 
     python scripts/organism_pilots.py --tasks perm,addition --steps 600 --out /tmp/pilots \\
         --json docs/results/organism_pilots.json

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Regenerate the model organisms' results with one command: the zoo at N seeds, every study on
-every organism, the claims table and every results page (issue #37).
+every organism, the claims table and every results page.
 
     python scripts/regenerate_organisms.py                       # everything, 5 seeds (hours on 2 cores)
     python scripts/regenerate_organisms.py --organism perm --study fbt-vs-baseline --no-zoo

@@ -650,7 +650,7 @@ def _add_zoo(sub) -> None:
         default="micro",
         help="micro: seconds, a plumbing check; quick: minutes, a flip-flop learned; org-TASK: one model organism; "
         "organisms: all three, the reference zoo (into --out/TASK); cpu: the earlier reference zoo; "
-        "modsum, flipflop: --study fbt-vs-baseline's settings (docs/training.md)",
+        "modsum, flipflop: --study fbt-vs-baseline's settings (docs/studies.md)",
     )
     p.add_argument(
         "--out",
@@ -663,7 +663,7 @@ def _add_zoo(sub) -> None:
         "--study",
         choices=["data-efficiency", "three-pass", "hd-ablations", "probes", "traces", "fbt-vs-baseline"],
         default=None,
-        help="train and measure a comparison study instead of the zoo (docs/training.md)",
+        help="train and measure a comparison study instead of the zoo (docs/studies.md)",
     )
     p.add_argument("--only", action="append", default=None, help="train only this member (repeatable)")
     p.add_argument(

@@ -20,8 +20,8 @@ found = runs()
 ZOOS = {
     "micro": "~15 s on 2 cores: a plumbing check that exercises every page and learns nothing",
     "quick": "~2.5 min: the flip-flop organism, learned (held-out accuracy 1.0 at 5 of 5 seeds)",
-    "organisms": "~11 min: the three model organisms (flip-flop, permutations, addition) at one seed (docs/training.md)",
-    "cpu": "~30 min (estimated): the earlier reference zoo, which learns part of its tasks (docs/training.md)",
+    "organisms": "~11 min: the three model organisms (flip-flop, permutations, addition) at one seed (docs/organisms.md)",
+    "cpu": "~30 min (estimated): the earlier reference zoo, which learns part of its tasks (docs/organisms.md)",
 }
 
 

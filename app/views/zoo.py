@@ -61,7 +61,7 @@ if (root / "organisms").is_dir():
         f"One row per claim and organism, read from the studies under {root / 'organisms'} (`workbench zoo --study "
         "STUDY --preset org-TASK`): the comparison of the study's declared family, its simultaneous interval and "
         "Holm's reading; 'not testable here' when the baseline missed a competence target or the readout cannot "
-        "reach significance at this many seeds (docs/training.md, 'The claims')."
+        "reach significance at this many seeds (docs/claims.md)."
     )
 
 found = summaries(root)

@@ -373,7 +373,7 @@ def fbt_vs_baseline_body(study: dict) -> list[str]:
         ]
         for row in tuning["rows"]
     ]
-    if "tuning_seeds" in tuning:  # from issue #37 on: each row at two seeds, read by the worse
+    if "tuning_seeds" in tuning:  # each row at two seeds, read by the worse; else at one seed
         seeds = " and ".join(str(seed) for seed in tuning["tuning_seeds"])
         trained = f"Every sweep row trains at seeds {seeds} (no comparison member's) and is read by the worse of them;"
     else:

@@ -1,4 +1,4 @@
-"""The pretrained keys (issue #15): the real SmolLM2-135M-Instruct, imported into our ``baseline``
+"""The pretrained keys: the real SmolLM2-135M-Instruct, imported into our ``baseline``
 class, against ``transformers`` and TransformerBridge holding the same weights, timed side by side
 in one process; and the peak memory of ``workbench cache`` storing it at two token counts.
 

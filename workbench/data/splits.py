@@ -2,8 +2,9 @@
 
 Held-out problems come from their own random streams (``tasks.split_rng(..., "heldout")``), seeded
 with a string that no training stream uses, so they are independent of the training problems of
-every seed. (They used to be the training stream of ``seed + 10000``, so a run trained with
-``train.seed=10000`` was evaluated and probed on its own training set.) Independence is not
+every seed. (A stream seeded by a number, such as ``seed + 10000``, is the training stream of
+some ``train.seed``, and a run trained at that seed would be evaluated and probed on its own
+training set.) Independence is not
 disjointness where a task's problem space is tiny: chain's one-step problems number a few hundred,
 so any two streams share some of them by chance.
 """

@@ -1,8 +1,8 @@
 """The dynamics analysis's settings by default: one set for ``analyse_run``, the CLI's ``workbench
-dynamics`` and the app's Dynamics page (issue #38: they differed, 2,000 steps, 6 spectra and 2 x 16
-fixed-point starts against 300, 4 and 1 x 8, without a word). Short enough to run while a
-researcher waits (a 300-step rollout, four spectra, one fixed-point search of eight starts); the
-studies and the documented commands pass their own. Free of torch, so the CLI's parser reads it."""
+dynamics`` and the app's Dynamics page, so that the three give the same readings for the same run.
+Short enough to run while a researcher waits (a 300-step rollout, four spectra, one fixed-point
+search of eight starts); the studies and the documented commands pass their own. Free of torch, so
+the CLI's parser reads it."""
 
 DEFAULTS = {
     "horizon": 300,

@@ -80,7 +80,8 @@ def analyse_run(
     ``progress(phase, done, total)`` is told of each piece of each phase as it is done: the
     rollout's steps, the spectra, the fixed-point searches, the K-pass convergence. The phases
     differ in cost per piece by orders of magnitude (a spectrum is a Jacobian, a fixed-point search
-    many), so each is its own count: one bar over all of them stood at 97% for 14 minutes."""
+    many), so each is its own count: in one count over all of them the rollout's many cheap steps
+    would bring a bar almost to its end before the costly pieces start."""
     name = Path(run_dir).name
 
     def tick(phase: str, done: int, total: int) -> None:

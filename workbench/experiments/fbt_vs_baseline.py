@@ -1,4 +1,4 @@
-"""FBT against the baseline, fair by construction (issue #36): one command,
+"""FBT against the baseline, fair by construction: one command,
 ``workbench zoo --study fbt-vs-baseline --scale modsum --seeds 5``.
 
 1. **Tuning, by a rule written before the sweep runs** (``RULE``). Each architecture gets the same
@@ -8,7 +8,7 @@
    comparison member uses, for the full budget, and is scored on the validation split
    (``tasks.split_rng(..., "validation")``: neither training data nor test problems) by the worse
    of its seeds' losses: a setting whose learning time depends on the seed loses to one that
-   learns at both (from issue #37 on; the studies before it tuned at one seed, ``tuning_seed``).
+   learns at both (a study record with ``tuning_seed`` instead was tuned at that one seed).
 2. **The comparison**, at training seeds 0..n-1, each architecture at its chosen setting:
    ``baseline``; ``fbt`` (matched initialisation, warm feedback switch: the defaults); and the
    control ``fbt-no-feedback``, FBT's model at the baseline's setting with ``fbt.pass_weights=1,0,0``
@@ -77,7 +77,7 @@ RULE = (
 TEST_FILE = "comparison_test.json"  # per member, in results/: its per-problem scores
 
 # The scales: ``micro`` checks the plumbing in seconds; ``modsum`` is the setting in which the old
-# zoo's FBT-minus-baseline gap on modsum was measured (issue #36: tiny, p = 3, 1-6 digits, seq 64,
+# zoo's FBT-minus-baseline gap on modsum was measured (tiny, p = 3, 1-6 digits, seq 64,
 # batch 16, 600 steps), where a tiny baseline learns modsum within its budget; ``flipflop`` the same
 # on the zoo's third task (the threshold, as modsum's, about half the chance-level completion loss).
 MODSUM = ["data.modsum_p=3", "data.modsum_min_len=1", "data.modsum_max_len=6"]
@@ -175,7 +175,7 @@ BEYOND_REGIMES = ("standard", "fused")  # single-token answers: soft decodes as 
 # so its threshold is the training loss at which the pilot's held-out accuracy passed one half
 # (0.23 at step 500, accuracy 0.47; 0.11 at step 600, 0.77).
 # Learning rates: the organism's own in the middle, one a factor 2 either side; addition's start at
-# its own (issue #37). Below it the baseline learns addition late and by seed: at 5e-4 it missed
+# its own. Below it the baseline learns addition late and by seed: at 5e-4 it missed
 # the target at 2 of 7 seeds (0.825, 0.215), and neither lever of the organism caught the slower
 # one up (docs/results/organism_pilots.json, seed 4: 0.88 after 2,000 steps, past the zoo's time
 # budget; 0.85 on 1-2 digits), while at 1e-3 it reached it at each of the zoo's 5 seeds; FBT's
@@ -194,8 +194,8 @@ FAMILY = (
     f"{CONTROL} - baseline: accuracy",
     f"{CONTROL} - baseline: completion loss",
     # FBT's own regimes on the same weights (the seeds' claim that soft and fused decoding beat
-    # standard; soft can differ from standard only after the first generated token); from issue
-    # #37 on: the studies measured before it declared the first 10
+    # standard; soft can differ from standard only after the first generated token); a study
+    # record that declares only the first 10 was measured without these two
     *(f"fbt {r} - fbt standard: accuracy" for r in ("soft", "fused")),
 )
 

@@ -1,4 +1,4 @@
-"""Counting the operations that make the host wait for the device (issue #39).
+"""Counting the operations that make the host wait for the device.
 
 On a GPU, reading a tensor's value on the host (``.item()``, ``int(t)``, ``bool(t)``, an ``if``
 on a tensor) waits for every queued kernel, and an operation whose output shape depends on the

@@ -1,5 +1,5 @@
 """A training fingerprint: one hash of what this code trains and evaluates, so that results made at
-different commits can be shown to come from the same training behaviour (issue #37).
+different commits can be shown to come from the same training behaviour.
 
 The organisms' zoo and its studies take hours on 2 cores, longer than a session, so a regeneration
 runs in parts, at more than one commit. A commit hash cannot say whether two parts are comparable
@@ -15,7 +15,7 @@ not run (a study's statistics, the analyses): those are recomputed from the save
 
 The CPU's instruction set is part of the numerics: the same code on this machine gives one
 fingerprint with PyTorch's AVX-512 kernels, others with its AVX2 and its generic ones, and
-another with AVX2 and MKL's results pinned (measured, 2026-12-05); sessions land on different
+another with AVX2 and MKL's results pinned (measured); sessions land on different
 machines. ``PINNED_NUMERICS`` is the environment that makes PyTorch, MKL and oneDNN take their AVX2
 paths and MKL give the same results on any CPU that has AVX2; a regeneration made in parts runs
 every part under it, and the record says which path ran (``numerics``). It must be set before torch is imported, so it is set for a

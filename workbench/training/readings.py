@@ -1,4 +1,4 @@
-"""What a training step reports, kept on the device until the host reads it (issue #39).
+"""What a training step reports, kept on the device until the host reads it.
 
 A step's losses and gradient norm are tensors on the device; reading one on the host (``.item()``,
 ``float()``) waits for every queued kernel, which on a GPU stalls the launch queue at every step.

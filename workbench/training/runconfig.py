@@ -160,10 +160,10 @@ class FBTTrainConfig:
     # fused input starts as the state's best linear guess of the plain input; docs/training.md)
     fusion_init: str = "regression"
     # at feedback_start: "warm" fits the fusion from the backbone trained so far (the regression
-    # init above, GLU only), "cold" leaves it at its random initialisation (before issue #36)
+    # init above, GLU only), "cold" leaves it at its random initialisation
     switch: str = "warm"
     # the feedback passes' loss weights rise linearly from 0 to pass_weights over this fraction of
-    # train.steps after feedback_start (0: at once, as before issue #36)
+    # train.steps after feedback_start (0: at full weight at once)
     ramp: float = 0.1
 
     def __post_init__(self) -> None:

@@ -5,7 +5,7 @@ equal data. FBT without 3-pass batches is the ``three-pass`` study's (``workbenc
 ``micro`` finishes in well under 2 minutes on 2 CPU cores (tests, CI); the model organisms
 (``org-flipflop``, ``org-perm``, ``org-addition``; ``train_organisms`` trains all three) are the
 reference zoo, each learned by its baseline in minutes; ``quick`` is ``org-flipflop``, the
-fastest; ``cpu`` is the earlier reference zoo on the chain/modsum/flip-flop mix (docs/training.md:
+fastest; ``cpu`` is the earlier reference zoo on the chain/modsum/flip-flop mix (docs/organisms.md:
 measured, with what its members learn).
 
 With ``seeds`` = n every member is trained at training seeds 0..n-1 (``train.seed``: the
@@ -14,9 +14,9 @@ initialisation and the batch order; the task data stay the same), seed k > 0 in 
 Training runs with a fixed number of torch threads per member (``threads``, recorded): on one
 machine a member is then bitwise the same every time it is trained, alone or next to others
 (``jobs`` members train at once, each in its own process); a different thread count changes the
-order of floating-point sums, so it gives a different, equally valid, model. On 2 small cores two
-one-thread members train about 1.2 times the tokens per second of one two-thread member
-(docs/training.md).
+order of floating-point sums, so it gives a different, equally valid, model. Two one-thread members
+at once train more tokens per second than one two-thread member on 2 cores, hence ``jobs`` 2 and
+``threads`` 1 in every preset but ``micro`` (docs/training.md has the measurement).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ MAX_SEEDS = 10
 # studies need: correct chain traces to compare lengths, a running sum the model computes for the
 # probes to find, and a memory it keeps.
 # ``quick`` and the organisms: the targets written in scripts/organism_pilots.py before any pilot
-# of those tasks ran (issue #37), reached by a baseline pilot of each alone.
+# of those tasks ran, reached by a baseline pilot of each alone.
 TARGETS = {
     "micro": None,
     "cpu": {"chain": 0.5, "modsum": 0.8, "flipflop": 0.95},
@@ -63,7 +63,7 @@ TARGETS = {
 TARGETS["quick"] = TARGETS["org-flipflop"]  # the same zoo
 
 # The tasks the ``micro`` and earlier ``cpu`` zoos train on (the ``mix`` of chain, modsum and
-# flip-flop), chosen so the effects the studies look for could appear (docs/training.md, "The
+# flip-flop), chosen so the effects the studies look for could appear (docs/organisms.md, "The
 # earlier zoo's tasks", has the pilots behind each
 # choice): chain answers that write one or two steps per line, so a model can reach ``####`` in
 # fewer tokens; a running sum mod 3 over 1-6 digits; flip-flop. Only completions are scored and
@@ -80,7 +80,7 @@ TASK = [
     "data.mix_weights=1,6,3",
 ]
 
-# The model organisms (issue #37; docs/training.md, "Model organisms", has the pilots), each a
+# The model organisms (docs/organisms.md, "Model organisms", has the pilots), each a
 # zoo of its own (in one model the three interfere: at 1 : 1 : 1 perm stayed at chance for 1,500
 # steps beside addition's traces, and weighing examples alike starved addition instead):
 # - ``org-flipflop``: a one-bit flip-flop (Liu et al.'s) at ignore density 0.5 (write : ignore :
