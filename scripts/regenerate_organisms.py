@@ -142,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     organisms, studies = args.organism or list(ALL), args.study or STUDIES
     started = time.perf_counter()
     path = args.results / RECORD
+    if args.results.is_dir() and any(args.results.iterdir()) and not path.is_file():
+        parser.error(f"--results {args.results} holds files and no {RECORD}: it is not a results directory this wrote")
     record = json.loads(path.read_text()) if path.is_file() else {"written_by": "python scripts/regenerate_organisms.py"}
     steps = record.setdefault("steps", {})  # by command: what each step last did, kept across partial runs
     fingerprint = None

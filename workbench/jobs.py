@@ -56,7 +56,9 @@ STATES = ("starting", "running", "done", "failed", "cancelled")  # what job.json
 FINISHED = ("done", "failed", "cancelled", "lost", "invalid")
 START_GRACE = 60.0  # seconds a job may stay ``starting`` before a dead supervisor makes it ``lost``
 STOP_GRACE = 30.0  # seconds a cancelled verb has to clean up after its Ctrl-C before it is killed
-MAX_FILE = 1 << 20  # bytes: the job's JSON files are a few hundred; a larger one is not ours
+# bytes: a job's own files (job.json, progress.json, a lock record) are a few hundred, and every page
+# load reads them all; a verb's result (result.json) may be larger
+MAX_FILE, MAX_RESULT = 1 << 16, 1 << 20
 LATEST = 32503680000.0  # 3000-01-01 in seconds since the epoch: a later "time" is garbage and cannot be drawn
 PID_LIMIT = 1 << 22  # Linux's PID_MAX_LIMIT: no process has a larger id (and os.kill overflows on huge ones)
 PROC = Path("/proc")  # where a process's command line proves what it is (Linux); without it nothing is signalled
@@ -114,7 +116,7 @@ class Job:
         if self.state != "done":
             return None
         try:
-            return _read_object(self.path / "result.json")
+            return _read_object(self.path / "result.json", MAX_RESULT)
         except MissingFile:
             return None
 
@@ -258,8 +260,8 @@ def _why(err: OSError) -> str:
     return "a symbolic link" if err.errno == errno.ELOOP else err.strerror or str(err)
 
 
-def _read_object(path: Path) -> dict:
-    """A JSON object from a regular file of at most ``MAX_FILE`` bytes, never through a link."""
+def _read_object(path: Path, limit: int = MAX_FILE) -> dict:
+    """A JSON object from a regular file of at most ``limit`` bytes, never through a link."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -271,9 +273,9 @@ def _read_object(path: Path) -> dict:
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
             raise BadInput(f"{path} is not a regular file: not read")
-        raw = f.read(MAX_FILE + 1)
-    if len(raw) > MAX_FILE:
-        raise BadInput(f"{path} is larger than {MAX_FILE} bytes: not a file the workbench writes")
+        raw = f.read(limit + 1)
+    if len(raw) > limit:
+        raise BadInput(f"{path} is larger than {limit} bytes: not a file the workbench writes")
     try:
         data = json.loads(raw)
     except (ValueError, RecursionError) as err:

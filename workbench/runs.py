@@ -136,7 +136,8 @@ def within_root(path: str | Path, root: str | Path) -> Path:
     root = Path(root).resolve()
     try:
         resolved = (root / Path(path).expanduser()).resolve()
-    except (OSError, RuntimeError, ValueError) as err:  # a symlink loop, a NUL byte
+        resolved.exists()  # a name longer than the file system allows fails here, not on every page
+    except (OSError, RuntimeError, ValueError) as err:  # a symlink loop, a NUL byte, a name too long
         raise BadInput(f"{path}: not a usable path ({err}); expected the runs root {root} or a directory under it") from None
     if resolved != root and root not in resolved.parents:
         shown = "" if str(resolved) == str(path) else f" (resolves to {resolved})"

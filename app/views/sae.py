@@ -11,9 +11,19 @@ from app.charts import latent_densities
 from app.state import find, pick_run, runs, shown_errors
 from workbench.probing.sae_study import LATENTS, N_SEQUENCES, REPORT, default_out
 from workbench.probing.study import default_hooks
-from workbench.storage.errors import BadInput
 from workbench.storage.files import read_json
+from workbench.storage.shapes import check_shape
 
+# what the page reads of the report and the latents ``workbench sae`` writes
+REPORT_SHAPE = {
+    "test": {"explained": float, "l0": float, "dead": int, "mse": float},
+    "settings": {"k": int, "d_sae": int},
+    "rows": {"train": int, "test": int},
+    "n_sequences": int,
+    "task": (str, None),
+}
+CONTEXT = {"activation": float, "before": str, "token": str}
+LATENTS_SHAPE = {"latents": [{"latent": int, "density": float, "top": [CONTEXT]}]}
 CARRIED = "ln_final.hook_normalized"  # the last layer's state: what FBT carries to the next position
 
 
@@ -22,12 +32,9 @@ def saved_sae(directory: Path) -> tuple[dict, pd.DataFrame]:
     (latent, density, and the top context written out); ``BadInput`` naming the file and field
     when they are not what it writes."""
     report, latents = read_json(directory / REPORT), read_json(directory / LATENTS)
-    test = report.get("test")
-    if not isinstance(test, dict) or not all(isinstance(test.get(k), int | float) for k in ("explained", "l0", "dead", "mse")):
-        raise BadInput(f"{directory / REPORT}: field 'test' must hold numbers explained, l0, dead and mse")
-    rows = latents.get("latents")
-    if not isinstance(rows, list) or not all(isinstance(r, dict) and isinstance(r.get("top"), list) for r in rows):
-        raise BadInput(f"{directory / LATENTS}: field 'latents' must be a list of objects with a 'top' list")
+    check_shape(report, REPORT_SHAPE, directory / REPORT)
+    check_shape(latents, LATENTS_SHAPE, directory / LATENTS)
+    rows = latents["latents"]
     table = pd.DataFrame(
         {
             "latent": [r.get("latent") for r in rows],

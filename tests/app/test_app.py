@@ -182,14 +182,41 @@ def test_sae_page_trains_an_sae_and_lists_its_latents(monkeypatch, zoo):
     assert at.button(key="sae_train").label == "Retrain the SAE (replaces the saved one)"
 
 
-def test_a_malformed_sae_report_is_an_error_on_the_sae_page(monkeypatch, micro_zoo, tmp_path):
+GOOD_REPORT = {
+    "test": {"explained": 0.9, "l0": 4.0, "dead": 0, "mse": 0.1},
+    "settings": {"k": 4, "d_sae": 2},
+    "rows": {"train": 10, "test": 2},
+    "n_sequences": 4,
+    "task": "flipflop",
+}
+GOOD_LATENT = {"latent": 0, "density": 0.5, "top": [{"activation": 1.0, "before": "ab", "token": "c"}]}
+MALFORMED_SAE = {
+    "explained not a number": ({**GOOD_REPORT, "test": {**GOOD_REPORT["test"], "explained": "high"}}, None, "'test.explained'"),
+    "no settings": ({k: v for k, v in GOOD_REPORT.items() if k != "settings"}, None, "'settings'"),
+    "rows a list": ({**GOOD_REPORT, "rows": [10, 2]}, None, "'rows'"),
+    "latents not a list": (None, {"latents": {"0": GOOD_LATENT}}, "'latents'"),
+    "a context not an object": (None, {"latents": [{**GOOD_LATENT, "top": [5]}]}, "'latents[0].top[0]'"),
+    "a context without before": (None, {"latents": [{**GOOD_LATENT, "top": [{"activation": 1.0, "token": "c"}]}]}, "before"),
+    "density a string": (None, {"latents": [{**GOOD_LATENT, "density": "0.5"}]}, "'latents[0].density'"),
+    "activation null": (
+        None,
+        {"latents": [{**GOOD_LATENT, "top": [{**GOOD_LATENT["top"][0], "activation": None}]}]},
+        "activation",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED_SAE))
+def test_a_malformed_sae_report_is_an_error_on_the_sae_page_naming_the_field(case, monkeypatch, micro_zoo, tmp_path):
+    report, latents, field = MALFORMED_SAE[case]
     runs = shutil.copytree(micro_zoo, tmp_path / "runs")
     saved = runs / "fbt" / "results" / "sae" / "ln_final.hook_normalized-recurrent-2"
     saved.mkdir(parents=True)
-    (saved / "sae.json").write_text(json.dumps({"test": {"explained": "high"}}))
-    (saved / "latents.json").write_text(json.dumps({"latents": []}))
+    (saved / "sae.json").write_text(json.dumps(report or GOOD_REPORT))
+    (saved / "latents.json").write_text(json.dumps(latents or {"latents": [GOOD_LATENT]}))
     at = open_page(monkeypatch, runs, "sae")
-    assert any("field 'test' must hold numbers explained, l0, dead and mse" in e for e in errors(at)), errors(at)
+    assert_clean(at)
+    assert any(field in e and ("sae.json" in e or "latents.json" in e) for e in errors(at)), errors(at)
     assert not at.metric
 
 

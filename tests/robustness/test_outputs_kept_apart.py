@@ -14,3 +14,24 @@ def test_two_eval_tasks_never_share_an_output_file():
     # a spec the name spells whole keeps its plain name; the run's own configuration keeps eval.json
     assert eval_file_name(cfg, n, 2, "addition") == "eval_task-addition.json"
     assert eval_file_name(cfg, n, 2, None) == eval_file_name(cfg, n, 2, "chain") == "eval.json"
+
+
+def test_regenerating_the_organisms_refuses_a_results_folder_it_did_not_write(tmp_path, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    import pytest
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("regenerate_organisms", root / "scripts" / "regenerate_organisms.py")
+    assert spec is not None and spec.loader is not None
+    regenerate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(regenerate)
+    results = tmp_path / "mine"
+    results.mkdir()
+    (results / "README.md").write_text("my notes")
+    (results / "claims.json").write_text('{"mine": true}')
+    with pytest.raises(SystemExit) as stop:
+        regenerate.main(["--copy", "--no-zoo", "--runs", str(tmp_path / "runs"), "--results", str(results)])
+    assert stop.value.code == 2 and "is not a results directory this wrote" in capsys.readouterr().err
+    assert (results / "README.md").read_text() == "my notes" and (results / "claims.json").read_text() == '{"mine": true}'

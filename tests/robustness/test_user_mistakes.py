@@ -22,3 +22,12 @@ def test_a_count_below_one_is_a_usage_error_before_any_work(argv, tmp_path):
         and err.strip().splitlines()[-1].endswith(f"expected an integer >= 1, got {argv[-1]!r}")
     )
     assert not (tmp_path / "out").exists()
+
+
+def test_a_runs_directory_whose_name_no_file_system_holds_is_refused_once(tmp_path):
+    from workbench.runs import within_root
+    from workbench.storage.errors import BadInput
+
+    with pytest.raises(BadInput, match="not a usable path .*File name too long"):
+        within_root("a" * 300, tmp_path)
+    assert within_root("a" * 255, tmp_path) == tmp_path.resolve() / ("a" * 255)

@@ -17,6 +17,7 @@ from models import BaselineLM, ModelConfig
 from models.config import SIZE_LIMIT
 from workbench.runtime.checkpoint import CONFIG, save_model
 from workbench.runtime.config import check_model_fits, config_errors
+from workbench.runtime.gguf_header import check_gguf_header
 from workbench.runtime.tokenizer import HFTokenizer, TokenizerBase
 from workbench.storage.errors import BadInput, MissingFile, NotADirectory, OutputExists, WorkbenchError
 from workbench.storage.files import read_json
@@ -248,6 +249,8 @@ def import_hf(source: str | Path, out_dir: str | Path, *, gguf_file: str | None 
     what = "not a readable GGUF file" if gguf_file else "not a Hugging Face model"
     if not gguf_file and (source / CONFIG).is_file():
         check_hf_sizes(read_json(source / CONFIG), where)
+    if gguf_file:
+        check_gguf_header(source / gguf_file)
     try:
         hf_config = AutoConfig.from_pretrained(source, **kwargs)
     except (*PARSE_ERRORS, TypeError) as err:  # TypeError: a config.json field of the wrong type
