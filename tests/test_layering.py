@@ -45,11 +45,13 @@ def test_models_import_only_torch_and_hook_points():
 
 
 # Wings of ``workbench``, bottom to top: a module imports only from its own wing or the ones below.
-# probing, dynamics and studies share a rank and do not import each other; the top modules (cli,
-# bench, demo, jobs, runs and the experiments package) may import anything.
+# probing, dynamics and studies share a rank and do not import each other; the top modules (the cli,
+# bench and experiments packages, demo, jobs, runs) may import anything. Below every wing, names
+# imports nothing, so any module may read it.
 WING_RANK = {"storage": 0, "runtime": 1, "data": 2, "training": 3, "probing": 4, "dynamics": 4, "studies": 4}
 TOP = 5
-TOP_PACKAGES = {"bench", "experiments"}  # top modules split into a package: like cli, they may import anything
+TOP_PACKAGES = {"bench", "cli", "experiments"}  # top modules split into a package: they may import anything
+BOTTOM = {"names"}
 
 
 def wing_of(module: str) -> str | None:
@@ -78,6 +80,8 @@ def test_workbench_imports_flow_down_the_wings():
         rank = WING_RANK[own] if own else TOP
         for module in workbench_imports(f):
             wing = wing_of(module)
+            if wing in BOTTOM:
+                continue
             if wing not in WING_RANK:  # the package itself or a top module
                 if own is not None:
                     bad.append((str(f.relative_to(ROOT)), module))
@@ -88,7 +92,19 @@ def test_workbench_imports_flow_down_the_wings():
 
 
 def test_every_workbench_module_sits_in_a_wing_or_the_top():
-    top = {p.stem for p in (ROOT / "workbench").glob("*.py")} - {"__init__"}
-    assert top == {"cli", "demo", "jobs", "runs"}, top
+    top = {p.stem for p in (ROOT / "workbench").glob("*.py")} - {"__init__"} - BOTTOM
+    assert top == {"demo", "jobs", "runs"}, top
     packages = {p.name for p in (ROOT / "workbench").iterdir() if p.is_dir() and p.name != "__pycache__"}
     assert packages == set(WING_RANK) | TOP_PACKAGES
+
+
+def test_the_bottom_modules_import_nothing():
+    """``workbench.names`` sits below every wing: it imports no module at all (the CLI's parser reads
+    it without loading torch)."""
+    for name in BOTTOM:
+        assert imported_roots(ROOT / "workbench" / f"{name}.py") == set(), name
+
+
+def test_no_cli_module_is_over_600_lines():
+    long = {p.name: n for p in (ROOT / "workbench" / "cli").glob("*.py") if (n := len(p.read_text().splitlines())) > 600}
+    assert not long, long

@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from workbench.names import COMPARISON_STUDIES as STUDIES
 from workbench.runtime.config import make_config
 from workbench.storage.errors import BadInput, MissingFile
 from workbench.storage.files import read_json, write_json
@@ -77,7 +78,6 @@ def torch_threads(threads: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-STUDIES = ("data-efficiency", "three-pass", "hd-ablations", "probes", "traces")
 BUDGETS = (0.25, 0.5, 1.0)  # data-efficiency: fractions of the scale's training steps
 THREE_PASS = (0.0, 0.03, 0.1, 0.3)  # three-pass: the fractions of 3-pass feedback batches
 # three-pass: the last step of lambda(T), T = 100, 1000 (micro: 100; every other scale 1000)

@@ -39,6 +39,7 @@ from safetensors.torch import load_file
 
 from workbench.data.splits import heldout_examples
 from workbench.data.tasks import synthetic_examples
+from workbench.names import FAIR_STUDY as STUDY
 from workbench.runtime.checkpoint import load_model
 from workbench.runtime.tokenizer import load_tokenizer
 from workbench.storage.errors import BadInput
@@ -61,7 +62,6 @@ from workbench.training.zoo import (
 )
 from workbench.training.zoo import SCALES as SCALES_OF_ZOO
 
-STUDY = "fbt-vs-baseline"
 TUNING_SEEDS = (1000, 1001)  # the sweep's training seeds: none of the comparison's seeds 0..MAX_SEEDS-1
 FEEDBACK_STARTS = (0.3, 0.7)
 RAMPS = (0.1, 0.3)  # the first is the stage-1 ramp (the default)

@@ -35,6 +35,7 @@ from torch import Tensor
 
 from models import DecoderLM, NonFiniteActivation, unstack_streams
 from workbench.data.tasks import Example
+from workbench.names import PREFILLS
 from workbench.runtime.activations import ActivationRecorder, resolve_hook_names
 from workbench.runtime.decoding import NonFinite, check_passes, guarded
 from workbench.runtime.tokenizer import CharTokenizer, TokenizerBase
@@ -42,7 +43,6 @@ from workbench.storage.errors import BadInput, MissingFile
 from workbench.storage.files import fsync, read_json, write_json
 from workbench.storage.outputs import claim
 
-PREFILLS = ("standard", "recurrent")
 META = "store.json"
 FORMAT = 2  # 1: shards listed by name only
 SHARD = re.compile(r"^shard-\d{5}\.arrow$")

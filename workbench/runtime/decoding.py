@@ -23,14 +23,10 @@ from torch import Tensor
 
 from models import DecoderLM, NonFiniteActivation, guard_numerics, trusted_ids
 from models.numerics import NumericsGuard
+from workbench.names import ENGINES, REGIMES
+from workbench.runtime.config import check_fits
 from workbench.storage.errors import BadInput, WorkbenchError
 
-REGIMES = ("standard", "soft", "fused")
-# How a step runs: "eager" on a growing key/value cache (the reference and the default: uncompiled,
-# it measured as fast as "static" or faster), "static" on fixed-size buffers with fixed shapes,
-# "compiled" the static step through torch.compile (the first call per model and shape compiles,
-# tens of seconds on a CPU; steps with hooks attached run eagerly).
-ENGINES = ("eager", "static", "compiled")
 # Decode steps between the host's reads of the device (the numerics guard, whether every row has
 # emitted eos, whether to compact): a step between them does not wait for the device.
 SYNC_EVERY = 16
@@ -234,7 +230,25 @@ def check_generate(
         raise BadInput(
             f"prompt of {P} tokens + max_new_tokens={max_new_tokens} is longer than the context n_ctx={model.cfg.n_ctx}"
         )
+    param = model.embed.W_E
+    check_fits(
+        lambda s: decode_bytes(model, s["batch"], s["tokens"], param.element_size()),
+        {"batch": tokens.shape[0], "tokens": P + max_new_tokens},
+        "the key/value cache and the generated states",
+        reference={"batch": 1, "tokens": 256},
+        labels={"batch": "prompts", "tokens": "prompt + max_new_tokens"},
+        device=param.device if param.device.type == "cuda" else None,
+    )
     return tokens, mask
+
+
+def decode_bytes(model: DecoderLM, batch: int, tokens: int, itemsize: int) -> int:
+    """What decoding ``tokens`` positions of ``batch`` rows allocates: keys and values of every
+    layer for every cached position (an HD token caches each of its streams) and a carried state
+    per generated position."""
+    cfg = model.cfg
+    cache = 2 * cfg.n_layers * batch * tokens * model.n_streams * (cfg.n_kv_heads or cfg.n_heads) * cfg.d_head
+    return itemsize * (cache + batch * tokens * cfg.d_model)
 
 
 @torch.no_grad()  # decoding builds no autograd graph (with one, CUDA graphs cannot replay: pending backwards)
