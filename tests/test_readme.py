@@ -56,10 +56,6 @@ def test_the_first_hours_numbers_are_the_walks_record():
     assert "Every member learns it" in text
 
 
-def test_duration_text():
-    assert [_duration(s) for s in (28.5, 59.4, 59.6, 148.4, 600)] == ["28 s", "59 s", "1 min 0 s", "2 min 28 s", "10 min 0 s"]
-
-
 def _anchors(path: Path) -> set[str]:
     """The anchors GitHub gives a Markdown file's headings (lower case, punctuation dropped, spaces
     to hyphens, ``-1``, ``-2`` after repeats)."""

