@@ -42,10 +42,12 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from workbench.runtime.config import check_fits
 from workbench.storage.errors import BadInput, MissingFile
 from workbench.storage.files import read_json, write_json
 
 WEIGHTS, CONFIG = "sae_weights.safetensors", "cfg.json"  # SAELens's names
+EVAL_ROWS = 8192  # rows an evaluation encodes at once
 SAVED_AS = {"topk": "topk", "batchtopk": "jumprelu"}  # each architecture and SAELens's inference one of it
 ARCHITECTURES = tuple(SAVED_AS)
 
@@ -78,6 +80,25 @@ class SAEConfig:
             raise BadInput(f"SAE field architecture={self.architecture!r}: expected one of {', '.join(ARCHITECTURES)}")
         if not (0 < self.threshold_lr <= 1):
             raise BadInput(f"SAE field threshold_lr={self.threshold_lr!r}: expected a number in (0, 1]")
+
+    def check_training_fits(self, device=None) -> None:
+        """Refuse (``BadInput``) an SAE whose training cannot fit in memory, before any work."""
+        check_fits(
+            lambda s: sae_training_bytes(self.d_in, s["d_sae"], s["batch_size"]),
+            {"d_sae": self.d_sae, "batch_size": self.batch_size},
+            "training an SAE (weights, gradients, AdamW's moments and a batch's latents)",
+            reference={"d_sae": 16 * self.d_in, "batch_size": 1024},
+            labels={"d_sae": "latents (--expansion x d_model)", "batch_size": "batch_size"},
+            device=device,
+        )
+
+
+def sae_training_bytes(d_in: int, d_sae: int, batch_size: int) -> int:
+    """A lower bound on the bytes training takes: float32 weights, gradients and AdamW's two moments
+    of both matrices, and four [rows, d_sae] tensors (pre-activations, the kept latents and their
+    gradients) of the larger of a training batch and an evaluation chunk."""
+    parameters = 2 * d_in * d_sae + d_sae + d_in
+    return 16 * parameters + 4 * 4 * max(batch_size, EVAL_ROWS) * d_sae
 
 
 class SparseAutoencoder(nn.Module):
@@ -156,7 +177,7 @@ def batch_topk(pre: Tensor, k: int) -> Tensor:
 
 
 @torch.no_grad()
-def evaluate_sae(sae: SparseAutoencoder, x: Tensor, batch_size: int = 8192) -> SAEReport:
+def evaluate_sae(sae: SparseAutoencoder, x: Tensor, batch_size: int = EVAL_ROWS) -> SAEReport:
     squared, fired, active = 0.0, torch.zeros(sae.W_dec.shape[0], dtype=torch.long), 0
     for start in range(0, len(x), batch_size):
         rows = x[start : start + batch_size]

@@ -107,6 +107,7 @@ def sae_study(
         steps=steps,
         seed=seed,
     )
+    cfg.check_training_fits(device)
     out = Path(out) if out is not None else default_out(run_dir, hook, prefill, passes, stream)
     own = Run.open(run_dir).task
     task = own.spec

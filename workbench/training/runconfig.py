@@ -263,22 +263,39 @@ def make_run_config(
     return cfg
 
 
-def training_bytes(cfg: RunConfig, sizes: dict[str, int]) -> int:
-    """A lower bound on the memory a training step of ``cfg`` takes with ``sizes`` (the model's
-    ``SIZE_FIELDS`` at its largest stage, ``batch_size`` and ``seq_len``): what the loop cannot do
-    without, however it is run."""
+# What a training step keeps, in bytes, as measured against peak RSS on the CPU in float32
+# (scripts/memory_calibration.py, docs/results/memory_calibration.json): the process's working
+# memory beyond its imports; per position and layer, per unit of d_model, of d_mlp and per
+# attention key of each head; and per logit. On a CUDA device under bf16 autocast the activations
+# and logits take half that (against the peak GPU memory of docs/results/gpu_suite.json's
+# continued-pretraining runs).
+RUNTIME_BYTES = 90 * 2**20
+PER_D_MODEL, PER_D_MLP, PER_KEY, PER_LOGIT = 80, 18, 0.375, 17
+
+
+def training_bytes(cfg: RunConfig, sizes: dict[str, int], device=None) -> int:
+    """The memory a training step of ``cfg`` takes with ``sizes`` (the model's ``SIZE_FIELDS`` at
+    its largest stage, ``batch_size`` and ``seq_len``) on ``device`` (a CUDA device's name, or None
+    for the CPU): the weights, gradients and AdamW's moments, the batch, what each pass keeps for
+    backward (every FBT pass; every HD stream) and the logits."""
     t, s, processes = cfg.train, sizes, _processes()
     state = 16 * parameter_count(cfg.model, s)  # float32 weights, gradients and AdamW's two moments
     if t.parallel == "fsdp":  # each process holds its shard of them
         state //= processes
     batch = 2 * 8 * s["batch_size"] * s["seq_len"]  # the step's input and target ids (int64), made whole
     micro = max(s["batch_size"] // (t.grad_accum * processes), 1)
-    positions = micro * s["seq_len"] * s["n_streams"]
-    # each block's input is kept for backward (also with activation checkpointing), at least in 16 bits
-    activations = 2 * positions * s["d_model"] * s["n_layers"]
+    passes = (3 if cfg.fbt.three_pass_fraction > 0 else 2) if cfg.arch == "fbt" else 1
+    positions = passes * micro * s["seq_len"] * s["n_streams"]
+    keys = s["seq_len"] * s["n_streams"]  # each query's keys, at most
+    layer = PER_D_MODEL * s["d_model"] + PER_D_MLP * s["d_mlp"] + PER_KEY * cfg.model.n_heads * keys
+    if t.checkpoint_blocks:  # each block's float32 input is kept; one block's activations at a time
+        activations = positions * (4 * s["d_model"] * s["n_layers"] + layer)
+    else:
+        activations = positions * layer * s["n_layers"]
     supervised = s["n_streams"] if cfg.hd.supervise == "all" else 1
-    logits = 2 * micro * s["seq_len"] * supervised * s["d_vocab"]
-    return state + batch + activations + logits
+    logits = PER_LOGIT * passes * micro * s["seq_len"] * supervised * s["d_vocab"]
+    half = 0.5 if device is not None and t.bf16 else 1.0
+    return int(RUNTIME_BYTES + state + batch + half * (activations + logits))
 
 
 def run_sizes(cfg: RunConfig) -> dict[str, int]:
@@ -298,13 +315,14 @@ def check_run_fits(cfg: RunConfig) -> None:
     labels = {name: f"model.{name}" for name in sizes} | {"batch_size": "train.batch_size", "seq_len": "train.seq_len"}
     if cfg.arch == "hd":
         labels["n_streams"] = "hd.streams"
+    device = _training_device(cfg.train.device)
     check_fits(
-        lambda s: training_bytes(cfg, s),
+        lambda s: training_bytes(cfg, s, device),
         sizes,
         "a training step's weights, gradients, optimizer state, batch and activations",
         reference={"batch_size": 16, "seq_len": 128},
         labels=labels,
-        device=_training_device(cfg.train.device),
+        device=device,
     )
 
 
