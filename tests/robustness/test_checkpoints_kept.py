@@ -5,7 +5,7 @@ import shutil
 
 from helpers import FAST, cli
 
-from workbench.training.train import STATE_DIR
+from workbench.training.checkpointing import STATE_DIR
 
 TRAIN = ["train", "--arch", "baseline", "--preset", "debug", "--task", "modsum", "--no-progress"]
 STEPS = [f"--set={s}" for s in [*FAST, "train.steps=6", "train.checkpoint_every=2"]]

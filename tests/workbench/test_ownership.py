@@ -17,7 +17,7 @@ from workbench.probing.study import RESULTS, check_probe_outputs
 from workbench.storage.errors import BadInput, OutputExists
 from workbench.storage.files import atomic_write, remove_stale_temps
 from workbench.storage.outputs import KINDS, LOCK, RECORD, claim, hold, owns, record_made, record_of
-from workbench.training.train import RUN, STATE_DIR
+from workbench.training.checkpointing import RUN, STATE_DIR
 
 PLANTED = tally("planted links and foreign files")
 TRAIN = ["train", "--arch", "baseline", "--preset", "debug", "--task", "modsum", "--no-progress"]

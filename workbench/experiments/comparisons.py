@@ -49,9 +49,9 @@ from workbench.storage.errors import BadInput, MissingFile
 from workbench.storage.files import read_json, write_json
 from workbench.storage.outputs import LOCK, RECORD, hold, record_made
 from workbench.training import stats
+from workbench.training.checkpointing import RUN
 from workbench.training.intervals import ACCURACY, ACCURACY_DIFFERENCE, seed_interval
 from workbench.training.runconfig import load_run_config
-from workbench.training.train import RUN
 from workbench.training.zoo import (
     MAX_SEEDS,
     SCALES,

@@ -12,7 +12,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,32 +20,36 @@ from typing import cast
 
 import torch
 import torch.distributed as dist
-from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
 from models import DecoderLM, HDConfig, expand_streams, trusted_ids
 from workbench.data.prepared import PreparedCorpus, corpus_dir
 from workbench.data.tasks import load_task
 from workbench.data.windows import IGNORE, TokenStream, Windows, batch_weights, batch_windows
-from workbench.runtime.checkpoint import load_model, load_weights, model_from_weights, save_weights
+from workbench.runtime.checkpoint import load_model
 from workbench.runtime.config import model_from_config
 from workbench.runtime.process import peak_rss_mib
 from workbench.runtime.progress import Bar
 from workbench.runtime.syncs import host_value
 from workbench.runtime.tokenizer import CharTokenizer, TokenizerBase, load_tokenizer, tokenizer_of
 from workbench.storage.errors import BadInput, MissingFile, OutputBusy, OutputExists, WorkbenchError
-from workbench.storage.files import atomic_write, link_or_copy, read_json, remove_stale_temps, write_json
+from workbench.storage.files import atomic_write, read_json, write_json
 from workbench.storage.outputs import (
     COPIES,
-    RECORD,
     contents,
     foreign_entries,
     hold,
     listing,
-    owns,
-    real_directory,
     record_made,
     record_of,
+)
+from workbench.training.checkpointing import (
+    RUN,
+    STATE_DIR,
+    TOKENIZER_FILES,
+    last_checkpoint_step,
+    load_checkpoint,
+    save_checkpoint,
 )
 from workbench.training.flops import peak_flops
 from workbench.training.metrics import read_metrics
@@ -57,9 +61,6 @@ from workbench.training.tracking import FILES as TRACKING_FILES
 from workbench.training.tracking import Tracking, tracked
 
 logger = logging.getLogger(__name__)
-
-STATE_DIR = "train_state"
-RUN = "run"  # the kind of a run directory's output record: what training made there
 
 
 class TrainingDiverged(WorkbenchError, RuntimeError):
@@ -106,158 +107,7 @@ def carry_optimizer(old_model, old_opt, new_model, cfg: RunConfig) -> torch.opti
     return new_opt
 
 
-# ---- checkpoints --------------------------------------------------------------------------
-
-
-def save_checkpoint(run_dir: Path, model: DecoderLM, opt, cfg: RunConfig, step: int, tokenizer: TokenizerBase) -> None:
-    """Write the step's weights and optimizer state into ``train_state/`` under names that carry the
-    step, then commit them by writing ``train_state/state.json``; only then publish the run
-    directory's ``model.safetensors`` (a hard link), ``config.json`` and tokenizer, and delete older
-    steps' files. A process killed at any point leaves state.json naming a complete checkpoint (the
-    previous one or this one) and the run directory's files loadable, except in one window: when an
-    HD run has just grown its streams, between publishing the weights and the config (a resume
-    publishes them again). The files deleted are those of the checkpoint this one supersedes, and
-    no other: a checkpoint a user put back into ``train_state/`` stays."""
-    state_dir = real_directory(run_dir / STATE_DIR)
-    superseded = _committed_files(state_dir)
-    made = [state_dir]
-    if not all((state_dir / name).is_file() for name in TOKENIZER_FILES):  # it never changes: committed once
-        tokenizer.save(state_dir)
-        made += [state_dir / name for name in TOKENIZER_FILES]
-    meta = {"step": str(step)}
-    files = {"weights": f"model-{step}.safetensors", "optimizer": f"optimizer-{step}.safetensors"}
-    save_weights(state_dir / files["weights"], model.state_dict(), {"arch": model.arch, **meta})
-    made.append(state_dir / files["weights"])
-    sd = opt.state_dict()
-    opt_tensors, scalars = {}, {}
-    for idx, state in sd["state"].items():
-        for key, value in state.items():
-            if torch.is_tensor(value):
-                opt_tensors[f"{idx}.{key}"] = value
-            else:
-                scalars[f"{idx}.{key}"] = value
-    save_weights(state_dir / files["optimizer"], opt_tensors, meta)
-    made.append(state_dir / files["optimizer"])
-    write_json(
-        state_dir / "state.json",
-        {
-            "step": step,
-            "n_streams": model.n_streams,
-            "model": model.cfg.to_dict(),
-            **files,
-            "param_groups": sd["param_groups"],
-            "scalars": scalars,
-        },
-    )
-    record_made(run_dir, RUN, *made, state_dir / "state.json", recursive=False)
-    _publish(run_dir, cfg, model.cfg, files, tokenizer, superseded)
-
-
-def _committed_files(state_dir: Path) -> list[str]:
-    """The file names ``state.json`` commits now (none if it is missing or unreadable)."""
-    try:
-        state = read_json(state_dir / "state.json")
-    except (OSError, ValueError):
-        return []
-    return [name for name in (state.get("weights"), state.get("optimizer")) if isinstance(name, str)]
-
-
-def _publish(
-    run_dir: Path, cfg: RunConfig, model_cfg, files: dict, tokenizer: TokenizerBase, superseded: Sequence[str] = ()
-) -> None:
-    """The run directory's files from the committed checkpoint ``files``; then delete the superseded
-    checkpoint's files and the temporary files of writes a killed process left behind: only what
-    the run's record names with the identity it recorded, so a file the run did not write stays."""
-    state_dir = real_directory(run_dir / STATE_DIR)
-    link_or_copy(state_dir / files["weights"], run_dir / "model.safetensors")
-    write_json(run_dir / "config.json", {**cfg.to_dict(), "model": model_cfg.to_dict()})
-    tokenizer.save(run_dir, model_cfg.n_ctx)
-    record_made(run_dir, RUN, *(run_dir / name for name in ("model.safetensors", "config.json", *TOKENIZER_FILES)))
-    record = record_of(run_dir, RUN)
-    for name in set(superseded) - set(files.values()):
-        if owns(record, run_dir, f"{STATE_DIR}/{name}"):
-            (state_dir / name).unlink(missing_ok=True)
-    remove_stale_temps(run_dir, ["model.safetensors", "config.json", *TOKENIZER_FILES, "metrics.jsonl", RECORD])
-    remove_stale_temps(state_dir)
-
-
-def load_checkpoint(
-    run_dir: Path, cfg: RunConfig, device, tokenizer: TokenizerBase | None = None
-) -> tuple[DecoderLM, torch.optim.AdamW, int]:
-    """The model, optimizer and step committed by ``train_state/state.json``; every problem is an
-    error naming the file. The run directory's files (with ``tokenizer``, default the run's own)
-    are published again from it, in case the process that wrote it was killed before it had
-    published them."""
-    state_dir = run_dir / STATE_DIR
-    if state_dir.is_symlink():
-        raise BadInput(
-            f"{state_dir} is a symbolic link, expected the run's own directory: the workbench does not write through links"
-        )
-    state_path = state_dir / "state.json"
-    state = read_json(state_path)
-    step = state.get("step")
-    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-        raise BadInput(f"{state_path}: step={step!r}, expected an integer >= 0")
-    if "weights" in state:
-        files = {k: state.get(k) for k in ("weights", "optimizer")}
-        if not all(isinstance(f, str) and f and f == Path(f).name for f in files.values()):
-            raise BadInput(f"{state_path}: 'weights' and 'optimizer' must name files in {state_dir}, got {files}")
-        weights_name, optimizer_name = str(files["weights"]), str(files["optimizer"])  # checked above
-        model = model_from_weights(cfg.arch, state.get("model"), state_dir / weights_name, state_path, device)
-        opt_path = state_dir / optimizer_name
-    else:  # written before state.json committed checkpoints: the files must agree on the step
-        model = load_model(run_dir, device=device)
-        opt_path = state_dir / "optimizer.safetensors"
-        if _metadata_step(run_dir / "model.safetensors") != step:
-            raise BadInput(
-                f"inconsistent checkpoint in {run_dir}: {state_path} says step {step}, "
-                f"model.safetensors holds step {_metadata_step(run_dir / 'model.safetensors')}"
-            )
-    tensors, meta = load_weights(opt_path)
-    if meta.get("step") != str(step):
-        raise BadInput(
-            f"inconsistent checkpoint in {run_dir}: {state_path} says step {step}, {opt_path} holds step {meta.get('step')}"
-        )
-    groups, scalars = state.get("param_groups"), state.get("scalars")
-    if not isinstance(groups, list) or not isinstance(scalars, dict):
-        raise BadInput(f"{state_path}: 'param_groups' must be a list and 'scalars' an object")
-    sd = {"state": {}, "param_groups": groups}
-    for key, value in [*tensors.items(), *scalars.items()]:
-        idx, _, name = key.partition(".")
-        if not idx.isdigit() or not name:
-            raise BadInput(f"unexpected optimizer entry {key!r} in {opt_path} or {state_path}")
-        sd["state"].setdefault(int(idx), {})[name] = value.to(device) if torch.is_tensor(value) and name != "step" else value
-    opt = make_optimizer(model, cfg)
-    try:
-        opt.load_state_dict(sd)
-        for p in (p for group in opt.param_groups for p in group["params"]):
-            for name, value in opt.state.get(p, {}).items():
-                if torch.is_tensor(value) and value.dim() and value.shape != p.shape:
-                    raise BadInput(f"{name} has shape {list(value.shape)} for a parameter of shape {list(p.shape)}")
-    except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as err:
-        raise BadInput(f"the optimizer state in {opt_path} and {state_path} does not fit the model: {err}") from err
-    if "weights" in state and (not dist.is_initialized() or dist.get_rank() == 0):
-        # the checkpoint it resumes is the run's own (a run trained before runs kept a record has none)
-        record_made(run_dir, RUN, state_dir, state_path, state_dir / weights_name, opt_path, recursive=False)
-        _publish(run_dir, cfg, model.cfg, files, tokenizer or run_tokenizer(cfg, run_dir, resume=True))
-    return model, opt, step
-
-
-def _metadata_step(path: Path) -> int | None:
-    if not path.is_file():
-        raise MissingFile(f"missing {path}")
-    try:
-        with safe_open(str(path), "pt") as f:
-            step = (f.metadata() or {}).get("step")
-        return int(step) if step is not None else None
-    except (SafetensorError, ValueError) as err:
-        raise BadInput(f"corrupt checkpoint {path}: {err}") from err
-
-
 # ---- data and tokenizer -------------------------------------------------------------------
-
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
 def run_tokenizer(cfg: RunConfig, run_dir: Path, resume: bool) -> TokenizerBase:
@@ -497,7 +347,7 @@ def train(
                 )
             if (run_dir / "metrics.jsonl").is_file():
                 read_metrics(run_dir / "metrics.jsonl")  # a corrupt log stops the resume before it writes anything
-            model, opt, start = load_checkpoint(run_dir, cfg, device, tokenizer)
+            model, opt, start = load_checkpoint(run_dir, cfg, device, lambda m: make_optimizer(m, cfg), tokenizer)
         else:
             check_new_run_dir(run_dir)  # again, now that it is held
             model, opt, start = fresh, make_optimizer(fresh, cfg), 0
@@ -704,14 +554,9 @@ def _stop_if_diverged(reading: Reading, run_dir: Path) -> None:
     if reading.diverged_at is None:
         return
     bad_loss, bad_norm = reading.diverged_loss, reading.diverged_grad_norm
-    last = _last_checkpoint_step(run_dir)
+    last = last_checkpoint_step(run_dir)
     raise TrainingDiverged(
         f"non-finite {'loss' if not math.isfinite(bad_loss) else 'gradient norm'} at step {reading.diverged_at} "
         f"(loss {bad_loss}, grad norm {bad_norm}); "
         + (f"the last checkpoint (step {last}) in {run_dir} is intact" if last is not None else "no checkpoint was written")
     )
-
-
-def _last_checkpoint_step(run_dir: Path) -> int | None:
-    path = run_dir / STATE_DIR / "state.json"
-    return read_json(path)["step"] if path.is_file() else None
