@@ -179,12 +179,9 @@ def parse_passes(text: str) -> int | str:
     if text == "exact":
         return text
     try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer or 'exact', got {text!r}")
-    return value
+        return parse_count(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'exact', got {text!r}") from None
 
 
 class _Renamed(argparse.Action):
