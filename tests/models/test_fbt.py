@@ -1,5 +1,7 @@
 """Full-Bandwidth semantics: Jacobi exactness, the standard regime, gradients, fusions."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from helpers import sequential_fbt_states, tokens
@@ -110,3 +112,47 @@ def test_fbt_backbone_into_hd_is_rejected_cleanly():
     # expand_streams takes a baseline or an HD model; an FBT's extra weights must not vanish silently
     with pytest.raises(ValueError, match="fusion"):
         expand_streams(build_model("fbt", "debug"), 2)
+
+
+# ---- which positions K passes make exact, as the docs state it -----------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _prose_files():
+    files = [
+        ROOT / "README.md",
+        *sorted((ROOT / "docs").glob("*.md")),
+        *sorted((ROOT / "models").glob("*.py")),
+        *sorted((ROOT / "workbench").rglob("*.py")),
+    ]
+    for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        files.append(nb)
+    return files
+
+
+def test_no_doc_says_k_passes_make_the_first_k_fused_positions_exact():
+    """With a plain prefix of p >= 1 positions, K passes make the positions below p + K - 1 exact:
+    the prefix and the first K - 1 fused positions, not the first K."""
+    import re
+
+    wrong = re.compile(r"first (k|K) positions of the fused region", re.I)
+    bad = [f"{path.relative_to(ROOT)}: {m.group(0)}" for path in _prose_files() for m in wrong.finditer(path.read_text())]
+    assert not bad, bad
+    concepts = (ROOT / "docs" / "concepts.md").read_text()
+    assert "p + K - 1" in concepts
+
+
+@pytest.mark.parametrize("p", [1, 3])
+def test_k_passes_make_exactly_the_positions_below_p_plus_k_minus_one_exact(p):
+    from helpers import sequential_fbt_states
+
+    model = build_model("fbt", "debug", dtype=torch.float64)
+    toks = tokens(1, 9)
+    fuse = (torch.arange(9) >= p)[None]
+    with torch.no_grad():
+        truth = sequential_fbt_states(model, toks, p)
+        for K in (1, 2, 4):
+            err = (model.run_passes(toks, K, fuse_mask=fuse)[-1] - truth).abs().amax(dim=(0, 2))
+            exact = (err < 1e-12).tolist()
+            assert exact == [t < p + K - 1 for t in range(9)], (p, K, err)

@@ -118,3 +118,72 @@ def test_unknown_hook_name_lists_close_valid_names():
     model = build_model("fbt", "debug")
     with pytest.raises(ValueError, match="fusion.hook_state"):
         ActivationRecorder(model, ["fusion.hook_stat"])
+
+
+# ---- run_with_pass_cache: entry k of every hook is pass k + 1 ------------------------------------
+
+
+def _hand_run(model, toks, k, past):
+    """Every hook's last value and firing count in a k-pass call, whose last pass is pass k
+    (TransformerLens's cache keeps a hook's last firing). ``past``: tokens run into a cache first."""
+    cache = None
+    if past is not None:
+        cache = model.make_cache()
+        model(past, cache=cache)
+    counts = dict.fromkeys(model.hook_dict, 0)
+
+    def count(x, hook):
+        counts[hook.name] += 1
+
+    for hp in model.hook_dict.values():
+        hp.add_hook(count, dir="fwd")
+    try:
+        logits, tl = model.run_with_cache(toks, passes=k, cache=cache)
+    finally:
+        model.reset_hooks()
+    return logits, tl, counts
+
+
+@pytest.mark.parametrize("with_past", [False, True], ids=["prompt", "after-a-cached-past"])
+def test_pass_cache_entry_k_is_pass_k_plus_one_for_every_hook(with_past):
+    from workbench import run_with_pass_cache
+
+    model = build_model("fbt", "debug", seed=4)
+    toks, past = tokens(2, 7, seed=1), (tokens(2, 5, seed=2) if with_past else None)
+    passes = 3
+    with torch.no_grad():
+        cache = None
+        if with_past:
+            cache = model.make_cache()
+            model(past, cache=cache)
+        logits, per_pass = run_with_pass_cache(model, toks, None, passes=passes, cache=cache)
+        hand = {k: _hand_run(model, toks, k, past) for k in range(1, passes + 1)}
+    torch.testing.assert_close(logits, hand[passes][0])
+    assert set(per_pass) == {name for name, n in hand[passes][2].items() if n}  # every hook that fired at all
+    for name, entries in per_pass.items():
+        # the hook ran in pass k when a k-pass call fires it more often than a (k-1)-pass call
+        fired = [k for k in range(1, passes + 1) if hand[k][2][name] > (hand[k - 1][2][name] if k > 1 else 0)]
+        assert list(entries) == [k - 1 for k in fired], name  # 0-based pass index, only passes that ran it
+        for k in fired:
+            torch.testing.assert_close(entries[k - 1], hand[k][1][name], atol=1e-6, rtol=0, msg=f"{name}, pass {k}")
+    if not with_past:  # no carried state: the fusion runs in passes 2..K only
+        assert list(per_pass["fusion.hook_state"]) == [1, 2] and list(per_pass["hook_embed"]) == [0]
+        with torch.no_grad():
+            states = model.run_passes(toks, passes)
+        for k in (1, 2):  # pass k + 1 reads pass k's states shifted right by one, zeros at position 0
+            torch.testing.assert_close(per_pass["fusion.hook_state"][k][:, 1:], states[k - 1][:, :-1])
+            assert not per_pass["fusion.hook_state"][k][:, 0].any()
+    else:  # the first position fuses the cached state in every pass
+        assert list(per_pass["fusion.hook_state"]) == [0, 1, 2]
+
+
+def test_recorder_by_pass_refuses_a_hook_that_skipped_passes():
+    from workbench import ActivationRecorder
+
+    model = build_model("fbt", "debug")
+    with torch.no_grad(), ActivationRecorder(model, ["blocks.0.hook_resid_pre", "fusion.hook_gate"]) as rec:
+        model(tokens(1, 6), passes=3)
+    assert rec.by_pass("blocks.0.hook_resid_pre").shape[0] == 3
+    assert sorted(rec.per_pass("fusion.hook_gate")) == [1, 2]
+    with pytest.raises(ValueError, match=r"fusion.hook_gate.*passes \[2, 3\] of 3.*per_pass"):
+        rec.by_pass("fusion.hook_gate")

@@ -394,3 +394,35 @@ def test_the_pretrained_keys_add_nothing_where_none_is_wanted():
     from workbench.bench.pretrained import pretrained_entries
 
     assert pretrained_entries("gpu", 5, lambda key: False) == []
+
+
+# ---- bench: CUDA-synchronised timing (the FLOP count: test_flops.py) -----------------------------
+
+
+def test_bench_time_runs_on_cpu_without_touching_cuda():
+    from workbench.bench.timing import _time
+
+    ran = []
+    t = _time(lambda: ran.append(1), torch.device("cpu"))
+    assert ran == [1] and t >= 0
+    assert _time(lambda: None, "cpu") >= 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_bench_time_waits_for_queued_cuda_work():
+    from workbench.bench.timing import _time
+
+    a = torch.randn(4096, 4096, device="cuda")
+    torch.cuda.synchronize()
+
+    def launch():  # returns as soon as the kernels are queued
+        for _ in range(20):
+            a @ a
+
+    t = _time(launch, torch.device("cuda"))
+    assert torch.cuda.current_stream().query(), "_time returned before the queued kernels finished"
+    torch.cuda.synchronize()
+    started = __import__("time").perf_counter()
+    launch()
+    torch.cuda.synchronize()
+    assert t >= 0.5 * (__import__("time").perf_counter() - started)  # the timed span covers the kernels

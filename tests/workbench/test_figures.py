@@ -3,6 +3,7 @@ legend entries, colours), on small made-up results shaped like the studies' (iss
 
 import itertools
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +14,8 @@ from workbench.probing.study import probe_figure
 from workbench.runtime.decoding import REGIMES
 from workbench.runtime.palette import REGIME_COLORS, regime_color
 from workbench.studies.traces import summarise, traces_figure
+
+ROOT = Path(__file__).resolve().parents[2]
 
 NAMES = ("fbt-3pass0.03-seed1-long-name", "fbt-no3pass-seed2-long-name")  # long: side-by-side titles must not collide
 
@@ -208,3 +211,38 @@ def test_traces_figure_names_its_axes_clamps_accuracy_and_leaves_the_reference_o
         for t, line in zip(accuracy.get_legend().get_texts(), accuracy.get_lines())
     }
     assert styles["fbt/standard"] != styles["hd2/standard"]  # one colour, two models: told apart by line and marker
+
+
+# ---- notebook 01 describes what the plot functions do to matplotlib ------------------------------
+
+
+@pytest.mark.slow
+def test_plot_functions_leave_the_matplotlib_backend_alone(tmp_path):
+    import subprocess
+    import sys
+
+    script = f"""
+import sys, matplotlib
+matplotlib.use("svg")
+from workbench.probing.study import plot_probe_rows
+rows = [dict(prefill="standard", passes=1, stream=0, layer=d, accuracy=0.5, control_accuracy=0.9, chance=0.3) for d in (0, 1)]
+plot_probe_rows(rows, __import__("pathlib").Path({str(tmp_path / "p.png")!r}), "t")
+assert matplotlib.get_backend() == "svg", matplotlib.get_backend()
+assert "matplotlib.pyplot" not in sys.modules
+"""
+    subprocess.run(
+        [sys.executable, "-c", script], check=True, cwd=ROOT, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)}
+    )
+    assert (tmp_path / "p.png").stat().st_size > 0
+    for path in (ROOT / "workbench").rglob("*.py"):
+        text = path.read_text()
+        assert "matplotlib.use(" not in text and "pyplot" not in text.replace("no pyplot", ""), path
+
+
+def test_notebook_01_does_not_claim_the_plot_functions_switch_to_agg():
+    import nbformat
+
+    nb = nbformat.read(ROOT / "notebooks" / "01_layer0_probes.ipynb", as_version=4)
+    prose = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    assert "Agg" not in prose
+    assert "pyplot" in prose and "backend" in prose  # it says what they do instead
