@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU suite (issue #39; see scripts/gpu_suite.py): bash scripts/gpu_suite.sh [--prepare | --dry] [--out FILE] ...
+# The GPU suite (scripts/gpu_suite.py): bash scripts/gpu_suite.sh [--prepare | --dry] [--out FILE] ...
 # On the GPU machine, the Python packages this project needs beyond that machine's image travel as
 # wheels in .whl/ (git-ignored) and are installed into /tmp/site when the interpreter lacks them.
 set -euo pipefail

@@ -18,7 +18,7 @@ def test_ci_runs_the_readme_test_command():
 
 
 def test_the_readme_names_no_path_outside_a_users_clone():
-    """Issue #38: a user's clone has no ``../shared``; the README's commands use paths the user
+    """A user's clone has no ``../shared``; the README's commands use paths the user
     makes (``data/``, git-ignored, with where GSM8K comes from said beside it)."""
     text = (ROOT / "README.md").read_text()
     assert "../shared" not in text
@@ -33,7 +33,7 @@ def _duration(seconds: float) -> str:
 
 
 def test_the_first_hours_numbers_are_the_walks_record():
-    """Issue #38: the README's first-hour numbers come from ``scripts/first_hour.py``'s record of
+    """The README's first-hour numbers come from ``scripts/first_hour.py``'s record of
     a walk through the app from a fresh clone (a clean tree), not from an earlier, dirty one."""
     import json
 

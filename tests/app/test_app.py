@@ -96,7 +96,7 @@ def test_a_corrupt_checkpoint_is_an_error_on_runs_and_the_rest_keeps_working(mon
 
 
 def test_a_run_training_from_the_cli_is_training_on_the_runs_page_not_broken(monkeypatch, micro_zoo, tmp_path):
-    """Issue #38: a run whose directory another process (here, this one) holds and which has no
+    """A run whose directory another process (here, this one) holds and which has no
     weights yet is listed as training, with its step, and no error; released, it is broken."""
     from workbench.storage.outputs import hold
 
@@ -229,7 +229,7 @@ def test_probes_page_rejects_an_empty_hook_list(monkeypatch, zoo):
 
 
 def test_probes_page_hooks_follow_the_run_and_the_result_says_what_it_covers(monkeypatch, micro_zoo, tmp_path):
-    """Issue #38: after switching from a 2-layer to a 3-layer FBT the Hooks box offers and holds
+    """After switching from a 2-layer to a 3-layer FBT the Hooks box offers and holds
     the new run's 4 depths (not the first run's 3), the job probes all of them and the page says
     so; a sweep of part of the stack says that it is part; switching back restores that run's own."""
     from workbench import build_model
@@ -266,7 +266,7 @@ def test_dynamics_page_compares_two_runs_and_reacts_to_the_horizon(monkeypatch, 
     zoo = shutil.copytree(micro_zoo, tmp_path / "runs")
     shutil.copytree(zoo / "fbt", zoo / "fbt-seed1")  # a second FBT run, as a zoo at two seeds has
     at = open_page(monkeypatch, zoo, "dynamics")
-    from workbench.dynamics.defaults import DEFAULTS  # the CLI's defaults, shown here too (issue #38)
+    from workbench.dynamics.defaults import DEFAULTS  # the CLI's defaults, shown here too
 
     keys = {"horizon": "dyn_horizon", "perturb_at": "dyn_perturb", "max_passes": "dyn_passes", "n_spectra": "dyn_spectra"}
     keys |= {"n_starts": "dyn_starts", "fp_steps": "dyn_fp_steps"}
@@ -337,7 +337,7 @@ def test_traces_page_compares_regimes_on_the_same_problems(monkeypatch, zoo):
 
 
 def test_runs_of_one_directory_name_in_two_zoos_compare_on_the_traces_and_dynamics_pages(monkeypatch, micro_zoo, tmp_path):
-    """Issue #38: ``micro/fbt`` and ``quick/fbt`` share a directory name; the results name runs by
+    """``micro/fbt`` and ``quick/fbt`` share a directory name; the results name runs by
     their path under the runs root, so both pages compare them instead of refusing."""
     root = tmp_path / "runs"
     for zoo in ("micro", "quick"):
@@ -942,7 +942,7 @@ def test_the_zoo_page_shows_the_claims_read_from_the_organisms_studies(monkeypat
     path.parent.mkdir(parents=True)
     write_json(path, fair_study(-0.1))
     at = open_page(monkeypatch, root, "zoo")
-    # a static table, which wraps its cells: a dataframe cut every 'why' short (issue #38)
+    # a static table, which wraps its cells: a dataframe cut every 'why' short
     assert not any("verdict" in d.value.columns for d in at.dataframe)
     table = next(d.value for d in at.table if "verdict" in d.value.columns)
     rows = {(r["says"], r["organism"]): r["verdict"] for r in table.to_dict("records")}
@@ -951,7 +951,7 @@ def test_the_zoo_page_shows_the_claims_read_from_the_organisms_studies(monkeypat
 
 
 def test_the_sidebars_device_reaches_every_analysis_job_and_is_refused_where_absent(monkeypatch, micro_zoo, tmp_path):
-    """Issue #39: a device setting in the sidebar (default cpu, the CLI's) goes to every analysis
+    """A device setting in the sidebar (default cpu, the CLI's) goes to every analysis
     job as --device; on a machine without CUDA choosing cuda is refused in one line and the page
     and its jobs stay on the cpu."""
     import torch

@@ -1,5 +1,5 @@
 """The app's Altair charts (``app/charts.py``) as Vega-Lite specs: axis titles, scale domains,
-encodings and legends, on small frames shaped like what the pages draw (issue #20, figures)."""
+encodings and legends, on small frames shaped like what the pages draw."""
 
 import math
 
@@ -220,7 +220,7 @@ def y_titles(spec) -> list[str]:
 
 
 def test_every_y_axis_title_reads_when_rotated():
-    """Issue #38: the Playground's norm axis was titled '||h||', which Vega draws rotated a quarter
+    """The Playground's norm axis was titled '||h||', which Vega draws rotated a quarter
     turn: four bars and an h on their side, an unreadable glyph. A y title is words."""
     titles = [t for chart in every_chart() for t in y_titles(chart.to_dict())]
     assert len(titles) >= 8

@@ -1,4 +1,4 @@
-"""bf16 inference (issue #39): the same model in bfloat16 gives fp32's logits and activations
+"""bf16 inference: the same model in bfloat16 gives fp32's logits and activations
 within bf16's round-off, decodes under the numerics guard, and the activation store says which
 dtype made it. On the CPU (torch has bf16 matmuls there), against the fp32 model as reference."""
 

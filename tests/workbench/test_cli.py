@@ -337,7 +337,7 @@ def test_an_analysis_verb_runs_on_the_device_and_threads_it_is_given(tmp_path):
 
 
 def test_the_app_on_a_busy_port_is_refused_naming_the_port_before_any_server_starts(tmp_path, capsys, monkeypatch):
-    """Issue #38: a second ``workbench app`` on a port something listens on exits 2 with one line
+    """A second ``workbench app`` on a port something listens on exits 2 with one line
     naming ``--port``, and starts no server."""
     import socket
     import subprocess
@@ -358,7 +358,7 @@ def test_the_app_on_a_busy_port_is_refused_naming_the_port_before_any_server_sta
 
 
 def test_every_verb_refuses_a_bad_run_or_regime_before_any_work(tmp_path, capsys, monkeypatch):
-    """Issue #38: a wrong path, a regime that does not exist or that the run cannot decode in, a
+    """A wrong path, a regime that does not exist or that the run cannot decode in, a
     non-FBT run for dynamics: each exits 2 with one line naming the value, before the verb's work
     starts (every verb's function is replaced by one that fails the test if called) and in well
     under a second."""
@@ -400,7 +400,7 @@ def test_every_verb_refuses_a_bad_run_or_regime_before_any_work(tmp_path, capsys
 
 
 def test_the_dynamics_defaults_are_one_set_for_the_cli_and_the_library():
-    """Issue #38: one default per setting (the app's page reads the same set: tests/app)."""
+    """One default per setting (the app's page reads the same set: tests/app)."""
     import inspect
 
     from workbench.cli import build_parser
@@ -426,7 +426,7 @@ def test_runs_sharing_a_directory_name_need_names_before_any_work(tmp_path):
 
 
 def test_dynamics_and_traces_write_beside_the_first_run_by_default():
-    """Issue #38: ``--out`` optional with one rule, as ``probe``'s (the run's ``results/``): the first
+    """``--out`` optional with one rule, as ``probe``'s (the run's ``results/``): the first
     run's ``results/VERB``, and ``results/VERB-with-OTHERS`` for several (by their names)."""
     from workbench.cli import build_parser, default_out
 
@@ -444,7 +444,7 @@ def test_dynamics_and_traces_write_beside_the_first_run_by_default():
 
 
 def test_the_dynamics_analysis_tells_each_phase_its_own_count(tmp_path):
-    """Issue #38: the bar stood at 97% (301/309 units) for 14 minutes, a spectrum or a fixed-point
+    """The bar stood at 97% (301/309 units) for 14 minutes, a spectrum or a fixed-point
     search counting as one rollout step; each phase is now its own count, told piece by piece to
     its total, in the order the analysis runs."""
     from workbench import build_model

@@ -1,4 +1,4 @@
-"""Positive and negative controls for every study (issue #36): each study, run on a subject in
+"""Positive and negative controls for every study: each study, run on a subject in
 which its effect is present by construction, reports it, and on the same subject with the effect
 removed, reports its absence. A test here fails when a study loses the power to see an effect of
 known size (or starts seeing one that is not there). The fair FBT-versus-baseline study's own

@@ -33,7 +33,7 @@ def test_the_rule_takes_the_lowest_validation_loss_and_the_first_of_ties():
 
 
 def test_a_row_is_scored_by_its_worse_tuning_seed():
-    """The addition organism's case (issue #37): lr 5e-4 had the lowest loss at one tuning seed
+    """The addition organism's case: lr 5e-4 had the lowest loss at one tuning seed
     (0.0397 against 0.0431) but learned late at two of five comparison seeds. Scored by the worse
     of two seeds, a setting that fails at one of them loses to one that learns at both."""
     rows = [

@@ -1,5 +1,5 @@
 """The studies' matplotlib figures as Figure and Axes objects (titles, labels, limits, ticks,
-legend entries, colours), on small made-up results shaped like the studies' (issue #20, figures)."""
+legend entries, colours), on small made-up results shaped like the studies'."""
 
 import itertools
 import random

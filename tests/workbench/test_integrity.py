@@ -1,4 +1,4 @@
-"""Checkpoints, configs and tokenizers (issue #12): a full disk during a checkpoint, integer weights,
+"""Checkpoints, configs and tokenizers: a full disk during a checkpoint, integer weights,
 non-finite or absurd config values, inconsistent tokenizer vocabularies and unbounded pass counts
 are each stopped with one line naming the file (or field) and the problem; atomic writes are
 synced to the disk (file and directory) before they count as done.

@@ -193,7 +193,7 @@ def test_maps_without_fixed_points_report_none(F, D, closest):
 
 def bump(h):
     """h + 0.5 exp(-|h|^2): no fixed point anywhere, and for |h| above ~5.8 the bump is below half
-    an ulp of h, so F(h) == h exactly in fp64 (issue #35)."""
+    an ulp of h, so F(h) == h exactly in fp64."""
     return h + 0.5 * torch.exp(-h.pow(2).sum(-1, keepdim=True))
 
 

@@ -1,4 +1,4 @@
-"""Output ownership (issue #12): concurrent writers and wrong-target outputs.
+"""Output ownership: concurrent writers and wrong-target outputs.
 
 Concurrent writers are real ``workbench`` processes: the first one is frozen with SIGSTOP as soon as
 it holds its output directory, so the second one meets it deterministically; it is then continued,

@@ -1,4 +1,4 @@
-"""Finite overflow (issue #12): an activation that overflows (RMSNorm turns an input whose square
+"""Finite overflow: an activation that overflows (RMSNorm turns an input whose square
 is inf into a *finite* zero, the logits become constant and argmax emits the pad id) stops every
 inference tool with one line naming the step and the site; ids that decode to nothing are counted.
 

@@ -338,7 +338,7 @@ def test_a_micro_zoo_or_study_member_is_a_plumbing_check(tmp_path, summary, expe
 
 
 def test_a_run_being_written_is_training_not_broken(micro_zoo, tmp_path):
-    """Issue #38: a run whose directory is held (as training holds it) and has no weights yet is
+    """A run whose directory is held (as training holds it) and has no weights yet is
     "training" with its last logged step and budget, not broken; once released, the missing weights
     are its error. ``holder`` names the process holding it and takes nothing."""
     from workbench.runs import inspect_run

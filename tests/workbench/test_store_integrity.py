@@ -1,4 +1,4 @@
-"""Activation store integrity (issue #12): every shard is listed in ``store.json`` with its rows,
+"""Activation store integrity: every shard is listed in ``store.json`` with its rows,
 bytes and CRC32; loading checks names (confined to the store), sizes, counts and columns always,
 and checksums and finiteness with ``verify`` (the default). Each fault is named with the store."""
 

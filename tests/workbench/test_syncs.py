@@ -1,4 +1,4 @@
-"""Host-device synchronisations, counted on the CPU (issue #39): the counter's known answers, and
+"""Host-device synchronisations, counted on the CPU: the counter's known answers, and
 decode steps that do not wait for the device between the host's reads every ``sync_every`` steps,
 with the same tokens, states and errors as reading it at every step."""
 

@@ -92,7 +92,7 @@ def test_the_feedback_passes_weights_ramp_up_from_the_switch():
 
 @pytest.mark.slow
 def test_a_warm_switch_starts_pass_2_within_twice_pass_1_where_a_cold_one_starts_past_it(tmp_path):
-    """Issue #36's setting: --preset tiny --task mix, seq 64, 150 steps, feedback_start 0.8, every
+    """Settings where a cold switch is seen: --preset tiny --task mix, seq 64, 150 steps, feedback_start 0.8, every
     step logged. With the warm switch (the default) the first 2-pass step's pass-2 loss is within
     2x its pass-1 loss; feedback_switch.json records the fit and, on the same rows before it, the
     fused loss the cold fusion gives: past 2x the plain loss (the control: a cold switch is seen)."""
@@ -134,7 +134,7 @@ def poison(monkeypatch, strategy, at_step: int) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("log_every", [1, 1000], ids=["read-every-step", "read-at-checkpoints"])
 def test_divergence_names_the_step_and_keeps_the_last_checkpoint(tmp_path, monkeypatch, log_every):
-    """The host reads the loss on logging and checkpoint steps only (issue #39): a NaN at step 6
+    """The host reads the loss on logging and checkpoint steps only: a NaN at step 6
     is still named exactly, and found before the checkpoint at step 8 would be written."""
     poison(monkeypatch, Strategy, at_step=6)
     with pytest.raises(TrainingDiverged, match=r"non-finite loss at step 6 \(loss nan, .*last checkpoint \(step 4\)"):
