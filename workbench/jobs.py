@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import math
 import os
 import secrets
@@ -48,7 +47,7 @@ from typing import TypeGuard
 
 from workbench.runtime.progress import PROGRESS_ENV
 from workbench.storage.errors import BadInput, MissingFile
-from workbench.storage.files import write_json
+from workbench.storage.files import parse_json, write_json
 from workbench.storage.outputs import LOCK
 
 JOBS_DIR = ".jobs"
@@ -276,10 +275,7 @@ def _read_object(path: Path, limit: int = MAX_FILE) -> dict:
         raw = f.read(limit + 1)
     if len(raw) > limit:
         raise BadInput(f"{path} is larger than {limit} bytes: not a file the workbench writes")
-    try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError) as err:
-        raise BadInput(f"corrupt JSON in {path}: {err}") from None
+    data = parse_json(raw, f"corrupt JSON in {path}")
     if not isinstance(data, dict):
         raise BadInput(f"{path} must hold a JSON object, got {type(data).__name__}")
     return data

@@ -29,9 +29,12 @@ class _Reader:
     def __init__(self, f: BinaryIO, size: int, where: str):
         self.f, self.size, self.where = f, size, where
 
-    def take(self, n: int, what: str) -> bytes:
+    def room(self, n: int, what: str) -> None:
         if n > self.size - self.f.tell():
             raise BadInput(f"{self.where}: {what} runs past the end of the file ({n:,} bytes declared)")
+
+    def take(self, n: int, what: str) -> bytes:
+        self.room(n, what)
         return self.f.read(n)
 
     def u32(self, what: str) -> int:
@@ -41,12 +44,10 @@ class _Reader:
         return struct.unpack("<Q", self.take(8, what))[0]
 
     def skip_string(self, what: str) -> None:
-        n = self.u64(what)
-        self.take_skip(n, what)
+        self.take_skip(self.u64(what), what)
 
     def take_skip(self, n: int, what: str) -> None:
-        if n > self.size - self.f.tell():
-            raise BadInput(f"{self.where}: {what} runs past the end of the file ({n:,} bytes declared)")
+        self.room(n, what)
         self.f.seek(n, 1)
 
     def skip_value(self, kind: int, what: str, nested: bool = False) -> None:
