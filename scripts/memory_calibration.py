@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -38,13 +37,28 @@ SETTINGS = {
 
 
 def measure(arch: str, preset: str, batch: int, seq: int) -> dict:
-    """One configuration in a fresh process: its peak RSS over its RSS after imports, and the
-    estimate. A first process trains the same configuration at batch 1 for one step, so that every
-    module training imports (hundreds, sympy among them) has its bytecode cached: compiling a module
-    takes memory that importing its cached bytecode does not."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    for warm in (True, False):
-        row = _child(arch, preset, 1 if warm else batch, seq, 1 if warm else 3, env)
+    """One configuration in a fresh process: its peak RSS (``VmHWM``: ``ru_maxrss`` would start at
+    a large parent's, such as a test session's) over its RSS after imports, and the estimate."""
+    child = f"""
+import json, sys, tempfile, torch
+torch.set_num_threads(1)
+from workbench.runtime.process import peak_rss_mib
+from workbench.training.runconfig import make_run_config, training_bytes, run_sizes
+from workbench.training.train import train
+def rss():
+    return int(next(l for l in open('/proc/self/status') if l.startswith('VmRSS')).split()[1]) * 1024
+base = rss()
+cfg = make_run_config({arch!r}, {preset!r}, "modsum", {SETTINGS[arch]!r} + [
+    "train.steps=3", "train.batch_size={batch}", "train.seq_len={seq}", "train.eval_examples=0",
+    "train.log_every=1", "train.checkpoint_every=1000", "data.n_train=2000"])
+with tempfile.TemporaryDirectory() as out:
+    train(cfg, out + "/run", progress=False)
+print(json.dumps({{"measured": peak_rss_mib() * 2**20 - base, "estimate": training_bytes(cfg, run_sizes(cfg))}}))
+"""
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"{arch} {preset} batch {batch}: {done.stderr.strip().splitlines()[-1]}")
+    row = json.loads(done.stdout.strip().splitlines()[-1])
     return {
         "arch": arch,
         "preset": preset,
@@ -53,29 +67,6 @@ def measure(arch: str, preset: str, batch: int, seq: int) -> dict:
         **row,
         "ratio": row["estimate"] / row["measured"],
     }
-
-
-def _child(arch: str, preset: str, batch: int, seq: int, steps: int, env: dict) -> dict:
-    child = f"""
-import json, resource, sys, tempfile, torch
-torch.set_num_threads(1)
-from workbench.training.runconfig import make_run_config, training_bytes, run_sizes
-from workbench.training.train import train
-def rss():
-    return int(next(l for l in open('/proc/self/status') if l.startswith('VmRSS')).split()[1]) * 1024
-base = rss()
-cfg = make_run_config({arch!r}, {preset!r}, "modsum", {SETTINGS[arch]!r} + [
-    "train.steps={steps}", "train.batch_size={batch}", "train.seq_len={seq}", "train.eval_examples=0",
-    "train.log_every=1", "train.checkpoint_every=1000", "data.n_train=2000"])
-with tempfile.TemporaryDirectory() as out:
-    train(cfg, out + "/run", progress=False)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-print(json.dumps({{"measured": peak - base, "estimate": training_bytes(cfg, run_sizes(cfg))}}))
-"""
-    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env=env)
-    if done.returncode:
-        raise SystemExit(f"{arch} {preset} batch {batch}: {done.stderr.strip().splitlines()[-1]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 SMOLLM2 = [  # SmolLM2-135M's shape, as its config gives it

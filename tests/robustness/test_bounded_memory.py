@@ -22,8 +22,11 @@ def within(ratio: float, factor: float = 1.5) -> bool:
 @pytest.mark.slow
 @pytest.mark.parametrize("point", [("baseline", "debug", 256, 128), ("fbt", "debug", 256, 64)], ids=str)
 def test_the_training_estimate_is_within_1_5x_of_the_peak_rss_a_step_reaches(point):
+    """Measured from a parent larger than the step (as a test session is): the child's peak is its own."""
+    ballast = b"\x01" * (1 << 30)  # written, so resident
     row = calibration.measure(*point)
     assert within(row["ratio"]), row
+    del ballast
 
 
 def test_the_estimate_on_a_gpu_is_within_1_5x_of_the_gpu_suites_measured_peaks():
