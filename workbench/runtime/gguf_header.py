@@ -26,12 +26,12 @@ STRING, ARRAY = 8, 9
 
 
 class _Reader:
-    def __init__(self, f: BinaryIO, size: int, where: str):
-        self.f, self.size, self.where = f, size, where
+    def __init__(self, f: BinaryIO, size: int):
+        self.f, self.size = f, size
 
     def room(self, n: int, what: str) -> None:
         if n > self.size - self.f.tell():
-            raise BadInput(f"{self.where}: {what} runs past the end of the file ({n:,} bytes declared)")
+            raise BadInput(f"{what} runs past the end of the file ({n:,} bytes declared)")
 
     def take(self, n: int, what: str) -> bytes:
         self.room(n, what)
@@ -58,16 +58,14 @@ class _Reader:
         elif kind == ARRAY and not nested:
             element, count = self.u32(what), self.u64(what)
             if count > MAX_ARRAY:
-                raise BadInput(
-                    f"{self.where}: {what} declares {count:,} elements, more than the {MAX_ARRAY:,} a model file holds"
-                )
+                raise BadInput(f"{what} declares {count:,} elements, more than the {MAX_ARRAY:,} a model file holds")
             if element in SCALARS:
                 self.take_skip(count * SCALARS[element], what)
             else:
                 for _ in range(count):
                     self.skip_value(element, what, nested=True)
         else:
-            raise BadInput(f"{self.where}: {what} has value type {kind}, which GGUF does not define here")
+            raise BadInput(f"{what} has value type {kind}, which GGUF does not define here")
 
 
 def check_gguf_header(path: str | Path) -> None:
@@ -75,17 +73,24 @@ def check_gguf_header(path: str | Path) -> None:
     holds or more than a model file has, reading it sequentially with no allocation beyond a few
     bytes at a time."""
     path = Path(path)
+    try:
+        _check_header(path)
+    except BadInput as err:
+        raise BadInput(f"{path}: not a readable GGUF file ({err})") from None
+
+
+def _check_header(path: Path) -> None:
     with path.open("rb") as f:
-        r = _Reader(f, path.stat().st_size, str(path))
+        r = _Reader(f, path.stat().st_size)
         if r.take(4, "the magic number") != b"GGUF":
-            raise BadInput(f"{path}: not a GGUF file (no GGUF magic number)")
+            raise BadInput("no GGUF magic number")
         version = r.u32("the version")
         if version not in (2, 3):
-            raise BadInput(f"{path}: GGUF version {version}, expected 2 or 3")
+            raise BadInput(f"GGUF version {version}, expected 2 or 3")
         tensors, entries = r.u64("the tensor count"), r.u64("the key/value count")
         for count, what in ((tensors, "tensors"), (entries, "key/value pairs")):
             if count > MAX_ENTRIES:
-                raise BadInput(f"{path}: declares {count:,} {what}, more than the {MAX_ENTRIES:,} a model file holds")
+                raise BadInput(f"declares {count:,} {what}, more than the {MAX_ENTRIES:,} a model file holds")
         for i in range(entries):
             r.skip_string(f"key {i}")
             r.skip_value(r.u32(f"key {i}'s type"), f"key {i}'s value")
@@ -93,8 +98,8 @@ def check_gguf_header(path: str | Path) -> None:
             r.skip_string(f"tensor {i}'s name")
             dims = r.u32(f"tensor {i}'s dimension count")
             if dims > MAX_DIMS:
-                raise BadInput(f"{path}: tensor {i} declares {dims} dimensions, at most {MAX_DIMS} expected")
+                raise BadInput(f"tensor {i} declares {dims} dimensions, at most {MAX_DIMS} expected")
             elements = math.prod(r.u64(f"tensor {i}'s shape") for _ in range(dims))
             if elements > ELEMENTS_PER_BYTE * r.size:  # its data cannot be in the file
-                raise BadInput(f"{path}: tensor {i} declares {elements:,} elements, more than a file of {r.size:,} bytes holds")
+                raise BadInput(f"tensor {i} declares {elements:,} elements, more than a file of {r.size:,} bytes holds")
             r.take_skip(4 + 8, f"tensor {i}'s type and offset")
