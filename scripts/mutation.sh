@@ -66,7 +66,7 @@ else
         workbench/data/answers.py)   tests=(tests/workbench/test_tasks.py tests/workbench/test_traces.py tests/workbench/test_overflow.py tests/workbench/test_cli.py tests/workbench/test_pinned_numbers.py) ;;
         workbench/dynamics/maps.py)  tests=(tests/workbench/test_maps.py) ;;
         workbench/probing/probes.py) tests=(tests/workbench/test_probes.py tests/workbench/test_pinned_numbers.py) ;;
-        workbench/storage/files.py)  tests=(tests/workbench/test_checkpoint_faults.py tests/workbench/test_resume_faults.py tests/integration/test_kills.py tests/workbench/test_integrity.py tests/workbench/test_outputs.py) ;;
+        workbench/storage/files.py)  tests=(tests/workbench/test_checkpoint_faults.py tests/workbench/test_resume_faults.py tests/integration/test_kills.py tests/workbench/test_integrity.py tests/robustness/test_published_whole.py tests/robustness/test_users_files_kept.py) ;;
         models/full_bandwidth.py)    tests=(tests/models/test_fbt.py tests/models/test_cache.py tests/models/test_hooks.py tests/workbench/test_decoding.py tests/workbench/test_pinned_numbers.py) ;;
         models/hidden_decoding.py)   tests=(tests/models/test_hd.py tests/workbench/test_streams.py tests/workbench/test_pinned_numbers.py) ;;
         *)

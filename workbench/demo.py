@@ -17,7 +17,7 @@ from workbench.runtime.decoding import REGIMES, generate
 from workbench.runtime.export import export_hf
 from workbench.runtime.tokenizer import CharTokenizer
 from workbench.storage.files import write_json
-from workbench.storage.outputs import Claim, claim
+from workbench.storage.outputs import Output, output
 
 
 def max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -52,13 +52,13 @@ def run_demo(out_dir: str | Path, preset: str = "tiny", seed: int = 0, *, overwr
     into ``out_dir``: a new or empty directory, or a previous demo there, replaced only with
     ``overwrite``."""
     make_config("baseline", preset)  # an unknown preset is named before anything is written
-    with claim(out_dir, "demo", overwrite=overwrite) as out:
+    with output(out_dir, "demo", overwrite=overwrite) as out:
         report = _demo(out, preset, seed)
         out.publish()
     return report
 
 
-def _demo(staged: Claim, preset: str, seed: int) -> dict:
+def _demo(staged: Output, preset: str, seed: int) -> dict:
     tok = CharTokenizer()
     gen = torch.Generator().manual_seed(seed)
     report: dict = {"preset": preset, "seed": seed, "note": "untrained weights: generated text is noise"}
@@ -93,14 +93,12 @@ def _demo(staged: Claim, preset: str, seed: int) -> dict:
     report["generations"]["hd4/standard"] = tok.decode(out.new_tokens[0])
     report["generation_seconds"] = round(time.perf_counter() - started, 3)
 
-    with staged.making():  # two directories, each written by its own verb
-        save_model(fbt, staged.staging / "fbt", tok)
-        export_dir = export_hf(models["baseline"], staged.staging / "hf_baseline", tok)
+    save_model(fbt, staged.staging / "fbt", tok)
+    export_dir = export_hf(models["baseline"], staged.staging / "hf_baseline", tok)
     from transformers import LlamaForCausalLM
 
     hf = LlamaForCausalLM.from_pretrained(export_dir).eval()
     with torch.no_grad():
         report["hf_export_max_abs"] = max_abs(models["baseline"](tokens), hf(tokens).logits)
     write_json(staged.staging / "demo.json", report)
-    staged.made(staged.staging / "demo.json")
     return report

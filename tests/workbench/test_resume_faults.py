@@ -30,11 +30,12 @@ from helpers import (
     write,
 )
 from helpers import assert_nothing_lost as _assert_nothing_lost
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 import workbench.training.train as training
 from workbench import CharTokenizer, load_model
 from workbench.runtime.checkpoint import load_weights, save_weights
+from workbench.storage.errors import BadInput
 from workbench.training.runconfig import make_run_config
 from workbench.training.train import TrainingDiverged, train
 
@@ -232,21 +233,14 @@ def test_resume_repairs_what_a_kill_or_a_stray_write_left_and_reaches_the_same_w
     assert not list(run.rglob("*.tmp"))
 
 
-def test_a_checkpoint_from_before_state_json_committed_them_still_resumes(interrupted, tmp_path, no_unpickling):
-    """Runs written by the earlier layout (model.safetensors, train_state/optimizer.safetensors,
-    state.json without file names, no checksums) keep resuming."""
+def test_a_checkpoint_whose_state_json_names_no_files_is_refused_in_one_line(interrupted, tmp_path):
+    """state.json names the weights and optimizer files it commits; one that does not is refused."""
     run = shutil.copytree(interrupted / "run", tmp_path / "run")
     state = json.loads((run / S).read_text())
-    for key in ("weights", "optimizer", "model"):
-        state.pop(key)
+    state.pop("weights")
     (run / S).write_text(json.dumps(state))
-    (run / W).unlink()
-    save_file(load_file(str(run / SW)), str(run / W), metadata={"arch": "fbt", "step": "4"})
-    save_file(load_file(str(run / SO)), str(run / "train_state" / "optimizer.safetensors"), metadata={"step": "4"})
-    (run / SW).unlink(), (run / SO).unlink()
-    train(fbt_config(), run, resume=True, progress=False)
-    a, b = load_file(str(interrupted / "straight" / W)), load_file(str(run / W))
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(BadInput, match="'weights' and 'optimizer' must name files"):
+        train(fbt_config(), run, resume=True, progress=False)
 
 
 # ---- 3. NaN injected into a training step -------------------------------------------------

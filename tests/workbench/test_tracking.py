@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from workbench.storage.errors import BadInput
-from workbench.storage.outputs import foreign_entries, record_of
+from workbench.storage.outputs import Output, contents
 from workbench.training.metrics import read_metrics
 from workbench.training.runconfig import make_run_config
 from workbench.training.tracking import parse_log_to, scalars
@@ -93,7 +93,7 @@ def test_tensorboard_holds_the_metrics_lines_and_a_resume_continues_the_same_cur
     train(_config("tensorboard"), resumed, progress=False, resume=True)
     curves = _tensorboard(resumed)
     assert [s for s, _ in curves["train/loss"]] == [2, 4, 6] and curves == _expected(resumed)
-    assert not foreign_entries(resumed, record_of(resumed, RUN))  # the event files are the run's
+    assert not Output(resumed, RUN).foreign(contents(resumed))  # the event files are the run's
 
 
 def _wandb_records(run) -> list:
@@ -149,4 +149,4 @@ def test_a_wandb_offline_run_holds_the_metrics_lines_and_the_config_and_a_resume
     config = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in runs[0].config.update}
     assert config["train"]["log_to"] == "wandb" and config["model"]["d_model"] == 32
     assert _wandb_curves(records) == _expected(run)
-    assert not foreign_entries(run, record_of(run, RUN))
+    assert not Output(run, RUN).foreign(contents(run))

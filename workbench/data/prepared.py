@@ -65,7 +65,7 @@ from workbench.data.tasks import Example
 from workbench.runtime.tokenizer import TokenizerBase
 from workbench.storage.errors import BadInput, MissingFile
 from workbench.storage.files import read_json, write_json
-from workbench.storage.outputs import check_claim, claim
+from workbench.storage.outputs import check_output, output
 
 logger = logging.getLogger(__name__)
 
@@ -95,12 +95,11 @@ def is_heldout(text: str, seed: int, fraction: float) -> bool:
 
 
 class _ShardWriter:
-    """Appends documents to the shards of one split inside the staging directory, recording each
-    file it creates with ``made`` (``Staging.made``) and the CRC32 of what it writes there."""
+    """Appends documents to the shards of one split inside the staging directory, with the CRC32 of
+    what it writes there."""
 
-    def __init__(self, directory: Path, split: str, dtype, shard_tokens: int, made):
+    def __init__(self, directory: Path, split: str, dtype, shard_tokens: int):
         self.directory, self.split, self.dtype, self.shard_tokens = directory, split, dtype, shard_tokens
-        self.made = made
         self.shards: list[dict] = []
         self._files: dict = {}  # "tokens" | "ends" -> the open file of the current shard
         self._crc: dict[str, int] = {}
@@ -115,7 +114,6 @@ class _ShardWriter:
             "ends": (self.directory / f"{name}.ends").open("wb"),
         }
         self._crc = dict.fromkeys(self._files, 0)
-        self.made(self.directory / f"{name}.bin", self.directory / f"{name}.ends")
 
     def _write(self, what: str, data: bytes) -> None:
         self._files[what].write(data)
@@ -215,7 +213,7 @@ def prepare_corpus(
 ) -> dict:
     """Tokenize ``sources`` into a prepared corpus at ``out`` (module docstring) and return its
     metadata. Every source is read and checked before anything is tokenized or created; the
-    output is staged and published whole (``workbench.storage.outputs.claim``), so a failure or a
+    output is staged and published whole (``workbench.storage.outputs.output``), so a failure or a
     kill leaves no partial corpus. ``progress(documents_done)`` is called as documents are written."""
     if not sources:
         raise BadInput("prepare: no source given")
@@ -224,15 +222,15 @@ def prepare_corpus(
     if shard_tokens < 1:
         raise BadInput(f"shard_tokens={shard_tokens!r}: expected an integer >= 1")
     out = Path(out)
-    check_claim(out, "corpus", overwrite=overwrite)
+    check_output(out, "corpus", overwrite=overwrite)
     started = time.perf_counter()
     checked = [check_source(Path(s), tokenizer) for s in sources]
     dtype = token_dtype(tokenizer)
     representable: dict[str, bool] = {}
     lost: dict[str, int] = {}
     lost_documents = 0
-    with claim(out, "corpus", overwrite=overwrite) as held:
-        writers = {split: _ShardWriter(held.staging, split, dtype, shard_tokens, held.made) for split in SPLITS}
+    with output(out, "corpus", overwrite=overwrite) as held:
+        writers = {split: _ShardWriter(held.staging, split, dtype, shard_tokens) for split in SPLITS}
         tokenizing = _Tokenizing(tokenizer, writers, seed, heldout_fraction, progress)
         for source in checked:
             for where, text, _ in located_documents(Path(source["path"])):
@@ -269,7 +267,6 @@ def prepare_corpus(
             "seconds": round(time.perf_counter() - started, 2),
         }
         write_json(held.staging / META, meta)
-        held.made(held.staging / META)
         held.publish()
     return meta
 

@@ -18,7 +18,7 @@ from workbench.runtime.checkpoint import run_labels
 from workbench.runtime.decoding import NonFinite
 from workbench.storage.errors import BadInput
 from workbench.storage.files import read_json, write_json
-from workbench.storage.outputs import claim
+from workbench.storage.outputs import output
 from workbench.storage.provenance import source_commit
 from workbench.storage.shapes import Each, check_shape
 from workbench.training.run import Run
@@ -250,7 +250,7 @@ def dynamics_study(
     names = run_labels(runs, names)
     check_params(**kwargs)
     out_dir = Path(out_dir)
-    with claim(out_dir, "dynamics", overwrite=overwrite) as out:
+    with output(out_dir, "dynamics", overwrite=overwrite) as out:
         found = {}
         for r, name in zip(runs, names):
             try:
@@ -262,12 +262,10 @@ def dynamics_study(
         results = {name: f.report for name, f in found.items()}
         states = {name: f.states for name, f in found.items()}
         plotted = plot_dynamics(results, states, out.staging)
-        out.made(*plotted)
         figures = [str(out_dir / Path(f).name) for f in plotted]
         report = {"runs": results, "figures": figures, "states": STATES, "commit": source_commit()}
         save_file({name: s.contiguous() for name, s in states.items()}, str(out.staging / STATES))
         write_json(out.staging / "dynamics.json", report)
-        out.made(out.staging / STATES, out.staging / "dynamics.json")
         out.publish()
     return report
 

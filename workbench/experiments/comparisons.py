@@ -47,9 +47,8 @@ from workbench.names import COMPARISON_STUDIES as STUDIES
 from workbench.runtime.config import make_config
 from workbench.storage.errors import BadInput, MissingFile
 from workbench.storage.files import read_json, write_json
-from workbench.storage.outputs import LOCK, RECORD, hold, record_made
+from workbench.storage.outputs import LOCK, output
 from workbench.training import stats
-from workbench.training.checkpointing import RUN
 from workbench.training.intervals import ACCURACY, ACCURACY_DIFFERENCE, seed_interval
 from workbench.training.runconfig import load_run_config
 from workbench.training.zoo import (
@@ -167,14 +166,13 @@ def run_study(
     previous_summary(out / "study.json")  # a user's file of that name is refused before anything is copied or trained
     copies = zoo_counterparts(plan, Path(reuse)) if reuse is not None else {}
     if copies:
-        with hold(out):
+        with output(out, ZOO):
             for name, source in copies.items():
                 if not (out / name).exists():  # an earlier copy (or run) there is checked as any member is
-                    ignore = shutil.ignore_patterns(LOCK, RECORD, ".*.tmp", ".staging*")
-                    shutil.copytree(source, out / name, ignore=ignore, symlinks=True)
-                    record_made(out / name, RUN, *(out / name).iterdir())  # the copy is the study's: what it copied
+                    # the copy keeps the run's manifest: what it lists is the study's now
+                    shutil.copytree(source, out / name, ignore=shutil.ignore_patterns(LOCK, ".*.tmp"), symlinks=True)
     summary = train_plan(plan, out, out / "study.json", summary, scale=scale, threads=threads, jobs=jobs, progress=progress)
-    with hold(out):
+    with output(out, ZOO) as held:
         for name, source in copies.items():  # its training time is the zoo run's, from the copied metrics log
             summary["models"][name]["reused_from"] = str(source)
         if study == "data-efficiency":
@@ -191,7 +189,7 @@ def run_study(
                 summary["readings"][member]["step_time_vs_hd1"] = ratio
         summary["family"] = study_family(summary)
         write_json(out / "study.json", summary)
-        record_made(out, ZOO, out / "study.json")
+        held.wrote(out / "study.json")
     return summary
 
 

@@ -44,7 +44,7 @@ from workbench.runtime.checkpoint import load_model
 from workbench.runtime.tokenizer import load_tokenizer
 from workbench.storage.errors import BadInput
 from workbench.storage.files import read_json, write_json
-from workbench.storage.outputs import hold, real_directory, record_made
+from workbench.storage.outputs import output
 from workbench.storage.provenance import source_commit
 from workbench.training import stats
 from workbench.training.evaluate import evaluate_examples
@@ -328,9 +328,9 @@ def tune(scale: str, out: Path, *, threads: int, jobs: int, progress: bool | Cal
         "rows": scored,
         "chosen": chosen,
     }
-    with hold(out):
+    with output(out, ZOO) as held:
         write_json(out / "tuning.json", tuning)
-        record_made(out, ZOO, out / "tuning.json")
+        held.wrote(out / "tuning.json")
     return tuning
 
 
@@ -378,8 +378,9 @@ def score_member(run: Path, member: str, n: int, beyond: tuple[str, dict] | None
     result = {"n": n, "problems_seed": 0, "correct": row["correct"], "completion_nll": row["completion_nll"]}
     if name is not None:
         result["settings"] = recorded
-    with hold(real_directory(run / "results")):
+    with output(run / "results", "results") as held:
         write_json(path, result)
+        held.wrote(path)
     return result
 
 
@@ -561,7 +562,7 @@ def run_comparison(
             per_seed.setdefault(seed, {})[member] = {**scores, "steps": steps, "losses": losses}
     finally:
         torch.set_num_threads(before)
-    with hold(out):
+    with output(out, ZOO) as held:
         summary["tuning"] = {k: tuning[k] for k in ("rule", "tuning_seeds", "validation_problems", "rows", "chosen")}
         summary["readings"] = readings(per_seed, s["threshold"], s["window"], s["steps"], tuple(s.get("beyond", {})))
         summary["readings"]["beyond_settings"] = {b: as_recorded(v) for b, v in s.get("beyond", {}).items()}
@@ -575,5 +576,5 @@ def run_comparison(
         summary["commit"] = source_commit()
         summary["study_wall_seconds"] = round(time.perf_counter() - started, 1)
         write_json(out / "study.json", summary)
-        record_made(out, ZOO, out / "study.json")
+        held.wrote(out / "study.json")
     return summary

@@ -33,7 +33,7 @@ from workbench.runtime.checkpoint import load_model
 from workbench.runtime.tokenizer import tokenizer_of
 from workbench.storage.errors import BadInput
 from workbench.storage.files import write_json
-from workbench.storage.outputs import claim
+from workbench.storage.outputs import output
 from workbench.storage.provenance import source_commit
 from workbench.training.run import Run
 
@@ -116,12 +116,11 @@ def sae_study(
     examples = [ex for ex in drawn if len(tokenizer.encode(ex.text)) <= model.cfg.n_ctx]
     if not examples:
         raise BadInput(f"none of the {len(drawn)} held-out sequences of {task} fits the context n_ctx={model.cfg.n_ctx}")
-    with claim(out, "sae", overwrite=overwrite) as c:
+    with output(out, "sae", overwrite=overwrite) as c:
         report(0.0, "caching activations")
-        with c.making():
-            store = cache_activations(
-                model, examples, [hook], c.staging / "store", prefill=prefill, passes=passes, tokenizer=tokenizer
-            )
+        store = cache_activations(
+            model, examples, [hook], c.staging / "store", prefill=prefill, passes=passes, tokenizer=tokenizer
+        )
         ds, meta = load_store(store, verify=False)  # written just now by this process
         table = ds.select_columns(["seq", "pos", "pass", "stream", "token"]).with_format("numpy")[:]
         keep = table["pass"] == table["pass"].max()
@@ -147,15 +146,13 @@ def sae_study(
         result = evaluate_sae(sae, test)
         report(0.9, "top contexts")
         latents = _latents(sae, x, table, rows, tokenizer, result.density)
-        c.made(*save_sae(sae, c.staging, cfg))
+        save_sae(sae, c.staging, cfg)
         write_json(c.staging / LATENTS, latents)
-        c.made(c.staging / LATENTS)
         exported = None
         if saelens_activations:
-            with c.making():
-                exported = export_saelens(
-                    train, table["token"][rows[~held]], hook, c.staging / ACTIVATIONS, context_size=context_size
-                )
+            exported = export_saelens(
+                train, table["token"][rows[~held]], hook, c.staging / ACTIVATIONS, context_size=context_size
+            )
         summary = {
             "run": str(run_dir),
             "arch": model.arch,
@@ -177,7 +174,6 @@ def sae_study(
             "commit": source_commit(),
         }
         write_json(c.staging / REPORT, summary)
-        c.made(c.staging / REPORT)
         c.publish()
     report(1.0, "done")
     return summary

@@ -41,7 +41,7 @@ from workbench.runtime.decoding import NonFinite, check_passes, guarded
 from workbench.runtime.tokenizer import CharTokenizer, TokenizerBase
 from workbench.storage.errors import BadInput, MissingFile
 from workbench.storage.files import fsync, read_json, write_json
-from workbench.storage.outputs import claim
+from workbench.storage.outputs import output
 
 META = "store.json"
 FORMAT = 2  # 1: shards listed by name only
@@ -188,7 +188,7 @@ def cache_activations(
         )
     label_names = sorted({name for ex in examples for name in ex.labels})
     n = model.n_streams
-    with claim(out_dir, "store", overwrite=overwrite) as out:
+    with output(out_dir, "store", overwrite=overwrite) as out:
         shards, n_rows = [], 0
         for start, chunk, tokens, real, labels in _batches(examples, tokenizer, batch_size, model.cfg.n_ctx, label_names):
             per_pass = _record(
@@ -219,7 +219,6 @@ def cache_activations(
                 )
             table = pa.table({k: v if isinstance(v, pa.Array) else pa.array(v) for k, v in columns.items()})
             shards.append(_write_shard(out.staging / f"shard-{len(shards):05d}.arrow", table))
-            out.made(out.staging / shards[-1]["name"])
             n_rows += table.num_rows
         meta = {
             "format": FORMAT,
@@ -235,7 +234,6 @@ def cache_activations(
             "shards": shards,
         }
         write_json(out.staging / META, meta)
-        out.made(out.staging / META)
         out.publish()
     return out_dir
 

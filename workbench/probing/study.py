@@ -10,7 +10,6 @@ import itertools
 import os
 import re
 from collections.abc import Callable, Sequence
-from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
@@ -26,12 +25,12 @@ from workbench.runtime.palette import regime_color
 from workbench.runtime.tokenizer import tokenizer_of
 from workbench.storage.errors import BadInput, NotADirectory, OutputExists
 from workbench.storage.files import atomic_write, fsync, read_json, write_json
-from workbench.storage.outputs import discard, foreign_entries, hold, listing, real_directory, record_made, record_of, staging_in
+from workbench.storage.outputs import Output, listing, output
 from workbench.storage.provenance import source_commit
 from workbench.training.run import RunTask, run_task
 from workbench.training.runconfig import task_config
 
-RESULTS = "results"  # the kind of the output record of a directory probe sweeps write into
+RESULTS = "results"  # the kind of output a directory probe sweeps write into is
 
 MAX_SEQUENCES = 100_000
 TARGET_TASK = {label: task for task, labels in LABELS.items() for label in labels}
@@ -106,10 +105,6 @@ def probe_study(
     task = TARGET_TASK[target]
     source = own.input_record(task, run=run_dir.name)
     results_dir = Path(out) if out is not None else run_dir / "results"
-    if out is None and results_dir.is_symlink():
-        raise BadInput(
-            f"{results_dir} is a symbolic link, expected the run's own directory: the workbench does not write through links"
-        )
     if results_dir.exists() and not results_dir.is_dir():
         raise NotADirectory(f"{results_dir} is a file: --out takes the directory a probe sweep writes into")
     out = results_dir / (report_name or f"probe_{target}.json")
@@ -122,16 +117,14 @@ def probe_study(
     sweep = regimes(model, list(passes), exact)
     total, done = len(sweep) * len(hooks) * model.n_streams, 0
     report = progress or (lambda fraction, what: None)
-    with ExitStack() as held:
-        held.enter_context(hold(results_dir))
+    with output(results_dir, RESULTS) as held:
         check_probe_outputs(out, probes_dir, overwrite)  # again, now that nobody else can write them
-        staging = held.enter_context(staging_in(results_dir))
+        scratch = held.scratch()
         for prefill, k in sweep:
             report(done / total, f"caching activations: {prefill} prefill, K={k}")
-            with staging.making():  # a store, written by its own verb
-                store_dir = cache_activations(
-                    model, examples, hooks, staging.path / f"store-{prefill}-{k}", prefill=prefill, passes=k, tokenizer=tokenizer
-                )
+            store_dir = cache_activations(
+                model, examples, hooks, scratch / f"store-{prefill}-{k}", prefill=prefill, passes=k, tokenizer=tokenizer
+            )
             ds, meta = load_store(store_dir, verify=False)  # written just now by this process
             table = ds.select_columns(["seq", "pass", "stream", "token", f"label.{target}"]).with_format("numpy")[:]
             labels = table[f"label.{target}"]
@@ -155,9 +148,8 @@ def probe_study(
                             ranks=ranks,
                         )
                     name = f"{hook}__{prefill}-{k}" + (f"__s{stream}" if meta["n_streams"] > 1 else "")
-                    saved = staging.path / "probes" / f"{name}.safetensors"
+                    saved = scratch / "probes" / f"{name}.safetensors"
                     save_probe(result, saved, {"hook": hook, "prefill": prefill, "passes": k, "stream": stream, "target": target})
-                    staging.made(saved)
                     rows.append(
                         {
                             "hook": hook,
@@ -196,15 +188,14 @@ def probe_study(
             "rows": rows,
         }
         # publish: the probe weights as one directory swap, then the figure, then the report last
-        real_directory(probes_dir.parent)
-        if probes_dir.exists():  # the previous sweep's (``check_probe_outputs``): only what it recorded goes
-            rel = str(probes_dir.relative_to(results_dir))
-            discard(staging, results_dir, rel, staging.path / "replaced-probes", record_of(results_dir, RESULTS))
-        os.replace(staging.path / "probes", probes_dir)
+        probes_dir.parent.mkdir(parents=True, exist_ok=True)
+        if probes_dir.exists():  # the previous sweep's, all listed in its manifest (``check_probe_outputs``)
+            os.replace(probes_dir, scratch / "replaced-probes")
+        os.replace(scratch / "probes", probes_dir)
         fsync(probes_dir.parent)
         figure = plot_probe_rows(rows, out.with_suffix(".png"), f"{run_dir.name}: probing {target}", model.arch)
         write_json(out, report)
-        record_made(results_dir, RESULTS, probes_dir, figure, out)
+        held.wrote(probes_dir, figure, out)
     report["figure"] = str(figure)
     return report
 
@@ -225,17 +216,12 @@ def default_target(task: RunTask) -> str:
 def check_probe_outputs(out: Path, probes_dir: Path, overwrite: bool) -> None:
     """A sweep writes new files, or replaces a previous sweep's with ``overwrite``; never a file it
     did not write: a previous sweep's report, figure and probe weights are the ones the directory's
-    record (``RESULTS``) names, with the identity it recorded, and nothing else is among them."""
+    manifest (``RESULTS``) lists, and nothing else is among them."""
     results_dir, figure = out.parent, out.with_suffix(".png")
-    if (results_dir / "probes").is_symlink():
-        raise BadInput(
-            f"{results_dir / 'probes'} is a symbolic link, expected a real directory: the workbench does not write through links"
-        )
-    names = [str(p.relative_to(results_dir)) for p in (out, figure, probes_dir) if p.exists() or p.is_symlink()]
+    names = [str(p.relative_to(results_dir)) for p in (out, figure, probes_dir) if p.exists()]
     if not names:
         return
-    record = record_of(results_dir, RESULTS)
-    foreign = foreign_entries(results_dir, record, names)
+    foreign = Output(results_dir, RESULTS).foreign(names)
     if foreign or not (out.exists() and _is_probe_report(out)):
         raise OutputExists(
             f"{results_dir} holds files that no probe sweep of this workbench wrote ({listing(foreign or names)}): "

@@ -21,7 +21,7 @@ from workbench.runtime.config import ARCHS, build_model, check_model_fits, confi
 from workbench.runtime.tokenizer import CharTokenizer, TokenizerBase
 from workbench.storage.errors import BadInput, MissingFile, OutputExists
 from workbench.storage.files import atomic_write, read_json, write_json
-from workbench.storage.outputs import hold
+from workbench.storage.outputs import output
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
@@ -99,7 +99,7 @@ def save_model(
     holding it while they are written; a model already there is replaced only with ``overwrite``."""
     directory = Path(directory)
     check_model_target(directory, overwrite)
-    with hold(directory):
+    with output(directory, "model"):
         save_weights(directory / WEIGHTS, model.state_dict(), {"arch": model.arch})
         config = {"arch": model.arch, "model": model.cfg.to_dict(), **(extra or {})}
         write_json(directory / CONFIG, config)

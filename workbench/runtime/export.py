@@ -17,7 +17,7 @@ import torch
 from models import DecoderLM
 from workbench.runtime.tokenizer import CharTokenizer, TokenizerBase
 from workbench.storage.files import write_json
-from workbench.storage.outputs import STAGING_MARK, claim
+from workbench.storage.outputs import output
 
 
 def hf_llama_config(model: DecoderLM, tokenizer: TokenizerBase):
@@ -78,14 +78,13 @@ def export_hf(model: DecoderLM, out_dir: str | Path, tokenizer: TokenizerBase | 
     if tokenizer.vocab_size > model.cfg.d_vocab:
         raise ValueError(f"tokenizer has {tokenizer.vocab_size} ids but the model's d_vocab is {model.cfg.d_vocab}")
     out_dir = Path(out_dir)
-    with claim(out_dir, "export", overwrite=overwrite) as out:
+    with output(out_dir, "export", overwrite=overwrite) as out:
         hf = LlamaForCausalLM(hf_llama_config(model, tokenizer))
         missing, unexpected = hf.load_state_dict(hf_state_dict(model), strict=False)
         if unexpected or any(not k.startswith("lm_head") for k in missing):
             raise RuntimeError(f"export mapping is out of date: missing {missing}, unexpected {unexpected}")
-        with out.making():  # save_pretrained names its own files
-            hf.save_pretrained(out.staging)
-            tokenizer.save(out.staging, model.cfg.n_ctx)
+        hf.save_pretrained(out.staging)
+        tokenizer.save(out.staging, model.cfg.n_ctx)
         dropped = {
             "baseline": [],
             "fbt": [name for name, _ in model.named_parameters() if name.startswith("fusion.")],
@@ -104,10 +103,9 @@ def export_hf(model: DecoderLM, out_dir: str | Path, tokenizer: TokenizerBase | 
                 "hd": "the first embedding table and the blocks, read as a single-stream model",
             }[model.arch],
             "dropped": dropped,
-            "files": sorted(p.name for p in out.staging.iterdir() if p.name != STAGING_MARK),  # what the export holds
+            "files": sorted(p.name for p in out.staging.iterdir()),  # what the export holds
         }
         write_json(out.staging / "workbench_export.json", note)
-        out.made(out.staging / "workbench_export.json")
         out.publish()
     return out_dir
 

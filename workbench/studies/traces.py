@@ -36,7 +36,7 @@ from workbench.runtime.palette import regime_color
 from workbench.runtime.tokenizer import TokenizerBase, tokenizer_of
 from workbench.storage.errors import BadInput
 from workbench.storage.files import parse_json, read_json, write_json
-from workbench.storage.outputs import check_claim, claim
+from workbench.storage.outputs import check_output, output
 from workbench.storage.shapes import Each, check_shape
 from workbench.training.run import Run, RunTask, run_task
 
@@ -322,7 +322,7 @@ def trace_study(
         if not as_chat or as_chat - set(names):
             unknown = sorted(as_chat - set(names)) or ["(none)"]
             raise BadInput(f"--chat {','.join(chat)}: {', '.join(unknown)} is not one of the runs' names: {', '.join(names)}")
-    check_claim(out_dir, "traces", overwrite=overwrite)  # the output first, then the runs
+    check_output(out_dir, "traces", overwrite=overwrite)  # the output first, then the runs
     first = Run.open(runs[0]) if (Path(runs[0]) / "config.json").is_file() else None
     own = first.task if first is not None else RunTask(None, TaskConfig())
     task = own.trace_task() if task is None else task
@@ -367,7 +367,7 @@ def trace_study(
         if progress is not None:
             progress(generated / total, what)
 
-    with claim(out_dir, "traces", overwrite=overwrite) as out:
+    with output(out_dir, "traces", overwrite=overwrite) as out:
         rows, timing, lost = [], {}, {}
         for run, regime in plan:
             model, tokenizer = loaded[run]
@@ -407,17 +407,14 @@ def trace_study(
             **summarise(rows, (reference.rpartition("/")[0], reference.rpartition("/")[2])),
         }
         with (out.staging / "traces.csv").open("w", newline="") as f:
-            out.made(out.staging / "traces.csv")  # created just now: removed if the writing fails
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))
             writer.writeheader()
             for r in rows:
                 writer.writerow({**r, "state_norms": json.dumps(r["state_norms"])})
         archs = {label[run]: model.arch for run, (model, _) in loaded.items()}
         plotted = plot_traces(rows, summary, out.staging, archs)
-        out.made(*plotted)
         summary["figures"] = [str(out_dir / Path(f).name) for f in plotted]
         write_json(out.staging / "summary.json", summary)
-        out.made(out.staging / "summary.json")
         out.publish()
     return summary
 

@@ -8,23 +8,21 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
-from safetensors import SafetensorError, safe_open
 
 from models import DecoderLM
-from workbench.runtime.checkpoint import load_model, load_weights, model_from_weights, save_weights
+from workbench.runtime.checkpoint import load_weights, model_from_weights, save_weights
 from workbench.runtime.tokenizer import TokenizerBase
-from workbench.storage.errors import BadInput, MissingFile
+from workbench.storage.errors import BadInput
 from workbench.storage.files import link_or_copy, read_json, remove_stale_temps, write_json
-from workbench.storage.outputs import RECORD, owns, real_directory, record_made, record_of
+from workbench.storage.outputs import MANIFEST, Output
 from workbench.training.runconfig import RunConfig
 
 STATE_DIR = "train_state"
-RUN = "run"  # the kind of a run directory's output record: what training made there
+RUN = "run"  # the kind of output a run directory is (``workbench.storage.outputs``)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
-def save_checkpoint(run_dir: Path, model: DecoderLM, opt, cfg: RunConfig, step: int, tokenizer: TokenizerBase) -> None:
+def save_checkpoint(out: Output, model: DecoderLM, opt, cfg: RunConfig, step: int, tokenizer: TokenizerBase) -> None:
     """Write the step's weights and optimizer state into ``train_state/`` under names that carry the
     step, then commit them by writing ``train_state/state.json``; only then publish the run
     directory's ``model.safetensors`` (a hard link), ``config.json`` and tokenizer, and delete older
@@ -33,7 +31,8 @@ def save_checkpoint(run_dir: Path, model: DecoderLM, opt, cfg: RunConfig, step: 
     HD run has just grown its streams, between publishing the weights and the config (a resume
     publishes them again). The files deleted are those of the checkpoint this one supersedes, and
     no other: a checkpoint a user put back into ``train_state/`` stays."""
-    state_dir = real_directory(run_dir / STATE_DIR)
+    state_dir = out.directory / STATE_DIR
+    state_dir.mkdir(exist_ok=True)
     superseded = _committed_files(state_dir)
     made = [state_dir]
     if not all((state_dir / name).is_file() for name in TOKENIZER_FILES):  # it never changes: committed once
@@ -64,8 +63,8 @@ def save_checkpoint(run_dir: Path, model: DecoderLM, opt, cfg: RunConfig, step: 
             "scalars": scalars,
         },
     )
-    record_made(run_dir, RUN, *made, state_dir / "state.json", recursive=False)
-    _publish(run_dir, cfg, model.cfg, files, tokenizer, superseded)
+    out.wrote(*made, state_dir / "state.json")
+    _publish(out, cfg, model.cfg, files, tokenizer, superseded)
 
 
 def _committed_files(state_dir: Path) -> list[str]:
@@ -78,56 +77,49 @@ def _committed_files(state_dir: Path) -> list[str]:
 
 
 def _publish(
-    run_dir: Path, cfg: RunConfig, model_cfg, files: dict, tokenizer: TokenizerBase, superseded: Sequence[str] = ()
+    out: Output, cfg: RunConfig, model_cfg, files: dict, tokenizer: TokenizerBase, superseded: Sequence[str] = ()
 ) -> None:
     """The run directory's files from the committed checkpoint ``files``; then delete the superseded
     checkpoint's files and the temporary files of writes a killed process left behind: only what
-    the run's record names with the identity it recorded, so a file the run did not write stays."""
-    state_dir = real_directory(run_dir / STATE_DIR)
+    the run's manifest lists, so a file the run did not write stays."""
+    run_dir = out.directory
+    state_dir = run_dir / STATE_DIR
     link_or_copy(state_dir / files["weights"], run_dir / "model.safetensors")
     write_json(run_dir / "config.json", {**cfg.to_dict(), "model": model_cfg.to_dict()})
     tokenizer.save(run_dir, model_cfg.n_ctx)
-    record_made(run_dir, RUN, *(run_dir / name for name in ("model.safetensors", "config.json", *TOKENIZER_FILES)))
-    record = record_of(run_dir, RUN)
+    out.wrote(*(run_dir / name for name in ("model.safetensors", "config.json", *TOKENIZER_FILES)))
     for name in set(superseded) - set(files.values()):
-        if owns(record, run_dir, f"{STATE_DIR}/{name}"):
+        if out.owns(f"{STATE_DIR}/{name}"):
             (state_dir / name).unlink(missing_ok=True)
-    remove_stale_temps(run_dir, ["model.safetensors", "config.json", *TOKENIZER_FILES, "metrics.jsonl", RECORD])
+    out.wrote()  # the manifest drops what is gone
+    remove_stale_temps(run_dir, ["model.safetensors", "config.json", *TOKENIZER_FILES, "metrics.jsonl", MANIFEST])
     remove_stale_temps(state_dir)
 
 
 def load_checkpoint(
-    run_dir: Path, cfg: RunConfig, device, new_optimizer: Callable[[DecoderLM], torch.optim.AdamW], tokenizer: TokenizerBase
+    run_dir: Path,
+    cfg: RunConfig,
+    device,
+    new_optimizer: Callable[[DecoderLM], torch.optim.AdamW],
+    tokenizer: TokenizerBase,
+    out: Output | None = None,
 ) -> tuple[DecoderLM, torch.optim.AdamW, int]:
     """The model, optimizer (made by ``new_optimizer``, its state loaded) and step committed by
-    ``train_state/state.json``; every problem is an error naming the file. The run directory's files
-    (with ``tokenizer``) are published again from it, in case the process that wrote it was killed
-    before it had published them."""
+    ``train_state/state.json``; every problem is an error naming the file. With ``out`` (the
+    process that writes the run), the run directory's files (with ``tokenizer``) are published
+    again from it, in case the process that wrote it was killed before it had published them."""
     state_dir = run_dir / STATE_DIR
-    if state_dir.is_symlink():
-        raise BadInput(
-            f"{state_dir} is a symbolic link, expected the run's own directory: the workbench does not write through links"
-        )
     state_path = state_dir / "state.json"
     state = read_json(state_path)
     step = state.get("step")
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise BadInput(f"{state_path}: step={step!r}, expected an integer >= 0")
-    if "weights" in state:
-        files = {k: state.get(k) for k in ("weights", "optimizer")}
-        if not all(isinstance(f, str) and f and f == Path(f).name for f in files.values()):
-            raise BadInput(f"{state_path}: 'weights' and 'optimizer' must name files in {state_dir}, got {files}")
-        weights_name, optimizer_name = str(files["weights"]), str(files["optimizer"])  # checked above
-        model = model_from_weights(cfg.arch, state.get("model"), state_dir / weights_name, state_path, device)
-        opt_path = state_dir / optimizer_name
-    else:  # written before state.json committed checkpoints: the files must agree on the step
-        model = load_model(run_dir, device=device)
-        opt_path = state_dir / "optimizer.safetensors"
-        if _metadata_step(run_dir / "model.safetensors") != step:
-            raise BadInput(
-                f"inconsistent checkpoint in {run_dir}: {state_path} says step {step}, "
-                f"model.safetensors holds step {_metadata_step(run_dir / 'model.safetensors')}"
-            )
+    files = {k: state.get(k) for k in ("weights", "optimizer")}
+    if not all(isinstance(f, str) and f and f == Path(f).name for f in files.values()):
+        raise BadInput(f"{state_path}: 'weights' and 'optimizer' must name files in {state_dir}, got {files}")
+    weights_name, optimizer_name = str(files["weights"]), str(files["optimizer"])  # checked above
+    model = model_from_weights(cfg.arch, state.get("model"), state_dir / weights_name, state_path, device)
+    opt_path = state_dir / optimizer_name
     tensors, meta = load_weights(opt_path)
     if meta.get("step") != str(step):
         raise BadInput(
@@ -151,22 +143,10 @@ def load_checkpoint(
                     raise BadInput(f"{name} has shape {list(value.shape)} for a parameter of shape {list(p.shape)}")
     except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as err:
         raise BadInput(f"the optimizer state in {opt_path} and {state_path} does not fit the model: {err}") from err
-    if "weights" in state and (not dist.is_initialized() or dist.get_rank() == 0):
-        # the checkpoint it resumes is the run's own (a run trained before runs kept a record has none)
-        record_made(run_dir, RUN, state_dir, state_path, state_dir / weights_name, opt_path, recursive=False)
-        _publish(run_dir, cfg, model.cfg, files, tokenizer)
+    if out is not None:
+        out.wrote(state_path, state_dir / weights_name, opt_path)  # the checkpoint it resumes is the run's own
+        _publish(out, cfg, model.cfg, files, tokenizer)
     return model, opt, step
-
-
-def _metadata_step(path: Path) -> int | None:
-    if not path.is_file():
-        raise MissingFile(f"missing {path}")
-    try:
-        with safe_open(str(path), "pt") as f:
-            step = (f.metadata() or {}).get("step")
-        return int(step) if step is not None else None
-    except (SafetensorError, ValueError) as err:
-        raise BadInput(f"corrupt checkpoint {path}: {err}") from err
 
 
 def last_checkpoint_step(run_dir: Path) -> int | None:

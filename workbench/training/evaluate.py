@@ -35,7 +35,7 @@ from workbench.runtime.decoding import NonFinite, check_passes, generate, guarde
 from workbench.runtime.tokenizer import TokenizerBase, load_tokenizer
 from workbench.storage.errors import BadInput
 from workbench.storage.files import write_json
-from workbench.storage.outputs import hold, real_directory
+from workbench.storage.outputs import output
 from workbench.training.runconfig import load_run_config, task_settings
 
 FUSED_PASSES = 2  # K of the fused regime's prefill in a run's own evaluation (results/eval.json)
@@ -211,10 +211,11 @@ def evaluate_run(
     for name in eval_tasks(task or cfg.data.task, cfg.data):
         check_not_trained_on(run_dir, cfg.data.task, name)
     path = run_dir / "results" / eval_file_name(cfg, n, fused_passes, task)
-    with hold(real_directory(run_dir / "results")) if write else nullcontext():  # never a link's target
+    with output(path.parent, "results") if write else nullcontext() as held:
         result = _evaluate_run(run_dir, cfg, model, tokenizer, n, fused_passes, task, progress)
-        if write:
+        if held is not None:
             write_json(path, result)
+            held.wrote(path)
     return {**result, "path": str(path) if write else None}
 
 

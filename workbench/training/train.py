@@ -34,15 +34,7 @@ from workbench.runtime.syncs import host_value
 from workbench.runtime.tokenizer import CharTokenizer, TokenizerBase, load_tokenizer, tokenizer_of
 from workbench.storage.errors import BadInput, MissingFile, OutputBusy, OutputExists, WorkbenchError
 from workbench.storage.files import atomic_write, read_json, write_json
-from workbench.storage.outputs import (
-    COPIES,
-    contents,
-    foreign_entries,
-    hold,
-    listing,
-    record_made,
-    record_of,
-)
+from workbench.storage.outputs import Output, contents, listing, output
 from workbench.training.checkpointing import (
     RUN,
     STATE_DIR,
@@ -258,34 +250,33 @@ RUN_FILES = {
 
 def check_new_run_dir(run_dir: Path) -> None:
     """A new run goes into a new or empty directory, or one holding only what a run killed (or
-    diverged) before its first checkpoint left, by that run's record (``RUN``); never over a run
-    or anything else, and never over a file of a run's name that no run recorded making."""
+    diverged) before its first checkpoint left, by that run's manifest; never over a run or
+    anything else, and never over a file of a run's name that no run wrote."""
     found = contents(run_dir)
     if (run_dir / "model.safetensors").exists() or (run_dir / STATE_DIR / "state.json").exists():
         raise OutputExists(f"{run_dir} already holds a run; pass --resume to continue it or choose a new --out")
     if not found:
         return
-    record = record_of(run_dir, RUN)
-    foreign = [n for n in found if n not in RUN_FILES] or (foreign_entries(run_dir, record) if record else found)
+    foreign = [n for n in found if n not in RUN_FILES] or Output(run_dir, RUN).foreign(found)
     if foreign:
         raise OutputExists(
-            f"{run_dir} holds files that are not a workbench run ({listing(foreign)}): choose a new or empty --out; " + COPIES
+            f"{run_dir} holds files that are not a workbench run ({listing(foreign)}): choose a new or empty --out"
         )
 
 
 @contextmanager
 def held_by_main_process(run_dir: Path, rank_info: Dist, device):
-    """The run directory's lock, taken by the process that writes (rank 0); the other processes
-    stop too when it cannot be taken."""
+    """The run directory as an output (``Output``), held by the process that writes (rank 0; the
+    others get None); the other processes stop too when it cannot be held."""
     if rank_info.world == 1:
-        with hold(run_dir):
-            yield
+        with output(run_dir, RUN) as out:
+            yield out
         return
     with ExitStack() as stack:
-        failure = None
+        failure, out = None, None
         if rank_info.main:
             try:
-                stack.enter_context(hold(run_dir))
+                out = stack.enter_context(output(run_dir, RUN))
             except (OutputBusy, OSError) as err:
                 failure = err
         flag = torch.tensor([failure is not None], dtype=torch.int32, device=device)
@@ -294,7 +285,7 @@ def held_by_main_process(run_dir: Path, rank_info: Dist, device):
             raise failure
         if flag.item():
             raise OutputBusy(f"rank 0 could not lock {run_dir} (its error says why)")
-        yield
+        yield out
 
 
 def train(
@@ -305,7 +296,7 @@ def train(
     the process after that many steps as if interrupted (the schedule still spans train.steps).
     ``progress``: True for a tqdm bar, or a callable ``progress(step, total, record)`` called after
     every step (``record`` is the metrics line when one was logged at that step, else None).
-    The run directory is held exclusively while training writes it (``workbench.storage.outputs.hold``)."""
+    The run directory is held exclusively while training writes it (``workbench.storage.outputs.output``)."""
     run_dir = Path(out_dir)
     rank_info, device = setup_distributed(cfg.train.device)
     t = cfg.train
@@ -333,7 +324,7 @@ def train(
             before.update(initial_losses(fresh, stream, cfg))
         else:
             fresh = model_from_config(cfg.arch, cfg.model, seed=t.seed, device=device)
-    with held_by_main_process(run_dir, rank_info, device):
+    with held_by_main_process(run_dir, rank_info, device) as out:
         if resume:
             saved = load_run_config(run_dir / "config.json")
             if saved.arch != cfg.arch:
@@ -347,25 +338,25 @@ def train(
                 )
             if (run_dir / "metrics.jsonl").is_file():
                 read_metrics(run_dir / "metrics.jsonl")  # a corrupt log stops the resume before it writes anything
-            model, opt, start = load_checkpoint(run_dir, cfg, device, lambda m: make_optimizer(m, cfg), tokenizer)
+            model, opt, start = load_checkpoint(run_dir, cfg, device, lambda m: make_optimizer(m, cfg), tokenizer, out)
         else:
             check_new_run_dir(run_dir)  # again, now that it is held
             model, opt, start = fresh, make_optimizer(fresh, cfg), 0
-            if rank_info.main:
-                record_made(run_dir, RUN)  # the directory is a run's from now on (kept if a killed run started it)
-            if before is not None and rank_info.main:
+            if out is not None:
+                out.wrote()  # the directory is a run's from now on (kept if a killed run started it)
+            if before is not None and out is not None:
                 write_json(run_dir / INIT_FILE, before)
-                record_made(run_dir, RUN, run_dir / INIT_FILE)
+                out.wrote(run_dir / INIT_FILE)
         config = {**cfg.to_dict(), "model": model.cfg.to_dict()}
         log_to = t.log_to if rank_info.main else "none"
-        with tracked(run_dir, log_to, config, start, resume, lambda *paths: record_made(run_dir, RUN, *paths)) as tracking:
+        with tracked(run_dir, log_to, config, start, resume, out.wrote if out else lambda *paths: None) as tracking:
             return _train_loop(
-                cfg, run_dir, rank_info, device, model, opt, start, stream, tokenizer, resume, progress, stop_after, tracking
+                cfg, out, run_dir, rank_info, device, model, opt, start, stream, tokenizer, resume, progress, stop_after, tracking
             )
 
 
 @torch.no_grad()
-def _record_expansion(run_dir: Path, strategy, plain, grown, stream, cfg: RunConfig, step: int, device, rows: int) -> None:
+def _record_expansion(out: Output, strategy, plain, grown, stream, cfg: RunConfig, step: int, device, rows: int) -> None:
     """Add to ``expansions.json`` (``{"expansions": [...]}``) the training loss of the model before and after an expansion
     on the same rows of the step's batch (the first micro-batch): the loss jump the expansion
     causes, 0 up to round-off where cyclic replication keeps the function."""
@@ -375,13 +366,13 @@ def _record_expansion(run_dir: Path, strategy, plain, grown, stream, cfg: RunCon
     # the same function): the strategy's loss then applies to both
     same = expand_streams(plain, plain.n_streams)
     before, after = (float(strategy.loss(m, x, y, step, slice(0, rows))[0]) for m in (same, grown))
-    path = run_dir / EXPANSIONS_FILE
+    path = out.directory / EXPANSIONS_FILE
     entries = [
         e for e in (read_json(path)["expansions"] if path.is_file() else []) if e["step"] != step
     ]  # a resumed run redoes its step
     entries.append({"step": step, "from": plain.n_streams, "to": grown.n_streams, "loss_before": before, "loss_after": after})
     write_json(path, {"expansions": sorted(entries, key=lambda e: e["step"])})
-    record_made(run_dir, RUN, path)
+    out.wrote(path)
 
 
 def _switch_batch(stream, cfg: RunConfig, step: int, device, rows: int) -> tuple[Tensor, Tensor]:
@@ -390,19 +381,130 @@ def _switch_batch(stream, cfg: RunConfig, step: int, device, rows: int) -> tuple
     return x[:rows].to(device), y[:rows].to(device)
 
 
-def _record_switch(run_dir: Path, fit: dict, before: tuple[float, float], model, batch: tuple[Tensor, Tensor]) -> None:
+def _record_switch(out: Output, fit: dict, before: tuple[float, float], model, batch: tuple[Tensor, Tensor]) -> None:
     """``feedback_switch.json``: the warm switch's fit and, on the switch step's first micro-batch,
     the plain loss and the fused (pass-2) loss with the fusion before the fit (the jump a cold
     switch causes) and after it (the one the warm switch causes)."""
     plain, cold = before
     warm = plain_and_fused_losses(model, *batch)[1]
-    path = run_dir / SWITCH_FILE
+    path = out.directory / SWITCH_FILE
     write_json(path, {**fit, "loss_plain": plain, "loss_fused_cold": cold, "loss_fused_warm": warm})
-    record_made(run_dir, RUN, path)
+    out.wrote(path)
+
+
+class Trainer:
+    """A run between two steps: the (sharded) model, its optimizer and strategy, the step's readings
+    on the device, and what the next metrics line counts. ``train_step`` is one optimizer step's
+    forward and backward passes; the loop (``_train_loop``) decides when to read, log and save."""
+
+    def __init__(self, cfg: RunConfig, out: Output | None, rank_info: Dist, device, model, opt, stream: Windows, tracking):
+        t = cfg.train
+        self.cfg, self.out, self.rank_info, self.device, self.stream, self.tracking = (
+            cfg,
+            out,
+            rank_info,
+            device,
+            stream,
+            tracking,
+        )
+        self.per_rank = t.batch_size // rank_info.world
+        self.micro = self.per_rank // t.grad_accum
+        self.strategy = make_strategy(cfg, stream)
+        bf16 = (device.type == "cuda" and t.bf16) or (device.type == "cpu" and t.cpu_bf16)
+        self.autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
+        self.engine = Engine(t.parallel, rank_info, device, bf16=bf16, compile=t.compile, checkpoint_blocks=t.checkpoint_blocks)
+        self.model, self.step_loss, self.opt = self.engine.shard(model, opt, self.strategy, self.new_optimizer)
+        self.peak = peak_flops(device, t.peak_tflops)
+        self.readings = StepReadings(device)
+        self.last_log, self.tokens_since, self.flops_since = time.perf_counter(), 0, 0.0
+
+    def new_optimizer(self, model: DecoderLM) -> torch.optim.AdamW:
+        return make_optimizer(model, self.cfg)
+
+    def grow(self, step: int, run_dir: Path) -> None:
+        """The strategy's growth at ``step`` (HD's expansion, FBT's feedback switch), on the unsharded
+        model, with its record; the grown model is sharded again."""
+        if self.readings.last:  # never fit or record a growth from weights a step since the last read broke
+            _stop_if_diverged(self.readings.read(self.rank_info.world), run_dir)
+        plain, plain_opt = self.engine.gather(self.model, self.opt, self.new_optimizer)
+        switching = self.rank_info.main and isinstance(self.strategy, FBTStrategy)
+        if switching:
+            batch = _switch_batch(self.stream, self.cfg, step, self.device, self.micro)
+            before = plain_and_fused_losses(plain, *batch)
+        grown = self.strategy.prepare(plain, step)
+        if switching:
+            _record_switch(cast(Output, self.out), cast(dict, cast(FBTStrategy, self.strategy).fit), before, grown, batch)
+        elif self.rank_info.main:
+            _record_expansion(
+                cast(Output, self.out), self.strategy, plain, grown, self.stream, self.cfg, step, self.device, self.micro
+            )
+        moved = carry_optimizer(plain, plain_opt, grown, self.cfg)
+        self.model, self.step_loss, self.opt = self.engine.shard(grown, moved, self.strategy, self.new_optimizer)
+
+    def train_step(self, step: int) -> float:
+        """Forward and backward over this process's micro-batches of ``step``'s batch, its readings
+        kept on the device; returns the step's learning rate (the update is ``update``)."""
+        t = self.cfg.train
+        lr = lr_at(self.cfg, step)
+        for group in self.opt.param_groups:
+            group["lr"] = lr
+        x_all, y_all = batch_windows(self.stream, t.seed, step, t.batch_size, t.seq_len)
+        w_all = batch_weights(self.stream, t.seed, step, t.batch_size, t.seq_len)
+        # a micro-batch's (weighted) mean loss, scaled by its share of the step's total target
+        # weight: the step's gradient is that of the mean over the whole batch however it is split
+        # (the share is 1 where every target is scored alike)
+        mass = (y_all != IGNORE).float() if w_all is None else w_all
+        per_row = host_value(mass.sum()) / t.batch_size  # the batch is drawn on the host: no device read
+        self.model.check_token_range(
+            int(host_value(x_all.min())), int(host_value(x_all.max()))
+        )  # so the forward need not read it
+        parts = []
+        for m in range(t.grad_accum):
+            first = self.rank_info.rank * self.per_rank + m * self.micro
+            rows = slice(first, first + self.micro)
+            share = host_value(mass[rows].sum()) / (per_row * self.micro) if per_row else 0.0
+            weight = None if w_all is None else to_device(w_all[rows], self.device)
+            x, y = to_device(x_all[rows], self.device), to_device(y_all[rows], self.device)
+            with self.engine.no_sync(self.step_loss, last_micro=m == t.grad_accum - 1), trusted_ids(self.model):
+                with self.autocast:
+                    loss, info = self.step_loss(x, y, step, rows, weight)
+                (loss * share / t.grad_accum).backward()
+            parts.append(info)
+        # the step's readings stay on the device; the host reads them on logging and checkpoint steps
+        info = {
+            k: torch.stack([p[k].double() for p in parts]).mean() if isinstance(v, Tensor) else v for k, v in parts[0].items()
+        }
+        self.readings.add(step, info, self.engine.clip_grad_norm(self.model, t.grad_clip))
+        return lr
+
+    def update(self, step: int) -> None:
+        t = self.cfg.train
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.tokens_since += t.batch_size * t.seq_len
+        self.flops_since += self.strategy.flops_per_token(self.model, step) * t.batch_size * t.seq_len
+
+    def metrics_line(self, done: int, lr: float, reading: Reading) -> dict:
+        """The metrics line of step ``done``: throughput since the last line, then the readings."""
+        now = time.perf_counter()
+        seconds, peak, world = now - self.last_log, self.peak, self.rank_info.world
+        record = {
+            "step": done,
+            "lr": lr,
+            "grad_norm": reading.values["grad_norm"],
+            "tokens_per_s": self.tokens_since / seconds,  # all processes' tokens
+            "tflops_per_s": self.flops_since / seconds / 1e12,  # all processes' FLOPs (flops.py)
+            **({"mfu": self.flops_since / seconds / (peak * world)} if peak else {}),
+            "peak_rss_mib": peak_rss_mib(),
+            **{k: v for k, v in reading.values.items() if k != "grad_norm"},
+        }
+        self.last_log, self.tokens_since, self.flops_since = now, 0, 0.0
+        return record
 
 
 def _train_loop(
     cfg: RunConfig,
+    out: Output | None,
     run_dir: Path,
     rank_info: Dist,
     device,
@@ -417,118 +519,50 @@ def _train_loop(
     tracking: Tracking,
 ) -> TrainResult:
     t = cfg.train
-    per_rank = t.batch_size // rank_info.world
-    micro = per_rank // t.grad_accum
-    strategy = make_strategy(cfg, stream)
-    bf16 = (device.type == "cuda" and t.bf16) or (device.type == "cpu" and t.cpu_bf16)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
-
-    def new_optimizer(m: DecoderLM) -> torch.optim.AdamW:
-        return make_optimizer(m, cfg)
-
-    engine = Engine(t.parallel, rank_info, device, bf16=bf16, compile=t.compile, checkpoint_blocks=t.checkpoint_blocks)
-    model, step_loss, opt = engine.shard(model, opt, strategy, new_optimizer)
-    peak = peak_flops(device, t.peak_tflops)
+    trainer = Trainer(cfg, out, rank_info, device, model, opt, stream, tracking)
     metrics_path = run_dir / "metrics.jsonl"
-    if rank_info.main:
-        run_dir.mkdir(parents=True, exist_ok=True)
+    if out is not None:
         _trim_metrics(metrics_path, start)
         if not resume:
-            write_json(run_dir / "config.json", {**cfg.to_dict(), "model": model.cfg.to_dict()})
-        record_made(run_dir, RUN, run_dir / "config.json", metrics_path)
-
+            write_json(run_dir / "config.json", {**cfg.to_dict(), "model": trainer.model.cfg.to_dict()})
+        out.wrote(run_dir / "config.json", metrics_path)
     report = progress if callable(progress) and rank_info.main else None
     # the terminal bar when asked; the bar also feeds an app job's progress file when there is one
     bar = Bar(f"{cfg.arch} {run_dir.name}", t.steps, unit="step", show=progress is True) if rank_info.main else None
-    last_log, tokens_since, flops_since, started = time.perf_counter(), 0, 0.0, time.perf_counter()
-    record: dict = {}
+    started, record = time.perf_counter(), {}
     end = t.steps if stop_after is None else min(t.steps, start + stop_after)
     saved = None  # the unsharded model the last step checkpointed, if it did
-    readings = StepReadings(device)
     for step in range(start, end):
-        if strategy.grows(model, step):  # on the unsharded model; the grown one is sharded again
-            if readings.last:  # never fit or record a growth from weights a step since the last read broke
-                _stop_if_diverged(readings.read(rank_info.world), run_dir)
-            plain, plain_opt = engine.gather(model, opt, new_optimizer)
-            switching = rank_info.main and isinstance(strategy, FBTStrategy)
-            if switching:
-                batch = _switch_batch(stream, cfg, step, device, micro)
-                before = plain_and_fused_losses(plain, *batch)
-            grown = strategy.prepare(plain, step)
-            if switching:
-                _record_switch(run_dir, cast(dict, cast(FBTStrategy, strategy).fit), before, grown, batch)
-            elif rank_info.main:
-                _record_expansion(run_dir, strategy, plain, grown, stream, cfg, step, device, micro)
-            model, step_loss, opt = engine.shard(grown, carry_optimizer(plain, plain_opt, grown, cfg), strategy, new_optimizer)
-        lr = lr_at(cfg, step)
-        for group in opt.param_groups:
-            group["lr"] = lr
-        x_all, y_all = batch_windows(stream, t.seed, step, t.batch_size, t.seq_len)
-        w_all = batch_weights(stream, t.seed, step, t.batch_size, t.seq_len)
-        # a micro-batch's (weighted) mean loss, scaled by its share of the step's total target
-        # weight: the step's gradient is that of the mean over the whole batch however it is split
-        # (the share is 1 where every target is scored alike)
-        mass = (y_all != IGNORE).float() if w_all is None else w_all
-        per_row = host_value(mass.sum()) / t.batch_size  # the batch is drawn on the host: no device read
-        model.check_token_range(int(host_value(x_all.min())), int(host_value(x_all.max())))  # so the forward need not read it
-        parts = []
-        for m in range(t.grad_accum):
-            first = rank_info.rank * per_rank + m * micro
-            rows = slice(first, first + micro)
-            share = host_value(mass[rows].sum()) / (per_row * micro) if per_row else 0.0
-            weight = None if w_all is None else to_device(w_all[rows], device)
-            with engine.no_sync(step_loss, last_micro=m == t.grad_accum - 1), trusted_ids(model):
-                with autocast:
-                    loss, info = step_loss(to_device(x_all[rows], device), to_device(y_all[rows], device), step, rows, weight)
-                (loss * share / t.grad_accum).backward()
-            parts.append(info)
-        # the step's readings stay on the device; the host reads them on logging and checkpoint steps
-        info = {
-            k: torch.stack([p[k].double() for p in parts]).mean() if isinstance(v, Tensor) else v for k, v in parts[0].items()
-        }
-        readings.add(step, info, engine.clip_grad_norm(model, t.grad_clip))
+        if trainer.strategy.grows(trainer.model, step):
+            trainer.grow(step, run_dir)
+        lr = trainer.train_step(step)
         done = step + 1
-        logs = done % t.log_every == 0 or done == t.steps
-        if logs or done % t.checkpoint_every == 0 or done == end:
-            reading = readings.read(rank_info.world)
+        logs, saves = done % t.log_every == 0 or done == t.steps, done % t.checkpoint_every == 0 or done == t.steps
+        if logs or saves or done == end:
+            reading = trainer.readings.read(rank_info.world)
             _stop_if_diverged(reading, run_dir)  # before this step's update and any checkpoint
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        tokens_since += t.batch_size * t.seq_len
-        flops_since += strategy.flops_per_token(model, step) * t.batch_size * t.seq_len
+        trainer.update(step)
         if logs:
-            now = time.perf_counter()
-            info = {k: v for k, v in reading.values.items() if k != "grad_norm"}
-            record = {
-                "step": done,
-                "lr": lr,
-                "grad_norm": reading.values["grad_norm"],
-                "tokens_per_s": tokens_since / (now - last_log),  # all processes' tokens
-                "tflops_per_s": flops_since / (now - last_log) / 1e12,  # all processes' FLOPs (flops.py)
-                **({"mfu": flops_since / (now - last_log) / (peak * rank_info.world)} if peak else {}),
-                "peak_rss_mib": peak_rss_mib(),
-                **info,
-            }
-            last_log, tokens_since, flops_since = now, 0, 0.0
-            if rank_info.main:
+            record = trainer.metrics_line(done, lr, reading)
+            if out is not None:
                 new_log = not metrics_path.exists()
                 with metrics_path.open("a") as f:
                     f.write(json.dumps(record) + "\n")
                 if new_log:  # appends keep the file; its creation is recorded once
-                    record_made(run_dir, RUN, metrics_path)
+                    out.wrote(metrics_path)
                 tracking.log(record)
         if bar is not None:
             bar.update(done, f"loss={record['loss']:.3f}, tok_s={record['tokens_per_s']:.0f}" if record else None)
         if report is not None:
             report(done, t.steps, record if record.get("step") == done else None)
         saved = None
-        if done % t.checkpoint_every == 0 or done == t.steps:  # gathered by every process, written by rank 0
-            saved, plain_opt = engine.gather(model, opt, new_optimizer)
-            if rank_info.main:
-                save_checkpoint(run_dir, saved, plain_opt, cfg, done, tokenizer)
+        if saves:  # gathered by every process, written by rank 0
+            saved, plain_opt = trainer.engine.gather(trainer.model, trainer.opt, trainer.new_optimizer)
+            if out is not None:
+                save_checkpoint(out, saved, plain_opt, cfg, done, tokenizer)
     if bar is not None:
         bar.close()
-    model = saved if saved is not None else engine.gather(model, opt, new_optimizer)[0]  # the last step's, unsharded
+    model = saved if saved is not None else trainer.engine.gather(trainer.model, trainer.opt, trainer.new_optimizer)[0]
     if rank_info.world > 1:
         dist.barrier()
     summary = {
@@ -536,9 +570,8 @@ def _train_loop(
         "steps": end,
         "resumed_from": start if resume else None,
         "seconds": time.perf_counter() - started,
-        "last": record,
     }
-    return TrainResult(model, summary)
+    return TrainResult(model, {**summary, "last": record})
 
 
 def to_device(t: Tensor, device: torch.device) -> Tensor:

@@ -34,7 +34,7 @@ import torch
 from workbench.runtime.progress import PROGRESS_ENV, Bar
 from workbench.storage.errors import BadInput, OutputExists
 from workbench.storage.files import read_json, write_json
-from workbench.storage.outputs import COPIES, hold, owns, record_made, record_of
+from workbench.storage.outputs import listed, output
 from workbench.storage.provenance import source_commit
 from workbench.training.evaluate import evaluate_run
 from workbench.training.intervals import ACCURACY, seed_interval
@@ -42,7 +42,7 @@ from workbench.training.metrics import logged_seconds
 from workbench.training.runconfig import RunConfig, config_differences, load_run_config, make_run_config, run_config_from_dict
 from workbench.training.train import EXPANSIONS_FILE, check_new_run_dir, train
 
-ZOO = "zoo"  # the kind of a zoo's (or study's) output record: its summary file is the zoo's own
+ZOO = "zoo"  # the kind of output a zoo (or study) directory is: its summary file is the zoo's own
 
 MAX_SEEDS = 10
 
@@ -258,10 +258,8 @@ def train_organisms(
     number the reference zoo's budget is read from)."""
     out = Path(out)
     path = out / ORGANISMS_FILE
-    if (path.exists() or path.is_symlink()) and not owns(record_of(out, ZOO), out, ORGANISMS_FILE):
-        raise OutputExists(
-            f"{path} was not written by workbench zoo --preset organisms: move it away or choose another --out; {COPIES}"
-        )
+    if path.exists() and ORGANISMS_FILE not in (listed(out, ZOO) or ()):
+        raise OutputExists(f"{path} was not written by workbench zoo --preset organisms: move it away or choose another --out")
     started = time.perf_counter()
     summary: dict = {"seeds": seeds, "commit": source_commit(), "torch": torch.__version__, "organisms": {}}
     for task, scale in ORGANISMS.items():
@@ -274,9 +272,9 @@ def train_organisms(
             "session_wall_seconds": zoo["session_wall_seconds"],
         }
         summary["session_wall_seconds"] = round(time.perf_counter() - started, 1)
-        with hold(out):
+        with output(out, ZOO) as held:
             write_json(path, summary)
-            record_made(out, ZOO, path)
+            held.wrote(path)
     return summary
 
 
@@ -349,7 +347,7 @@ def train_plan(
     for name, _, _, cfg in plan:  # before anything is written
         check_member(out / name, cfg)
     previous = previous_summary(summary_path)
-    with hold(out):
+    with output(out, ZOO) as held:
         previous = previous_summary(summary_path)  # again, now that it is held
         if (
             previous is not None and previous.get("scale") == scale
@@ -382,7 +380,7 @@ def train_plan(
             # partial zoo records its own session only)
             summary["session_wall_seconds"] = round(time.perf_counter() - started, 1)
             write_json(summary_path, summary)  # after every member: a stopped zoo keeps what it finished
-            record_made(out, ZOO, summary_path)
+            held.wrote(summary_path)
 
         if jobs == 1:
             for name, plain, seed, cfg in plan:
@@ -398,15 +396,15 @@ def train_plan(
 
 def previous_summary(path: Path) -> dict | None:
     """The summary a previous run of this zoo (or study) wrote at ``path``, or None if there is none;
-    refused when the directory's record does not name it (a user's file of that name is not
+    refused when the directory's manifest does not list it (a user's file of that name is not
     replaced) or when it does not have the shape a zoo writes (``seeds`` a count, ``models`` an
     object of members)."""
     if not (path.exists() or path.is_symlink()):
         return None
-    if not owns(record_of(path.parent, ZOO), path.parent, path.name):
+    if path.name not in (listed(path.parent, ZOO) or ()):
         raise OutputExists(
-            f"{path} was not written by a workbench zoo or study (its directory's record does not name it): "
-            f"move it away or choose another --out; {COPIES}"
+            f"{path} was not written by a workbench zoo or study (its directory's manifest does not list it): "
+            "move it away or choose another --out"
         )
     summary = read_json(path)
     seeds, models = summary.get("seeds", 1), summary.get("models")
