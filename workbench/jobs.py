@@ -49,6 +49,7 @@ from workbench.runtime.progress import PROGRESS_ENV
 from workbench.storage.errors import BadInput, MissingFile
 from workbench.storage.files import parse_json, write_json
 from workbench.storage.outputs import LOCK
+from workbench.storage.shapes import Check, check_shape
 
 JOBS_DIR = ".jobs"
 STATES = ("starting", "running", "done", "failed", "cancelled")  # what job.json may say
@@ -298,58 +299,44 @@ def _is_pid(value) -> TypeGuard[int]:
     return type(value) is int and 1 < value <= PID_LIMIT
 
 
-_TIME = (_is_time, "a time in seconds since the epoch (a finite number from 0 to year 3000)")
-_TEXT = (_is_text, "a string")
-_JOB = {  # field: (check, what it must be, required)
-    "id": (*_TEXT, False),
-    "title": (*_TEXT, True),
-    "argv": (lambda v: isinstance(v, list) and bool(v) and all(map(_is_text, v)), "a non-empty list of strings", True),
-    "page": (*_TEXT, True),
-    "outputs": (lambda v: isinstance(v, list) and all(map(_is_text, v)), "a list of strings", True),
-    "created": (*_TIME, True),
-    "state": (lambda v: v in STATES, f"one of {', '.join(STATES)}", True),
-    "pid": (_is_pid, f"a process id from 2 to {PID_LIMIT}", False),
-    "host": (*_TEXT, False),
-    "started": (*_TIME, False),
-    "finished": (*_TIME, False),
-    "returncode": (lambda v: type(v) is int and abs(v) < 1 << 31, "an exit status (a whole number)", False),
-    "reason": (*_TEXT, False),
+_TIME = Check(float, _is_time, "a time in seconds since the epoch (a finite number from 0 to year 3000)")
+_TEXT = Check(str, _is_text, "a string")
+_JOB = {  # null stands for an optional field's absence
+    "id?": (_TEXT, None),
+    "title": _TEXT,
+    "argv": Check(list, lambda v: bool(v) and all(map(_is_text, v)), "a non-empty list of strings"),
+    "page": _TEXT,
+    "outputs": Check(list, lambda v: all(map(_is_text, v)), "a list of strings"),
+    "created": _TIME,
+    "state": Check(str, lambda v: v in STATES, f"one of {', '.join(STATES)}"),
+    "pid?": (Check(int, _is_pid, f"a process id from 2 to {PID_LIMIT}"), None),
+    "host?": (_TEXT, None),
+    "started?": (_TIME, None),
+    "finished?": (_TIME, None),
+    "returncode?": (Check(int, lambda v: abs(v) < 1 << 31, "an exit status (a whole number)"), None),
+    "reason?": (_TEXT, None),
 }
 _PROGRESS = {
-    "fraction": (lambda v: _is_number(v) and 0 <= v <= 1, "a number from 0 to 1", False),
-    "desc": (*_TEXT, False),
-    "what": (*_TEXT, False),
-    "updated": (*_TIME, False),
-    "n": (lambda v: _is_number(v) and v >= 0, "a count (a number >= 0)", False),
-    "total": (lambda v: _is_number(v) and v > 0, "a total (a number > 0)", False),
-    "unit": (*_TEXT, False),
-    "started": (*_TIME, False),
-    "milestone": (lambda v: type(v) is int and v >= 0, "a whole number >= 0", False),
+    "fraction?": (Check(float, lambda v: _is_number(v) and 0 <= v <= 1, "a number from 0 to 1"), None),
+    "desc?": (_TEXT, None),
+    "what?": (_TEXT, None),
+    "updated?": (_TIME, None),
+    "n?": (Check(float, lambda v: _is_number(v) and v >= 0, "a count (a number >= 0)"), None),
+    "total?": (Check(float, lambda v: _is_number(v) and v > 0, "a total (a number > 0)"), None),
+    "unit?": (_TEXT, None),
+    "started?": (_TIME, None),
+    "milestone?": (Check(int, lambda v: v >= 0, "a whole number >= 0"), None),
 }
-
-
-def _check(data: dict, file: Path, fields: dict) -> dict:
-    """``data`` if every field in ``fields`` is there when required and what it must be (None is
-    absent, for an optional one); else ``BadInput`` naming the file and the first bad field."""
-    for name, (check, expected, required) in fields.items():
-        value = data.get(name)
-        if value is None and not required:
-            continue
-        if name not in data:
-            raise BadInput(f"{file}: field {name!r} is missing, expected {expected}")
-        if not check(value):
-            shown = repr(value)
-            shown = shown if len(shown) <= 60 else shown[:57] + "..."
-            raise BadInput(f"{file}: field {name!r} must be {expected}, got {shown}")
-    return data
 
 
 def _check_job(data: dict, file: Path) -> dict:
-    return _check(data, file, _JOB)
+    check_shape(data, _JOB, file)
+    return data
 
 
 def _check_progress(data: dict, file: Path) -> dict:
-    return _check(data, file, _PROGRESS)
+    check_shape(data, _PROGRESS, file)
+    return data
 
 
 def _invalid(path: Path, error: str, *, read: bool = True) -> Job:

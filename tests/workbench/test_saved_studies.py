@@ -1,4 +1,4 @@
-"""Saved dynamics and trace studies as the app reads them back (#35, "the app and its jobs"): a file
+"""Saved dynamics and trace studies as the app reads them back ("the app and its jobs"): a file
 edited by hand, cut short or of other runs is one ``BadInput`` naming the file and the field, never a
 ``KeyError`` in a page; and the shape checker's known answers."""
 
@@ -15,7 +15,7 @@ from workbench import build_model, save_model
 from workbench.dynamics.study import STATES, dynamics_study
 from workbench.dynamics.study import read_study as read_dynamics
 from workbench.storage.errors import BadInput
-from workbench.storage.shapes import Each, check_shape
+from workbench.storage.shapes import COUNT, FRACTION, Each, check_shape
 from workbench.studies.traces import read_study as read_traces_study
 from workbench.studies.traces import trace_study
 
@@ -36,6 +36,12 @@ HOSTILE = tally("the app and its jobs")
         ({"a": {"k": {"b": 2}}}, {"a": Each({"b": (str, None)})}, "field 'a.k.b' must be a string or null, got 2"),
         ([1], {"a": int}, "the file must be an object, got [1]"),
         ({"a": 5}, {"a": [[float]]}, "field 'a' must be a list of lists of numbers, got 5"),
+        ({"a": 0}, {"a": COUNT}, None),
+        ({"a": -1}, {"a": COUNT}, "field 'a' must be an integer >= 0, got -1"),
+        ({"a": True}, {"a": COUNT}, "field 'a' must be an integer >= 0, got True"),
+        ({"a": {"x": 1}}, {"a": Each(FRACTION)}, None),
+        ({"a": {"x": 1.5}}, {"a": Each(FRACTION)}, "field 'a.x' must be a number in [0, 1], got 1.5"),
+        ({"a": {"x": "1"}}, {"a": Each(FRACTION)}, "field 'a.x' must be a number in [0, 1], got '1'"),
     ],
 )
 def test_check_shape_known_answers(value, shape, message):

@@ -8,13 +8,17 @@ A shape is a Python value:
 - ``[shape]``: a list whose every item has ``shape``;
 - ``{"field": shape, "other?": shape}``: an object with those fields (``?``: may be absent;
   other fields are allowed);
-- ``Each(shape)``: an object of any field names, every value of ``shape``.
+- ``Each(shape)``: an object of any field names, every value of ``shape``;
+- ``Check(shape, test, words)``: a value of ``shape`` that ``test`` accepts, described by ``words``
+  (``Check(int, lambda v: v >= 0, "an integer >= 0")``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from workbench.storage.errors import BadInput
 
@@ -26,10 +30,23 @@ class Each:
     shape: object
 
 
+@dataclass(frozen=True)
+class Check:
+    shape: object
+    test: Callable[[Any], bool]
+    words: str
+
+
+COUNT = Check(int, lambda v: v >= 0, "an integer >= 0")
+FRACTION = Check(float, lambda v: 0 <= v <= 1, "a number in [0, 1]")
+
+
 def describe(shape, plural: bool = False) -> str:
     """``shape`` in words: "a list of whole numbers"; ``plural``: "lists of whole numbers"."""
     if isinstance(shape, tuple):
         return " or ".join(describe(s, plural) for s in shape)
+    if isinstance(shape, Check):
+        return shape.words
     if isinstance(shape, list):
         return ("lists of " if plural else "a list of ") + describe(shape[0], plural=True)
     if isinstance(shape, (dict, Each)):
@@ -53,6 +70,8 @@ def _problem(value, shape, where: str) -> tuple[str, object, object] | None:
     """(field, shape, value) of the first place where ``value`` does not have ``shape``, or None."""
     if isinstance(shape, tuple):
         return None if any(_problem(value, s, where) is None for s in shape) else (where, shape, value)
+    if isinstance(shape, Check):
+        return None if _problem(value, shape.shape, where) is None and shape.test(value) else (where, shape, value)
     if isinstance(shape, list):
         if not isinstance(value, list):
             return where, shape, value

@@ -22,6 +22,7 @@ from workbench.runtime.checkpoint import CONFIG, load_model
 from workbench.runtime.tokenizer import TokenizerBase, tokenizer_of
 from workbench.storage.errors import BadInput, MissingFile
 from workbench.storage.files import read_json
+from workbench.storage.shapes import COUNT, FRACTION, Each, check_shape
 from workbench.training.metrics import read_metrics
 from workbench.training.runconfig import RunConfig, run_config_from_dict, task_settings
 
@@ -188,43 +189,20 @@ def check_metrics(records: list[dict], path: Path) -> list[dict]:
     return records
 
 
+EVAL_SHAPE = {  # what ``evaluate_run`` writes
+    "run?": str,
+    "arch?": str,
+    "fused_passes?": (str, float),
+    "seconds?": float,
+    "tasks": Each(
+        {"n": COUNT, "skipped_too_long?": COUNT, "loss": Each(float), "answer_loss": Each(float), "accuracy": Each(FRACTION)}
+    ),
+}
+
+
 def check_eval(data: dict, path: Path) -> dict:
-    """``data`` (read from ``path``) if it has the structure ``evaluate_run`` writes, else a
-    ValueError naming the field, its value, the file and what was expected."""
-
-    def expect(ok: bool, where: str, value, expected: str) -> None:
-        if not ok:
-            raise BadInput(f"{path}: {where} is {json.dumps(value)[:60]}, expected {expected}")
-
-    for key, ok, expected in [
-        ("run", lambda v: isinstance(v, str), "a string"),
-        ("arch", lambda v: isinstance(v, str), "a string"),
-        ("fused_passes", lambda v: isinstance(v, str) or _number(v), "a number of passes"),
-        ("seconds", _number, "a number"),
-    ]:
-        if key in data:
-            expect(ok(data[key]), key, data[key], expected)
-    tasks = data.get("tasks")
-    if not isinstance(tasks, dict):
-        raise ValueError(f"{path}: tasks is {json.dumps(tasks)[:60]}, expected an object of task name -> result")
-    for task, res in tasks.items():
-        expect(isinstance(res, dict), f"tasks.{task}", res, "an object with n, loss, answer_loss, accuracy")
-        for key in ("n", "skipped_too_long"):
-            if key == "n" or key in res:
-                expect(
-                    isinstance(res.get(key), int) and not isinstance(res.get(key), bool) and res[key] >= 0,
-                    f"tasks.{task}.{key}",
-                    res.get(key),
-                    "an integer >= 0",
-                )
-        for key in ("loss", "answer_loss", "accuracy"):
-            values = res.get(key)
-            expect(isinstance(values, dict), f"tasks.{task}.{key}", values, "an object of regime -> number")
-            for regime, value in values.items():
-                if key == "accuracy":
-                    expect(_number(value) and 0 <= value <= 1, f"tasks.{task}.{key}.{regime}", value, "a number in [0, 1]")
-                else:
-                    expect(_number(value), f"tasks.{task}.{key}.{regime}", value, "a number")
+    """``data`` (read from ``path``) if it has ``EVAL_SHAPE``, else ``BadInput`` naming the field."""
+    check_shape(data, EVAL_SHAPE, path)
     return data
 
 
