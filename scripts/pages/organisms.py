@@ -40,7 +40,7 @@ def layer0_probes_body(study: dict) -> list[str]:
 
 
 def layer0_probes(name: str) -> Page:
-    """The ``probes`` study (``workbench.experiments.comparisons.layer0_probes``) on one organism."""
+    """The ``probes`` study (``workbench.experiments.studies.probes.layer0_probes``) on one organism."""
     return Page((name,), "Layer-0 probes: `{scale}` at {seeds} seeds (measured)", layer0_probes_body)
 
 
@@ -62,7 +62,7 @@ def trace_lengths_body(study: dict) -> list[str]:
 
 
 def trace_lengths(name: str) -> Page:
-    """The ``traces`` study (``workbench.experiments.comparisons.trace_lengths``) on one organism."""
+    """The ``traces`` study (``workbench.experiments.studies.traces.trace_lengths``) on one organism."""
     return Page((name,), "Trace lengths: `{scale}` at {seeds} seeds (measured)", trace_lengths_body)
 
 

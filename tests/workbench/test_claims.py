@@ -107,7 +107,8 @@ def test_the_table_has_a_row_per_claim_and_organism_and_every_control_is_a_test_
 
 def test_every_comparison_a_claim_reads_is_one_its_study_declares():
     from workbench.experiments import fbt_vs_baseline
-    from workbench.experiments.comparisons import THREE_PASS, hd_reference
+    from workbench.experiments.studies.hd_ablations import hd_reference
+    from workbench.experiments.studies.three_pass import THREE_PASS
 
     three = {f"fbt-3pass{f:g} - fbt-3pass0: lambda(1000)" for f in THREE_PASS if f}
     hd = {f"{m} - {hd_reference(m)}: accuracy" for m in ("hd2", "hd4", "hd8", "hd4-supervise-all", "hd4-readout-sum")}

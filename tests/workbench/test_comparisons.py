@@ -6,18 +6,10 @@ import math
 import pytest
 from helpers import assert_usage_error, cli
 
-from workbench.experiments.comparisons import (
-    BUDGETS,
-    HORIZONS,
-    THREE_PASS,
-    data_efficiency,
-    hd_ablations,
-    reading_rows,
-    regrowth_step,
-    stability,
-    study_members,
-    tokens_to_reach,
-)
+from workbench.experiments.comparisons import reading_rows, study_members
+from workbench.experiments.studies.data_efficiency import BUDGETS, data_efficiency, tokens_to_reach
+from workbench.experiments.studies.hd_ablations import hd_ablations
+from workbench.experiments.studies.three_pass import HORIZONS, THREE_PASS, regrowth_step, stability
 from workbench.storage.files import read_json
 
 
@@ -282,7 +274,7 @@ def test_the_probes_study_on_the_micro_zoo_reusing_its_members(tmp_path, micro_z
     """The baseline and FBT are the zoo's (copied, not trained); each is probed at layer 0 for the
     flip-flop's stored bit (the micro zoo's mix), FBT under standard and recurrent K = 2 prefill, the
     report in the run's results/; a second run of the command reads the reports back."""
-    from workbench.experiments.comparisons import PROBE_HOOK, study_members
+    from workbench.experiments.studies.probes import PROBE_HOOK
 
     assert [(n, arch) for n, arch, *_ in study_members("probes", "org-perm", 1)] == [
         ("baseline-seed1", "baseline"),
@@ -342,7 +334,7 @@ def test_the_traces_study_refuses_a_task_without_traces_before_training(tmp_path
 def test_the_traces_study_on_the_micro_zoo_reusing_its_members(tmp_path, micro_zoo):
     """The zoo's baseline and FBT traced on the same chain problems at its one seed: the baseline in
     standard, FBT in each regime; the per-problem matrices are the traces.csv's; a rerun reads it back."""
-    from workbench.experiments.comparisons import TRACE_PROBLEMS
+    from workbench.experiments.studies.traces import TRACE_PROBLEMS
     from workbench.studies.traces import read_traces
 
     argv = ["zoo", "--study", "traces", "--out", str(tmp_path), "--reuse", str(micro_zoo), "--no-progress"]

@@ -30,7 +30,7 @@ def test_dynamics_rolls_out_from_the_runs_own_problem_and_says_when_told_otherwi
 
 
 def test_the_three_pass_studys_stability_reads_the_members_own_task(two_tasks):
-    from workbench.experiments.comparisons import stability
+    from workbench.experiments.studies.three_pass import stability
 
     for task in ORGANISMS:
         assert stability(two_tasks / task / "fbt", horizon=4)["input"] == {"run_task": task, "input_task": task}

@@ -30,3 +30,13 @@ def test_the_names_of_settings_tables_are_the_same():
     assert names.SAE_ARCHITECTURES == ARCHITECTURES
     assert names.ZOO_SCALES == tuple(zoo.SCALES)
     assert names.FAIR_SCALES == tuple(fbt_vs_baseline.SCALES)
+
+
+def test_the_comparison_studies_are_the_registrys():
+    """The CLI's study names are the plugin registry's, in its order; every study, the fair one too,
+    has a readings table for the app."""
+    from workbench import names
+    from workbench.experiments.studies import ROWS, STUDIES
+
+    assert names.COMPARISON_STUDIES == tuple(STUDIES)
+    assert names.STUDIES == tuple(ROWS)

@@ -13,7 +13,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from workbench.experiments.comparisons import regrowth_step
+from workbench.experiments.studies.three_pass import regrowth_step
 from workbench.storage.files import read_json
 from workbench.training.intervals import seed_interval
 from workbench.training.zoo import seed_name

@@ -1,6 +1,6 @@
 """The reference model sets: ``baseline``, ``fbt``, ``hd2`` and ``hd4`` (continued from
 ``baseline``), on one task (or the ``mix``) with the same data order, so FBT and the baseline see
-equal data. FBT without 3-pass batches is the ``three-pass`` study's (``workbench.experiments.comparisons``).
+equal data. FBT without 3-pass batches is the ``three-pass`` study's (``workbench.experiments.studies.three_pass``).
 
 ``micro`` finishes in well under 2 minutes on 2 CPU cores (tests, CI); the model organisms
 (``org-flipflop``, ``org-perm``, ``org-addition``; ``train_organisms`` trains all three) are the
