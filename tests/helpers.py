@@ -168,10 +168,13 @@ def gaussian_rows(n_seq=120, per_seq=20, d=16, seed=0, n_types=50):
     return X, groups, tokens, rng
 
 
-def fair_study(loss_gap: float, qualified: int = 5, seeds: int = 5, times=((100, True), (300, True))) -> dict:
+def fair_study(
+    loss_gap: float, qualified: int = 5, seeds: int = 5, times=((100, True), (300, True)), fbt_qualified: int | None = None
+) -> dict:
     """A fair study whose FBT-minus-baseline training loss differs by ``loss_gap`` at every seed
-    (plus seed noise of sd 0.01), its other comparisons null; ``qualified`` baselines reach their
-    targets; FBT reaches the loss threshold at ``times[0]``, the baseline at ``times[1]``."""
+    (plus seed noise of sd 0.01), its other comparisons null; ``qualified`` baselines and
+    ``fbt_qualified`` FBT runs (default: all) reach their targets; FBT reaches the loss threshold
+    at ``times[0]``, the baseline at ``times[1]``."""
     import numpy as np
 
     from workbench.training import stats
@@ -189,7 +192,12 @@ def fair_study(loss_gap: float, qualified: int = 5, seeds: int = 5, times=((100,
     }
     correct = rng.integers(0, 2, size=(seeds, 200)).astype(float)
     cells["fbt fused - baseline: accuracy"] = stats.paired_difference(correct, rng.permuted(correct, axis=1), bounds=(-1, 1))
+    fbt_qualified = seeds if fbt_qualified is None else fbt_qualified
     models = {
-        f"baseline-seed{s}": {"member": "baseline", "seed": s, "competence": {"qualified": s < qualified}} for s in range(seeds)
+        **{
+            f"baseline-seed{s}": {"member": "baseline", "seed": s, "competence": {"qualified": s < qualified}}
+            for s in range(seeds)
+        },
+        **{f"fbt-seed{s}": {"member": "fbt", "seed": s, "competence": {"qualified": s < fbt_qualified}} for s in range(seeds)},
     }
     return {"study": "fbt-vs-baseline", "models": models, "family": stats.family(cells)}

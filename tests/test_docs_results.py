@@ -523,7 +523,7 @@ def test_the_claims_page_reads_the_studies_in_the_results_folder(tmp_path):
     text = pages.claims_page(tmp_path)
     assert text.count("\n| FBT |") + text.count("\n| HD |") == len(table)
     assert f"[fbt-vs-baseline](study_fbt_vs_baseline_org_perm.md) | {loss['comparison']} | {loss['difference']:+.3f}" in text
-    assert "**reproduced at this scale**" in text
+    assert "**reproduced**" in text
 
 
 def test_regenerating_by_copy_reproduces_the_committed_organism_study_and_claims(tmp_path):

@@ -119,6 +119,7 @@ def claims(results: Path) -> Page:
                 source(row),
                 row["comparison"] or "-",
                 cell(row),
+                f"{row['mde']:.3f}" if row.get("mde") is not None else "-",
                 f"**{row['verdict']}**",
                 row["why"],
             ]
@@ -128,10 +129,12 @@ def claims(results: Path) -> Page:
             "## The claims",
             "",
             "Each claim of the seed papers on each organism, read from the study that tests it: the comparison",
-            "of the study's declared family, its mean difference [simultaneous 95% interval under Holm], and",
-            "the verdict (`workbench/experiments/claims.py`; docs/claims.md says what each means).",
+            "of the study's declared family, its mean difference [95% interval simultaneous over the family,",
+            "Bonferroni; Holm's adjusted p decides what is detectable], the minimum detectable effect (mde: the",
+            "interval's half-width, the smallest difference the study could have called) and the verdict",
+            "(`workbench/experiments/claims.py`; docs/claims.md says what each means).",
             "",
-            table(["paper", "claim", "organism", "study", "comparison", "difference", "verdict", "why"], rows),
+            table(["paper", "claim", "organism", "study", "comparison", "difference", "mde", "verdict", "why"], rows),
             *made_under_section(data.get("made_under")),
         ]
 

@@ -21,16 +21,16 @@ def test_a_detectable_difference_with_the_predicted_sign_is_reproduced():
     assert row["control"].split("::")[0] == "tests/workbench/test_fbt_vs_baseline.py"
 
 
-def test_the_opposite_sign_detectable_is_not_reproduced_and_says_so():
+def test_the_opposite_sign_detectable_is_contradicted_and_says_so():
     row = claims.read_claim(CLAIM["fbt-loss"], "perm", fair_study(+0.1))
-    assert row["verdict"] == claims.NOT_REPRODUCED and row["why"].startswith("the opposite is detectable: +0.1")
+    assert row["verdict"] == claims.CONTRADICTED and row["why"].startswith("the opposite is detectable: +0.1")
 
 
-def test_no_detectable_difference_is_not_reproduced_with_the_size_the_study_could_call():
+def test_no_detectable_difference_gives_the_minimum_detectable_effect():
     row = claims.read_claim(CLAIM["fbt-fused-accuracy"], "flipflop", fair_study(-0.1))
-    assert row["verdict"] == claims.NOT_REPRODUCED and row["low"] < 0 < row["high"]
+    assert row["verdict"] == claims.NO_DIFFERENCE and row["low"] < 0 < row["high"]
     half = (row["high"] - row["low"]) / 2
-    assert row["why"].startswith("no detectable difference") and f"beyond +-{half:.3f}" in row["why"]
+    assert row["mde"] == pytest.approx(half) and f"beyond +-{half:.3f}" in row["why"]
 
 
 def test_steps_to_a_threshold_read_who_got_there_first_where_the_seeds_allow_it():
@@ -40,7 +40,7 @@ def test_steps_to_a_threshold_read_who_got_there_first_where_the_seeds_allow_it(
     later = claims.read_claim(
         CLAIM["fbt-data-efficiency"], "perm", fair_study(-0.1, qualified=10, seeds=10, times=((300, True), (100, True)))
     )
-    assert later["verdict"] == claims.NOT_REPRODUCED and later["why"].startswith("the opposite is detectable")
+    assert later["verdict"] == claims.CONTRADICTED and later["why"].startswith("the opposite is detectable")
     # 5 seeds: even 5 of 5 one way gives p = 2 / 32 = 0.0625 before Holm: the readout cannot call it
     five = claims.read_claim(CLAIM["fbt-data-efficiency"], "perm", fair_study(-0.1))
     assert five["verdict"] == claims.NOT_TESTABLE and five["why"].startswith(
@@ -48,9 +48,13 @@ def test_steps_to_a_threshold_read_who_got_there_first_where_the_seeds_allow_it(
     )
 
 
-def test_a_baseline_short_of_its_targets_makes_the_claim_untestable_and_a_missing_study_unmeasured():
+def test_an_arm_short_of_its_targets_makes_the_claim_untestable_and_a_missing_study_unmeasured():
     row = claims.read_claim(CLAIM["fbt-loss"], "perm", fair_study(-0.1, qualified=4))
-    assert row["verdict"] == claims.NOT_TESTABLE and row["why"] == "the reference member reached its targets at 4 of 5 seeds"
+    assert row["verdict"] == claims.NOT_TESTABLE
+    assert row["why"] == "baseline did not learn the task at its setting: 4 of 5 seeds reached its competence target"
+    # FBT that never learned its task says nothing of the claim, even where the opposite is detectable
+    untrained = claims.read_claim(CLAIM["fbt-loss"], "perm", fair_study(+0.1, fbt_qualified=0))
+    assert untrained["verdict"] == claims.NOT_TESTABLE and untrained["why"].startswith("fbt did not learn the task")
     missing = claims.read_claim(CLAIM["fbt-loss"], "perm", None)
     assert missing["verdict"] == claims.NOT_MEASURED
     assert missing["why"] == "run `workbench zoo --study fbt-vs-baseline --preset org-perm --seeds 5`"
@@ -79,20 +83,32 @@ def test_a_claim_of_closeness_needs_the_whole_interval_within_the_margin():
     close = claims.read_claim(CLAIM["hd-few-cross-layers"], "perm", _hd_study(0.0, 0.005))
     assert close["verdict"] == claims.REPRODUCED and -claims.CLOSE <= close["low"] and close["high"] <= claims.CLOSE
     wide = claims.read_claim(CLAIM["hd-few-cross-layers"], "perm", _hd_study(0.0, 0.2))
-    assert wide["verdict"] == claims.NOT_REPRODUCED and wide["why"].startswith("undetermined")
+    assert wide["verdict"] == claims.INCONCLUSIVE and wide["why"].endswith(f"is wider than +-{claims.CLOSE}")
     apart = claims.read_claim(CLAIM["hd-few-cross-layers"], "perm", _hd_study(-0.2, 0.005))
-    assert apart["verdict"] == claims.NOT_REPRODUCED and apart["why"].startswith("a detectable difference")
+    assert apart["verdict"] == claims.CONTRADICTED and apart["why"].startswith("a detectable difference")
 
 
-def test_a_study_without_a_baseline_member_is_judged_by_its_reference_members():
+def test_every_arm_of_a_comparison_is_checked_and_only_the_arms():
+    assert claims.arms(CLAIM["fbt-fused-accuracy"]) == ["fbt", "baseline"]
+    assert claims.arms(CLAIM["fbt-layer0-state"]) == ["fbt"]
+    assert claims.arms(CLAIM["fbt-contraction"]) == ["fbt-3pass0.03", "fbt-3pass0"]
+    competence = {"qualified": False, "tasks": {"perm": {"accuracy": 0.61}}}
     study = {
         "models": {
-            **{f"fbt-3pass0-seed{s}": {"member": "fbt-3pass0", "competence": {"qualified": s != 2}} for s in range(3)},
+            **{f"fbt-3pass0-seed{s}": {"member": "fbt-3pass0", "competence": {"qualified": True}} for s in range(3)},
             **{f"fbt-3pass0.03-seed{s}": {"member": "fbt-3pass0.03", "competence": {"qualified": True}} for s in range(3)},
+            "fbt-3pass0.3-seed0": {"member": "fbt-3pass0.3", "competence": competence},  # not an arm of this claim
         },
-        "family": {"fbt-3pass0.03 - fbt-3pass0: lambda(1000)": {"mean": -0.1, "low": -0.2, "high": -0.05, "detectable": True}},
+        "family": {"fbt-3pass0.03 - fbt-3pass0: lambda(1000)": {"mean": -0.1, "low": -0.2, "high": -0.05, "p": 0.01}},
     }
-    assert claims.baseline_competence(study) == (2, 3)
+    assert claims.read_claim(CLAIM["fbt-contraction"], "perm", study)["verdict"] == claims.REPRODUCED
+    study["models"]["fbt-3pass0-seed2"]["competence"] = competence
+    row = claims.read_claim(CLAIM["fbt-contraction"], "perm", study)
+    assert row["verdict"] == claims.NOT_TESTABLE
+    assert row["why"] == (
+        "fbt-3pass0 did not learn the task at its setting: 2 of 3 seeds reached its competence target "
+        "(lowest standard accuracy 0.610)"
+    )
 
 
 def test_the_table_has_a_row_per_claim_and_organism_and_every_control_is_a_test_that_exists():
@@ -113,7 +129,6 @@ def test_every_comparison_a_claim_reads_is_one_its_study_declares():
     three = {f"fbt-3pass{f:g} - fbt-3pass0: lambda(1000)" for f in THREE_PASS if f}
     hd = {f"{m} - {hd_reference(m)}: accuracy" for m in ("hd2", "hd4", "hd8", "hd4-supervise-all", "hd4-readout-sum")}
     hd |= {f"{m} - hd4: accuracy" for m in ("hd4-cross-every-layer", "hd4-shared-kv")}
-    hd |= {"hd4: loss jump at expansion 2->4"}  # hd4's streams grow 1 -> 2 at its first step, 2 -> 4 halfway
     for c in claims.CLAIMS:
         for organism in c.organisms:  # the fair study's family is its scale's: FAMILY and the tests beyond training
             fair = set(fbt_vs_baseline.family_names(fbt_vs_baseline.SCALES[f"org-{organism}"]["beyond"]))
@@ -151,8 +166,8 @@ def _at_accuracy(study: dict, member: str, regime: str, mean: float, test_set: s
 
 
 def test_a_claim_of_more_accuracy_over_a_member_at_the_ceiling_is_not_testable():
-    """Issue #37, the flip-flop: a baseline that answers 99.98% leaves FBT at most +0.0002, which
-    no interval could call; that reads 'not testable here', not 'not reproduced'. The rule: the
+    """The flip-flop: a baseline that answers 99.98% leaves FBT at most +0.0002, which no interval
+    could call; that reads 'not testable here', not 'no detectable difference'. The rule: the
     member the paper predicts lower leaves less room below 1 than the study's simultaneous
     half-width, so even a perfect other member would not be detectable."""
     study = fair_study(0.0)
@@ -164,7 +179,18 @@ def test_a_claim_of_more_accuracy_over_a_member_at_the_ceiling_is_not_testable()
     assert row["verdict"] == claims.NOT_TESTABLE
     assert row["why"].startswith(f"at the ceiling: baseline answers {1 - half / 2:.3f}") and f"{half:.3f}" in row["why"]
     room = _at_accuracy(fair_study(0.0), "baseline", "standard", 1 - 2 * half)  # room for a detectable gain
-    assert claims.read_claim(CLAIM["fbt-fused-accuracy"], "perm", room)["verdict"] == claims.NOT_REPRODUCED
+    assert claims.read_claim(CLAIM["fbt-fused-accuracy"], "perm", room)["verdict"] == claims.NO_DIFFERENCE
+    # at the ceiling, the opposite detectable is read before the ceiling rule: it needs no room to show
+    worse = _at_accuracy(fair_study(0.0), "baseline", "standard", 1 - half / 2)
+    worse["family"]["fbt fused - baseline: accuracy"] = {
+        **cell,
+        "mean": -0.9,
+        "family_low": -1.0,
+        "family_high": -0.8,
+        "p_holm": 1e-6,
+    }
+    row = claims.read_claim(CLAIM["fbt-fused-accuracy"], "perm", worse)
+    assert row["verdict"] == claims.CONTRADICTED and row["why"] == "the opposite is detectable: -0.900 [-1.000, -0.800]"
     # beyond training: the member's accuracy on that test set; a lower-is-predicted claim: its left member
     sparser = _at_accuracy(fair_study(0.0), "baseline", "standard", 1.0, "sparser")
     sparser["family"]["fbt fused - baseline: accuracy, sparser"] = dict(cell)

@@ -1,18 +1,29 @@
 """The seed papers' claims, each read from the study that tests it on a model organism.
 
 A claim names its study, the organisms it can show on, the comparison of the study's declared
-family that tests it (``study.json``'s ``family``: Holm-corrected, with simultaneous intervals)
-and the sign the paper predicts. ``read_claim`` gives one verdict per claim and organism:
+family that tests it (``study.json``'s ``family``: Holm-corrected, with Bonferroni simultaneous
+intervals) and the sign the paper predicts. ``read_claim`` gives one verdict per claim and
+organism, by these rules in this order:
 
-- ``reproduced at this scale``: the comparison is detectable with the predicted sign;
-- ``not reproduced``: no detectable difference (with the smallest difference the study could
-  have called, the half-width of its simultaneous interval), or the opposite sign detectable;
-- ``not testable here``: the baseline did not reach its competence target at every seed, or the
-  claim needs what this scale lacks (the reason is given);
+- ``not testable here``: the claim cannot show on the organism; an arm of the comparison did not
+  learn the task (a member short of its competence target in its own standard regime at any
+  seed: a tuning failure, never evidence against the claim); the readout was taken on another
+  task's input; or a sign test that cannot reach significance at the study's seeds;
+- ``contradicted``: the opposite of the predicted difference is detectable (checked before any
+  ceiling rule: a detectable difference needs no room to show);
+- ``not testable here`` again for an accuracy at the ceiling: the side predicted lower answers so
+  nearly all problems that even a perfect other side would stay within the half-width;
+- ``reproduced``: the predicted difference is detectable (for a claim of closeness, the whole
+  simultaneous interval within +-``CLOSE``);
+- ``no detectable difference``: the interval holds 0, with the minimum detectable effect
+  (``mde``: the half-width of the simultaneous interval, the smallest difference this study could
+  have called);
+- ``inconclusive at this power``: a claim of closeness whose interval is wider than +-``CLOSE``;
 - ``not measured yet``: the study has not been run on the organism (the command is given).
 
 Each study's positive control is a test that plants an effect of known size through the same
-readout and detects it (``CONTROLS``), so a "not reproduced" comes from a study that could see one.
+readout and detects it (``CONTROLS``), so a "no detectable difference" comes from a study that
+could see one.
 """
 
 from __future__ import annotations
@@ -24,13 +35,15 @@ from pathlib import Path
 from workbench.storage.files import read_json
 from workbench.training import stats
 
-REPRODUCED, NOT_REPRODUCED, NOT_TESTABLE, NOT_MEASURED = (
-    "reproduced at this scale",
-    "not reproduced",
+REPRODUCED, CONTRADICTED, NO_DIFFERENCE, INCONCLUSIVE, NOT_TESTABLE, NOT_MEASURED = (
+    "reproduced",
+    "contradicted",
+    "no detectable difference",
+    "inconclusive at this power",
     "not testable here",
     "not measured yet",
 )
-VERDICTS = (REPRODUCED, NOT_REPRODUCED, NOT_TESTABLE, NOT_MEASURED)
+VERDICTS = (REPRODUCED, CONTRADICTED, NO_DIFFERENCE, INCONCLUSIVE, NOT_TESTABLE, NOT_MEASURED)
 
 # the test that plants an effect through each study's readouts and detects it, and its null
 CONTROLS = {
@@ -96,8 +109,6 @@ CLAIMS = (
           "hd4-readout-sum - hd4: accuracy", -1),
     Claim("hd-separate-kv", "HD", "separate key/value caches per stream above a shared one", "hd-ablations", ALL,
           "hd4-shared-kv - hd4: accuracy", -1),
-    Claim("hd-cyclic", "HD", "cyclic replication keeps the function at an expansion (2 to 4 streams)", "hd-ablations",
-          ALL, "hd4: loss jump at expansion 2->4", 0),
     Claim("hd-few-cross-layers", "HD", "a few cross-stream layers close to all layers", "hd-ablations", ALL,
           "hd4-cross-every-layer - hd4: accuracy", 0),
 )  # fmt: skip
@@ -106,19 +117,6 @@ CLAIMS = (
 def command(claim: Claim, organism: str, seeds: int = 5) -> str:
     """The command that runs ``claim``'s study on ``organism``."""
     return f"workbench zoo --study {claim.study} --preset org-{organism} --seeds {seeds}"
-
-
-def baseline_competence(study: Mapping) -> tuple[int, int]:
-    """``(qualified, runs)`` of the study's baseline runs (one per seed): how many reached every
-    competence target. A study without a ``baseline`` member (``three-pass``) counts the runs of its
-    reference member (the first of its family's names after `` - ``), so its own models."""
-    models = list(study.get("models", {}).values())
-    reference = next((n.split(" - ")[1].split(":")[0] for n in study.get("family", {}) if " - " in n), None)
-    for member in ("baseline", reference):
-        runs = [r for r in models if r.get("member") == member]
-        if runs:
-            return sum(bool(r.get("competence", {}).get("qualified")) for r in runs), len(runs)
-    return 0, 0
 
 
 def read_claim(claim: Claim, organism: str, study: Mapping | None) -> dict:
@@ -137,25 +135,64 @@ def read_claim(claim: Claim, organism: str, study: Mapping | None) -> dict:
         return {**row, "verdict": NOT_TESTABLE, "why": f"the claim cannot show on {organism}"}
     if study is None:
         return {**row, "verdict": NOT_MEASURED, "why": f"run `{command(claim, organism)}`"}
-    qualified, seeds = baseline_competence(study)
     cell = study.get("family", {}).get(claim.comparison)
     if cell is None:
         return {**row, "verdict": NOT_MEASURED, "why": f"the study's family has no '{claim.comparison}' (an older run)"}
-    row |= {"family_size": cell.get("family_size"), "p_holm": cell.get("p_holm"), "seeds": seeds}
-    if seeds == 0 or qualified < seeds:
-        return {
-            **row,
-            "verdict": NOT_TESTABLE,
-            "why": f"the reference member reached its targets at {qualified} of {seeds} seeds",
-        }
+    row |= {
+        "family_size": cell.get("family_size"),
+        "p_holm": cell.get("p_holm"),
+        "seeds": cell.get("n_seeds", study.get("seeds")),
+    }
+    untrained = _arm_not_learned(claim, study)
+    if untrained is not None:
+        return {**row, **_interval(cell), "verdict": NOT_TESTABLE, "why": untrained}
     elsewhere = _read_elsewhere(study)
     if elsewhere is not None:
         return {**row, **_interval(cell), "verdict": NOT_TESTABLE, "why": elsewhere}
+    opposite = _opposite(cell, claim.sign)
+    if opposite is not None:
+        return {**row, **_interval(cell), "verdict": CONTRADICTED, "why": opposite}
     ceiling = _ceiling(claim, study, cell)
     if ceiling is not None:
         return {**row, **_interval(cell), "verdict": NOT_TESTABLE, "why": ceiling}
-    verdict, why = _verdict(cell, claim.sign)  # NOT_TESTABLE too: a readout that cannot reach significance
+    verdict, why = _verdict(cell, claim.sign)
     return {**row, **_interval(cell), "verdict": verdict, "why": why}
+
+
+def arms(claim: Claim) -> list[str]:
+    """The members the two sides of ``claim``'s comparison are read from (``fbt fused - baseline:
+    accuracy``: fbt and baseline; ``fbt recurrent K=2 - fbt standard``: fbt)."""
+    sides = (claim.comparison or "").partition(": ")[0].split(" - ")
+    return list(dict.fromkeys(side.split(" ")[0] for side in sides if side))
+
+
+def _arm_not_learned(claim: Claim, study: Mapping) -> str | None:
+    """Why a side of the comparison says nothing of the claim: its member missed its competence
+    target (held-out accuracy in its own standard regime, ``zoo.competence``) at some seed; None
+    when every arm's runs qualified, or the study records no runs of that member."""
+    models = [r for r in study.get("models", {}).values() if isinstance(r, Mapping)]
+    for member in arms(claim):
+        runs = [r for r in models if r.get("member") == member]
+        missed = [r for r in runs if not r.get("competence", {}).get("qualified")]
+        if missed:
+            accuracies = [t.get("accuracy") for r in missed for t in r.get("competence", {}).get("tasks", {}).values()]
+            lowest = min((a for a in accuracies if isinstance(a, (int, float))), default=None)
+            shown = f" (lowest standard accuracy {lowest:.3f})" if lowest is not None else ""
+            return (
+                f"{member} did not learn the task at its setting: {len(runs) - len(missed)} of {len(runs)} seeds "
+                f"reached its competence target{shown}"
+            )
+    return None
+
+
+def _opposite(cell: Mapping, sign: int) -> str | None:
+    """The reading when the difference opposite to the one predicted is detectable, else None."""
+    if sign == 0 or "earlier" in cell or not stats.detectable(cell):
+        return None
+    low, high = cell.get("family_low", cell["low"]), cell.get("family_high", cell["high"])
+    if (cell["mean"] > 0) == (sign > 0):
+        return None
+    return f"the opposite is detectable: {cell['mean']:+.3f} [{low:+.3f}, {high:+.3f}]"
 
 
 def _read_elsewhere(study: Mapping) -> str | None:
@@ -218,9 +255,11 @@ def _ceiling(claim: Claim, study: Mapping, cell: Mapping) -> str | None:
 
 
 def _interval(cell: Mapping) -> dict:
+    """The comparison's difference, its simultaneous interval and ``mde``, the interval's half-width."""
     if "earlier" in cell:
-        return {"difference": None, "low": None, "high": None}
-    return {"difference": cell["mean"], "low": cell.get("family_low", cell["low"]), "high": cell.get("family_high", cell["high"])}
+        return {"difference": None, "low": None, "high": None, "mde": None}
+    low, high = cell.get("family_low", cell["low"]), cell.get("family_high", cell["high"])
+    return {"difference": cell["mean"], "low": low, "high": high, "mde": (high - low) / 2}
 
 
 def _verdict(cell: Mapping, sign: int) -> tuple[str, str]:
@@ -237,20 +276,20 @@ def _verdict(cell: Mapping, sign: int) -> tuple[str, str]:
             )
         if detectable and (cell["earlier"] > cell["later"]) == (sign < 0):
             return REPRODUCED, first
-        return NOT_REPRODUCED, ("the opposite is detectable: " if detectable else "no detectable difference: ") + first
+        if detectable:
+            return CONTRADICTED, f"the opposite is detectable: {first}"
+        return NO_DIFFERENCE, first
     low, high = cell.get("family_low", cell["low"]), cell.get("family_high", cell["high"])
     text = f"{cell['mean']:+.3f} [{low:+.3f}, {high:+.3f}]"
     if sign == 0:  # "close": the whole simultaneous interval within +-CLOSE
         if -CLOSE <= low and high <= CLOSE:
             return REPRODUCED, f"within +-{CLOSE}: {text}"
         if detectable:
-            return NOT_REPRODUCED, f"a detectable difference: {text}"
-        return NOT_REPRODUCED, f"undetermined: {text} is wider than +-{CLOSE}"
-    if detectable and (cell["mean"] > 0) == (sign > 0):
-        return REPRODUCED, text
+            return CONTRADICTED, f"a detectable difference: {text}"
+        return INCONCLUSIVE, f"{text} is wider than +-{CLOSE}"
     if detectable:
-        return NOT_REPRODUCED, f"the opposite is detectable: {text}"
-    return NOT_REPRODUCED, f"no detectable difference: {text}; the study could call a difference beyond +-{(high - low) / 2:.3f}"
+        return REPRODUCED, text
+    return NO_DIFFERENCE, f"{text}; the study could call a difference beyond +-{(high - low) / 2:.3f}"
 
 
 def claims_table(studies: Callable[[str, str], Mapping | None]) -> list[dict]:
