@@ -104,17 +104,18 @@ def test_the_readmes_claim_counts_are_the_claims_tables():
     claims, organisms = len({r["claim"] for r in rows}), len({r["organism"] for r in rows})
     assert f"of {len(rows)} rows ({claims} claims on {organisms} organisms" in text
     verdicts = Counter(r["verdict"] for r in rows)
-    found = {v: int(n) for n, v in re.findall(r"\*\*(\d+) (reproduced at this scale|not reproduced|not testable here)\*\*", text)}
+    named = "reproduced|contradicted|no detectable difference|inconclusive at this power|not testable here"
+    found = {v: int(n) for n, v in re.findall(rf"\*\*(\d+) ({named})\*\*", text)}
     assert found == {v: n for v, n in verdicts.items() if v != "not measured yet"} and "not measured yet" not in verdicts
     untestable = [r["why"] for r in rows if r["verdict"] == "not testable here"]
-    keys = ("at the ceiling", "cannot show", "sign test", "chain prompt")
+    keys = ("at the ceiling", "cannot show", "did not learn", "sign test", "chain prompt")
     reasons = [sum(key in why for why in untestable) for key in keys]
     assert sum(reasons) == len(untestable)
     assert (
-        "({} at an organism's ceiling, {} where the claim cannot show on the organism, {} where a sign test".format(*reasons[:3])
-        in text
+        "({} at an organism's ceiling, {} where the claim cannot show on the organism, {} where an arm did not learn "
+        "the task, {} where a sign test".format(*reasons[:4]) in text
     )
-    assert f"{reasons[3]} where the rollouts continued a chain prompt" in text
+    assert f"{reasons[4]} where the rollouts continued a chain prompt" in text
 
 
 def test_the_app_pages_job_times_are_the_measurements_record():

@@ -60,8 +60,8 @@ if (root / "organisms").is_dir():
     st.caption(
         f"One row per claim and organism, read from the studies under {root / 'organisms'} (`workbench zoo --study "
         "STUDY --preset org-TASK`): the comparison of the study's declared family, its simultaneous interval and "
-        "Holm's reading; 'not testable here' when the baseline missed a competence target or the readout cannot "
-        "reach significance at this many seeds (docs/claims.md)."
+        "Holm's reading; 'not testable here' when an arm of the comparison did not learn its task, the claim sits at "
+        "a ceiling, or the readout cannot reach significance at this many seeds (docs/claims.md)."
     )
 
 found = summaries(root)
