@@ -210,3 +210,14 @@ def test_a_difference_holm_detects_is_not_read_detectable_while_its_printed_inte
     assert not stats.detectable({**out["b"], "detectable": True})
     # a sign-test cell has no interval: Holm's p alone decides
     assert stats.detectable({"earlier": 5, "later": 0, "undetermined": 0, "p": 0.01, "p_holm": 0.03, "level": 0.95})
+
+
+def test_paired_times_count_a_tie_as_undetermined_and_leave_it_out_of_the_sign_test():
+    """Pairs reaching the threshold at the same step are ties: neither earlier nor later. Here 3
+    ties and 4 pairs with b earlier: the sign test is on 4 of 4 (p = 2 / 2**4 = 0.125), not 7."""
+    a = [(100, True)] * 3 + [(300, True)] * 4
+    b = [(100, True)] * 3 + [(200, True)] * 4
+    result = stats.paired_times(a, b)
+    assert (result["earlier"], result["later"], result["undetermined"]) == (4, 0, 3)
+    assert result["p"] == pytest.approx(0.125)
+    assert stats.paired_times([(100, True)] * 5, [(100, True)] * 5) == {"earlier": 0, "later": 0, "undetermined": 5, "p": 1.0}
