@@ -221,3 +221,73 @@ def test_paired_times_count_a_tie_as_undetermined_and_leave_it_out_of_the_sign_t
     assert (result["earlier"], result["later"], result["undetermined"]) == (4, 0, 3)
     assert result["p"] == pytest.approx(0.125)
     assert stats.paired_times([(100, True)] * 5, [(100, True)] * 5) == {"earlier": 0, "later": 0, "undetermined": 5, "p": 1.0}
+
+
+def test_an_accuracy_at_the_ceiling_gets_the_wilson_interval_of_all_answers_never_zero_width():
+    every = np.ones((5, 200))
+    cell = stats.accuracy_interval(every)
+    low, high = stats.wilson(1000, 1000)
+    assert (cell["low"], cell["high"], cell["interval"]) == (pytest.approx(low), 1.0, "wilson") and cell["low"] < 0.997
+    assert stats.crossed_interval(every, bounds=(0.0, 1.0))["low"] == 1.0  # what it replaces: zero width
+    few = every.copy()
+    few[2, :9] = 0  # 9 wrong answers, all at one seed: too few to estimate the seeds' spread
+    assert stats.accuracy_interval(few)["low"] == pytest.approx(stats.wilson(991, 1000)[0])
+
+
+def test_an_accuracy_away_from_the_bounds_is_the_crossed_interval_on_the_logit_scale_by_hand():
+    rng = np.random.default_rng(3)
+    y = (rng.random((5, 200)) < np.array([[0.6], [0.7], [0.65], [0.8], [0.75]])).astype(float)
+    crossed = stats.crossed_interval(y, bounds=(0.0, 1.0))
+    p = y.mean()
+    half = student_t.ppf(0.975, crossed["df"]) * crossed["se"] / (p * (1 - p))
+    logit = math.log(p / (1 - p))
+    cell = stats.accuracy_interval(y)
+    assert cell["interval"] == "logit" and cell["mean"] == crossed["mean"] and cell["se"] == crossed["se"]
+    assert cell["low"] == pytest.approx(1 / (1 + math.exp(-(logit - half))))
+    assert cell["high"] == pytest.approx(1 / (1 + math.exp(-(logit + half))))
+    with pytest.raises(ValueError, match="1/0 answers"):
+        stats.accuracy_interval([[0.5, 1.0]])
+
+
+def _accuracy_coverage(sd_seed, sd_problem, base, sims=1000, seed=0, interval=stats.accuracy_interval) -> float:
+    """How often ``interval`` holds the mean accuracy of a logistic model over seeds and problems
+    (5 seeds x 200 problems)."""
+    rng = np.random.default_rng(seed)
+    a, b = rng.normal(0, sd_seed, 4000)[:, None], rng.normal(0, sd_problem, 4000)[None]
+    truth = float((1 / (1 + np.exp(-(base + a + b)))).mean())
+    covered = 0
+    for _ in range(sims):
+        a, b = rng.normal(0, sd_seed, (5, 1)), rng.normal(0, sd_problem, (1, 200))
+        y = (rng.random((5, 200)) < 1 / (1 + np.exp(-(base + a + b)))).astype(float)
+        cell = interval(y)
+        covered += cell["low"] <= truth <= cell["high"]
+    return covered / sims
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "sd_seed, sd_problem, base, band",
+    [
+        (0.3, 1.0, 0.8, (0.93, 0.97)),  # the accuracies case of the crossed interval's test
+        (1.0, 0.3, 0.5, (0.93, 0.97)),  # seeds dominate
+        (2.0, 0.3, 1.0, (0.93, 0.97)),  # seeds dominate more (the crossed interval: 0.90)
+        # a true accuracy of 0.9994 on 1,000 answers: the count of wrong ones is about Poisson(0.6), so
+        # every interval of the counts covers in 0.878 (X <= 1 covered) or at least 0.977 (X <= 2)
+        (0.0, 0.0, math.log(0.9994 / 0.0006), (0.93, 0.99)),
+    ],
+)
+def test_the_accuracy_interval_covers_where_seeds_dominate_and_at_the_ceiling(sd_seed, sd_problem, base, band):
+    coverage = _accuracy_coverage(sd_seed, sd_problem, base)
+    assert band[0] <= coverage <= band[1], coverage
+
+
+@pytest.mark.slow
+def test_the_crossed_interval_alone_misses_the_ceiling_and_the_dominant_seeds():
+    """The control: on the same simulations the crossed interval, zero width at 100%, covers the
+    ceiling case far less often, and the seed-dominated one below the band."""
+
+    def crossed(y):
+        return stats.crossed_interval(y, bounds=(0.0, 1.0))
+
+    assert _accuracy_coverage(0.0, 0.0, math.log(0.9994 / 0.0006), interval=crossed) < 0.6
+    assert _accuracy_coverage(2.0, 0.3, 1.0, interval=crossed) < 0.92

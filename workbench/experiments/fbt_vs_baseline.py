@@ -434,7 +434,7 @@ def readings(
         return np.array([per_seed[s][member][what][regime] for s in seeds], dtype=np.float64)
 
     accuracy = {
-        member: {r: stats.crossed_interval(matrix(member, "correct", r), bounds=(0.0, 1.0)) for r in member_regimes(member)}
+        member: {r: stats.accuracy_interval(matrix(member, "correct", r)) for r in member_regimes(member)}
         for member in ("baseline", "fbt", CONTROL)
     }
     cells: dict[str, dict] = {}
@@ -484,7 +484,7 @@ def readings(
         "accuracy": accuracy,
         "beyond": {
             name: {
-                member: {r: stats.crossed_interval(outside(member, name, r), bounds=(0.0, 1.0)) for r in regimes}
+                member: {r: stats.accuracy_interval(outside(member, name, r)) for r in regimes}
                 for member, regimes in (("baseline", ["standard"]), ("fbt", list(BEYOND_REGIMES)))
             }
             for name in beyond

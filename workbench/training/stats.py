@@ -25,7 +25,8 @@ reaches it within its budget is censored there, never dropped, and the times are
 Kaplan-Meier curve and its median, and compared between paired runs by the sign of who got there
 first.
 
-A single proportion (k of n) gets the Wilson interval, which stays inside [0, 1]. A family of
+A single proportion (k of n) gets the Wilson interval, which stays inside [0, 1]; an accuracy over
+seeds and problems, the crossed interval on the logit scale (``accuracy_interval``). A family of
 comparisons (a study's declared set) is corrected by Holm's step-down method, and a difference is
 "detectable" only when its Holm-adjusted p-value is below 1 - level and its simultaneous interval
 excludes 0 (``detectable``): an interval that includes 0 is reported as no detectable difference,
@@ -47,11 +48,7 @@ def wilson(successes: int, n: int, level: float = 0.95) -> tuple[float, float]:
     of nonzero width at 0 and at n)."""
     if not (isinstance(n, int) and isinstance(successes, int)) or n < 1 or not 0 <= successes <= n:
         raise ValueError(f"wilson needs 0 <= successes <= n and n >= 1, got {successes} of {n}")
-    z = float(norm.ppf(0.5 + level / 2))
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    return _wilson_score(successes / n, n, float(norm.ppf(0.5 + level / 2)))
 
 
 def crossed_interval(y, level: float = 0.95, bounds: tuple[float, float] | None = None) -> dict:
@@ -93,6 +90,40 @@ def crossed_interval(y, level: float = 0.95, bounds: tuple[float, float] | None 
         low, high = max(low, bounds[0]), min(high, bounds[1])
         return {**_cell(mean, low, high, se, df, p, S, P, level), "bounds": list(bounds)}
     return _cell(mean, low, high, se, df, p, S, P, level)
+
+
+def accuracy_interval(correct, level: float = 0.95) -> dict:
+    """An accuracy's interval from a [seeds, problems] matrix of 1/0 answers: ``crossed_interval``'s
+    cell with ``low`` / ``high`` taken on the logit scale (the delta method: logit(p) +- t * se /
+    (p (1 - p)), se at least the binomial one, t at Satterthwaite's df), which bends toward the bound
+    the accuracy sits near, as the spread of the seeds does; where fewer than ``RARE`` answers are
+    of the rarer kind, the variance components cannot be estimated, and it is the Wilson interval of
+    all seeds' answers together (of nonzero width at 0 and 1). By simulation (tests/workbench/
+    test_stats.py) it covers where the crossed interval does not: 0.98 of samples against 0.46 at a
+    true accuracy of 0.9994 on 5 x 200 answers, 0.94 against 0.90 where seeds dominate."""
+    y = np.asarray(correct, dtype=np.float64)
+    if not np.isin(y, (0.0, 1.0)).all():
+        raise ValueError("accuracy_interval needs a matrix of 1/0 answers")
+    cell = crossed_interval(y, level, bounds=(0.0, 1.0))
+    n, k = y.size, float(y.sum())
+    p = k / n
+    if min(k, n - k) < RARE:
+        low, high = _wilson_score(p, n, float(norm.ppf(0.5 + level / 2)))
+    else:
+        se = max(cell["se"], math.sqrt(p * (1 - p) / n))
+        half = float(student_t.ppf(0.5 + level / 2, cell["df"])) * se / (p * (1 - p))
+        centre = math.log(p / (1 - p))
+        low, high = 1 / (1 + math.exp(half - centre)), 1 / (1 + math.exp(-centre - half))
+    return {**cell, "low": low, "high": high, "interval": "logit" if min(k, n - k) >= RARE else "wilson"}
+
+
+RARE = 10  # fewer answers of the rarer kind than this: no clustering can be estimated (accuracy_interval)
+
+
+def _wilson_score(p: float, n: float, z: float) -> tuple[float, float]:
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def _cell(mean, low, high, se, df, p, S, P, level) -> dict:

@@ -77,7 +77,7 @@ def trace_lengths(models: dict, out: Path, task: str, threads: int) -> dict:
         "groups": {
             pair: {
                 "trace_tokens": stats.crossed_interval(np.array(m["trace_tokens"])),
-                "accuracy": stats.crossed_interval(np.array(m["correct"]), bounds=(0.0, 1.0)),
+                "accuracy": stats.accuracy_interval(np.array(m["correct"])),
             }
             for pair, m in per_problem.items()
         },
