@@ -113,7 +113,8 @@ def test_the_readmes_claim_counts_are_the_claims_tables():
     assert sum(reasons) == len(untestable)
     assert (
         "({} at an organism's ceiling, {} where the claim cannot show on the organism, {} where an arm did not learn "
-        "the task, {} where a sign test".format(*reasons[:4]) in text
+        "the task, {} where a sign test".format(*reasons[:4])
+        in text
     )
     assert f"{reasons[4]} where the rollouts continued a chain prompt" in text
 
