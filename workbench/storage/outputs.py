@@ -267,6 +267,11 @@ def check_output(directory: str | Path, kind: str, *, overwrite: bool = False) -
     directory is new or empty, or holds a previous output of ``kind`` (its manifest lists its
     marker), replaced only with ``overwrite`` and only if nothing unlisted lies among its entries."""
     directory, spec = Path(directory), KINDS[kind]
+    ancestor = directory.absolute().parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise NotADirectory(f"{ancestor} exists and is not a directory: {directory} cannot be made under it")
     found = contents(directory)
     if not found:
         return
