@@ -184,3 +184,9 @@ def test_an_output_nested_in_one_thread_keeps_the_enclosing_writers_scratch(tmp_
             pass
         assert (scratch / "part").read_text() == "kept"
     assert not scratch.exists()
+
+
+@pytest.mark.parametrize("text", ["[1]", "{not json", '{"kind": "results", "files": "probes"}', ""])
+def test_a_manifest_that_is_not_one_lists_nothing(tmp_path, text):
+    (tmp_path / MANIFEST).write_text(text)
+    assert listed(tmp_path, "results") is None

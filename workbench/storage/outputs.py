@@ -175,8 +175,11 @@ def listed(directory: str | Path, kind: str) -> set[str] | None:
     output's, or None when it has no manifest of that kind."""
     path = Path(directory) / MANIFEST
     try:
-        manifest = parse_json(path.read_bytes()[: 1 << 26], str(path), "an object")
+        with path.open("rb") as f:
+            manifest = parse_json(f.read(1 << 26), str(path))  # ours, but a copy may be cut short
     except (OSError, BadInput):
+        return None
+    if not isinstance(manifest, dict):
         return None
     files = manifest.get("files", list(manifest.get("made") or []))  # format 1 kept a stamp per path
     if manifest.get("kind") != kind or not isinstance(files, list):
