@@ -5,7 +5,8 @@ import shutil
 
 from helpers import FAST, cli
 
-from workbench.training.checkpointing import STATE_DIR
+from workbench.storage.outputs import listed
+from workbench.training.checkpointing import RUN, STATE_DIR
 
 TRAIN = ["train", "--arch", "baseline", "--preset", "debug", "--task", "modsum", "--no-progress"]
 STEPS = [f"--set={s}" for s in [*FAST, "train.steps=6", "train.checkpoint_every=2"]]
@@ -25,3 +26,6 @@ def test_a_checkpoint_restored_from_a_backup_survives_resumes(tmp_path):
     kept = {p.name for p in (run / STATE_DIR).iterdir()}
     assert {"model-2.safetensors", "optimizer-2.safetensors", "model-6.safetensors"} <= kept, kept
     assert "model-4.safetensors" not in kept, kept
+    # the restored backup is the user's: the run's manifest never lists it, so nothing takes it for the run's
+    assert not {f"{STATE_DIR}/model-2.safetensors", f"{STATE_DIR}/optimizer-2.safetensors"} & listed(run, RUN)
+    assert {STATE_DIR, f"{STATE_DIR}/model-6.safetensors", "model.safetensors"} <= listed(run, RUN)

@@ -22,7 +22,7 @@ from workbench import build_model, save_model
 from workbench.probing.store import load_store
 from workbench.storage.errors import OutputExists
 from workbench.storage.files import fsync
-from workbench.storage.outputs import LOCK, MANIFEST, Output, listed, output
+from workbench.storage.outputs import LOCK, MANIFEST, Output, check_output, listed, output
 
 WRONG = tally("wrong-target outputs")
 
@@ -54,16 +54,16 @@ def test_an_output_refuses_before_creating_anything_and_publishes_atomically(tmp
 CACHE = ["cache", "fbt:debug", "--hooks", "blocks.0.hook_resid_pre", "--task", "modsum"]
 
 
-def killed_mid_write(argv: list[str], store: Path) -> int:
+def killed_mid_write(argv: list[str], store: Path) -> Path:
     """Run ``workbench ARGV`` (a cache into ``store``) and SIGKILL it once it has staged two shards;
-    its PID."""
+    the staging folder it leaves."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "workbench.cli", *argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env
     )
     try:
         deadline = time.monotonic() + 120
-        while not list(store.glob(f".staging-{proc.pid}/shard-00001.arrow")):  # killed mid-write, after two shards
+        while not (staged := list(store.glob(f".staging-{proc.pid}-*/shard-00001.arrow"))):  # after two shards
             if proc.poll() is not None:
                 raise AssertionError(f"{argv} ended before it was killed: {proc.stderr.read().decode()[-2000:]}")
             assert time.monotonic() < deadline, "the cache stalled"
@@ -72,7 +72,7 @@ def killed_mid_write(argv: list[str], store: Path) -> int:
         proc.kill()
         proc.wait(timeout=600)
     WRONG["faults_injected"] += 1
-    return proc.pid
+    return staged[0].parent
 
 
 def published(store: Path) -> dict:
@@ -81,34 +81,31 @@ def published(store: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_a_killed_cache_leaves_only_staging_that_the_next_writer_removes(tmp_path, caplog):
-    """A killed writer's ``.staging-PID`` is never read or published; the next holder of the lock
-    (which proves its writer dead) removes it with a warning. Killed into a new directory it leaves
-    nothing published (the next cache needs no --overwrite); killed replacing a store with
-    --overwrite, it leaves that store whole."""
+def test_a_killed_cache_leaves_its_staging_which_the_next_writer_names_and_keeps(tmp_path, caplog):
+    """A killed writer's staging folder is never read or published, and never deleted by another
+    writer (it did not make it): the next holder of the lock names it in a warning. Killed into a
+    new directory it leaves nothing published (the next cache needs no --overwrite); killed
+    replacing a store with --overwrite, it leaves that store whole."""
     store = tmp_path / "store"
-    pid = killed_mid_write([*CACHE, "--n", "400", "--out", str(store)], store)
-    assert [p.name for p in store.iterdir() if p.name != LOCK] == [f".staging-{pid}"]
+    left = killed_mid_write([*CACHE, "--n", "400", "--out", str(store)], store)
+    assert [p.name for p in store.iterdir() if p.name != LOCK] == [left.name]
     with pytest.raises(FileNotFoundError, match="no activation store"):
         load_store(store)
     with caplog.at_level(logging.WARNING, logger="workbench.storage.outputs"):
         code, _, err = cli([*CACHE, "--n", "8", "--out", str(store)])  # no --overwrite needed: nothing was published
     assert code is None, err
-    assert f"{store / f'.staging-{pid}'}: removing what a killed writer staged" in caplog.text
-    assert sorted(p.name for p in store.iterdir()) == sorted([LOCK, MANIFEST, "shard-00000.arrow", "store.json"])
-    assert load_store(store)[1]["n_sequences"] == 8
+    assert f"{left}: left by a writer that was killed" in caplog.text
+    assert sorted(p.name for p in store.iterdir()) == sorted([LOCK, MANIFEST, left.name, "shard-00000.arrow", "store.json"])
+    assert (left / "shard-00001.arrow").is_file() and load_store(store)[1]["n_sequences"] == 8
 
     before = published(store)
-    pid = killed_mid_write([*CACHE, "--n", "400", "--out", str(store), "--overwrite"], store)
-    assert (store / f".staging-{pid}" / "shard-00001.arrow").is_file()
+    again = killed_mid_write([*CACHE, "--n", "400", "--out", str(store), "--overwrite"], store)
+    assert (again / "shard-00001.arrow").is_file()
     assert_nothing_lost(before, published(store), WRONG)  # the store it had stays whole
     assert load_store(store)[1]["n_sequences"] == 8
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="workbench.storage.outputs"):
-        code, _, err = cli([*CACHE, "--n", "20", "--out", str(store), "--overwrite"])
+    code, _, err = cli([*CACHE, "--n", "20", "--out", str(store), "--overwrite"])
     assert code is None, err
-    assert f"{store / f'.staging-{pid}'}: removing what a killed writer staged" in caplog.text
-    assert not list(store.glob(".staging-*"))
+    assert sorted(store.glob(".staging-*")) == sorted([left, again])
     assert load_store(store)[1]["n_sequences"] == 20
 
 
@@ -184,6 +181,27 @@ def test_an_output_nested_in_one_thread_keeps_the_enclosing_writers_scratch(tmp_
             pass
         assert (scratch / "part").read_text() == "kept"
     assert not scratch.exists()
+
+
+def test_replacing_an_output_deletes_only_what_its_manifest_lists(tmp_path):
+    """A user's file put inside the previous output after ``check_output`` looked (here, inside
+    the block) survives the publish, which refuses, naming the folder that holds it; the
+    previous output's own files are gone, and the next writer sees the user's file first."""
+    with output(tmp_path, "dynamics") as first:
+        (first.staging / "figures").mkdir()
+        (first.staging / "figures" / "a.png").write_text("a")
+        (first.staging / "dynamics.json").write_text("{}")
+        first.publish()
+    assert listed(tmp_path, "dynamics") == {"dynamics.json", "figures", "figures/a.png"}
+    with pytest.raises(OutputExists, match=r"did not write in figures"):
+        with output(tmp_path, "dynamics", overwrite=True) as second:
+            (tmp_path / "figures" / "mine.txt").write_text("the user's")
+            (second.staging / "dynamics.json").write_text('{"new": 1}')
+            second.publish()
+    assert sorted(p.name for p in (tmp_path / "figures").iterdir()) == ["mine.txt"]
+    assert not (tmp_path / "dynamics.json").exists()
+    with pytest.raises(OutputExists, match=r"not a dynamics study \(figures\)"):
+        check_output(tmp_path, "dynamics", overwrite=True)
 
 
 @pytest.mark.parametrize("text", ["[1]", "{not json", '{"kind": "results", "files": "probes"}', ""])

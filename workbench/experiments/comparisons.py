@@ -14,7 +14,7 @@ from workbench.experiments.studies import ROWS, STUDIES
 from workbench.experiments.studies.common import interval_text, torch_threads
 from workbench.storage.errors import BadInput, MissingFile
 from workbench.storage.files import read_json, write_json
-from workbench.storage.outputs import LOCK, output
+from workbench.storage.outputs import LOCK, STAGING, output
 from workbench.training import stats
 from workbench.training.runconfig import load_run_config
 from workbench.training.zoo import (
@@ -94,7 +94,9 @@ def run_study(
             for name, source in copies.items():
                 if not (out / name).exists():  # an earlier copy (or run) there is checked as any member is
                     # the copy keeps the run's manifest: what it lists is the study's now
-                    shutil.copytree(source, out / name, ignore=shutil.ignore_patterns(LOCK, ".*.tmp"), symlinks=True)
+                    shutil.copytree(
+                        source, out / name, ignore=shutil.ignore_patterns(LOCK, f"{STAGING}*", ".*.tmp"), symlinks=True
+                    )
     summary = train_plan(plan, out, out / "study.json", summary, scale=scale, threads=threads, jobs=jobs, progress=progress)
     with output(out, ZOO) as held:
         for name, source in copies.items():  # its training time is the zoo run's, from the copied metrics log

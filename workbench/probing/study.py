@@ -187,10 +187,11 @@ def probe_study(
             "commit": source_commit(),
             "rows": rows,
         }
-        # publish: the probe weights as one directory swap, then the figure, then the report last
+        # publish: the previous sweep's weights go (what its manifest lists), the new ones move in
+        # whole, then the figure, then the report last
         probes_dir.parent.mkdir(parents=True, exist_ok=True)
-        if probes_dir.exists():  # the previous sweep's, all listed in its manifest (``check_probe_outputs``)
-            os.replace(probes_dir, scratch / "replaced-probes")
+        if not held.remove(str(probes_dir.relative_to(results_dir))):
+            raise OutputExists(f"{probes_dir} holds files no probe sweep wrote: move them away or choose another --out")
         os.replace(scratch / "probes", probes_dir)
         fsync(probes_dir.parent)
         figure = plot_probe_rows(rows, out.with_suffix(".png"), f"{run_dir.name}: probing {target}", model.arch)

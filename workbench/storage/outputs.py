@@ -9,7 +9,7 @@ One context per verb, which
 - for an output that is one unit (an activation store, a study, an export: ``staged``), gives the
   verb a staging folder inside the directory and publishes it with ``out.publish()``, the
   kind's marker file last, so a reader never sees half an output and a kill leaves the previous
-  output whole (the next holder removes the dead writer's staging folder);
+  output whole (the next holder names the dead writer's staging folder and leaves it);
 - for an output that grows (a run, a zoo, a run's ``results/``), lets the verb write in place,
   each file atomically (``files.atomic_write``), and name it with ``out.wrote(path)``.
 
@@ -26,6 +26,7 @@ import os
 import shutil
 import socket
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -65,6 +66,7 @@ KINDS = {
 
 _held: dict[Path, list] = {}  # resolved directory -> [thread id, nesting depth]
 _held_guard = threading.Lock()
+_scratch: set[Path] = set()  # the staging folders of this process's outputs still open
 
 
 def is_bookkeeping(name: str) -> bool:
@@ -206,25 +208,45 @@ class Output:
     def __init__(self, directory: Path, kind: str, staged: bool = False):
         self.directory, self.kind = directory, kind
         self.files = listed(directory, kind) or set()
-        self.previous = bool(self.files)
+        self._scratch: Path | None = None
         self.staging = self.scratch() if staged else directory  # where the verb writes
 
     def scratch(self) -> Path:
-        """A folder of this writer's inside the directory, removed when the block ends."""
-        path = self.directory / f"{STAGING}{os.getpid()}"
-        path.mkdir(exist_ok=True)
-        return path
+        """A folder inside the directory that this output makes (a new name, never an existing
+        folder) and removes, with what the verb wrote there, when the block ends."""
+        if self._scratch is None:
+            self._scratch = Path(tempfile.mkdtemp(prefix=f"{STAGING}{os.getpid()}-", dir=self.directory))
+            _scratch.add(self._scratch)
+        return self._scratch
+
+    def close(self) -> None:
+        if self._scratch is not None:
+            _scratch.discard(self._scratch)
+            shutil.rmtree(self._scratch)  # made by mkdtemp above and written by this verb alone
+
+    def remove(self, rel: str) -> bool:
+        """Delete ``rel`` and what lies under it as far as the manifest lists it, deepest first, a
+        folder only once empty; whether ``rel`` is gone (a folder holding anything unlisted stays)."""
+        for entry in sorted((r for r in self.files if r == rel or r.startswith(f"{rel}/")), key=lambda r: -r.count("/")):
+            path = self.directory / entry
+            try:
+                path.rmdir() if path.is_dir() and not path.is_symlink() else path.unlink()
+            except FileNotFoundError:
+                pass
+            except OSError:
+                pass  # a folder still holding what the manifest does not list
+        return not os.path.lexists(self.directory / rel)
 
     def owns(self, rel: str | Path) -> bool:
         """Whether ``rel`` (relative to the directory) is this kind of output's, by its manifest."""
         return str(rel) in self.files
 
-    def wrote(self, *paths: str | Path) -> None:
-        """Add ``paths`` (written in place, each with all it holds) to the manifest; entries gone
-        since are dropped."""
+    def wrote(self, *paths: str | Path, alone: bool = False) -> None:
+        """Add ``paths`` (written in place, each with all it holds unless ``alone``) to the manifest;
+        entries gone since are dropped."""
         base = Path(os.path.abspath(self.directory))
-        for path in paths:
-            self.files.update(_tree(Path(os.path.abspath(path)), base))
+        for path in (Path(os.path.abspath(p)) for p in paths):
+            self.files.update([str(path.relative_to(base))] if alone else _tree(path, base))
         _write_manifest(self.directory, self.kind, self.files)
 
     def foreign(self, names) -> list[str]:
@@ -249,20 +271,16 @@ class Output:
             raise OutputExists(f"{self.directory} holds {listing(taken)}, which no previous output wrote: move it away")
         new = [rel for name in staged for rel in _tree(self.staging / name, self.staging)]
         _write_manifest(self.directory, self.kind, self.files | set(new))
-        for name in [marker] + [n for n in sorted(self.files) if "/" not in n and n != marker]:
-            _remove(self.directory / name)
+        kept = [n for n in [marker, *sorted(self.files)] if "/" not in n and not self.remove(n)]
+        if kept:  # put there since check_output looked: the user's, never deleted
+            raise OutputExists(
+                f"{self.directory} holds files its previous output did not write in {listing(kept)}: move them away"
+            )
         for name in [n for n in staged if n != marker] + [marker]:
             os.replace(self.staging / name, self.directory / name)
         self.files = set(new)
         _write_manifest(self.directory, self.kind, self.files)
         fsync(self.directory)
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    elif os.path.lexists(path):
-        path.unlink()
 
 
 def check_output(directory: str | Path, kind: str, *, overwrite: bool = False) -> None:
@@ -301,17 +319,16 @@ def output(directory: str | Path, kind: str, *, overwrite: bool = False, staged:
     staged = bool(KINDS[kind].marker) if staged is None else staged
     if staged:
         check_output(directory, kind, overwrite=overwrite)  # refuse before making anything
-    own = directory / f"{STAGING}{os.getpid()}"
     with hold(directory):
-        nested = own.exists()  # an enclosing output of this thread's: its staging is not a leftover
-        for leftover in directory.glob(f"{STAGING}*"):  # the lock is ours: whoever staged these is dead
-            if leftover != own:
-                logger.warning("%s: removing what a killed writer staged", leftover)
-                _remove(leftover)
+        for leftover in directory.glob(f"{STAGING}*"):  # the lock is ours: whoever staged these was killed
+            if leftover not in _scratch:
+                logger.warning(
+                    "%s: left by a writer that was killed; never read or published: delete it to reclaim its space", leftover
+                )
         if staged:
             check_output(directory, kind, overwrite=overwrite)  # again, now that nobody else writes here
+        out = Output(directory, kind, staged)
         try:
-            yield Output(directory, kind, staged)
+            yield out
         finally:
-            if not nested:
-                _remove(own)
+            out.close()

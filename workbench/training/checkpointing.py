@@ -63,8 +63,7 @@ def save_checkpoint(out: Output, model: DecoderLM, opt, cfg: RunConfig, step: in
             "scalars": scalars,
         },
     )
-    out.wrote(*made, state_dir / "state.json")
-    _publish(out, cfg, model.cfg, files, tokenizer, superseded)
+    _publish(out, cfg, model.cfg, files, tokenizer, superseded, [*made, state_dir / "state.json"])
 
 
 def _committed_files(state_dir: Path) -> list[str]:
@@ -77,21 +76,29 @@ def _committed_files(state_dir: Path) -> list[str]:
 
 
 def _publish(
-    out: Output, cfg: RunConfig, model_cfg, files: dict, tokenizer: TokenizerBase, superseded: Sequence[str] = ()
+    out: Output,
+    cfg: RunConfig,
+    model_cfg,
+    files: dict,
+    tokenizer: TokenizerBase,
+    superseded: Sequence[str] = (),
+    made: Sequence[Path] = (),
 ) -> None:
     """The run directory's files from the committed checkpoint ``files``; then delete the superseded
     checkpoint's files and the temporary files of writes a killed process left behind: only what
-    the run's manifest lists, so a file the run did not write stays."""
+    the run's manifest lists, so a file the run did not write stays. The manifest is written once,
+    with the published files and the checkpoint's own (``made``), each alone: a folder's other
+    files (a user's backup in ``train_state/``) stay unlisted."""
     run_dir = out.directory
     state_dir = run_dir / STATE_DIR
     link_or_copy(state_dir / files["weights"], run_dir / "model.safetensors")
     write_json(run_dir / "config.json", {**cfg.to_dict(), "model": model_cfg.to_dict()})
     tokenizer.save(run_dir, model_cfg.n_ctx)
-    out.wrote(*(run_dir / name for name in ("model.safetensors", "config.json", *TOKENIZER_FILES)))
     for name in set(superseded) - set(files.values()):
         if out.owns(f"{STATE_DIR}/{name}"):
             (state_dir / name).unlink(missing_ok=True)
-    out.wrote()  # the manifest drops what is gone
+    published = (run_dir / name for name in ("model.safetensors", "config.json", *TOKENIZER_FILES))
+    out.wrote(*made, *published, alone=True)  # and drops what is gone
     remove_stale_temps(run_dir, ["model.safetensors", "config.json", *TOKENIZER_FILES, "metrics.jsonl", MANIFEST])
     remove_stale_temps(state_dir)
 
@@ -144,8 +151,7 @@ def load_checkpoint(
     except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as err:
         raise BadInput(f"the optimizer state in {opt_path} and {state_path} does not fit the model: {err}") from err
     if out is not None:
-        out.wrote(state_path, state_dir / weights_name, opt_path)  # the checkpoint it resumes is the run's own
-        _publish(out, cfg, model.cfg, files, tokenizer)
+        _publish(out, cfg, model.cfg, files, tokenizer, made=[state_dir, state_path, state_dir / weights_name, opt_path])
     return model, opt, step
 
 
