@@ -230,7 +230,7 @@ def test_an_accuracy_at_the_ceiling_gets_the_wilson_interval_of_all_answers_neve
     assert (cell["low"], cell["high"], cell["interval"]) == (pytest.approx(low), 1.0, "wilson") and cell["low"] < 0.997
     assert stats.crossed_interval(every, bounds=(0.0, 1.0))["low"] == 1.0  # what it replaces: zero width
     few = every.copy()
-    few[2, :9] = 0  # 9 wrong answers, all at one seed: too few to estimate the seeds' spread
+    few[2, :9] = 0  # nine wrong answers, all at one seed: too few to estimate the seeds' spread
     assert stats.accuracy_interval(few)["low"] == pytest.approx(stats.wilson(991, 1000)[0])
 
 

@@ -186,13 +186,20 @@ def _arm_not_learned(claim: Claim, study: Mapping) -> str | None:
 
 
 def _opposite(cell: Mapping, sign: int) -> str | None:
-    """The reading when the difference opposite to the one predicted is detectable, else None."""
-    if sign == 0 or "earlier" in cell or not stats.detectable(cell):
+    """The reading when the difference opposite to the one predicted is detectable, else None (for
+    steps to a threshold, FBT reaching it first is the lower time)."""
+    if sign == 0 or not stats.detectable(cell):
         return None
+    effect = cell["later"] - cell["earlier"] if "earlier" in cell else cell["mean"]
+    return None if (effect > 0) == (sign > 0) else f"the opposite is detectable: {_described(cell)}"
+
+
+def _described(cell: Mapping) -> str:
+    """The comparison in words: who reached the threshold first, or the difference and its interval."""
+    if "earlier" in cell:
+        return f"FBT first at {cell['earlier']} seeds, the baseline at {cell['later']}"
     low, high = cell.get("family_low", cell["low"]), cell.get("family_high", cell["high"])
-    if (cell["mean"] > 0) == (sign > 0):
-        return None
-    return f"the opposite is detectable: {cell['mean']:+.3f} [{low:+.3f}, {high:+.3f}]"
+    return f"{cell['mean']:+.3f} [{low:+.3f}, {high:+.3f}]"
 
 
 def _read_elsewhere(study: Mapping) -> str | None:
@@ -215,8 +222,8 @@ def arm_accuracy(study: Mapping, arm: str, test_set: str | None = None) -> float
     beyond training) or the test problems; None where the study does not record it."""
     member, _, regime = arm.partition(" ")
     readings = study.get("readings", {})
-    if study.get("study") == "hd-ablations":
-        found = readings.get(member, {}).get("accuracy")
+    if isinstance(readings.get(member), Mapping):  # readings by member (hd-ablations)
+        found = readings[member].get("accuracy")
     else:
         where = readings.get("beyond", {}).get(test_set, {}) if test_set else readings.get("accuracy", {})
         found = where.get(member, {}).get(regime or "standard") if isinstance(where.get(member), Mapping) else None
@@ -263,24 +270,19 @@ def _interval(cell: Mapping) -> dict:
 
 
 def _verdict(cell: Mapping, sign: int) -> tuple[str, str]:
-    detectable = stats.detectable(cell)
+    """The verdict once every rule before it passed, the opposite sign included (``read_claim``)."""
+    detectable, text = stats.detectable(cell), _described(cell)
     if "earlier" in cell:  # steps to a threshold: a sign test of who got there first
-        first = f"FBT first at {cell['earlier']} seeds, the baseline at {cell['later']}"
         pairs = cell["earlier"] + cell["later"] + cell["undetermined"]
         # all pairs one way, before any correction (Holm can only raise it): the best this readout can do
         smallest, alpha = min(1.0, 2 * 0.5**pairs), 1 - cell.get("level", 0.95)
         if smallest >= alpha:
             return NOT_TESTABLE, (
                 f"at {pairs} seeds the sign test's smallest two-sided p is {smallest:.3g} (every seed one way), "
-                f"not below {alpha:g} before any correction: {first}"
+                f"not below {alpha:g} before any correction: {text}"
             )
-        if detectable and (cell["earlier"] > cell["later"]) == (sign < 0):
-            return REPRODUCED, first
-        if detectable:
-            return CONTRADICTED, f"the opposite is detectable: {first}"
-        return NO_DIFFERENCE, first
+        return (REPRODUCED if detectable else NO_DIFFERENCE), text
     low, high = cell.get("family_low", cell["low"]), cell.get("family_high", cell["high"])
-    text = f"{cell['mean']:+.3f} [{low:+.3f}, {high:+.3f}]"
     if sign == 0:  # "close": the whole simultaneous interval within +-CLOSE
         if -CLOSE <= low and high <= CLOSE:
             return REPRODUCED, f"within +-{CLOSE}: {text}"

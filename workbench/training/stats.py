@@ -92,6 +92,9 @@ def crossed_interval(y, level: float = 0.95, bounds: tuple[float, float] | None 
     return _cell(mean, low, high, se, df, p, S, P, level)
 
 
+RARE = 10  # fewer answers of the rarer kind than this: no clustering can be estimated (accuracy_interval)
+
+
 def accuracy_interval(correct, level: float = 0.95) -> dict:
     """An accuracy's interval from a [seeds, problems] matrix of 1/0 answers: ``crossed_interval``'s
     cell with ``low`` / ``high`` taken on the logit scale (the delta method: logit(p) +- t * se /
@@ -115,9 +118,6 @@ def accuracy_interval(correct, level: float = 0.95) -> dict:
         centre = math.log(p / (1 - p))
         low, high = 1 / (1 + math.exp(half - centre)), 1 / (1 + math.exp(-centre - half))
     return {**cell, "low": low, "high": high, "interval": "logit" if min(k, n - k) >= RARE else "wilson"}
-
-
-RARE = 10  # fewer answers of the rarer kind than this: no clustering can be estimated (accuracy_interval)
 
 
 def _wilson_score(p: float, n: float, z: float) -> tuple[float, float]:

@@ -397,16 +397,9 @@ class Trainer:
     on the device, and what the next metrics line counts. ``train_step`` is one optimizer step's
     forward and backward passes; the loop (``_train_loop``) decides when to read, log and save."""
 
-    def __init__(self, cfg: RunConfig, out: Output | None, rank_info: Dist, device, model, opt, stream: Windows, tracking):
+    def __init__(self, cfg: RunConfig, out: Output | None, rank_info: Dist, device, model, opt, stream: Windows):
         t = cfg.train
-        self.cfg, self.out, self.rank_info, self.device, self.stream, self.tracking = (
-            cfg,
-            out,
-            rank_info,
-            device,
-            stream,
-            tracking,
-        )
+        self.cfg, self.out, self.rank_info, self.device, self.stream = cfg, out, rank_info, device, stream
         self.per_rank = t.batch_size // rank_info.world
         self.micro = self.per_rank // t.grad_accum
         self.strategy = make_strategy(cfg, stream)
@@ -519,7 +512,7 @@ def _train_loop(
     tracking: Tracking,
 ) -> TrainResult:
     t = cfg.train
-    trainer = Trainer(cfg, out, rank_info, device, model, opt, stream, tracking)
+    trainer = Trainer(cfg, out, rank_info, device, model, opt, stream)
     metrics_path = run_dir / "metrics.jsonl"
     if out is not None:
         _trim_metrics(metrics_path, start)
