@@ -169,14 +169,15 @@ def gaussian_rows(n_seq=120, per_seq=20, d=16, seed=0, n_types=50):
 
 
 def fair_study(
-    loss_gap: float, qualified: int = 5, seeds: int = 5, times=((100, True), (300, True)), fbt_qualified: int | None = None
+    loss_gap: float, qualified: int = 5, seeds: int = 5, log_steps: float = -0.5, fbt_qualified: int | None = None
 ) -> dict:
     """A fair study whose FBT-minus-baseline training loss differs by ``loss_gap`` at every seed
     (plus seed noise of sd 0.01), its other comparisons null; ``qualified`` baselines and
-    ``fbt_qualified`` FBT runs (default: all) reach their targets; FBT reaches the loss threshold
-    at ``times[0]``, the baseline at ``times[1]``."""
+    ``fbt_qualified`` FBT runs (default: all) reach their targets; after the switch FBT needs
+    exp(``log_steps``) times the baseline's steps to the loss threshold (seed noise of sd 0.05)."""
     import numpy as np
 
+    from workbench.experiments.fbt_vs_baseline import AFTER_SWITCH
     from workbench.training import stats
 
     rng = np.random.default_rng(0)
@@ -185,10 +186,7 @@ def fair_study(
         "fbt - baseline: plain-pass training loss, last half": stats.paired_difference(
             base, base + loss_gap + rng.normal(0, 0.01, size=(seeds, 1))
         ),
-        "fbt - baseline: steps to the loss threshold": {
-            **stats.paired_times([times[1]] * seeds, [times[0]] * seeds),
-            "level": 0.95,
-        },
+        AFTER_SWITCH: stats.paired_difference(np.zeros((seeds, 1)), log_steps + rng.normal(0, 0.05, size=(seeds, 1))),
     }
     correct = rng.integers(0, 2, size=(seeds, 200)).astype(float)
     cells["fbt fused - baseline: accuracy"] = stats.paired_difference(correct, rng.permuted(correct, axis=1), bounds=(-1, 1))

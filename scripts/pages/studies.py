@@ -358,6 +358,29 @@ def beyond_section(readings: dict) -> list[str]:
     ]
 
 
+def efficiency_words(readings: dict) -> list[str]:
+    """How the study read data efficiency: from FBT's switch on (``after_switch``), or, in a study
+    measured before, as a sign test at a fixed threshold that both arms could cross before feedback
+    started."""
+    after, times = readings.get("after_switch"), readings["time_to_threshold"]
+    if after is None:
+        return [
+            f"which of the pair first brings its plain-pass training loss (averaged over {times['window']} logged steps)",
+            f"to {times['threshold']:g}, a run that never does censored at its budget (exact sign test; measured before",
+            "the readout started at FBT's switch, so a threshold crossed before the switch compares two identical",
+            "computations or two learning rates).",
+        ]
+    if after["threshold"] is None:
+        return [f"the steps from FBT's switch (step {after['switch']}) to a common loss: not measured, {after['why']}."]
+    low, high = after["between"]
+    return [
+        f"the steps from FBT's switch (step {after['switch']}) until the plain-pass loss (averaged over {after['window']}",
+        f"logged steps) reaches {after['threshold']:.4g}, midway between {low:.4g}, which every run reaches after the switch,",
+        f"and {high:.4g}, below every run at it; the readout is log(FBT's steps / the baseline's) by seed (FBT:",
+        f"{', '.join(map(str, after['fbt_steps']))}; baseline: {', '.join(map(str, after['baseline_steps']))}).",
+    ]
+
+
 def fbt_vs_baseline_body(study: dict) -> list[str]:
     tuning, readings = study["tuning"], study["readings"]
     chosen = {row["name"] for row in tuning["chosen"].values()}
@@ -396,6 +419,21 @@ def fbt_vs_baseline_body(study: dict) -> list[str]:
         for member in ("baseline", "fbt", "fbt-no-feedback")
     ]
     seeds = study["seeds"]
+    matched = study.get("compute_matched", [])
+    compute = (
+        f"; `baseline-compute`, the baseline trained for FBT's training FLOPs ({matched[0]['flops_ratio']:.3f}x the"
+        f" baseline's: {', '.join(str(r['steps']) for r in matched)} steps by seed)"
+        if matched
+        else ""
+    )
+    rounds = [
+        [
+            str(i),
+            "; ".join(f"{arch}: {', '.join(f'{lr:g}' for lr in lrs)}" for arch, lrs in r["lrs"].items()),
+            ", ".join(f"`{n}`" for n in r["chosen"].values()),
+        ]
+        for i, r in enumerate(tuning.get("rounds", []))
+    ]
     return [
         "## Tuning, by a rule fixed before the sweep",
         "",
@@ -404,19 +442,23 @@ def fbt_vs_baseline_body(study: dict) -> list[str]:
         "training data nor the test problems).",
         "",
         table(["sweep run", "lr", "feedback_start", "ramp", "regime", "validation loss by seed", "validation loss"], sweep),
+        *(
+            ["Rounds of the learning-rate grid (it grows past an edge choice):", "", table(["round", "grid", "chosen"], rounds)]
+            if rounds
+            else []
+        ),
         f"## Accuracy on the same test problems, {seeds} seeds",
         "",
         "Each cell: mean [95% interval over seeds and problems] (two-way random effects, Satterthwaite df;",
         "`workbench.training.stats.crossed_interval`); `fbt-no-feedback` is FBT's model at the baseline's",
-        "setting with no loss on its feedback passes.",
+        f"setting with no loss on its feedback passes{compute}.",
         "",
         table(["member", "regime", "accuracy", "seeds x problems"], accuracy),
         *beyond_section(readings),
         "Compared: each member minus the baseline of its seed, on the same problems (accuracy: 1/0 per",
         "problem; completion loss: per problem), the plain-pass training loss on identical batches averaged",
-        "over the last half of the logged steps, and which of the pair first brings its plain-pass training",
-        f"loss (averaged over {times['window']} logged steps) to {times['threshold']:g}, a run that never does",
-        "censored at its budget (exact sign test).",
+        "over the last half of the logged steps, and",
+        *efficiency_words(readings),
         "",
         *family_section(study["family"]),
         f"The control's weights are bitwise the baseline's at {readings['control_bitwise_seeds']} of {seeds} seeds; its",

@@ -66,7 +66,7 @@ def test_runs_page_lists_the_zoo_and_switches_runs(monkeypatch, zoo):
     table = at.dataframe[0].value
     assert sorted(table["run"]) == ["baseline", "fbt", "hd2", "hd4"] and set(table["status"]) == {"ok"}
     assert table["plumbing check"].all()
-    # one accuracy column per task the runs were evaluated on, whatever it is (issue #38: the
+    # one accuracy column per task the runs were evaluated on, whatever it is (the
     # columns were chain's and flip-flop's, blank for every other organism)
     evaluated = {
         t for r in ("baseline", "fbt", "hd2", "hd4") for t in json.loads((zoo / r / "results" / "eval.json").read_text())["tasks"]
@@ -732,7 +732,7 @@ def test_zoo_page_shows_seed_spread_and_a_studys_readings(monkeypatch, micro_zoo
     main(["traces", str(runs / "baseline"), str(runs / "fbt"), "--n", "6", "--out", str(traces), "--no-progress"])
     at = open_page(monkeypatch, runs, "zoo")
     assert at.title[0].value == "Zoo and studies" and not errors(at)
-    # the runs directory's own zoo by its name ('.' said nothing, issue #38)
+    # the runs directory's own zoo by its name ('.' says nothing)
     assert at.selectbox(key="summary").options == ["runs (this directory)", "seeded", "studies/data-efficiency"]
     assert any("plumbing check" in w.value for w in at.warning)
     assert at.selectbox(key="zoo_analyses").options == ["traces"]  # the only analysis run on this zoo

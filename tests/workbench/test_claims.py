@@ -33,19 +33,16 @@ def test_no_detectable_difference_gives_the_minimum_detectable_effect():
     assert row["mde"] == pytest.approx(half) and f"beyond +-{half:.3f}" in row["why"]
 
 
-def test_steps_to_a_threshold_read_who_got_there_first_where_the_seeds_allow_it():
-    # 10 seeds, all FBT first: sign test p = 2 / 2**10, Holm over 3: 0.0059
-    first = claims.read_claim(CLAIM["fbt-data-efficiency"], "perm", fair_study(-0.1, qualified=10, seeds=10))
-    assert first["verdict"] == claims.REPRODUCED and first["why"] == "FBT first at 10 seeds, the baseline at 0"
-    later = claims.read_claim(
-        CLAIM["fbt-data-efficiency"], "perm", fair_study(-0.1, qualified=10, seeds=10, times=((300, True), (100, True)))
-    )
-    assert later["verdict"] == claims.CONTRADICTED and later["why"].startswith("the opposite is detectable")
-    # 5 seeds: even 5 of 5 one way gives p = 2 / 32 = 0.0625 before Holm: the readout cannot call it
-    five = claims.read_claim(CLAIM["fbt-data-efficiency"], "perm", fair_study(-0.1))
-    assert five["verdict"] == claims.NOT_TESTABLE and five["why"].startswith(
-        "at 5 seeds the sign test's smallest two-sided p is 0.0625 (every seed one way), not below 0.05"
-    )
+def test_data_efficiency_reads_the_log_ratio_of_steps_after_the_switch():
+    faster = claims.read_claim(CLAIM["fbt-data-efficiency"], "perm", fair_study(-0.1))
+    assert faster["verdict"] == claims.REPRODUCED and faster["difference"] == pytest.approx(-0.5, abs=0.05)
+    slower = claims.read_claim(CLAIM["fbt-data-efficiency"], "perm", fair_study(-0.1, log_steps=0.5))
+    assert slower["verdict"] == claims.CONTRADICTED and slower["why"].startswith("the opposite is detectable: +0.4")
+    study = fair_study(-0.1)  # no loss both arms reach only after the switch: the study says why
+    del study["family"][CLAIM["fbt-data-efficiency"].comparison]
+    study["readings"] = {"unmeasured": {CLAIM["fbt-data-efficiency"].comparison: "some run never gets below 0.3"}}
+    row = claims.read_claim(CLAIM["fbt-data-efficiency"], "perm", study)
+    assert row["verdict"] == claims.NOT_TESTABLE and row["why"] == "some run never gets below 0.3"
 
 
 def test_an_arm_short_of_its_targets_makes_the_claim_untestable_and_a_missing_study_unmeasured():
@@ -57,7 +54,7 @@ def test_an_arm_short_of_its_targets_makes_the_claim_untestable_and_a_missing_st
     assert untrained["verdict"] == claims.NOT_TESTABLE and untrained["why"].startswith("fbt did not learn the task")
     missing = claims.read_claim(CLAIM["fbt-loss"], "perm", None)
     assert missing["verdict"] == claims.NOT_MEASURED
-    assert missing["why"] == "run `workbench zoo --study fbt-vs-baseline --preset org-perm --seeds 5`"
+    assert missing["why"] == "run `workbench zoo --study fbt-vs-baseline --preset org-perm --seeds power`"
     older = claims.read_claim(CLAIM["fbt-soft-over-standard"], "addition", fair_study(-0.1))
     assert older["verdict"] == claims.NOT_MEASURED and "has no 'fbt soft - fbt standard: accuracy'" in older["why"]
 

@@ -14,11 +14,14 @@ from workbench import build_model
 from workbench.data.splits import heldout_examples
 from workbench.data.tasks import synthetic_examples
 from workbench.experiments import fbt_vs_baseline as fvb
+from workbench.experiments import tuning
 from workbench.runtime.checkpoint import load_model
 from workbench.runtime.tokenizer import CharTokenizer, load_tokenizer
 from workbench.storage.files import read_json
 from workbench.training.evaluate import evaluate_examples
+from workbench.training.flops import train_flops_per_token
 from workbench.training.runconfig import load_run_config, task_settings
+from workbench.training.strategies import make_strategy
 
 
 def test_the_rule_takes_the_lowest_validation_loss_and_the_first_of_ties():
@@ -28,8 +31,8 @@ def test_the_rule_takes_the_lowest_validation_loss_and_the_first_of_ties():
         {"arch": "baseline", "lr": 5e-4, "validation_loss": 0.30},
         {"arch": "fbt", "lr": 1e-3, "validation_loss": 0.10},
     ]
-    assert fvb.choose(rows, "baseline")["lr"] == 2e-3
-    assert fvb.choose(rows, "fbt")["lr"] == 1e-3
+    assert tuning.choose(rows, "baseline")["lr"] == 2e-3
+    assert tuning.choose(rows, "fbt")["lr"] == 1e-3
 
 
 def test_a_row_is_scored_by_its_worse_tuning_seed():
@@ -37,11 +40,11 @@ def test_a_row_is_scored_by_its_worse_tuning_seed():
     (0.0397 against 0.0431) but learned late at two of five comparison seeds. Scored by the worse
     of two seeds, a setting that fails at one of them loses to one that learns at both."""
     rows = [
-        fvb.scored_row("slow", "baseline", {"lr": 5e-4}, [0.0397, 0.30]),
-        fvb.scored_row("steady", "baseline", {"lr": 1e-3}, [0.0431, 0.045]),
+        tuning.scored_row("slow", "baseline", {"lr": 5e-4}, [0.0397, 0.30]),
+        tuning.scored_row("steady", "baseline", {"lr": 1e-3}, [0.0431, 0.045]),
     ]
     assert [r["validation_loss"] for r in rows] == [0.30, 0.045]
-    assert fvb.choose(rows, "baseline")["name"] == "steady"
+    assert tuning.choose(rows, "baseline")["name"] == "steady"
     assert rows[1]["validation_losses"] == [0.0431, 0.045] and rows[1]["regime"] == "standard"
 
 
@@ -50,26 +53,49 @@ def test_a_row_whose_loss_is_not_finite_is_the_worst_wherever_it_is_listed():
     ``min`` would then answer by the order rows and seeds are listed in."""
     nan = float("nan")
     for losses in ([nan, 0.05], [0.05, nan]):
-        assert fvb.scored_row("diverged", "baseline", {"lr": 4e-3}, losses)["validation_loss"] == float("inf")
+        assert tuning.scored_row("diverged", "baseline", {"lr": 4e-3}, losses)["validation_loss"] == float("inf")
     rows = [
-        fvb.scored_row("steady", "baseline", {"lr": 1e-3}, [0.04, 0.05]),
-        fvb.scored_row("diverged", "baseline", {"lr": 4e-3}, [nan, nan]),
-        fvb.scored_row("worse", "baseline", {"lr": 2e-3}, [0.07, 0.10]),
+        tuning.scored_row("steady", "baseline", {"lr": 1e-3}, [0.04, 0.05]),
+        tuning.scored_row("diverged", "baseline", {"lr": 4e-3}, [nan, nan]),
+        tuning.scored_row("worse", "baseline", {"lr": 2e-3}, [0.07, 0.10]),
     ]
     for order in (rows, rows[::-1], rows[1:] + rows[:1]):
-        assert fvb.choose(order, "baseline")["name"] == "steady"
-    assert fvb.choose(rows[1:], "baseline")["name"] == "worse"
+        assert tuning.choose(order, "baseline")["name"] == "steady"
+    assert tuning.choose(rows[1:], "baseline")["name"] == "worse"
+
+
+def test_a_choice_at_the_grids_edge_grows_the_grid_a_factor_2_past_it():
+    lrs = (5e-4, 1e-3, 2e-3)
+    assert tuning.beyond_edge(lrs, 2e-3) == 4e-3 and tuning.beyond_edge(lrs, 5e-4) == 2.5e-4
+    assert tuning.beyond_edge(lrs, 1e-3) is None
+    assert tuning.beyond_edge((*lrs, 4e-3), 4e-3) == 8e-3  # the grown grid's edge is the new one
+
+
+def test_a_setting_that_did_not_learn_is_not_eligible_whatever_its_loss():
+    """FBT's fused loss can be lowest at a setting whose model never answers in the standard
+    regime; the rule passes it over, and with no eligible row keeps the best, marked not eligible."""
+    rows = [
+        tuning.scored_row("fused-only", "fbt", {"lr": 4e-3}, [0.01, 0.02], eligible=False),
+        tuning.scored_row("learned", "fbt", {"lr": 1e-3}, [0.05, 0.06]),
+    ]
+    assert tuning.choose(rows, "fbt")["name"] == "learned"
+    none = tuning.choose([rows[0]], "fbt")
+    assert none["name"] == "fused-only" and not none["eligible"]
+    models = {"a": {"competence": {"qualified": False, "plumbing_check": False}}}
+    models["b"] = {"competence": {"qualified": True, "plumbing_check": False}}
+    models["c"] = {"competence": {"qualified": False, "plumbing_check": True}}
+    assert [tuning.learned(models, n) for n in "abc"] == [False, True, True]
 
 
 def test_every_architecture_gets_the_same_learning_rates_and_fbt_its_starts():
-    rows = fvb.stage_one("modsum")
+    rows = tuning.stage_one(fvb.SCALES["modsum"]["lrs"])
     lrs = fvb.SCALES["modsum"]["lrs"]
     assert len(lrs) >= 3
     assert [s["lr"] for a, s in rows if a == "baseline"] == list(lrs)
     fbt = [(s["lr"], s["feedback_start"], s["ramp"]) for a, s in rows if a == "fbt"]
-    assert fbt == [(lr, f, fvb.RAMPS[0]) for lr in lrs for f in fvb.FEEDBACK_STARTS]
-    assert len(fvb.TUNING_SEEDS) == 2 and min(fvb.TUNING_SEEDS) >= 10  # no comparison seed (0..MAX_SEEDS-1) is the sweep's
-    assert fvb.tuning_run("baseline", {"lr": 1e-3}, fvb.TUNING_SEEDS[1]) == "tune-baseline-lr0.001-seed1001"
+    assert fbt == [(lr, f, tuning.RAMPS[0]) for lr in lrs for f in tuning.FEEDBACK_STARTS]
+    assert len(tuning.TUNING_SEEDS) == 2 and min(tuning.TUNING_SEEDS) >= 10  # no comparison seed (0..MAX_SEEDS-1) is the sweep's
+    assert tuning.tuning_run("baseline", {"lr": 1e-3}, tuning.TUNING_SEEDS[1]) == "tune-baseline-lr0.001-seed1001"
 
 
 def test_validation_problems_are_neither_test_problems_nor_training_data():
@@ -110,6 +136,7 @@ def _per_seed(gain: float, seeds: int = 5, problems: int = 1000, seed: int = 0, 
         out[s] = {
             "baseline": {**row, "correct": {"standard": base.tolist()}, "completion_nll": {"standard": nll.tolist()}},
             fvb.CONTROL: {**row, "correct": {"standard": base.tolist()}, "completion_nll": {"standard": nll.tolist()}},
+            fvb.COMPUTE: {**row, "correct": {"standard": base.tolist()}, "completion_nll": {"standard": nll.tolist()}},
             "fbt": {
                 **row,
                 "correct": dict.fromkeys(("standard", "soft", "fused"), fbt.tolist()),
@@ -128,7 +155,7 @@ def test_a_planted_gain_of_a_tenth_is_detected_through_the_family_correction():
     """The positive control: at 5 seeds x 1,000 problems, a +0.10 accuracy gain and a -0.10 loss
     gain are detectable after Holm over the whole family; the control row, identical to the
     baseline, is not, and neither is the loss curve the two share."""
-    readings = fvb.readings(_per_seed(0.10), threshold=0.3, window=2, budget=100)
+    readings = fvb.readings(_per_seed(0.10), threshold=0.3, window=2, budget=100, switch=30)
     family = readings["family"]
     assert set(family) == set(fvb.FAMILY) and all(c["family_size"] == len(fvb.FAMILY) for c in family.values())
     for regime in ("standard", "soft", "fused"):
@@ -146,7 +173,7 @@ def test_a_gain_beyond_training_is_detected_in_its_regime_and_corrected_with_the
     standard decoding there): only that cell of the whole family is detectable, the family is
     ``FAMILY`` and the set's two cells, and each set's accuracies are read per member and regime."""
     beyond = {"longer": {"standard": 0.0, "fused": 0.10}, "sparser": {"standard": 0.0, "fused": 0.0}}
-    readings = fvb.readings(_per_seed(0.0, beyond=beyond), threshold=0.3, window=2, budget=100, beyond=tuple(beyond))
+    readings = fvb.readings(_per_seed(0.0, beyond=beyond), threshold=0.3, window=2, budget=100, beyond=tuple(beyond), switch=30)
     family = readings["family"]
     assert list(family) == list(fvb.family_names(beyond)) and len(family) == len(fvb.FAMILY) + 4
     assert all(c["family_size"] == len(family) for c in family.values())
@@ -200,7 +227,7 @@ def test_no_planted_gain_reads_no_detectable_difference():
     detectable accuracy difference at most once (Holm keeps the family's error rate at 5%)."""
     false = 0
     for seed in range(20):
-        family = fvb.readings(_per_seed(0.0, seed=seed), threshold=0.3, window=2, budget=100)["family"]
+        family = fvb.readings(_per_seed(0.0, seed=seed), threshold=0.3, window=2, budget=100, switch=30)["family"]
         false += any(family[f"fbt {r} - baseline: accuracy"]["detectable"] for r in ("standard", "soft", "fused"))
     assert false <= 1
 
@@ -210,13 +237,74 @@ def test_steps_to_the_threshold_count_censored_seeds():
     for s, members in per_seed.items():  # FBT reaches 0.3 at step 20 at every seed; the baseline at 4 seeds, at step 80
         members["fbt"]["losses"] = [1.0, 0.2, *[0.1] * 8]
         members["baseline"]["losses"] = [1.0] * 7 + ([0.2] * 3 if s else [1.0] * 3)
-    readings = fvb.readings(per_seed, threshold=0.3, window=1, budget=100)
-    times = readings["time_to_threshold"]
+    times = fvb.readings(per_seed, threshold=0.3, window=1, budget=100, switch=30)["time_to_threshold"]
     assert times["fbt"]["median"] == 20 and times["baseline"]["median"] == 80
     assert times["baseline"]["per_seed"][0] == {"step": 100, "reached": False}
-    cell = readings["family"]["fbt - baseline: steps to the loss threshold"]
-    assert (cell["earlier"], cell["later"], cell["undetermined"]) == (5, 0, 0)
-    assert cell["p"] == pytest.approx(2 / 2**5)
+
+
+def test_data_efficiency_is_read_after_the_switch_by_hand():
+    """Logged every 10 steps, the switch at 30. At step 30 the runs stand at 0.9 and 0.8 (high:
+    0.8); afterwards their lowest losses are 0.2 and 0.4 (low: 0.4), so the threshold is 0.6. The
+    baseline first gets to it at step 70 and FBT at 50: 40 and 20 steps after the switch, a log
+    ratio of log(1/2) at every seed. A loss crossed before the switch (0.5 at step 20) is not a
+    crossing: the two arms were one computation then."""
+    steps = [10, 20, 30, 40, 50, 60, 70, 80]
+    base = np.array([[1.0, 0.5, 0.9, 0.8, 0.7, 0.65, 0.6, 0.4]] * 3)
+    fbt = np.array([[1.0, 0.5, 0.8, 0.7, 0.55, 0.3, 0.2, 0.2]] * 3)
+    got = fvb.after_switch(steps, base, fbt, switch=30, window=1)
+    assert got["between"] == [0.4, 0.8] and got["threshold"] == pytest.approx(0.6)
+    assert got["baseline_steps"] == [40] * 3 and got["fbt_steps"] == [20] * 3
+    assert got["cell"]["mean"] == pytest.approx(np.log(0.5)) and got["cell"]["seeds_lower"] == 3
+    smoothed = fvb.after_switch(steps, base, fbt, switch=30, window=2)  # FBT at step 30: (0.5 + 0.8) / 2
+    assert smoothed["between"] == [pytest.approx(0.5), pytest.approx(0.65)]  # the baseline's last: (0.6 + 0.4) / 2
+    stalled = fvb.after_switch(steps, base, np.full((3, 8), 0.9), switch=30, window=1)
+    assert stalled["threshold"] is None and "never gets below 0.9" in stalled["why"]
+    per_seed = _per_seed(0.0)
+    for members in per_seed.values():
+        members["fbt"]["losses"] = [*np.full(8, 0.9)]
+        members["fbt"]["steps"] = members["baseline"]["steps"] = steps
+        members["baseline"]["losses"] = list(base[0])
+    readings = fvb.readings(per_seed, threshold=0.3, window=1, budget=100, switch=30)
+    assert fvb.AFTER_SWITCH not in readings["family"] and "never gets below" in readings["unmeasured"][fvb.AFTER_SWITCH]
+
+
+def test_the_power_step_asks_the_seeds_the_neediest_comparison_needs_and_leaves_out_what_none_can_resolve():
+    """Pilot differences at two seeds: one accuracy comparison with a problem spread alone (resolved
+    at the fewest seeds), one loss comparison with a seed spread of sd 0.01 (needs more), one
+    accuracy comparison whose seeds differ by 0.5 (no affordable count resolves 0.05)."""
+    rng = np.random.default_rng(0)
+    pilot = {
+        "fbt standard - baseline: accuracy": rng.normal(0.0, 0.3, (2, 1000)),
+        "fbt fused - baseline: completion loss": np.array([[0.0], [0.01 * np.sqrt(2)]]) + np.zeros((2, 1000)),
+        "fbt soft - baseline: accuracy": np.array([[0.0], [0.5]]) + np.zeros((2, 1000)),
+    }
+    power = fvb.power_step(pilot, problems=1000, family_size=14)
+    plans = power["comparisons"]
+    assert plans["fbt standard - baseline: accuracy"]["seeds"] == 5
+    need = plans["fbt fused - baseline: completion loss"]["seeds"]
+    assert need is not None and 5 < need <= 12 and power["seeds"] == need
+    assert power["not_run"] == {"fbt soft - baseline: accuracy": plans["fbt soft - baseline: accuracy"]["reason"]}
+    readings = fvb.readings(_per_seed(0.10), threshold=0.3, window=2, budget=100, switch=30, not_run=power["not_run"])
+    assert "fbt soft - baseline: accuracy" not in readings["family"]
+    assert all(c["family_size"] == len(fvb.FAMILY) - 1 for c in readings["family"].values())
+    assert readings["unmeasured"]["fbt soft - baseline: accuracy"].startswith("the predicted half-width at 12 seeds")
+
+
+def test_the_compute_matched_baseline_spends_fbts_training_flops():
+    """FBT's passes: one before the switch, then 2 (3 on a few batches). The baseline-compute
+    member trains the ratio of the two runs' FLOPs times the baseline's steps."""
+    fbt = fvb.member_config("micro", "fbt", ["fbt.feedback_start=0.5"])
+    base = fvb.member_config("micro", "baseline", [])
+    strategy = make_strategy(fbt)
+    passes = [strategy.passes(step) for step in range(fbt.train.steps)]
+    assert passes[:20] == [1] * 20 and set(passes[20:]) <= {2, 3}
+    model = build_model("fbt", "debug")
+    per_token = {k: train_flops_per_token(model, 64, copies=k, readouts=k, fusions=k - 1) for k in (1, 2, 3)}
+    plain = train_flops_per_token(build_model("baseline", "debug"), 64)
+    assert per_token[1] == pytest.approx(plain)  # one pass is the baseline's computation
+    expected = sum(per_token[k] for k in passes) / (plain * fbt.train.steps)
+    assert fvb.flops_ratio(fbt, base) == pytest.approx(expected, rel=1e-12)
+    assert 1.5 < expected < 2.0
 
 
 def test_per_problem_scores_agree_with_the_aggregates():
@@ -246,16 +334,24 @@ def test_the_study_end_to_end_on_the_micro_scale(tmp_path):
     )
     assert code is None, err
     study = read_json(out / "study.json")
-    rows = study["tuning"]["rows"]
-    assert len(rows) == 3 + 3 * len(fvb.FEEDBACK_STARTS) + len(fvb.RAMPS) - 1
+    rows, rounds = study["tuning"]["rows"], study["tuning"]["rounds"]
+    grown = len(rounds) - 1  # each round after the first added one learning rate to one architecture or both
+    grids = rounds[-1]["lrs"]
+    assert len(rows) == len(grids["baseline"]) + len(grids["fbt"]) * len(tuning.FEEDBACK_STARTS) + len(tuning.RAMPS) - 1
+    assert 0 <= grown <= tuning.EXTENSIONS
+    for earlier, later in zip(rounds, rounds[1:]):  # a grid grows only past an edge choice, a factor 2 beyond it
+        for arch in ("baseline", "fbt"):
+            added = set(later["lrs"][arch]) - set(earlier["lrs"][arch])
+            chosen = next(r for r in rows if r["name"] == earlier["chosen"][arch])
+            assert added == ({tuning.beyond_edge(earlier["lrs"][arch], chosen["lr"])} - {None} if chosen["eligible"] else set())
     assert study["tuning"]["chosen"]["baseline"] == min(
         (r for r in rows if r["arch"] == "baseline"), key=lambda r: r["validation_loss"]
     )
     for row in rows:  # each row trained and scored at both tuning seeds, read by the worse
-        runs = [out / fvb.tuning_run(row["arch"], row, seed) for seed in fvb.TUNING_SEEDS]
-        assert [read_json(run / "config.json")["train"]["seed"] for run in runs] == list(fvb.TUNING_SEEDS)
+        runs = [out / tuning.tuning_run(row["arch"], row, seed) for seed in tuning.TUNING_SEEDS]
+        assert [read_json(run / "config.json")["train"]["seed"] for run in runs] == list(tuning.TUNING_SEEDS)
         assert row["validation_losses"] == [
-            fvb.validation_loss(run, row["arch"], fvb.SCALES["micro"]["validation"]) for run in runs
+            tuning.validation_loss(run, row["arch"], fvb.SCALES["micro"]["validation"]) for run in runs
         ]
         assert row["validation_loss"] == max(row["validation_losses"])
     chosen = study["tuning"]["chosen"]
@@ -266,14 +362,23 @@ def test_the_study_end_to_end_on_the_micro_scale(tmp_path):
     n = fvb.SCALES["micro"]["test"]
     for name in ("baseline", "fbt-seed1", "fbt-no-feedback"):
         assert all(len(v) == n for v in read_json(out / name / "results" / fvb.TEST_FILE)["correct"].values())
-    assert set(study["family"]) == set(fvb.FAMILY)
+    assert set(study["family"]) | set(study["readings"]["unmeasured"]) == set(fvb.FAMILY)
+    for entry in study["compute_matched"]:  # the compute-matched baseline trained FBT's FLOPs
+        run = out / fvb.seed_name(fvb.COMPUTE, entry["seed"])
+        assert read_json(run / "config.json")["train"]["steps"] == round(entry["flops_ratio"] * fvb.SCALES["micro"]["steps"])
     from workbench.experiments.comparisons import family_rows, reading_rows
 
-    assert [r["comparison"] for r in family_rows(study)] == list(fvb.FAMILY)
+    assert [r["comparison"] for r in family_rows(study)] == [c for c in fvb.FAMILY if c in study["family"]]
+    power = study["power"]  # predicted on the tuning runs, achieved on the study's own
+    assert set(power["comparisons"]) == {
+        f"fbt {r} - baseline: {w}" for r in ("standard", "soft", "fused") for w in ("accuracy", "completion loss")
+    }
+    assert set(power["achieved"]) == set(power["comparisons"]) - set(power["not_run"])
     assert {(r["member"], r["regime"]) for r in reading_rows(study)} == {
         ("baseline", "standard"),
         *(("fbt", r) for r in ("standard", "soft", "fused")),
         (fvb.CONTROL, "standard"),
+        (fvb.COMPUTE, "standard"),
     }
     assert_usage_error(
         ["zoo", "--study", "fbt-vs-baseline", "--preset", "quick", "--seeds", "2", "--out", str(tmp_path / "q")],
@@ -306,7 +411,7 @@ def test_the_fair_study_on_an_organism_trains_the_organisms_task_at_its_budget(t
 
 
 def test_evaluation_tells_each_phase_its_progress_to_the_last_example():
-    """Issue #38 (eval ran minutes with no output): every phase, losses first then each regime's
+    """An evaluation can run for minutes, so every phase, losses first then each regime's
     generation, is told batch by batch up to the number of examples, in the order it runs."""
     model, tok = build_model("fbt", "debug"), CharTokenizer()
     examples = heldout_examples("modsum", 7, 0)

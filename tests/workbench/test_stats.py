@@ -147,18 +147,6 @@ def test_a_median_time_is_none_when_most_runs_never_reach_the_threshold():
     assert stats.kaplan_meier([1, 10, 10], [True, False, False]) == [(1.0, pytest.approx(2 / 3))]
 
 
-def test_paired_times_count_a_censored_run_as_later_and_test_the_signs():
-    """b reaches the threshold first at 4 seeds, a censored one included (b at 300, a never within
-    its 600 steps); at the fifth neither does. Sign test: 4 of 4, p = 2 / 2^4 = 0.125."""
-    a = [(200, True), (250, True), (600, False), (400, True), (600, False)]
-    b = [(100, True), (150, True), (300, True), (350, True), (600, False)]
-    result = stats.paired_times(a, b)
-    assert result == {"earlier": 4, "later": 0, "undetermined": 1, "p": pytest.approx(0.125)}
-    mirrored = stats.paired_times(b, a)
-    assert (mirrored["earlier"], mirrored["later"]) == (0, 4)
-    assert stats.paired_times([(600, False)], [(600, False)])["p"] == 1.0
-
-
 def test_bounds_clip_an_interval_to_the_range_its_mean_cannot_leave():
     """Accuracies 0.9 and 1.0 at two seeds (one problem each): t(1) = 12.71 x se 0.05 reaches 1.59;
     clipped to (0, 1) the upper end is 1, the lower end and the p-value are unchanged."""
@@ -210,17 +198,6 @@ def test_a_difference_holm_detects_is_not_read_detectable_while_its_printed_inte
     assert not stats.detectable({**out["b"], "detectable": True})
     # a sign-test cell has no interval: Holm's p alone decides
     assert stats.detectable({"earlier": 5, "later": 0, "undetermined": 0, "p": 0.01, "p_holm": 0.03, "level": 0.95})
-
-
-def test_paired_times_count_a_tie_as_undetermined_and_leave_it_out_of_the_sign_test():
-    """Pairs reaching the threshold at the same step are ties: neither earlier nor later. Here 3
-    ties and 4 pairs with b earlier: the sign test is on 4 of 4 (p = 2 / 2**4 = 0.125), not 7."""
-    a = [(100, True)] * 3 + [(300, True)] * 4
-    b = [(100, True)] * 3 + [(200, True)] * 4
-    result = stats.paired_times(a, b)
-    assert (result["earlier"], result["later"], result["undetermined"]) == (4, 0, 3)
-    assert result["p"] == pytest.approx(0.125)
-    assert stats.paired_times([(100, True)] * 5, [(100, True)] * 5) == {"earlier": 0, "later": 0, "undetermined": 5, "p": 1.0}
 
 
 def test_an_accuracy_at_the_ceiling_gets_the_wilson_interval_of_all_answers_never_zero_width():

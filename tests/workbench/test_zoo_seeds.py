@@ -105,8 +105,8 @@ def test_competence_compares_standard_accuracy_with_each_target():
 def test_members_trained_in_parallel_processes_are_bitwise_those_trained_one_after_another(tmp_path, monkeypatch):
     """``jobs`` = 2: each member in its own spawned process, ``hd2`` (continued from ``baseline``)
     only once the baseline is done; with the same thread count the weights and evaluations are
-    those of the sequential zoo. The zoo's bar counts every member's training steps (issue #38:
-    it sat at 0/4 members for minutes), never backwards, to the total."""
+    those of the sequential zoo. The zoo's bar counts every member's training steps (a
+    bar of members alone sits at 0/4 for minutes), never backwards, to the total."""
     import workbench.training.zoo as zoo
 
     bars = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from workbench.cli.common import (
@@ -192,7 +193,21 @@ def study_out(study: str, preset: str) -> Path:
     return Path("runs") / "studies" / study
 
 
+def seeds_count(text: str) -> int | str:
+    """``--seeds``: a count, or ``power`` (the fair study chooses its own)."""
+    if text == "power":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid count {text!r}: expected a whole number or 'power'") from None
+
+
 def cmd_zoo(args) -> dict:
+    power = args.seeds == "power"
+    if power and args.study != FAIR_STUDY:
+        raise BadInput(f"--seeds power: only --study {FAIR_STUDY} chooses its seeds by a power step")
+    seeds = 0 if power else int(args.seeds)
     check_count(args.threads, "--threads", THREADS_MAX)
     check_count(args.jobs, "--jobs", JOBS_MAX)
     if args.study is None and args.reuse is not None:
@@ -204,7 +219,12 @@ def cmd_zoo(args) -> dict:
             raise BadInput(f"--only/--reuse with --study {args.study}: it tunes and trains all of its members itself")
         out = Path(args.out) if args.out is not None else study_out(args.study, args.preset)
         summary = run_comparison(
-            args.preset, out, seeds=args.seeds, threads=args.threads, jobs=args.jobs, progress=not args.no_progress
+            args.preset,
+            out,
+            seeds=None if power else seeds,
+            threads=args.threads,
+            jobs=args.jobs,
+            progress=not args.no_progress,
         )
         for name, words in summary["readings"]["wording"].items():
             print(f"{name}: {words}")
@@ -219,7 +239,7 @@ def cmd_zoo(args) -> dict:
             args.study,
             args.preset,
             out,
-            seeds=args.seeds,
+            seeds=seeds,
             threads=args.threads,
             jobs=args.jobs,
             reuse=args.reuse,
@@ -232,7 +252,7 @@ def cmd_zoo(args) -> dict:
         if args.only:
             raise BadInput(f"--only {args.only[0]} with --preset organisms: train one organism with --preset org-TASK")
         out = Path(args.out) if args.out is not None else Path("runs") / "organisms"
-        organisms = train_organisms(out, seeds=args.seeds, threads=args.threads, jobs=args.jobs, progress=not args.no_progress)
+        organisms = train_organisms(out, seeds=seeds, threads=args.threads, jobs=args.jobs, progress=not args.no_progress)
         for task, row in organisms["organisms"].items():
             print(f"{task:10s} qualified seeds {row['qualified_seeds']}, {row['session_wall_seconds']} s")
         print(f"wrote {out / ORGANISMS_FILE} in {organisms['session_wall_seconds']} s")
@@ -246,7 +266,7 @@ def cmd_zoo(args) -> dict:
             out,
             progress=not args.no_progress,
             only=args.only,
-            seeds=args.seeds,
+            seeds=seeds,
             threads=args.threads,
             jobs=args.jobs,
         )
@@ -286,7 +306,12 @@ def _add_zoo(sub) -> None:
         default=None,
         help="with --study: a zoo directory whose finished members the study copies instead of retraining",
     )
-    p.add_argument("--seeds", type=int, default=1, help="train every member at training seeds 0..N-1")
+    p.add_argument(
+        "--seeds",
+        type=seeds_count,
+        default=1,
+        help="train every member at training seeds 0..N-1; `power` (--study fbt-vs-baseline): as many as its power step asks",
+    )
     p.add_argument(
         "--threads",
         type=int,

@@ -1,25 +1,24 @@
 """FBT against the baseline, fair by construction: one command,
-``workbench zoo --study fbt-vs-baseline --scale modsum --seeds 5``.
+``workbench zoo --study fbt-vs-baseline --preset org-perm --seeds power``.
 
-1. **Tuning, by a rule written before the sweep runs** (``RULE``). Each architecture gets the same
-   sweep of learning rates (``lrs`` of the scale); FBT also ``fbt.feedback_start`` in
-   ``FEEDBACK_STARTS`` (at ``fbt.ramp`` 0.1) and then, at its chosen learning rate and start,
-   ``fbt.ramp`` in ``RAMPS``. Every sweep row trains at each of ``TUNING_SEEDS``, seeds no
-   comparison member uses, for the full budget, and is scored on the validation split
-   (``tasks.split_rng(..., "validation")``: neither training data nor test problems) by the worse
-   of its seeds' losses: a setting whose learning time depends on the seed loses to one that
-   learns at both (a study record with ``tuning_seed`` instead was tuned at that one seed).
+1. **Tuning, by a rule written before the sweep runs** (``experiments.tuning``: one learning-rate
+   grid for every architecture, grown past an edge choice, FBT's rows eligible only where FBT
+   learned the task in its standard regime).
 2. **The comparison**, at training seeds 0..n-1, each architecture at its chosen setting:
    ``baseline``; ``fbt`` (matched initialisation, warm feedback switch: the defaults); and the
    control ``fbt-no-feedback``, FBT's model at the baseline's setting with ``fbt.pass_weights=1,0,0``
    (its feedback passes carry no loss: the baseline on FBT's initialisation and batches, so any
    difference from the baseline would be the comparison's own bias; with matched initialisation
-   its shared weights are expected bitwise the baseline's).
+   its shared weights are expected bitwise the baseline's); and ``baseline-compute``, the baseline
+   at its setting trained for FBT's training FLOPs at the same seed (``flops_ratio``):
+   FBT's K passes cost more per token, so a claim is read at equal tokens and at equal compute.
 3. **Readouts** on the same ``test`` held-out problems for every member (seed 0's held-out stream:
    seeds and problems crossed): accuracy and completion loss per problem and regime, each member
    minus the baseline by seed (``stats.paired_difference``); the paired per-step gap of the
-   plain-pass training loss on identical batches; steps until the plain-pass loss, averaged over
-   ``window`` logged steps, first reaches ``threshold`` (censored at the budget, ``stats.paired_times``).
+   plain-pass training loss on identical batches; the steps from FBT's feedback switch until the
+   plain-pass loss, averaged over ``window`` logged steps, reaches a loss both arms reach only after
+   the switch, as the log ratio FBT / baseline across seeds (``after_switch``; before the switch
+   the two arms run one computation, so a threshold crossed then measures nothing of feedback).
 4. **The family** of ``FAMILY`` comparisons, Holm-corrected together (``stats.family``), worded by
    ``stats.describe``.
 """
@@ -28,9 +27,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +36,8 @@ import torch
 from safetensors.torch import load_file
 
 from workbench.data.splits import heldout_examples
-from workbench.data.tasks import synthetic_examples
+from workbench.experiments.power import EFFECTS, components, seeds_for
+from workbench.experiments.tuning import pilot, setting_overrides, tune
 from workbench.names import FAIR_STUDY as STUDY
 from workbench.runtime.checkpoint import load_model
 from workbench.runtime.tokenizer import load_tokenizer
@@ -48,7 +47,8 @@ from workbench.storage.outputs import output
 from workbench.storage.provenance import source_commit
 from workbench.training import stats
 from workbench.training.evaluate import evaluate_examples
-from workbench.training.runconfig import load_run_config, make_run_config, task_settings
+from workbench.training.runconfig import RunConfig, load_run_config, make_run_config, task_settings
+from workbench.training.strategies import run_flops
 from workbench.training.zoo import (
     MAX_SEEDS,
     ORGANISM_BUDGETS,
@@ -62,18 +62,6 @@ from workbench.training.zoo import (
 )
 from workbench.training.zoo import SCALES as SCALES_OF_ZOO
 
-TUNING_SEEDS = (1000, 1001)  # the sweep's training seeds: none of the comparison's seeds 0..MAX_SEEDS-1
-FEEDBACK_STARTS = (0.3, 0.7)
-RAMPS = (0.1, 0.3)  # the first is the stage-1 ramp (the default)
-REGIME = {"baseline": "standard", "fbt": "fused"}  # the regime an architecture is tuned and compared in
-RULE = (
-    "Per architecture, the sweep row with the lowest validation completion loss (mean over the "
-    "validation problems' completion tokens) at the full budget, in the architecture's regime "
-    "(baseline: standard; FBT: fused, its feedback at the prompt and at every generated step), a "
-    "row's loss being the worse of its two tuning seeds'; ties go to the row listed first. FBT: "
-    "stage 1 chooses the learning rate and feedback_start at ramp 0.1, stage 2 the ramp at that "
-    "learning rate and start."
-)
 TEST_FILE = "comparison_test.json"  # per member, in results/: its per-problem scores
 
 # The scales: ``micro`` checks the plumbing in seconds; ``modsum`` is the setting in which the old
@@ -186,17 +174,20 @@ SCALES |= {
     "org-addition": organism_scale("addition", (1e-3, 2e-3, 4e-3), 0.2),
 }
 CONTROL = "fbt-no-feedback"
+COMPUTE = "baseline-compute"  # the baseline trained for FBT's training FLOPs
+AFTER_SWITCH = "fbt - baseline: log steps to the loss threshold after the switch"
 FAMILY = (
     *(f"fbt {r} - baseline: accuracy" for r in ("standard", "soft", "fused")),
     *(f"fbt {r} - baseline: completion loss" for r in ("standard", "soft", "fused")),
     "fbt - baseline: plain-pass training loss, last half",
-    "fbt - baseline: steps to the loss threshold",
+    AFTER_SWITCH,
     f"{CONTROL} - baseline: accuracy",
     f"{CONTROL} - baseline: completion loss",
     # FBT's own regimes on the same weights (the seeds' claim that soft and fused decoding beat
     # standard; soft can differ from standard only after the first generated token); a study
     # record that declares only the first 10 was measured without these two
     *(f"fbt {r} - fbt standard: accuracy" for r in ("soft", "fused")),
+    *(f"fbt {r} - {COMPUTE}: accuracy" for r in ("standard", "soft", "fused")),
 )
 
 
@@ -212,126 +203,9 @@ def _scale(scale: str) -> dict:
     return SCALES[scale]
 
 
-def setting_overrides(arch: str, setting: dict) -> list[str]:
-    """The ``--set`` overrides of a tuned ``setting`` (``lr``; FBT also ``feedback_start``, ``ramp``)."""
-    out = [f"train.lr={setting['lr']:g}"]
-    if arch == "fbt":
-        out += [f"fbt.feedback_start={setting['feedback_start']:g}", f"fbt.ramp={setting['ramp']:g}"]
-    return out
-
-
 def member_config(scale: str, arch: str, overrides: list[str]):
     s = _scale(scale)
     return make_run_config(arch, s["preset"], s["task"], [*s["common"], f"train.steps={s['steps']}", *overrides])
-
-
-def sweep_name(arch: str, setting: dict) -> str:
-    if arch == "baseline":
-        return f"tune-baseline-lr{setting['lr']:g}"
-    return f"tune-fbt-lr{setting['lr']:g}-start{setting['feedback_start']:g}-ramp{setting['ramp']:g}"
-
-
-def stage_one(scale: str) -> list[tuple[str, dict]]:
-    """The sweep rows every architecture gets first: ``(arch, setting)``."""
-    lrs = _scale(scale)["lrs"]
-    rows = [("baseline", {"lr": lr}) for lr in lrs]
-    rows += [("fbt", {"lr": lr, "feedback_start": f, "ramp": RAMPS[0]}) for lr in lrs for f in FEEDBACK_STARTS]
-    return rows
-
-
-def scored_row(name: str, arch: str, setting: dict, losses: list[float]) -> dict:
-    """A sweep row as ``RULE`` reads it: its validation loss at each of ``TUNING_SEEDS``
-    (``validation_losses``) and the worse of them (``validation_loss``), by which it is chosen; a
-    loss that is not finite (a diverged run) counts as infinite, the worst, wherever it is listed."""
-    return {
-        "name": name,
-        "arch": arch,
-        **setting,
-        "regime": REGIME[arch],
-        "validation_losses": losses,
-        "validation_loss": max(loss if math.isfinite(loss) else math.inf for loss in losses),
-    }
-
-
-def choose(rows: list[dict], arch: str) -> dict:
-    """``RULE`` over the scored sweep ``rows`` of ``arch`` (the first of equal losses)."""
-    mine = [r for r in rows if r["arch"] == arch]
-    if not mine:
-        raise BadInput(f"no sweep row of {arch} to choose from")
-    return min(mine, key=lambda r: r["validation_loss"])  # min keeps the first of ties
-
-
-def validation_loss(run: Path, arch: str, n: int) -> float:
-    """The run's completion loss on ``n`` validation problems, in its architecture's regime."""
-    cfg = load_run_config(run / "config.json")
-    examples = synthetic_examples(cfg.data.task, n, 0, task_settings(cfg.data), split="validation")
-    row = evaluate_examples(load_model(run), examples, load_tokenizer(run), regimes=[REGIME[arch]])
-    return row["answer_loss"][REGIME[arch]]
-
-
-def tuning_run(arch: str, setting: dict, seed: int) -> str:
-    """The directory of a sweep row's run at tuning seed ``seed`` (the first seed keeps the row's name)."""
-    name = sweep_name(arch, setting)
-    return name if seed == TUNING_SEEDS[0] else f"{name}-seed{seed}"
-
-
-def _plan(scale: str, rows: list[tuple[str, dict]]) -> list:
-    return [
-        (
-            tuning_run(arch, setting, seed),
-            sweep_name(arch, setting),
-            seed,
-            member_config(scale, arch, [f"train.seed={seed}", *setting_overrides(arch, setting)]),
-        )
-        for arch, setting in rows
-        for seed in TUNING_SEEDS
-    ]
-
-
-def tune(scale: str, out: Path, *, threads: int, jobs: int, progress: bool | Callable) -> dict:
-    """Run the sweep (both stages) into ``out`` and apply ``RULE``: ``{rule, rows, chosen}``,
-    written to ``out/tuning.json``."""
-    s = _scale(scale)
-    summary = new_summary(scale, 1, threads, jobs, study=STUDY)
-    scored: list[dict] = []
-
-    def run_stage(rows: list[tuple[str, dict]]) -> None:
-        rows = [(arch, setting) for arch, setting in rows if all(r["name"] != sweep_name(arch, setting) for r in scored)]
-        plan = _plan(scale, rows)
-        train_plan(
-            plan,
-            out,
-            out / "tuning.json",
-            summary,
-            scale=scale,
-            threads=threads,
-            jobs=jobs,
-            progress=progress,
-            targets=s["targets"],
-        )
-        for arch, setting in rows:
-            losses = [validation_loss(out / tuning_run(arch, setting, seed), arch, s["validation"]) for seed in TUNING_SEEDS]
-            scored.append(scored_row(sweep_name(arch, setting), arch, setting, losses))
-
-    run_stage(stage_one(scale))
-    first = choose(scored, "fbt")
-    run_stage([("fbt", {"lr": first["lr"], "feedback_start": first["feedback_start"], "ramp": r}) for r in RAMPS])
-    stage_two = [
-        r for r in scored if r["arch"] == "fbt" and r["lr"] == first["lr"] and r["feedback_start"] == first["feedback_start"]
-    ]
-    chosen = {"baseline": choose(scored, "baseline"), "fbt": choose(stage_two, "fbt")}
-    tuning = {
-        **summary,
-        "rule": RULE,
-        "tuning_seeds": list(TUNING_SEEDS),
-        "validation_problems": s["validation"],
-        "rows": scored,
-        "chosen": chosen,
-    }
-    with output(out, ZOO) as held:
-        write_json(out / "tuning.json", tuning)
-        held.wrote(out / "tuning.json")
-    return tuning
 
 
 def comparison_members(chosen: dict) -> list[tuple[str, str, list[str]]]:
@@ -341,7 +215,14 @@ def comparison_members(chosen: dict) -> list[tuple[str, str, list[str]]]:
         ("baseline", "baseline", setting_overrides("baseline", base)),
         ("fbt", "fbt", setting_overrides("fbt", fbt)),
         (CONTROL, "fbt", [*setting_overrides("baseline", base), "fbt.pass_weights=1,0,0"]),
+        (COMPUTE, "baseline", setting_overrides("baseline", base)),
     ]
+
+
+def flops_ratio(fbt: RunConfig, baseline: RunConfig) -> float:
+    """FBT's training FLOPs over the baseline's (``strategies.run_flops``: every step's passes as the
+    run draws them); ``baseline-compute`` trains this many times the baseline's steps."""
+    return run_flops(fbt) / run_flops(baseline)
 
 
 def member_regimes(member: str) -> list[str]:
@@ -418,15 +299,95 @@ def first_difference(a: dict, b: dict) -> int | None:
     return next((step for step, x, y in zip(a["steps"], a["losses"], b["losses"]) if x != y), None)
 
 
+def power_step(pilot: dict[str, np.ndarray], problems: int, family_size: int) -> dict:
+    """The seeds the study needs (``power.seeds_for``, 5 to 12) so that each comparison of the
+    ``pilot`` (its name -> [pilot seeds, problems] differences) resolves its target effect
+    (``power.EFFECTS``: accuracy or loss) at ``problems`` test problems in a family of
+    ``family_size``: the most any of them needs. A comparison that even 12 seeds cannot resolve
+    is not run (``not_run``, with why): its "no detectable difference" would say nothing."""
+    plans = {
+        name: seeds_for(components(d), problems, family_size, EFFECTS["accuracy" if name.endswith("accuracy") else "loss"])
+        for name, d in pilot.items()
+    }
+    return {
+        "seeds": max((p["seeds"] for p in plans.values() if p["seeds"] is not None), default=5),
+        "comparisons": plans,
+        "not_run": {name: p["reason"] for name, p in plans.items() if p["seeds"] is None},
+    }
+
+
+def switch_step(run: Path) -> int:
+    """The step at which an FBT run's feedback passes start."""
+    cfg = load_run_config(run / "config.json")
+    return round(cfg.fbt.feedback_start * cfg.train.steps)
+
+
+def smoothed(losses: np.ndarray, window: int) -> np.ndarray:
+    """Per logged step the mean of the last ``window`` logged losses ([runs, steps]; +inf before a
+    window is full)."""
+    out = np.full(losses.shape, np.inf)
+    for i in range(window - 1, losses.shape[1]):
+        out[:, i] = losses[:, i - window + 1 : i + 1].mean(axis=1)
+    return out
+
+
+def after_switch(steps: list[int], baseline: np.ndarray, fbt: np.ndarray, switch: int, window: int) -> dict:
+    """Steps from FBT's feedback switch to a loss both arms reach only after it, paired by seed.
+
+    ``baseline`` / ``fbt``: plain-pass training losses [seeds, logged steps], smoothed over
+    ``window`` logged steps. At the first logged step from ``switch`` on, every run's loss is at
+    least ``high`` (the lowest of them); afterwards each run gets down to ``low`` or below (the
+    highest of the runs' minima). The threshold is their midpoint: no run is at it when feedback
+    starts, every run reaches it later. Per seed the steps from the switch to it, and the readout,
+    the log of FBT's steps over the baseline's (below 0: FBT faster), with its interval across
+    seeds. Without such a loss (``low >= high``: some run has stopped learning) it says why."""
+    a, b = smoothed(baseline, window), smoothed(fbt, window)
+    at = next((i for i, step in enumerate(steps) if step >= switch and i >= window - 1), None)
+    if at is None or at == len(steps) - 1:
+        return {"switch": switch, "threshold": None, "why": "no logged step after the switch"}
+    high = float(min(a[:, at].min(), b[:, at].min()))
+    low = float(max(a[:, at + 1 :].min(axis=1).max(), b[:, at + 1 :].min(axis=1).max()))
+    if not low < high:
+        return {"switch": switch, "threshold": None, "why": f"some run never gets below {high:.4g}, its loss at the switch"}
+    threshold = (low + high) / 2
+
+    def times(curves: np.ndarray) -> list[int]:
+        return [steps[at + 1 + int(np.argmax(c[at + 1 :] <= threshold))] - switch for c in curves]
+
+    t_base, t_fbt = times(a), times(b)
+    ratio = np.log(np.array(t_fbt, dtype=np.float64) / np.array(t_base, dtype=np.float64))
+    return {
+        "switch": switch,
+        "window": window,
+        "threshold": threshold,
+        "between": [low, high],
+        "baseline_steps": t_base,
+        "fbt_steps": t_fbt,
+        "cell": {
+            **stats.crossed_interval(ratio[:, None]),
+            "seeds_higher": int((ratio > 0).sum()),
+            "seeds_lower": int((ratio < 0).sum()),
+        },
+    }
+
+
 def readings(
-    per_seed: dict[int, dict[str, dict]], threshold: float, window: int, budget: int, beyond: tuple[str, ...] = ()
+    per_seed: dict[int, dict[str, dict]],
+    threshold: float,
+    window: int,
+    budget: int,
+    beyond: tuple[str, ...] = (),
+    *,
+    switch: int,
+    not_run: Mapping[str, str] | None = None,
 ) -> dict:
     """The study's readouts from ``per_seed[seed][member]`` = ``{correct, completion_nll, steps,
     losses}`` (``correct`` / ``completion_nll``: regime -> one value per test problem; with test
     sets ``beyond`` training, the baseline's and FBT's also ``beyond: {name: {correct, ...}}``): per
     member and regime the accuracy with its seed-by-problem interval (on each set beyond, too);
-    every comparison of ``family_names(beyond)`` with Holm's correction; the per-step loss gaps and
-    the times to the threshold."""
+    every comparison of ``family_names(beyond)`` with Holm's correction; the per-step loss gaps, the
+    times to ``threshold`` (descriptive) and the times after FBT's ``switch`` (``after_switch``).
+    ``not_run``: comparisons the power step left out of the family, with why."""
     seeds = sorted(per_seed)
     S = len(seeds)
 
@@ -435,7 +396,7 @@ def readings(
 
     accuracy = {
         member: {r: stats.accuracy_interval(matrix(member, "correct", r)) for r in member_regimes(member)}
-        for member in ("baseline", "fbt", CONTROL)
+        for member in ("baseline", "fbt", CONTROL, COMPUTE)
     }
     cells: dict[str, dict] = {}
     for r in ("standard", "soft", "fused"):
@@ -457,8 +418,9 @@ def readings(
     for member, rows in reached.items():
         for s in seeds:
             rows.append(time_to_threshold(per_seed[s][member]["steps"], per_seed[s][member]["losses"], threshold, window, budget))
-    times = stats.paired_times(reached["baseline"], reached["fbt"])
-    cells["fbt - baseline: steps to the loss threshold"] = {**times, "level": 0.95}
+    efficiency = after_switch(steps, base_curves, fbt_curves, switch, window)
+    if "cell" in efficiency:
+        cells[AFTER_SWITCH] = efficiency["cell"]
     cells[f"{CONTROL} - baseline: accuracy"] = stats.paired_difference(
         matrix("baseline", "correct", "standard"), matrix(CONTROL, "correct", "standard"), bounds=(-1.0, 1.0)
     )
@@ -469,6 +431,10 @@ def readings(
         cells[f"fbt {r} - fbt standard: accuracy"] = stats.paired_difference(
             matrix("fbt", "correct", "standard"), matrix("fbt", "correct", r), bounds=(-1.0, 1.0)
         )
+    for r in ("standard", "soft", "fused"):
+        cells[f"fbt {r} - {COMPUTE}: accuracy"] = stats.paired_difference(
+            matrix(COMPUTE, "correct", "standard"), matrix("fbt", "correct", r), bounds=(-1.0, 1.0)
+        )
 
     def outside(member: str, name: str, regime: str) -> np.ndarray:
         return np.array([per_seed[s][member]["beyond"][name]["correct"][regime] for s in seeds], dtype=np.float64)
@@ -478,7 +444,10 @@ def readings(
             cells[f"fbt {r} - baseline: accuracy, {name}"] = stats.paired_difference(
                 outside("baseline", name, "standard"), outside("fbt", name, r), bounds=(-1.0, 1.0)
             )
-    family = stats.family({name: cells[name] for name in family_names(beyond)})
+    not_run = dict(not_run or {})
+    if "cell" not in efficiency:
+        not_run[AFTER_SWITCH] = efficiency["why"]
+    family = stats.family({name: cells[name] for name in family_names(beyond) if name in cells and name not in not_run})
     return {
         "seeds": seeds,
         "accuracy": accuracy,
@@ -490,7 +459,10 @@ def readings(
             for name in beyond
         },
         "family": family,
-        "wording": {name: _words(cell) for name, cell in family.items()},
+        "wording": {name: stats.describe(cell) for name, cell in family.items()},
+        "after_switch": {k: v for k, v in efficiency.items() if k != "cell"},
+        # a declared comparison that could not be measured or was not run, and why (read as "not testable")
+        "unmeasured": not_run,
         "loss_gap_per_step": {
             "steps": steps,
             "cells": [stats.crossed_interval(gap[:, [i]]) if S > 1 else {"mean": float(gap[0, i])} for i in range(len(steps))],
@@ -512,38 +484,55 @@ def readings(
     }
 
 
-def _words(cell: dict) -> str:
-    if "earlier" in cell:  # a sign test of who reached the threshold first
-        text = f"FBT first at {cell['earlier']}, the baseline at {cell['later']}, undetermined {cell['undetermined']}; Holm p = {cell['p_holm']:.3g} over {cell['family_size']}"
-        return text if stats.detectable(cell) else f"no detectable difference: {text}"
-    return stats.describe(cell)
-
-
 def run_comparison(
     scale: str = "micro",
     out: str | Path | None = None,
     *,
-    seeds: int = 5,
+    seeds: int | None = None,
     threads: int | None = None,
     jobs: int | None = None,
     progress: bool | Callable = True,
 ) -> dict:
-    """Tune (``tune``), train the comparison at seeds 0..``seeds``-1 into ``out`` (default
-    ``runs/studies/fbt-vs-baseline``), score every member on the test problems and write
-    ``study.json``: the tuning, the members' rows and the ``readings``."""
+    """Tune (``tune``), choose the seeds (``power_step`` on the tuning runs; ``seeds``, when given,
+    overrides its count but not what it leaves out), train the comparison at seeds 0..seeds-1 into
+    ``out`` (default ``runs/studies/fbt-vs-baseline``), score every member on the test problems and
+    write ``study.json``: the tuning, the power step with its predicted and achieved half-widths,
+    the members' rows and the ``readings``."""
     s = _scale(scale)
-    if not 2 <= seeds <= MAX_SEEDS:
+    if seeds is not None and not 2 <= seeds <= MAX_SEEDS:
         raise BadInput(f"seeds={seeds}: expected 2..{MAX_SEEDS} training seeds (a paired interval needs two)")
     threads = s["threads"] if threads is None else threads
     jobs = s["jobs"] if jobs is None else jobs
     out = Path(out) if out is not None else Path("runs") / "studies" / STUDY
     previous_summary(out / "study.json")  # a user's file of that name is refused before anything is trained
     started = time.perf_counter()
-    tuning = tune(scale, out, threads=threads, jobs=jobs, progress=progress)
-    plan = []
+    tuning = tune(
+        scale,
+        s,
+        lambda arch, overrides: member_config(scale, arch, overrides),
+        out,
+        threads=threads,
+        jobs=jobs,
+        progress=progress,
+    )
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads * jobs)
+    try:
+        power = power_step(pilot(out, tuning["chosen"], s["validation"]), s["test"], len(family_names(s.get("beyond", {}))))
+    finally:
+        torch.set_num_threads(before)
+    seeds = power["seeds"] if seeds is None else seeds
+    plan, matched = [], []
     for seed in range(seeds):
-        for member, arch, overrides in comparison_members(tuning["chosen"]):
-            plan.append((seed_name(member, seed), member, seed, member_config(scale, arch, [f"train.seed={seed}", *overrides])))
+        members = {
+            member: (arch, [f"train.seed={seed}", *overrides]) for member, arch, overrides in comparison_members(tuning["chosen"])
+        }
+        configs = {member: member_config(scale, arch, overrides) for member, (arch, overrides) in members.items()}
+        ratio = flops_ratio(configs["fbt"], configs["baseline"])
+        steps = round(ratio * configs["baseline"].train.steps)
+        configs[COMPUTE] = member_config(scale, "baseline", [*members[COMPUTE][1], f"train.steps={steps}"])
+        matched.append({"seed": seed, "steps": steps, "flops_ratio": ratio})
+        plan += [(seed_name(member, seed), member, seed, cfg) for member, cfg in configs.items()]
     summary = new_summary(scale, seeds, threads, jobs, study=STUDY)
     summary = train_plan(
         plan, out, out / "study.json", summary, scale=scale, threads=threads, jobs=jobs, progress=progress, targets=s["targets"]
@@ -554,7 +543,7 @@ def run_comparison(
     try:
         for name, member, seed, _ in plan:
             scores = score_member(out / name, member, s["test"])
-            if member != CONTROL:
+            if member in ("baseline", "fbt"):
                 scores["beyond"] = {
                     b: score_member(out / name, member, s["test"], (b, v)) for b, v in s.get("beyond", {}).items()
                 }
@@ -563,9 +552,24 @@ def run_comparison(
     finally:
         torch.set_num_threads(before)
     with output(out, ZOO) as held:
-        summary["tuning"] = {k: tuning[k] for k in ("rule", "tuning_seeds", "validation_problems", "rows", "chosen")}
-        summary["readings"] = readings(per_seed, s["threshold"], s["window"], s["steps"], tuple(s.get("beyond", {})))
+        summary["tuning"] = {k: tuning[k] for k in ("rule", "tuning_seeds", "validation_problems", "rows", "rounds", "chosen")}
+        summary["readings"] = readings(
+            per_seed,
+            s["threshold"],
+            s["window"],
+            s["steps"],
+            tuple(s.get("beyond", {})),
+            switch=switch_step(out / "fbt"),
+            not_run=power["not_run"],
+        )
+        power["achieved"] = {
+            name: (cell["family_high"] - cell["family_low"]) / 2
+            for name, cell in summary["readings"]["family"].items()
+            if name in power["comparisons"]
+        }
+        summary["power"] = power
         summary["readings"]["beyond_settings"] = {b: as_recorded(v) for b, v in s.get("beyond", {}).items()}
+        summary["compute_matched"] = matched
         summary["family"] = summary["readings"].pop("family")  # where every study keeps its family
         summary["readings"]["control_bitwise_seeds"] = sum(
             shared_bitwise(out / seed_name(CONTROL, seed), out / seed_name("baseline", seed)) for seed in range(seeds)

@@ -22,8 +22,7 @@ simulations per case.
 
 How soon a run reaches a threshold (a loss, an accuracy) is a time to an event: a run that never
 reaches it within its budget is censored there, never dropped, and the times are summarised by the
-Kaplan-Meier curve and its median, and compared between paired runs by the sign of who got there
-first.
+Kaplan-Meier curve and its median.
 
 A single proportion (k of n) gets the Wilson interval, which stays inside [0, 1]; an accuracy over
 seeds and problems, the crossed interval on the logit scale (``accuracy_interval``). A family of
@@ -39,7 +38,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-from scipy.stats import binomtest, norm
+from scipy.stats import norm
 from scipy.stats import t as student_t
 
 
@@ -69,17 +68,7 @@ def crossed_interval(y, level: float = 0.95, bounds: tuple[float, float] | None 
         values = y.ravel()
         var, df = float(values.var(ddof=1)) / values.size, values.size - 1
     else:
-        ms_seed = P * float(y.mean(axis=1).var(ddof=1))
-        ms_problem = S * float(y.mean(axis=0).var(ddof=1))
-        resid = y - y.mean(axis=1, keepdims=True) - y.mean(axis=0, keepdims=True) + mean
-        ms_resid = float((resid**2).sum()) / ((S - 1) * (P - 1))
-        # var * S * P = c_seed MS_seed + c_problem MS_problem + c_resid MS_resid
-        c_seed, c_problem = float(ms_seed > ms_resid), float(ms_problem > ms_resid)
-        terms = [(c_seed, ms_seed, S - 1), (c_problem, ms_problem, P - 1), (1 - c_seed - c_problem, ms_resid, (S - 1) * (P - 1))]
-        total = sum(c * ms for c, ms, _ in terms)
-        var = total / (S * P)
-        denominator = sum((c * ms) ** 2 / d for c, ms, d in terms if c)
-        df = total**2 / denominator if denominator > 0 else float("inf")
+        var, df = mean_variance(*mean_squares(y), S, P)
     se = math.sqrt(max(var, 0.0))
     if se == 0.0:  # every value equal: no spread measured
         return _cell(mean, mean, mean, 0.0, df, 0.0 if mean else 1.0, S, P, level)
@@ -90,6 +79,27 @@ def crossed_interval(y, level: float = 0.95, bounds: tuple[float, float] | None 
         low, high = max(low, bounds[0]), min(high, bounds[1])
         return {**_cell(mean, low, high, se, df, p, S, P, level), "bounds": list(bounds)}
     return _cell(mean, low, high, se, df, p, S, P, level)
+
+
+def mean_squares(y: np.ndarray) -> tuple[float, float, float]:
+    """The two-way ANOVA mean squares ``(MS_seed, MS_problem, MS_residual)`` of a [seeds, problems]
+    matrix with at least 2 of each."""
+    S, P = y.shape
+    ms_seed = P * float(y.mean(axis=1).var(ddof=1))
+    ms_problem = S * float(y.mean(axis=0).var(ddof=1))
+    resid = y - y.mean(axis=1, keepdims=True) - y.mean(axis=0, keepdims=True) + float(y.mean())
+    return ms_seed, ms_problem, float((resid**2).sum()) / ((S - 1) * (P - 1))
+
+
+def mean_variance(ms_seed: float, ms_problem: float, ms_resid: float, S: int, P: int) -> tuple[float, float]:
+    """The grand mean's variance from the mean squares (module docstring; a component whose mean
+    square is below the residual's is estimated as 0) and its Satterthwaite df: ``(var, df)``."""
+    # var * S * P = c_seed MS_seed + c_problem MS_problem + c_resid MS_resid
+    c_seed, c_problem = float(ms_seed > ms_resid), float(ms_problem > ms_resid)
+    terms = [(c_seed, ms_seed, S - 1), (c_problem, ms_problem, P - 1), (1 - c_seed - c_problem, ms_resid, (S - 1) * (P - 1))]
+    total = sum(c * ms for c, ms, _ in terms)
+    denominator = sum((c * ms) ** 2 / d for c, ms, d in terms if c)
+    return total / (S * P), (total**2 / denominator if denominator > 0 else float("inf"))
 
 
 RARE = 10  # fewer answers of the rarer kind than this: no clustering can be estimated (accuracy_interval)
@@ -178,26 +188,6 @@ def median_time(times: Sequence[float], events: Sequence[bool]) -> float | None:
     return next((t for t, survival in kaplan_meier(times, events) if survival <= 0.5), None)
 
 
-def paired_times(a: Sequence[tuple[float, bool]], b: Sequence[tuple[float, bool]]) -> dict:
-    """Which of two models paired by seed reaches a threshold first, each run a ``(time,
-    reached)`` (a run that never reached it censored at its budget): per pair ``b`` is earlier
-    when it reached it before ``a`` reached it or was censored, later in the mirror case, and
-    undetermined when neither reached it, both did at the same time, or one was censored before the
-    other's time. ``p``: the exact two-sided sign test of earlier against later (Gehan's paired
-    score), 1 with no determined pair."""
-    if len(a) != len(b) or not a:
-        raise ValueError(f"paired_times needs pairs, got {len(a)} and {len(b)} runs")
-    earlier = later = 0
-    for (ta, ea), (tb, eb) in zip(a, b):
-        if eb and tb < ta:  # a censored at ta or reached it later
-            earlier += 1
-        elif ea and ta < tb:
-            later += 1
-    n = earlier + later
-    p = float(binomtest(earlier, n, 0.5).pvalue) if n else 1.0
-    return {"earlier": earlier, "later": later, "undetermined": len(a) - n, "p": p}
-
-
 def holm(p_values: Sequence[float]) -> list[float]:
     """Holm's step-down adjusted p-values, in the order given: the i-th smallest p times (m - i),
     made non-decreasing along that order and capped at 1."""
@@ -237,8 +227,8 @@ def detectable(cell: Mapping) -> bool:
     family's simultaneous one where there is one) excludes 0 and, in a family, Holm's adjusted p is
     below 1 - level. Holm is less conservative than the Bonferroni interval for all but the
     smallest p, so it alone could detect a difference whose printed interval holds 0; that reads
-    "no detectable difference". A sign-test cell (``paired_times``) has no interval: Holm's p
-    decides. Computed from the cell, so a stored ``detectable`` written under an older rule is
+    "no detectable difference". A sign-test cell (in studies measured before their readouts had an
+    interval) has none: Holm's p decides. Computed from the cell, so a stored ``detectable`` written under an older rule is
     not read."""
     if "p_holm" in cell and not cell["p_holm"] < 1 - cell.get("level", 0.95):
         return False

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from models import DecoderLM, HDConfig, expand_streams
 from workbench.data.windows import IGNORE, Windows, step_generator
+from workbench.runtime.config import model_from_config
 from workbench.runtime.syncs import host_value
 from workbench.training.flops import train_flops_per_token
 from workbench.training.runconfig import RunConfig
@@ -169,6 +170,18 @@ def make_strategy(cfg: RunConfig, stream: Windows | None = None) -> Strategy:
     if cfg.arch == "fbt":
         return FBTStrategy(cfg, stream)
     return {"baseline": Strategy, "hd": HDStrategy}[cfg.arch](cfg)
+
+
+def run_flops(cfg: RunConfig) -> float:
+    """The training FLOPs of a whole baseline or FBT run: every step's ``flops_per_token`` (FBT's
+    passes as the run draws them, one pass before the switch) times the tokens of a step. HD's
+    model grows during training, so its count would need the model of each stage: not counted."""
+    if cfg.arch not in ("baseline", "fbt"):
+        raise ValueError(f"run_flops counts baseline and FBT runs, not {cfg.arch}")
+    model = model_from_config(cfg.arch, cfg.model, device="meta")
+    strategy = make_strategy(cfg)
+    tokens = cfg.train.batch_size * cfg.train.seq_len
+    return float(sum(strategy.flops_per_token(model, step) for step in range(cfg.train.steps))) * tokens
 
 
 FIT_POSITIONS = 4  # x d_model: positions the regression init of the fusion is fitted on
