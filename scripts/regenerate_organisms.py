@@ -121,7 +121,9 @@ def workbench() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
-    parser.add_argument("--seeds", type=int, default=5, help="training seeds 0..N-1 (default 5)")
+    parser.add_argument(
+        "--seeds", type=int, default=5, help="training seeds 0..N-1 (default 5; the fair study chooses its own by a power step)"
+    )
     parser.add_argument(
         "--runs", type=Path, default=Path("runs") / "organisms", help="the organisms' runs (default runs/organisms)"
     )
@@ -193,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
             if organism not in SERVES[study]:
                 continue
             out = args.runs / organism / "studies" / study
-            command = ["zoo", "--study", study, "--preset", f"org-{organism}", "--seeds", str(args.seeds), "--out", str(out)]
+            seeds = "power" if study == "fbt-vs-baseline" else str(args.seeds)  # the fair study sizes its own
+            command = ["zoo", "--study", study, "--preset", f"org-{organism}", "--seeds", seeds, "--out", str(out)]
             if study != "fbt-vs-baseline" and (args.runs / organism / "zoo.json").is_file():
                 command += ["--reuse", str(args.runs / organism)]  # the zoo's members the study shares are copied
             if args.copy and not measured(out / "study.json"):

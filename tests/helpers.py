@@ -177,7 +177,7 @@ def fair_study(
     exp(``log_steps``) times the baseline's steps to the loss threshold (seed noise of sd 0.05)."""
     import numpy as np
 
-    from workbench.experiments.fbt_vs_baseline import AFTER_SWITCH
+    from workbench.experiments.fair_readings import AFTER_SWITCH
     from workbench.training import stats
 
     rng = np.random.default_rng(0)

@@ -358,6 +358,59 @@ def beyond_section(readings: dict) -> list[str]:
     ]
 
 
+def band_section(study: dict) -> list[str]:
+    """The difficulty band accuracy claims are read on, declared from the baseline's pilot, and
+    every member's accuracy against difficulty; nothing for a study measured before bands."""
+    band, curves = study.get("band"), study["readings"].get("curves", {})
+    if band is None:
+        return []
+    pilot = ", ".join(f"{name} {a:.3f}" for name, a in band["pilot"].items())
+    declared = f"`{band['band']}`" if band["band"] else f"none ({band['why']})"
+    rows = [
+        [name, f"`{member}`", regime, crossed(cell, sign=False)]
+        for name, members in curves.items()
+        for member, regimes in members.items()
+        for regime, cell in regimes.items()
+    ]
+    low, high = band["headroom"]
+    return [
+        "## Accuracy against difficulty, and the band the claims are read on",
+        "",
+        "Declared before the comparison trained, from the baseline's accuracy on each band's validation problems",
+        f"at its tuning runs ({pilot}): the band between {low:g} and {high:g} nearest the middle, {declared}.",
+        "",
+        *([table(["band", "member", "regime", "accuracy"], rows)] if rows else []),
+    ]
+
+
+def power_section(study: dict) -> list[str]:
+    """The power step: the seeds it chose, and per comparison the half-width predicted from the
+    pilot at those seeds against the one achieved; nothing for a study measured before it."""
+    power = study.get("power")
+    if power is None:
+        return []
+    seeds = str(study["seeds"])
+    rows = [
+        [
+            name,
+            f"{plan['target']:g}",
+            str(plan["seeds"]) if plan["seeds"] is not None else "not run",
+            f"{plan['predicted'][seeds]:.4f}" if seeds in plan["predicted"] else "-",
+            f"{power['achieved'][name]:.4f}" if name in power.get("achieved", {}) else "-",
+        ]
+        for name, plan in power["comparisons"].items()
+    ]
+    return [
+        "## Seeds, by a power step on the tuning runs",
+        "",
+        f"The study ran {seeds} seeds (the power step asked for {power['seeds']}); per comparison the target",
+        "half-width, the seeds it needs, and the simultaneous half-width predicted at the seeds run against",
+        "the one achieved.",
+        "",
+        table(["comparison", "target", "seeds needed", f"predicted at {seeds}", "achieved"], rows),
+    ]
+
+
 def efficiency_words(readings: dict) -> list[str]:
     """How the study read data efficiency: from FBT's switch on (``after_switch``), or, in a study
     measured before, as a sign test at a fixed threshold that both arms could cross before feedback
@@ -455,6 +508,8 @@ def fbt_vs_baseline_body(study: dict) -> list[str]:
         "",
         table(["member", "regime", "accuracy", "seeds x problems"], accuracy),
         *beyond_section(readings),
+        *band_section(study),
+        *power_section(study),
         "Compared: each member minus the baseline of its seed, on the same problems (accuracy: 1/0 per",
         "problem; completion loss: per problem), the plain-pass training loss on identical batches averaged",
         "over the last half of the logged steps, and",

@@ -120,6 +120,7 @@ def test_the_table_has_a_row_per_claim_and_organism_and_every_control_is_a_test_
 
 def test_every_comparison_a_claim_reads_is_one_its_study_declares():
     from workbench.experiments import fbt_vs_baseline
+    from workbench.experiments.fair_readings import family_names
     from workbench.experiments.studies.hd_ablations import hd_reference
     from workbench.experiments.studies.three_pass import THREE_PASS
 
@@ -128,7 +129,7 @@ def test_every_comparison_a_claim_reads_is_one_its_study_declares():
     hd |= {f"{m} - hd4: accuracy" for m in ("hd4-cross-every-layer", "hd4-shared-kv")}
     for c in claims.CLAIMS:
         for organism in c.organisms:  # the fair study's family is its scale's: FAMILY and the tests beyond training
-            fair = set(fbt_vs_baseline.family_names(fbt_vs_baseline.SCALES[f"org-{organism}"]["beyond"]))
+            fair = set(family_names(fbt_vs_baseline.SCALES[f"org-{organism}"]["beyond"]))
             probes = {"fbt recurrent K=2 - fbt standard: layer-0 probe accuracy"}
             traces = {f"fbt fused - baseline: {what}" for what in ("trace tokens", "accuracy")}
             declared = {"fbt-vs-baseline": fair, "three-pass": three, "hd-ablations": hd, "probes": probes, "traces": traces}

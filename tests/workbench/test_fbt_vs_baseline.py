@@ -4,7 +4,9 @@ without one (the negative control), the per-problem scores against the aggregate
 study end to end on the micro scale."""
 
 import dataclasses
+import importlib.util
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +15,7 @@ from helpers import assert_usage_error, cli
 from workbench import build_model
 from workbench.data.splits import heldout_examples
 from workbench.data.tasks import synthetic_examples
+from workbench.experiments import fair_readings as fr
 from workbench.experiments import fbt_vs_baseline as fvb
 from workbench.experiments import tuning
 from workbench.runtime.checkpoint import load_model
@@ -22,6 +25,8 @@ from workbench.training.evaluate import evaluate_examples
 from workbench.training.flops import train_flops_per_token
 from workbench.training.runconfig import load_run_config, task_settings
 from workbench.training.strategies import make_strategy
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_rule_takes_the_lowest_validation_loss_and_the_first_of_ties():
@@ -111,9 +116,9 @@ def test_validation_problems_are_neither_test_problems_nor_training_data():
 
 def test_time_to_threshold_averages_a_window_and_censors_at_the_budget():
     steps = [10, 20, 30, 40]
-    assert fvb.time_to_threshold(steps, [1.0, 0.4, 0.2, 0.1], 0.35, 2, 40) == (30, True)  # (0.4 + 0.2) / 2 = 0.3
-    assert fvb.time_to_threshold(steps, [1.0, 0.2, 0.9, 0.1], 0.35, 2, 40) == (40, False)  # never, on average
-    assert fvb.time_to_threshold(steps, [1.0, 0.2, 0.9, 0.1], 0.3, 1, 40) == (20, True)
+    assert fr.time_to_threshold(steps, [1.0, 0.4, 0.2, 0.1], 0.35, 2, 40) == (30, True)  # (0.4 + 0.2) / 2 = 0.3
+    assert fr.time_to_threshold(steps, [1.0, 0.2, 0.9, 0.1], 0.35, 2, 40) == (40, False)  # never, on average
+    assert fr.time_to_threshold(steps, [1.0, 0.2, 0.9, 0.1], 0.3, 1, 40) == (20, True)
 
 
 def _per_seed(gain: float, seeds: int = 5, problems: int = 1000, seed: int = 0, beyond: dict | None = None) -> dict:
@@ -135,8 +140,8 @@ def _per_seed(gain: float, seeds: int = 5, problems: int = 1000, seed: int = 0, 
         row = {"steps": steps, "losses": curve}
         out[s] = {
             "baseline": {**row, "correct": {"standard": base.tolist()}, "completion_nll": {"standard": nll.tolist()}},
-            fvb.CONTROL: {**row, "correct": {"standard": base.tolist()}, "completion_nll": {"standard": nll.tolist()}},
-            fvb.COMPUTE: {**row, "correct": {"standard": base.tolist()}, "completion_nll": {"standard": nll.tolist()}},
+            fr.CONTROL: {**row, "correct": {"standard": base.tolist()}, "completion_nll": {"standard": nll.tolist()}},
+            fr.COMPUTE: {**row, "correct": {"standard": base.tolist()}, "completion_nll": {"standard": nll.tolist()}},
             "fbt": {
                 **row,
                 "correct": dict.fromkeys(("standard", "soft", "fused"), fbt.tolist()),
@@ -148,6 +153,7 @@ def _per_seed(gain: float, seeds: int = 5, problems: int = 1000, seed: int = 0, 
             for member, regimes in (("baseline", {"standard": 0.0}), ("fbt", gains)):
                 scores = {r: (rng.random(problems) < np.clip(q + g, 0.0, 1.0)).astype(float).tolist() for r, g in regimes.items()}
                 out[s][member].setdefault("beyond", {})[name] = {"correct": scores}
+            out[s][fr.COMPUTE].setdefault("beyond", {})[name] = out[s]["baseline"]["beyond"][name]
     return out
 
 
@@ -155,16 +161,17 @@ def test_a_planted_gain_of_a_tenth_is_detected_through_the_family_correction():
     """The positive control: at 5 seeds x 1,000 problems, a +0.10 accuracy gain and a -0.10 loss
     gain are detectable after Holm over the whole family; the control row, identical to the
     baseline, is not, and neither is the loss curve the two share."""
-    readings = fvb.readings(_per_seed(0.10), threshold=0.3, window=2, budget=100, switch=30)
+    readings = fr.readings(_per_seed(0.10), threshold=0.3, window=2, budget=100, switch=30)
     family = readings["family"]
-    assert set(family) == set(fvb.FAMILY) and all(c["family_size"] == len(fvb.FAMILY) for c in family.values())
+    declared = [c for c in fr.FAMILY if c not in fr.BAND_CELLS]  # no band declared: its cells are not run
+    assert list(family) == declared and all(c["family_size"] == len(declared) for c in family.values())
     for regime in ("standard", "soft", "fused"):
         cell = family[f"fbt {regime} - baseline: accuracy"]
         assert cell["detectable"] and cell["low"] > 0.05 and cell["seeds_higher"] == 5
         assert family[f"fbt {regime} - baseline: completion loss"]["detectable"]
-    assert not family[f"{fvb.CONTROL} - baseline: accuracy"]["detectable"]
+    assert not family[f"{fr.CONTROL} - baseline: accuracy"]["detectable"]
     assert not family["fbt - baseline: plain-pass training loss, last half"]["detectable"]
-    assert readings["wording"][f"{fvb.CONTROL} - baseline: accuracy"].startswith("no detectable difference")
+    assert readings["wording"][f"{fr.CONTROL} - baseline: accuracy"].startswith("no detectable difference")
     assert not readings["wording"]["fbt fused - baseline: accuracy"].startswith("no detectable")
 
 
@@ -173,16 +180,56 @@ def test_a_gain_beyond_training_is_detected_in_its_regime_and_corrected_with_the
     standard decoding there): only that cell of the whole family is detectable, the family is
     ``FAMILY`` and the set's two cells, and each set's accuracies are read per member and regime."""
     beyond = {"longer": {"standard": 0.0, "fused": 0.10}, "sparser": {"standard": 0.0, "fused": 0.0}}
-    readings = fvb.readings(_per_seed(0.0, beyond=beyond), threshold=0.3, window=2, budget=100, beyond=tuple(beyond), switch=30)
+    readings = fr.readings(_per_seed(0.0, beyond=beyond), threshold=0.3, window=2, budget=100, beyond=tuple(beyond), switch=30)
     family = readings["family"]
-    assert list(family) == list(fvb.family_names(beyond)) and len(family) == len(fvb.FAMILY) + 4
+    assert list(family) == [c for c in fr.family_names(beyond) if c not in fr.BAND_CELLS]
+    assert len(family) == len(fr.FAMILY) - len(fr.BAND_CELLS) + 4
     assert all(c["family_size"] == len(family) for c in family.values())
     detected = {name for name, cell in family.items() if cell["detectable"] and "accuracy" in name}
     assert detected == {"fbt fused - baseline: accuracy, longer"}
     assert family["fbt fused - baseline: accuracy, longer"]["low"] > 0.05
     longer = readings["beyond"]["longer"]
-    assert set(longer) == {"baseline", "fbt"} and set(longer["fbt"]) == set(fvb.BEYOND_REGIMES)
+    assert set(longer) == {"baseline", "fbt"} and set(longer["fbt"]) == set(fr.BEYOND_REGIMES)
     assert longer["fbt"]["fused"]["mean"] - longer["baseline"]["standard"]["mean"] == pytest.approx(0.10, abs=0.02)
+
+
+def test_the_band_declared_is_the_one_with_the_baselines_pilot_nearest_the_middle_of_its_room():
+    pilot = {"length4": 0.97, "length5": 0.88, "length6": 0.71, "length7": 0.52, "length8": 0.41}
+    declared = fr.declare_band(pilot)
+    assert declared["band"] == "length6" and declared["why"] is None  # |0.71 - 0.75| < |0.88 - 0.75|
+    assert fr.declare_band({"a": 0.65, "b": 0.85})["band"] == "a"  # equally near: the first listed
+    assert fr.declare_band({"a": 0.6, "b": 0.95})["band"] == "a"  # the edges count as room
+    none = fr.declare_band({"digits4": 0.31, "digits5": 0.02})
+    assert none["band"] is None and none["why"] == (
+        "no difficulty band leaves the baseline between 0.6 and 0.9 in the pilot (digits4 0.310, digits5 0.020)"
+    )
+
+
+def test_a_gain_on_the_declared_band_is_read_there_at_equal_tokens_and_equal_flops():
+    """A +0.10 fused gain on one graded set, declared the band: its band cells are detectable
+    against the baseline and the compute-matched baseline (here the same scores), the standard
+    regime's is not, and every graded set's accuracies form the curves. Without a band its cells
+    are not run, with the reason."""
+    graded = {"length5": {"standard": 0.0, "fused": 0.0}, "length6": {"standard": 0.0, "fused": 0.10}}
+    per_seed = _per_seed(0.0, beyond=graded)
+    got = fr.readings(per_seed, 0.3, 2, 100, switch=30, band="length6", curves=tuple(graded))
+    family = got["family"]
+    assert family["fbt fused - baseline: accuracy, band"]["detectable"]
+    assert family["fbt fused - baseline-compute: accuracy, band"]["detectable"]
+    assert not family["fbt standard - baseline: accuracy, band"]["detectable"]
+    assert set(got["curves"]) == set(graded) and set(got["curves"]["length5"]) == {"baseline", "fbt", fr.COMPUTE}
+    assert got["beyond"]["band"] == got["curves"]["length6"] and got["band"] == "length6"
+    unbanded = fr.readings(per_seed, 0.3, 2, 100, switch=30, not_run=dict.fromkeys(fr.BAND_CELLS, "no room"))
+    assert not set(fr.BAND_CELLS) & set(unbanded["family"]) and unbanded["unmeasured"] == dict.fromkeys(fr.BAND_CELLS, "no room")
+
+
+def test_the_organisms_bands_grow_harder_past_training():
+    assert list(fvb.BANDS["perm"]) == [f"length{k}" for k in range(4, 9)]
+    assert all(fvb.SCALES[f"org-{task}"]["bands"] == fvb.BANDS[task] for task in ("flipflop", "perm", "addition"))
+    ignores = [v["flipflop_weights"][1] for v in fvb.BANDS["flipflop"].values()]
+    assert ignores == sorted(ignores) and ignores[0] > 0.5
+    for weights in (v["flipflop_weights"] for v in fvb.BANDS["flipflop"].values()):
+        assert sum(weights) == pytest.approx(1.0) and weights[0] / weights[2] == pytest.approx(1.5)
 
 
 def test_the_organisms_test_sets_beyond_training_are_drawn_beyond_it():
@@ -210,7 +257,7 @@ def test_a_member_is_scored_beyond_training_on_problems_drawn_with_the_sets_sett
     longer = ("longer", {"modsum_min_len": 7, "modsum_max_len": 9})
     scores = fvb.score_member(run, "fbt", 6, longer)
     assert read_json(run / "results" / "comparison_test_longer.json") == scores
-    assert scores["settings"] == longer[1] and set(scores["correct"]) == set(fvb.BEYOND_REGIMES)
+    assert scores["settings"] == longer[1] and set(scores["correct"]) == set(fr.BEYOND_REGIMES)
     cfg = load_run_config(run / "config.json")
     examples = heldout_examples(cfg.data.task, 6, 0, dataclasses.replace(task_settings(cfg.data), **longer[1]))
     row = evaluate_examples(load_model(run), examples, load_tokenizer(run), regimes=["fused"], per_problem=True)
@@ -227,7 +274,7 @@ def test_no_planted_gain_reads_no_detectable_difference():
     detectable accuracy difference at most once (Holm keeps the family's error rate at 5%)."""
     false = 0
     for seed in range(20):
-        family = fvb.readings(_per_seed(0.0, seed=seed), threshold=0.3, window=2, budget=100, switch=30)["family"]
+        family = fr.readings(_per_seed(0.0, seed=seed), threshold=0.3, window=2, budget=100, switch=30)["family"]
         false += any(family[f"fbt {r} - baseline: accuracy"]["detectable"] for r in ("standard", "soft", "fused"))
     assert false <= 1
 
@@ -237,7 +284,7 @@ def test_steps_to_the_threshold_count_censored_seeds():
     for s, members in per_seed.items():  # FBT reaches 0.3 at step 20 at every seed; the baseline at 4 seeds, at step 80
         members["fbt"]["losses"] = [1.0, 0.2, *[0.1] * 8]
         members["baseline"]["losses"] = [1.0] * 7 + ([0.2] * 3 if s else [1.0] * 3)
-    times = fvb.readings(per_seed, threshold=0.3, window=1, budget=100, switch=30)["time_to_threshold"]
+    times = fr.readings(per_seed, threshold=0.3, window=1, budget=100, switch=30)["time_to_threshold"]
     assert times["fbt"]["median"] == 20 and times["baseline"]["median"] == 80
     assert times["baseline"]["per_seed"][0] == {"step": 100, "reached": False}
 
@@ -251,21 +298,21 @@ def test_data_efficiency_is_read_after_the_switch_by_hand():
     steps = [10, 20, 30, 40, 50, 60, 70, 80]
     base = np.array([[1.0, 0.5, 0.9, 0.8, 0.7, 0.65, 0.6, 0.4]] * 3)
     fbt = np.array([[1.0, 0.5, 0.8, 0.7, 0.55, 0.3, 0.2, 0.2]] * 3)
-    got = fvb.after_switch(steps, base, fbt, switch=30, window=1)
+    got = fr.after_switch(steps, base, fbt, switch=30, window=1)
     assert got["between"] == [0.4, 0.8] and got["threshold"] == pytest.approx(0.6)
     assert got["baseline_steps"] == [40] * 3 and got["fbt_steps"] == [20] * 3
     assert got["cell"]["mean"] == pytest.approx(np.log(0.5)) and got["cell"]["seeds_lower"] == 3
-    smoothed = fvb.after_switch(steps, base, fbt, switch=30, window=2)  # FBT at step 30: (0.5 + 0.8) / 2
+    smoothed = fr.after_switch(steps, base, fbt, switch=30, window=2)  # FBT at step 30: (0.5 + 0.8) / 2
     assert smoothed["between"] == [pytest.approx(0.5), pytest.approx(0.65)]  # the baseline's last: (0.6 + 0.4) / 2
-    stalled = fvb.after_switch(steps, base, np.full((3, 8), 0.9), switch=30, window=1)
+    stalled = fr.after_switch(steps, base, np.full((3, 8), 0.9), switch=30, window=1)
     assert stalled["threshold"] is None and "never gets below 0.9" in stalled["why"]
     per_seed = _per_seed(0.0)
     for members in per_seed.values():
         members["fbt"]["losses"] = [*np.full(8, 0.9)]
         members["fbt"]["steps"] = members["baseline"]["steps"] = steps
         members["baseline"]["losses"] = list(base[0])
-    readings = fvb.readings(per_seed, threshold=0.3, window=1, budget=100, switch=30)
-    assert fvb.AFTER_SWITCH not in readings["family"] and "never gets below" in readings["unmeasured"][fvb.AFTER_SWITCH]
+    readings = fr.readings(per_seed, threshold=0.3, window=1, budget=100, switch=30)
+    assert fr.AFTER_SWITCH not in readings["family"] and "never gets below" in readings["unmeasured"][fr.AFTER_SWITCH]
 
 
 def test_the_power_step_asks_the_seeds_the_neediest_comparison_needs_and_leaves_out_what_none_can_resolve():
@@ -278,15 +325,15 @@ def test_the_power_step_asks_the_seeds_the_neediest_comparison_needs_and_leaves_
         "fbt fused - baseline: completion loss": np.array([[0.0], [0.01 * np.sqrt(2)]]) + np.zeros((2, 1000)),
         "fbt soft - baseline: accuracy": np.array([[0.0], [0.5]]) + np.zeros((2, 1000)),
     }
-    power = fvb.power_step(pilot, problems=1000, family_size=14)
+    power = fr.power_step(pilot, problems=1000, family_size=14)
     plans = power["comparisons"]
     assert plans["fbt standard - baseline: accuracy"]["seeds"] == 5
     need = plans["fbt fused - baseline: completion loss"]["seeds"]
     assert need is not None and 5 < need <= 12 and power["seeds"] == need
     assert power["not_run"] == {"fbt soft - baseline: accuracy": plans["fbt soft - baseline: accuracy"]["reason"]}
-    readings = fvb.readings(_per_seed(0.10), threshold=0.3, window=2, budget=100, switch=30, not_run=power["not_run"])
+    readings = fr.readings(_per_seed(0.10), threshold=0.3, window=2, budget=100, switch=30, not_run=power["not_run"])
     assert "fbt soft - baseline: accuracy" not in readings["family"]
-    assert all(c["family_size"] == len(fvb.FAMILY) - 1 for c in readings["family"].values())
+    assert all(c["family_size"] == len(fr.FAMILY) - len(fr.BAND_CELLS) - 1 for c in readings["family"].values())
     assert readings["unmeasured"]["fbt soft - baseline: accuracy"].startswith("the predicted half-width at 12 seeds")
 
 
@@ -362,23 +409,30 @@ def test_the_study_end_to_end_on_the_micro_scale(tmp_path):
     n = fvb.SCALES["micro"]["test"]
     for name in ("baseline", "fbt-seed1", "fbt-no-feedback"):
         assert all(len(v) == n for v in read_json(out / name / "results" / fvb.TEST_FILE)["correct"].values())
-    assert set(study["family"]) | set(study["readings"]["unmeasured"]) == set(fvb.FAMILY)
+    assert set(study["family"]) | set(study["readings"]["unmeasured"]) == set(fr.FAMILY)
     for entry in study["compute_matched"]:  # the compute-matched baseline trained FBT's FLOPs
-        run = out / fvb.seed_name(fvb.COMPUTE, entry["seed"])
+        run = out / fvb.seed_name(fr.COMPUTE, entry["seed"])
         assert read_json(run / "config.json")["train"]["steps"] == round(entry["flops_ratio"] * fvb.SCALES["micro"]["steps"])
     from workbench.experiments.comparisons import family_rows, reading_rows
 
-    assert [r["comparison"] for r in family_rows(study)] == [c for c in fvb.FAMILY if c in study["family"]]
+    assert [r["comparison"] for r in family_rows(study)] == [c for c in fr.FAMILY if c in study["family"]]
     power = study["power"]  # predicted on the tuning runs, achieved on the study's own
     assert set(power["comparisons"]) == {
         f"fbt {r} - baseline: {w}" for r in ("standard", "soft", "fused") for w in ("accuracy", "completion loss")
     }
     assert set(power["achieved"]) == set(power["comparisons"]) - set(power["not_run"])
+    assert study["band"]["band"] is None and set(fr.BAND_CELLS) <= set(study["readings"]["unmeasured"])  # micro: no bands
+    spec = importlib.util.spec_from_file_location("results_pages", ROOT / "scripts" / "results_pages.py")
+    pages = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pages)
+    page = "\n".join(pages.studies.fbt_vs_baseline_body(study))  # the results page reads the new record
+    assert "## Seeds, by a power step on the tuning runs" in page and f"predicted at {study['seeds']}" in page
+    assert "Rounds of the learning-rate grid" in page and "the steps from FBT's switch" in page
     assert {(r["member"], r["regime"]) for r in reading_rows(study)} == {
         ("baseline", "standard"),
         *(("fbt", r) for r in ("standard", "soft", "fused")),
-        (fvb.CONTROL, "standard"),
-        (fvb.COMPUTE, "standard"),
+        (fr.CONTROL, "standard"),
+        (fr.COMPUTE, "standard"),
     }
     assert_usage_error(
         ["zoo", "--study", "fbt-vs-baseline", "--preset", "quick", "--seeds", "2", "--out", str(tmp_path / "q")],
@@ -390,7 +444,6 @@ def test_the_study_end_to_end_on_the_micro_scale(tmp_path):
 
 @pytest.mark.parametrize("task", ["flipflop", "perm", "addition"])
 def test_the_fair_study_on_an_organism_trains_the_organisms_task_at_its_budget(task):
-    from pathlib import Path
 
     from workbench.training.zoo import ORGANISMS, member_config, members
 

@@ -28,16 +28,26 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import torch
 from safetensors.torch import load_file
 
 from workbench.data.splits import heldout_examples
-from workbench.experiments.power import EFFECTS, components, seeds_for
-from workbench.experiments.tuning import pilot, setting_overrides, tune
+from workbench.experiments.fair_readings import (
+    BAND,
+    BAND_CELLS,
+    BEYOND_REGIMES,
+    COMPUTE,
+    CONTROL,
+    declare_band,
+    family_names,
+    member_regimes,
+    power_step,
+    readings,
+)
+from workbench.experiments.tuning import band_pilot, pilot, setting_overrides, tune
 from workbench.names import FAIR_STUDY as STUDY
 from workbench.runtime.checkpoint import load_model
 from workbench.runtime.tokenizer import load_tokenizer
@@ -45,7 +55,6 @@ from workbench.storage.errors import BadInput
 from workbench.storage.files import read_json, write_json
 from workbench.storage.outputs import output
 from workbench.storage.provenance import source_commit
-from workbench.training import stats
 from workbench.training.evaluate import evaluate_examples
 from workbench.training.runconfig import RunConfig, load_run_config, make_run_config, task_settings
 from workbench.training.strategies import run_flops
@@ -139,6 +148,7 @@ def organism_scale(task: str, lrs: tuple[float, ...], threshold: float) -> dict:
         "common": [*common, "train.log_every=10"],
         "lrs": lrs,
         "beyond": BEYOND.get(task, {}),
+        "bands": BANDS[task],
     }
 
 
@@ -155,7 +165,16 @@ BEYOND = {
     "flipflop": {"sparser": {"flipflop_weights": (0.1, 0.85, 0.05)}, "denser": {"flipflop_weights": (0.45, 0.1, 0.45)}},
     "perm": {"longer": {"perm_min_len": 4, "perm_max_len": 6}},
 }
-BEYOND_REGIMES = ("standard", "fused")  # single-token answers: soft decodes as standard does
+# Graded test sets, in order of difficulty, on which an accuracy claim can be read where the
+# baseline has room (``fair_readings.declare_band``: the band where its pilot accuracy is between
+# 0.6 and 0.9): perm by product length past the 1-3 trained; addition by digit count past the 1-3
+# trained (4 digits mostly fit the 64-token windows, 5 mostly do not); the flip-flop by ignore
+# density past the 0.5 trained, at the trained 8-24 instructions, writes and reads 3 : 2.
+BANDS = {
+    "flipflop": {f"ignore{w:g}": {"flipflop_weights": (0.6 * (1 - w), w, 0.4 * (1 - w))} for w in (0.6, 0.7, 0.8, 0.9)},
+    "perm": {f"length{k}": {"perm_min_len": k, "perm_max_len": k} for k in range(4, 9)},
+    "addition": {f"digits{k}": {"add_min_digits": k, "add_max_digits": k} for k in (4, 5)},
+}
 
 
 # thresholds: perm's chance-level completion loss is ln(6) / 2 = 0.90 (answer and <eos>), a
@@ -173,28 +192,6 @@ SCALES |= {
     "org-perm": organism_scale("perm", (2.5e-4, 5e-4, 1e-3), 0.45),
     "org-addition": organism_scale("addition", (1e-3, 2e-3, 4e-3), 0.2),
 }
-CONTROL = "fbt-no-feedback"
-COMPUTE = "baseline-compute"  # the baseline trained for FBT's training FLOPs
-AFTER_SWITCH = "fbt - baseline: log steps to the loss threshold after the switch"
-FAMILY = (
-    *(f"fbt {r} - baseline: accuracy" for r in ("standard", "soft", "fused")),
-    *(f"fbt {r} - baseline: completion loss" for r in ("standard", "soft", "fused")),
-    "fbt - baseline: plain-pass training loss, last half",
-    AFTER_SWITCH,
-    f"{CONTROL} - baseline: accuracy",
-    f"{CONTROL} - baseline: completion loss",
-    # FBT's own regimes on the same weights (the seeds' claim that soft and fused decoding beat
-    # standard; soft can differ from standard only after the first generated token); a study
-    # record that declares only the first 10 was measured without these two
-    *(f"fbt {r} - fbt standard: accuracy" for r in ("soft", "fused")),
-    *(f"fbt {r} - {COMPUTE}: accuracy" for r in ("standard", "soft", "fused")),
-)
-
-
-def family_names(beyond) -> tuple[str, ...]:
-    """The family of a scale with test sets ``beyond`` (names): ``FAMILY``, then each regime of
-    ``BEYOND_REGIMES`` against the baseline on each set, all Holm-corrected together."""
-    return (*FAMILY, *(f"fbt {r} - baseline: accuracy, {name}" for name in beyond for r in BEYOND_REGIMES))
 
 
 def _scale(scale: str) -> dict:
@@ -223,10 +220,6 @@ def flops_ratio(fbt: RunConfig, baseline: RunConfig) -> float:
     """FBT's training FLOPs over the baseline's (``strategies.run_flops``: every step's passes as the
     run draws them); ``baseline-compute`` trains this many times the baseline's steps."""
     return run_flops(fbt) / run_flops(baseline)
-
-
-def member_regimes(member: str) -> list[str]:
-    return ["standard", "soft", "fused"] if member == "fbt" else ["standard"]
 
 
 def as_recorded(settings: dict) -> dict:
@@ -265,6 +258,12 @@ def score_member(run: Path, member: str, n: int, beyond: tuple[str, dict] | None
     return result
 
 
+def switch_step(run: Path) -> int:
+    """The step at which an FBT run's feedback passes start."""
+    cfg = load_run_config(run / "config.json")
+    return round(cfg.fbt.feedback_start * cfg.train.steps)
+
+
 def plain_losses(run: Path) -> tuple[list[int], list[float]]:
     """The logged steps and plain-pass training losses (FBT's pass 1, the baseline's loss) of a run."""
     steps, losses = [], []
@@ -274,15 +273,6 @@ def plain_losses(run: Path) -> tuple[list[int], list[float]]:
             steps.append(int(record["step"]))
             losses.append(float(record.get("loss_pass1", record.get("loss"))))
     return steps, losses
-
-
-def time_to_threshold(steps: list[int], losses: list[float], threshold: float, window: int, budget: int) -> tuple[int, bool]:
-    """``(step, reached)``: the first logged step at which the mean of the last ``window`` logged
-    losses is at most ``threshold``; ``(budget, False)`` when it never is (censored)."""
-    for i in range(window - 1, len(losses)):
-        if sum(losses[i - window + 1 : i + 1]) / window <= threshold:
-            return steps[i], True
-    return budget, False
 
 
 def shared_bitwise(control: Path, baseline: Path) -> bool:
@@ -299,191 +289,6 @@ def first_difference(a: dict, b: dict) -> int | None:
     return next((step for step, x, y in zip(a["steps"], a["losses"], b["losses"]) if x != y), None)
 
 
-def power_step(pilot: dict[str, np.ndarray], problems: int, family_size: int) -> dict:
-    """The seeds the study needs (``power.seeds_for``, 5 to 12) so that each comparison of the
-    ``pilot`` (its name -> [pilot seeds, problems] differences) resolves its target effect
-    (``power.EFFECTS``: accuracy or loss) at ``problems`` test problems in a family of
-    ``family_size``: the most any of them needs. A comparison that even 12 seeds cannot resolve
-    is not run (``not_run``, with why): its "no detectable difference" would say nothing."""
-    plans = {
-        name: seeds_for(components(d), problems, family_size, EFFECTS["accuracy" if name.endswith("accuracy") else "loss"])
-        for name, d in pilot.items()
-    }
-    return {
-        "seeds": max((p["seeds"] for p in plans.values() if p["seeds"] is not None), default=5),
-        "comparisons": plans,
-        "not_run": {name: p["reason"] for name, p in plans.items() if p["seeds"] is None},
-    }
-
-
-def switch_step(run: Path) -> int:
-    """The step at which an FBT run's feedback passes start."""
-    cfg = load_run_config(run / "config.json")
-    return round(cfg.fbt.feedback_start * cfg.train.steps)
-
-
-def smoothed(losses: np.ndarray, window: int) -> np.ndarray:
-    """Per logged step the mean of the last ``window`` logged losses ([runs, steps]; +inf before a
-    window is full)."""
-    out = np.full(losses.shape, np.inf)
-    for i in range(window - 1, losses.shape[1]):
-        out[:, i] = losses[:, i - window + 1 : i + 1].mean(axis=1)
-    return out
-
-
-def after_switch(steps: list[int], baseline: np.ndarray, fbt: np.ndarray, switch: int, window: int) -> dict:
-    """Steps from FBT's feedback switch to a loss both arms reach only after it, paired by seed.
-
-    ``baseline`` / ``fbt``: plain-pass training losses [seeds, logged steps], smoothed over
-    ``window`` logged steps. At the first logged step from ``switch`` on, every run's loss is at
-    least ``high`` (the lowest of them); afterwards each run gets down to ``low`` or below (the
-    highest of the runs' minima). The threshold is their midpoint: no run is at it when feedback
-    starts, every run reaches it later. Per seed the steps from the switch to it, and the readout,
-    the log of FBT's steps over the baseline's (below 0: FBT faster), with its interval across
-    seeds. Without such a loss (``low >= high``: some run has stopped learning) it says why."""
-    a, b = smoothed(baseline, window), smoothed(fbt, window)
-    at = next((i for i, step in enumerate(steps) if step >= switch and i >= window - 1), None)
-    if at is None or at == len(steps) - 1:
-        return {"switch": switch, "threshold": None, "why": "no logged step after the switch"}
-    high = float(min(a[:, at].min(), b[:, at].min()))
-    low = float(max(a[:, at + 1 :].min(axis=1).max(), b[:, at + 1 :].min(axis=1).max()))
-    if not low < high:
-        return {"switch": switch, "threshold": None, "why": f"some run never gets below {high:.4g}, its loss at the switch"}
-    threshold = (low + high) / 2
-
-    def times(curves: np.ndarray) -> list[int]:
-        return [steps[at + 1 + int(np.argmax(c[at + 1 :] <= threshold))] - switch for c in curves]
-
-    t_base, t_fbt = times(a), times(b)
-    ratio = np.log(np.array(t_fbt, dtype=np.float64) / np.array(t_base, dtype=np.float64))
-    return {
-        "switch": switch,
-        "window": window,
-        "threshold": threshold,
-        "between": [low, high],
-        "baseline_steps": t_base,
-        "fbt_steps": t_fbt,
-        "cell": {
-            **stats.crossed_interval(ratio[:, None]),
-            "seeds_higher": int((ratio > 0).sum()),
-            "seeds_lower": int((ratio < 0).sum()),
-        },
-    }
-
-
-def readings(
-    per_seed: dict[int, dict[str, dict]],
-    threshold: float,
-    window: int,
-    budget: int,
-    beyond: tuple[str, ...] = (),
-    *,
-    switch: int,
-    not_run: Mapping[str, str] | None = None,
-) -> dict:
-    """The study's readouts from ``per_seed[seed][member]`` = ``{correct, completion_nll, steps,
-    losses}`` (``correct`` / ``completion_nll``: regime -> one value per test problem; with test
-    sets ``beyond`` training, the baseline's and FBT's also ``beyond: {name: {correct, ...}}``): per
-    member and regime the accuracy with its seed-by-problem interval (on each set beyond, too);
-    every comparison of ``family_names(beyond)`` with Holm's correction; the per-step loss gaps, the
-    times to ``threshold`` (descriptive) and the times after FBT's ``switch`` (``after_switch``).
-    ``not_run``: comparisons the power step left out of the family, with why."""
-    seeds = sorted(per_seed)
-    S = len(seeds)
-
-    def matrix(member: str, what: str, regime: str) -> np.ndarray:
-        return np.array([per_seed[s][member][what][regime] for s in seeds], dtype=np.float64)
-
-    accuracy = {
-        member: {r: stats.accuracy_interval(matrix(member, "correct", r)) for r in member_regimes(member)}
-        for member in ("baseline", "fbt", CONTROL, COMPUTE)
-    }
-    cells: dict[str, dict] = {}
-    for r in ("standard", "soft", "fused"):
-        cells[f"fbt {r} - baseline: accuracy"] = stats.paired_difference(
-            matrix("baseline", "correct", "standard"), matrix("fbt", "correct", r), bounds=(-1.0, 1.0)
-        )
-        cells[f"fbt {r} - baseline: completion loss"] = stats.paired_difference(
-            matrix("baseline", "completion_nll", "standard"), matrix("fbt", "completion_nll", r)
-        )
-    steps = per_seed[seeds[0]]["baseline"]["steps"]
-    base_curves = np.array([per_seed[s]["baseline"]["losses"] for s in seeds])
-    fbt_curves = np.array([per_seed[s]["fbt"]["losses"] for s in seeds])
-    gap = fbt_curves - base_curves
-    half = len(steps) // 2
-    cells["fbt - baseline: plain-pass training loss, last half"] = stats.paired_difference(
-        base_curves[:, half:].mean(axis=1, keepdims=True), fbt_curves[:, half:].mean(axis=1, keepdims=True)
-    )
-    reached: dict[str, list[tuple[int, bool]]] = {m: [] for m in ("baseline", "fbt", CONTROL)}
-    for member, rows in reached.items():
-        for s in seeds:
-            rows.append(time_to_threshold(per_seed[s][member]["steps"], per_seed[s][member]["losses"], threshold, window, budget))
-    efficiency = after_switch(steps, base_curves, fbt_curves, switch, window)
-    if "cell" in efficiency:
-        cells[AFTER_SWITCH] = efficiency["cell"]
-    cells[f"{CONTROL} - baseline: accuracy"] = stats.paired_difference(
-        matrix("baseline", "correct", "standard"), matrix(CONTROL, "correct", "standard"), bounds=(-1.0, 1.0)
-    )
-    cells[f"{CONTROL} - baseline: completion loss"] = stats.paired_difference(
-        matrix("baseline", "completion_nll", "standard"), matrix(CONTROL, "completion_nll", "standard")
-    )
-    for r in ("soft", "fused"):
-        cells[f"fbt {r} - fbt standard: accuracy"] = stats.paired_difference(
-            matrix("fbt", "correct", "standard"), matrix("fbt", "correct", r), bounds=(-1.0, 1.0)
-        )
-    for r in ("standard", "soft", "fused"):
-        cells[f"fbt {r} - {COMPUTE}: accuracy"] = stats.paired_difference(
-            matrix(COMPUTE, "correct", "standard"), matrix("fbt", "correct", r), bounds=(-1.0, 1.0)
-        )
-
-    def outside(member: str, name: str, regime: str) -> np.ndarray:
-        return np.array([per_seed[s][member]["beyond"][name]["correct"][regime] for s in seeds], dtype=np.float64)
-
-    for name in beyond:
-        for r in BEYOND_REGIMES:
-            cells[f"fbt {r} - baseline: accuracy, {name}"] = stats.paired_difference(
-                outside("baseline", name, "standard"), outside("fbt", name, r), bounds=(-1.0, 1.0)
-            )
-    not_run = dict(not_run or {})
-    if "cell" not in efficiency:
-        not_run[AFTER_SWITCH] = efficiency["why"]
-    family = stats.family({name: cells[name] for name in family_names(beyond) if name in cells and name not in not_run})
-    return {
-        "seeds": seeds,
-        "accuracy": accuracy,
-        "beyond": {
-            name: {
-                member: {r: stats.accuracy_interval(outside(member, name, r)) for r in regimes}
-                for member, regimes in (("baseline", ["standard"]), ("fbt", list(BEYOND_REGIMES)))
-            }
-            for name in beyond
-        },
-        "family": family,
-        "wording": {name: stats.describe(cell) for name, cell in family.items()},
-        "after_switch": {k: v for k, v in efficiency.items() if k != "cell"},
-        # a declared comparison that could not be measured or was not run, and why (read as "not testable")
-        "unmeasured": not_run,
-        "loss_gap_per_step": {
-            "steps": steps,
-            "cells": [stats.crossed_interval(gap[:, [i]]) if S > 1 else {"mean": float(gap[0, i])} for i in range(len(steps))],
-        },
-        "time_to_threshold": {
-            "threshold": threshold,
-            "window": window,
-            **{
-                member: {
-                    "per_seed": [{"step": t, "reached": e} for t, e in rows],
-                    "median": stats.median_time([t for t, _ in rows], [e for _, e in rows]),
-                    "kaplan_meier": stats.kaplan_meier([t for t, _ in rows], [e for _, e in rows])
-                    if any(e for _, e in rows)
-                    else [],
-                }
-                for member, rows in reached.items()
-            },
-        },
-    }
-
-
 def run_comparison(
     scale: str = "micro",
     out: str | Path | None = None,
@@ -495,9 +300,11 @@ def run_comparison(
 ) -> dict:
     """Tune (``tune``), choose the seeds (``power_step`` on the tuning runs; ``seeds``, when given,
     overrides its count but not what it leaves out), train the comparison at seeds 0..seeds-1 into
-    ``out`` (default ``runs/studies/fbt-vs-baseline``), score every member on the test problems and
-    write ``study.json``: the tuning, the power step with its predicted and achieved half-widths,
-    the members' rows and the ``readings``."""
+    ``out`` (default ``runs/studies/fbt-vs-baseline``), declare the difficulty band accuracy claims
+    are read on (``declare_band`` on the tuning runs), score every member on the test problems,
+    the sets beyond training and the graded bands, and write ``study.json``: the tuning, the power
+    step with its predicted and achieved half-widths, the band, the members' rows and the
+    ``readings``."""
     s = _scale(scale)
     if seeds is not None and not 2 <= seeds <= MAX_SEEDS:
         raise BadInput(f"seeds={seeds}: expected 2..{MAX_SEEDS} training seeds (a paired interval needs two)")
@@ -517,10 +324,14 @@ def run_comparison(
     )
     before = torch.get_num_threads()
     torch.set_num_threads(threads * jobs)
+    bands = s.get("bands", {})
     try:
         power = power_step(pilot(out, tuning["chosen"], s["validation"]), s["test"], len(family_names(s.get("beyond", {}))))
+        band = declare_band(band_pilot(out, tuning["chosen"]["baseline"], s["validation"], bands))
     finally:
         torch.set_num_threads(before)
+    if band["band"] is None:
+        power["not_run"] |= dict.fromkeys(BAND_CELLS, band["why"])
     seeds = power["seeds"] if seeds is None else seeds
     plan, matched = [], []
     for seed in range(seeds):
@@ -543,10 +354,9 @@ def run_comparison(
     try:
         for name, member, seed, _ in plan:
             scores = score_member(out / name, member, s["test"])
-            if member in ("baseline", "fbt"):
-                scores["beyond"] = {
-                    b: score_member(out / name, member, s["test"], (b, v)) for b, v in s.get("beyond", {}).items()
-                }
+            if member != CONTROL:  # the sets beyond training and the graded bands
+                sets = {**s.get("beyond", {}), **bands}
+                scores["beyond"] = {b: score_member(out / name, member, s["test"], (b, v)) for b, v in sets.items()}
             steps, losses = plain_losses(out / name)
             per_seed.setdefault(seed, {})[member] = {**scores, "steps": steps, "losses": losses}
     finally:
@@ -561,6 +371,8 @@ def run_comparison(
             tuple(s.get("beyond", {})),
             switch=switch_step(out / "fbt"),
             not_run=power["not_run"],
+            band=band["band"],
+            curves=tuple(bands),
         )
         power["achieved"] = {
             name: (cell["family_high"] - cell["family_low"]) / 2
@@ -568,7 +380,9 @@ def run_comparison(
             if name in power["comparisons"]
         }
         summary["power"] = power
-        summary["readings"]["beyond_settings"] = {b: as_recorded(v) for b, v in s.get("beyond", {}).items()}
+        summary["band"] = band
+        settings = {**s.get("beyond", {}), **bands} | ({BAND: bands[band["band"]]} if band["band"] else {})
+        summary["readings"]["beyond_settings"] = {b: as_recorded(v) for b, v in settings.items()}
         summary["compute_matched"] = matched
         summary["family"] = summary["readings"].pop("family")  # where every study keeps its family
         summary["readings"]["control_bitwise_seeds"] = sum(

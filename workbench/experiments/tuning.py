@@ -18,6 +18,7 @@ answering in the standard regime, and a claim read from it would be a tuning fai
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -150,6 +151,24 @@ def pilot(out: Path, chosen: dict, n: int) -> dict[str, np.ndarray]:
         for r in ("standard", "soft", "fused")
         for what, name in (("correct", "accuracy"), ("completion_nll", "completion loss"))
     }
+
+
+def band_pilot(out: Path, baseline: dict, n: int, bands: dict[str, dict]) -> dict[str, float]:
+    """The baseline's accuracy on each difficulty band (name -> task settings), ``n`` validation
+    problems drawn with the band's settings, averaged over the chosen setting's tuning runs: what
+    the band a claim is read on is declared from, before any comparison member trains."""
+    accuracy: dict[str, float] = {}
+    for name, settings in bands.items():
+        values = []
+        for seed in TUNING_SEEDS:
+            run = out / tuning_run("baseline", baseline, seed)
+            cfg = load_run_config(run / "config.json")
+            drawn = dataclasses.replace(task_settings(cfg.data), **settings)
+            examples = synthetic_examples(cfg.data.task, n, 0, drawn, split="validation")
+            row = evaluate_examples(load_model(run), examples, load_tokenizer(run), regimes=["standard"])
+            values.append(row["accuracy"]["standard"])
+        accuracy[name] = sum(values) / len(values)
+    return accuracy
 
 
 def learned(models: dict, name: str) -> bool:
