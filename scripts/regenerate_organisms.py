@@ -60,6 +60,7 @@ from workbench.training.fingerprint import PINNED_NUMERICS  # noqa: E402
 
 STUDIES = list(ORGANISM_STUDIES)
 SERVES = {study: {o for c in CLAIMS if c.study == study for o in c.organisms} for study in STUDIES}  # where it reads a claim
+SERVES["stability"] = set(ALL)  # a finding of its own on every organism, no claim of the papers
 RECORD = "organisms_regenerated.json"
 ZOO_JSON = "zoo_organisms.json"
 

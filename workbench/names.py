@@ -20,6 +20,13 @@ DTYPES = {"fp32": None, "bf16": "bfloat16"}  # --dtype: the torch dtype each nam
 
 ALL_ORGANISMS = "organisms"  # the zoo preset that trains every organism's zoo
 ZOO_PRESETS = (*ZOO_SCALES, ALL_ORGANISMS, *(scale for scale in FAIR_SCALES if scale not in ZOO_SCALES))
-COMPARISON_STUDIES = ("data-efficiency", "three-pass", "hd-ablations", "probes", "traces")  # experiments.studies.STUDIES
+COMPARISON_STUDIES = (
+    "data-efficiency",
+    "three-pass",
+    "hd-ablations",
+    "probes",
+    "traces",
+    "stability",
+)  # experiments.studies.STUDIES
 FAIR_STUDY = "fbt-vs-baseline"  # experiments.fbt_vs_baseline
 STUDIES = (*COMPARISON_STUDIES, FAIR_STUDY)  # workbench zoo --study

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .render import Page, crossed, fixed, render, seed_cell, table
-from .studies import family_section, fbt_vs_baseline, hd_ablations, three_pass
+from .studies import family_section, fbt_vs_baseline, hd_ablations, stability, three_pass
 
 
 def layer0_probes_body(study: dict) -> list[str]:
@@ -74,6 +74,7 @@ ORGANISM_STUDIES: dict[
     "hd-ablations": hd_ablations,
     "probes": layer0_probes,
     "traces": trace_lengths,
+    "stability": stability,  # a finding of its own, no claim of the papers
 }
 ORGANISM_NAMES = ("flipflop", "perm", "addition")  # workbench.experiments.claims.ALL
 CLAIMS_JSON = "claims.json"

@@ -236,6 +236,28 @@ def three_pass(name: str) -> Callable[[Path], Page]:
     return with_family(name, title, three_pass_body)
 
 
+def stability_body(study: dict) -> list[str]:
+    """The stability study's readings, one row per knob: soft and fused accuracy, lambda(1000) of
+    the carried-state map and the K = 8 residual, each mean [95% interval] across seeds."""
+    readouts = (("soft accuracy", "accuracy", "soft"), ("fused accuracy", "accuracy", "fused"))
+    readouts += (("lambda(1000)", "lyapunov_tangent", "1000"), ("residual K=8", "kpass_residual", "8"))
+    rows = [
+        [f"`{member}`", *[seed_cell(r[key][at]["values"], 3) if at in r[key] else "-" for _, key, at in readouts]]
+        for member, r in study["readings"].items()
+    ]
+    return [
+        "Each member is FBT with one of the seeds' stabilising knobs moved from its default (`fbt`: the",
+        "defaults), measured on its own task's held-out problems and prompts.",
+        "",
+        table(["member", *[label for label, _, _ in readouts]], rows),
+    ]
+
+
+def stability(name: str) -> Callable[[Path], Page]:
+    """The stability study's page (``workbench zoo --study stability``): ``name``, its JSON."""
+    return with_family(name, "What makes FBT's feedback decoding work: `{scale}` at {seeds} seeds (measured)", stability_body)
+
+
 # ---------------------------------------------------------------- Hidden Decoding's ablations
 
 

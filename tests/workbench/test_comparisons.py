@@ -123,6 +123,30 @@ def test_members_are_the_budgets_and_fractions_named():
     assert hd[0][:2] == ("baseline-seed1", "baseline") and all(source == "baseline-seed1" for *_, source in hd[1:])
 
 
+def test_each_stability_member_moves_one_knob_from_the_defaults():
+    from workbench.experiments.studies.stability import REFERENCE
+    from workbench.training.runconfig import make_run_config
+
+    members = study_members("stability", "org-perm", 3)
+    configs = {
+        name.removesuffix("-seed3"): make_run_config(arch, "tiny", "perm", overrides) for name, arch, overrides, _ in members
+    }
+    reference = configs.pop(REFERENCE).to_dict()
+    moved = {name: {k for k, v in cfg.to_dict()["fbt"].items() if reference["fbt"][k] != v} for name, cfg in configs.items()}
+    assert moved == {
+        "fbt-deeper0": {"three_pass_fraction"},
+        "fbt-deeper0.1": {"three_pass_fraction"},
+        "fbt-deeper0.3": {"three_pass_fraction"},
+        "fbt-deepest4": {"deepest"},
+        "fbt-jitter0": {"state_noise"},
+        "fbt-jitter0.05": {"state_noise"},
+        "fbt-prefix0": {"prefix_max"},
+        "fbt-prefix1": {"prefix_max"},
+        "fbt-detached": {"detach"},
+    }
+    assert all(cfg.to_dict()["train"] == reference["train"] for cfg in configs.values())
+
+
 @pytest.mark.slow
 def test_data_efficiency_on_the_micro_zoo(micro_study):
     """One command (the fixture's) trains baseline and FBT at three budgets and two seeds and

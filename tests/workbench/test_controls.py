@@ -117,6 +117,32 @@ def test_the_hd_ablations_family_detects_a_planted_gain_and_not_its_absence():
     assert not any(family[f"{m} - hd1: {w}"]["detectable"] for m in ("hd4", "hd8") for w in ("accuracy", "completion loss"))
 
 
+def test_the_stability_family_detects_a_knob_planted_to_help_and_not_the_others():
+    """Five seeds: one knob planted +0.3 above the defaults in fused accuracy and 0.5 lower in
+    lambda(1000) (seed spread 0.02), the others at the defaults' values plus noise: after Holm over
+    the family (9 knobs x 4 readouts), only the planted cells are detectable."""
+    from workbench.experiments.studies.stability import KNOBS, READOUTS, REFERENCE
+
+    rng = np.random.default_rng(0)
+
+    def member(accuracy: float, lam: float) -> dict:
+        def cell(centre: float) -> dict:
+            return {"values": (centre + rng.normal(0, 0.02, 5)).tolist()}
+
+        return {
+            "accuracy": {"fused": cell(accuracy), "soft": cell(0.5)},
+            "lyapunov_tangent": {"1000": cell(lam)},
+            "kpass_residual": {"8": cell(1.0)},
+        }
+
+    readings = {name: member(0.5, 0.0) for name in KNOBS}
+    readings["fbt-deeper0.3"] = member(0.8, -0.5)
+    family = study_family({"study": "stability", "readings": readings})
+    assert len(family) == (len(KNOBS) - 1) * len(READOUTS)
+    detected = {name for name, cell in family.items() if cell["detectable"]}
+    assert detected == {f"fbt-deeper0.3 - {REFERENCE}: fused accuracy", f"fbt-deeper0.3 - {REFERENCE}: lambda(1000)"}
+
+
 def _trace_rows(shorter: int, seed: int = 0) -> list[dict]:
     """Two models' traces on the same 400 problems at equal accuracy (the same correct answers);
     the second's traces ``shorter`` tokens shorter than the first's (lengths 20-60)."""

@@ -223,6 +223,23 @@ def test_a_gain_on_the_declared_band_is_read_there_at_equal_tokens_and_equal_flo
     assert not set(fr.BAND_CELLS) & set(unbanded["family"]) and unbanded["unmeasured"] == dict.fromkeys(fr.BAND_CELLS, "no room")
 
 
+def test_answers_pack_to_one_bit_each_and_every_accuracy_interval_recomputes_from_them():
+    assert fr.pack_bits([1, 0, 1, 1, 0, 0, 0, 0, 1]) == "sIA="  # bytes 0b10110000, 0b10000000
+    assert fr.unpack_bits("sIA=", 9).tolist() == [1, 0, 1, 1, 0, 0, 0, 0, 1]
+    graded = {"length6": {"standard": 0.0, "fused": 0.10}}
+    per_seed = _per_seed(0.05, beyond=graded)
+    got = fr.readings(per_seed, 0.3, 2, 100, switch=30, band="length6", curves=tuple(graded))
+    study = {"scores": fr.packed_scores(per_seed), "band": {"band": "length6"}, "family": got["family"]}
+    assert study["scores"]["test"]["n"] == 1000 and len(study["scores"]["test"]["fbt"]["fused"]) == 5
+    accuracy = [name for name in got["family"] if ": accuracy" in name]
+    assert len(accuracy) == 10  # 3 regimes, the control, FBT's own two, the compute-matched one, the band's three
+    for name in accuracy:
+        again = fr.recompute_accuracy(study, name)
+        assert {k: again[k] for k in ("mean", "low", "high", "p")} == {
+            k: got["family"][name][k] for k in ("mean", "low", "high", "p")
+        }, name
+
+
 def test_the_organisms_bands_grow_harder_past_training():
     assert list(fvb.BANDS["perm"]) == [f"length{k}" for k in range(4, 9)]
     assert all(fvb.SCALES[f"org-{task}"]["bands"] == fvb.BANDS[task] for task in ("flipflop", "perm", "addition"))
@@ -422,6 +439,9 @@ def test_the_study_end_to_end_on_the_micro_scale(tmp_path):
     }
     assert set(power["achieved"]) == set(power["comparisons"]) - set(power["not_run"])
     assert study["band"]["band"] is None and set(fr.BAND_CELLS) <= set(study["readings"]["unmeasured"])  # micro: no bands
+    for name in (n for n in study["family"] if ": accuracy" in n):  # every accuracy interval, from its committed bits
+        again = fr.recompute_accuracy(study, name)
+        assert (again["mean"], again["low"], again["high"]) == tuple(study["family"][name][k] for k in ("mean", "low", "high"))
     spec = importlib.util.spec_from_file_location("results_pages", ROOT / "scripts" / "results_pages.py")
     pages = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(pages)

@@ -90,6 +90,21 @@ def test_the_feedback_passes_weights_ramp_up_from_the_switch():
     assert info["passes"] == 2 and total.item() == pytest.approx(parts, rel=1e-6)
 
 
+def test_the_deepest_pass_runs_four_passes_and_weighs_the_fourth_as_the_third():
+    """``fbt.deepest=4`` with every feedback batch deep: four passes, the loss the sum of the
+    first's and the ramped weights of the others, pass 4 at pass 3's weight (0.5 here)."""
+    extra = ["train.steps=100", "fbt.feedback_start=0.3", "fbt.three_pass_fraction=1", "fbt.deepest=4"]
+    cfg = make_run_config("fbt", "debug", "mix", FAST + [*extra, "fbt.pass_weights=1,1,0.5"])
+    strategy = FBTStrategy(cfg)
+    assert {strategy.passes(s) for s in range(30, 60)} == {4} and strategy.passes(29) == 1
+    model = build_model("fbt", "debug")
+    B, T = cfg.train.batch_size, cfg.train.seq_len
+    x, y = torch.randint(0, model.cfg.d_vocab, (2, B, T))
+    total, info = strategy.loss(model, x, y, 40, slice(0, B))  # past the ramp: full weights
+    parts = info["loss_pass1"].item() + info["loss_pass2"].item() + 0.5 * (info["loss_pass3"].item() + info["loss_pass4"].item())
+    assert info["passes"] == 4 and total.item() == pytest.approx(parts, rel=1e-6)
+
+
 @pytest.mark.slow
 def test_a_warm_switch_starts_pass_2_within_twice_pass_1_where_a_cold_one_starts_past_it(tmp_path):
     """Settings where a cold switch is seen: --preset tiny --task mix, seq 64, 150 steps, feedback_start 0.8, every
@@ -211,6 +226,7 @@ def test_init_from_a_wrong_run_fails_before_training(tmp_path, arch, init, extra
         (["train.batch_size=6", "train.grad_accum=4"], "batch_size=6 is not divisible by grad_accum=4"),
         (["train.seq_len=4096"], "seq_len=4096 is longer than the context"),
         (["fbt.three_pass_fraction=1.5"], "three_pass_fraction=1.5"),
+        (["fbt.deepest=5"], "deepest=5"),
         (["data.loss_on=prompt"], "loss_on='prompt'"),
         (["data.task=prepared:corpus", "data.loss_on=completion"], "prepared corpus keeps no prompt boundaries"),
         (["data.windows=doc"], "windows='doc'"),

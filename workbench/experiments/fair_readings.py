@@ -5,6 +5,7 @@ Holm's correction and each readout behind it; and the power step that sizes the 
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Mapping
 
 import numpy as np
@@ -63,6 +64,53 @@ def family_names(beyond) -> tuple[str, ...]:
 
 def member_regimes(member: str) -> list[str]:
     return ["standard", "soft", "fused"] if member == "fbt" else ["standard"]
+
+
+TEST = "test"  # the in-distribution test problems' name among the scored sets
+
+
+def pack_bits(correct) -> str:
+    """A sequence of 1/0 answers as base64 text, one bit per problem."""
+    return base64.b64encode(np.packbits(np.asarray(correct, dtype=np.uint8)).tobytes()).decode("ascii")
+
+
+def unpack_bits(text: str, n: int) -> np.ndarray:
+    """The ``n`` answers ``pack_bits`` wrote, as 1.0 / 0.0."""
+    return np.unpackbits(np.frombuffer(base64.b64decode(text), dtype=np.uint8))[:n].astype(np.float64)
+
+
+def packed_scores(per_seed: dict[int, dict[str, dict]]) -> dict:
+    """Every member's per-problem answers, one bit per problem and seed (``study.json``'s
+    ``scores``), so that each accuracy interval of the study can be recomputed from its data:
+    ``{set: {"n": problems, member: {regime: [bits of seed 0, ...]}}}``, the test problems as
+    ``TEST`` and each set beyond training or band by its name."""
+    seeds = sorted(per_seed)
+    sets: dict[str, dict] = {}
+    for member, row in per_seed[seeds[0]].items():
+        for name in (TEST, *row.get("beyond", {})):
+            scored = [per_seed[s][member] if name == TEST else per_seed[s][member]["beyond"][name] for s in seeds]
+            regimes = scored[0]["correct"]
+            sets.setdefault(name, {})[member] = {r: [pack_bits(each["correct"][r]) for each in scored] for r in regimes}
+            sets[name]["n"] = len(next(iter(regimes.values())))
+    return sets
+
+
+def unpacked(scores: dict, name: str, member: str, regime: str) -> np.ndarray:
+    """The [seeds, problems] answers of ``member`` in ``regime`` on set ``name`` of ``packed_scores``."""
+    n = scores[name]["n"]
+    return np.stack([unpack_bits(text, n) for text in scores[name][member][regime]])
+
+
+def recompute_accuracy(study: Mapping, comparison: str) -> dict:
+    """An accuracy comparison of the family (``fbt fused - baseline: accuracy``, ``..., band``,
+    ``..., longer``) recomputed from the study's ``scores`` alone (before Holm's correction):
+    what a reader checks the committed interval against."""
+    arms, _, readout = comparison.partition(": ")
+    name = readout.partition(", ")[2] or TEST
+    name = study["band"]["band"] if name == BAND else name
+    right, left = (side.split(" ") for side in arms.split(" - "))
+    a, b = (unpacked(study["scores"], name, side[0], side[1] if len(side) > 1 else "standard") for side in (left, right))
+    return stats.paired_difference(a, b, bounds=(-1.0, 1.0))
 
 
 def time_to_threshold(steps: list[int], losses: list[float], threshold: float, window: int, budget: int) -> tuple[int, bool]:

@@ -44,6 +44,7 @@ from workbench.experiments.fair_readings import (
     declare_band,
     family_names,
     member_regimes,
+    packed_scores,
     power_step,
     readings,
 )
@@ -384,6 +385,7 @@ def run_comparison(
         settings = {**s.get("beyond", {}), **bands} | ({BAND: bands[band["band"]]} if band["band"] else {})
         summary["readings"]["beyond_settings"] = {b: as_recorded(v) for b, v in settings.items()}
         summary["compute_matched"] = matched
+        summary["scores"] = packed_scores(per_seed)
         summary["family"] = summary["readings"].pop("family")  # where every study keeps its family
         summary["readings"]["control_bitwise_seeds"] = sum(
             shared_bitwise(out / seed_name(CONTROL, seed), out / seed_name("baseline", seed)) for seed in range(seeds)

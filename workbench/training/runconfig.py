@@ -150,7 +150,8 @@ SWITCHES = ("warm", "cold")
 @dataclass
 class FBTTrainConfig:
     feedback_start: float = 0.3  # fraction of steps trained single-pass before feedback starts
-    three_pass_fraction: float = 0.03  # of the feedback batches, the fraction run with 3 passes
+    three_pass_fraction: float = 0.03  # of the feedback batches, the fraction run with ``deepest`` passes
+    deepest: int = 3  # the passes of those deeper batches (3 or 4); a pass past the third weighs as the third
     pass_weights: tuple[float, ...] = (1.0, 1.0, 1.0)  # NTP loss weight of pass 1, 2, 3
     prefix_max: float = 0.5  # each sequence stays plain before a random prefix of up to this fraction
     state_noise: float = 0.01  # std of Gaussian jitter on fed-back states
@@ -176,6 +177,8 @@ class FBTTrainConfig:
                 raise BadInput(f"fbt field {name}={getattr(self, name)!r}: expected a number in [0, 1]")
         if len(self.pass_weights) != 3 or any(w < 0 for w in self.pass_weights):
             raise BadInput(f"fbt field pass_weights={self.pass_weights!r}: expected 3 non-negative weights")
+        if self.deepest not in (3, 4):
+            raise BadInput(f"fbt field deepest={self.deepest!r}: expected 3 or 4 passes")
         if self.state_noise < 0:
             raise BadInput(f"fbt field state_noise={self.state_noise!r}: expected >= 0")
         if self.fusion_init not in FUSION_INITS:
@@ -284,7 +287,7 @@ def training_bytes(cfg: RunConfig, sizes: dict[str, int], device=None) -> int:
         state //= processes
     batch = 2 * 8 * s["batch_size"] * s["seq_len"]  # the step's input and target ids (int64), made whole
     micro = max(s["batch_size"] // (t.grad_accum * processes), 1)
-    passes = (3 if cfg.fbt.three_pass_fraction > 0 else 2) if cfg.arch == "fbt" else 1
+    passes = (cfg.fbt.deepest if cfg.fbt.three_pass_fraction > 0 else 2) if cfg.arch == "fbt" else 1
     positions = passes * micro * s["seq_len"] * s["n_streams"]
     keys = s["seq_len"] * s["n_streams"]  # each query's keys, at most
     layer = PER_D_MODEL * s["d_model"] + PER_D_MLP * s["d_mlp"] + PER_KEY * cfg.model.n_heads * keys

@@ -64,9 +64,10 @@ class Strategy:
 
 
 class FBTStrategy(Strategy):
-    """Single-pass batches first; then 2-pass batches with a few 3-pass ones. The pass count, the
-    plain prefixes and the state jitter of a step depend only on (seed, step) and the global row,
-    so every process and every resume draws the same. The switch to feedback is warm by default:
+    """Single-pass batches first; then 2-pass batches with a few deeper ones (``fbt.deepest``
+    passes, 3 by default). The pass count, the plain prefixes and the state jitter of a step
+    depend only on (seed, step) and the global row, so every process and every resume draws the
+    same. The switch to feedback is warm by default:
     at its step the fusion is fitted from the backbone (``fit_fusion`` on ``stream``) and the
     feedback passes' loss weights ramp up from 0 (``fbt.switch``, ``fbt.ramp``)."""
 
@@ -103,7 +104,7 @@ class FBTStrategy(Strategy):
         if step < round(fbt.feedback_start * train.steps):
             return 1
         u = torch.rand((), generator=step_generator(train.seed, step, purpose=1))
-        return 3 if host_value(u) < fbt.three_pass_fraction else 2
+        return fbt.deepest if host_value(u) < fbt.three_pass_fraction else 2
 
     def flops_per_token(self, model, step):
         K = self.passes(step)  # the stack and the readout once per pass, the fusion in passes 2..K
@@ -127,7 +128,8 @@ class FBTStrategy(Strategy):
 
         states = model.run_passes(x, K, fuse_mask=fuse.to(x.device), perturb=jitter, detach_states=fbt.detach)
         losses = [ntp_loss(model.readout(h), y, weight) for h in states]
-        weights = [fbt.pass_weights[0], *(w * self.ramp(step) for w in fbt.pass_weights[1:])]
+        later = [*fbt.pass_weights[1:], *fbt.pass_weights[-1:] * (K - len(fbt.pass_weights))]  # pass 4 weighs as pass 3
+        weights = [fbt.pass_weights[0], *(w * self.ramp(step) for w in later)]
         total = cast(Tensor, sum(w * l for w, l in zip(weights, losses)))
         return total, {"loss": total.detach(), "passes": K, **{f"loss_pass{k + 1}": l.detach() for k, l in enumerate(losses)}}
 

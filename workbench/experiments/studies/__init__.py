@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from workbench.experiments.studies import data_efficiency, fair, hd_ablations, probes, three_pass, traces
+from workbench.experiments.studies import data_efficiency, fair, hd_ablations, probes, stability, three_pass, traces
 from workbench.experiments.studies.common import Member
 from workbench.names import FAIR_STUDY
 
@@ -43,6 +43,7 @@ STUDIES: dict[str, Study] = {
     "hd-ablations": hd_ablations,
     "probes": probes,
     "traces": traces,
+    "stability": stability,
 }
 # every study's readings table: the same names as workbench.names.STUDIES
 ROWS: dict[str, Callable[[dict], list[dict]]] = {**{name: study.rows for name, study in STUDIES.items()}, FAIR_STUDY: fair.rows}

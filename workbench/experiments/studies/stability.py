@@ -1,0 +1,62 @@
+"""``stability`` (why FBT's feedback decoding works or collapses): FBT trained with one of the
+seeds' stabilising knobs moved from its default at a time, against FBT at the defaults (``fbt``).
+The knobs: the share of deeper feedback batches (``fbt.three_pass_fraction``, default 0.03), the
+deepest pass (``fbt.deepest``, 3), the jitter on fed-back states (``fbt.state_noise``, 0.01), the
+plain prefix mixed into each sequence (``fbt.prefix_max``, 0.5) and whether fed-back states carry
+gradients (``fbt.detach``, false). The readouts are ``three-pass``'s, on each member's own task:
+``soft`` and ``fused`` accuracy, the K-pass residual at K = 8 and lambda(1000) of the carried-state
+map. Its family: each knob minus the defaults in those four. Where a knob makes the feedback map
+contract and decoding work, or none does, is the finding."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from workbench.experiments.studies import three_pass
+from workbench.experiments.studies.common import Member, add_paired
+from workbench.training.zoo import SCALES
+
+REFERENCE = "fbt"  # the seeds' defaults
+KNOBS = {
+    REFERENCE: [],
+    "fbt-deeper0": ["fbt.three_pass_fraction=0"],
+    "fbt-deeper0.1": ["fbt.three_pass_fraction=0.1"],
+    "fbt-deeper0.3": ["fbt.three_pass_fraction=0.3"],
+    "fbt-deepest4": ["fbt.deepest=4"],
+    "fbt-jitter0": ["fbt.state_noise=0"],
+    "fbt-jitter0.05": ["fbt.state_noise=0.05"],
+    "fbt-prefix0": ["fbt.prefix_max=0"],
+    "fbt-prefix1": ["fbt.prefix_max=1"],
+    "fbt-detached": ["fbt.detach=true"],
+}
+READOUTS = (  # (name in the family, where in a member's readings)
+    ("fused accuracy", ("accuracy", "fused")),
+    ("soft accuracy", ("accuracy", "soft")),
+    ("lambda(1000)", ("lyapunov_tangent", "1000")),
+    ("residual K=8", ("kpass_residual", "8")),
+)
+
+
+def members(scale: str) -> list[Member]:
+    steps = SCALES[scale]["steps"]
+    return [(name, "fbt", [f"train.steps={steps}", *overrides], None) for name, overrides in KNOBS.items()]
+
+
+def measure(models: dict, out: Path, scale: str, threads: int, jobs: int) -> dict:
+    return three_pass.three_pass(models, out, three_pass.HORIZONS[scale], threads * jobs)
+
+
+def family(readings: dict) -> dict[str, dict]:
+    """Each knob minus the defaults, paired by seed, in each of ``READOUTS`` it was measured in."""
+    cells: dict[str, dict] = {}
+    reference = readings.get(REFERENCE)
+    for member, r in readings.items():
+        if reference is None or member == REFERENCE:
+            continue
+        for label, (key, at) in READOUTS:
+            if at in r[key] and at in reference[key]:
+                add_paired(cells, f"{member} - {REFERENCE}: {label}", reference[key][at]["values"], r[key][at]["values"])
+    return cells
+
+
+rows = three_pass.rows
