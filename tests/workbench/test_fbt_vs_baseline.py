@@ -240,13 +240,17 @@ def test_answers_pack_to_one_bit_each_and_every_accuracy_interval_recomputes_fro
         }, name
 
 
-def test_the_organisms_bands_grow_harder_past_training():
-    assert list(fvb.BANDS["perm"]) == [f"length{k}" for k in range(4, 9)]
+def test_the_organisms_bands_grow_harder_from_the_trained_level():
+    assert list(fvb.BANDS["perm"]) == [f"length{k}" for k in range(1, 9)]
+    assert list(fvb.BANDS["addition"]) == [f"digits{k}" for k in range(1, 6)]
     assert all(fvb.SCALES[f"org-{task}"]["bands"] == fvb.BANDS[task] for task in ("flipflop", "perm", "addition"))
     ignores = [v["flipflop_weights"][1] for v in fvb.BANDS["flipflop"].values()]
-    assert ignores == sorted(ignores) and ignores[0] > 0.5
+    assert ignores == sorted(ignores) and ignores[0] == 0.5  # the trained density first
     for weights in (v["flipflop_weights"] for v in fvb.BANDS["flipflop"].values()):
         assert sum(weights) == pytest.approx(1.0) and weights[0] / weights[2] == pytest.approx(1.5)
+    cfg = fvb.member_config("org-perm", "baseline", [])
+    examples = heldout_examples("perm", 50, 0, dataclasses.replace(task_settings(cfg.data), **fvb.BANDS["perm"]["length7"]))
+    assert {ex.difficulty for ex in examples} == {7}
 
 
 def test_the_organisms_test_sets_beyond_training_are_drawn_beyond_it():
