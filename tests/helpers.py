@@ -19,7 +19,7 @@ from workbench.cli import main
 from workbench.runtime.checkpoint import load_weights, save_weights
 
 FAULT_ARCHS = {"baseline": {}, "fbt": {}, "hd": {"n_streams": 2}}  # the architectures a fault suite damages
-FAULTS_8 = "checkpoints, resume, kills, NaN steps, rollouts, CLI fuzz (#8)"  # one fault class, several suites
+RUN_FAULTS = "checkpoints, resume, kills, NaN steps, rollouts, CLI fuzz"  # one fault class, several suites
 FAST = ["train.batch_size=4", "train.seq_len=32", "train.warmup=3", "train.log_every=2", "data.n_train=300"]  # tiny runs
 W, C, T = "model.safetensors", "config.json", "tokenizer.json"  # a checkpoint's files
 VOCAB = 100  # ids the character tokenizer uses; every preset has d_vocab 128

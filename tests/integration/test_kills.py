@@ -16,7 +16,7 @@ import pytest
 import torch
 from helpers import (
     FAST,
-    FAULTS_8,
+    RUN_FAULTS,
     C,
     T,
     W,
@@ -32,7 +32,7 @@ import workbench.storage.files as files
 import workbench.training.train as training
 from workbench import CharTokenizer, load_model
 
-COUNTS = tally(FAULTS_8)
+COUNTS = tally(RUN_FAULTS)
 
 
 # ---- 2. a training process killed during a checkpoint write, for real ---------------------

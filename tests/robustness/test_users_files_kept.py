@@ -396,3 +396,22 @@ def test_a_torn_zoo_summary_is_named(tmp_path):
         ["zoo", "--preset", "micro", "--out", str(zoo), "--only", "baseline", "--no-progress"],
         f"corrupt JSON in {zoo / 'zoo.json'}",
     )
+
+
+def test_only_the_staging_folder_the_verb_made_is_removed_whole(tmp_path, caplog):
+    """The one folder an output removes whole is the one ``scratch()`` made; whatever stands at that
+    path when the block ends otherwise (here a link to the user's folder) is left, with its target."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "keep").write_text("the user's")
+    (tmp_path / "out").mkdir()
+    with output(tmp_path / "out", "results") as out:
+        scratch = out.scratch()
+        scratch.rmdir()
+        scratch.symlink_to(mine, target_is_directory=True)
+    assert (mine / "keep").read_text() == "the user's" and scratch.is_symlink()
+    assert "not the staging folder this verb made; left as it is" in caplog.text
+    with output(tmp_path / "out", "results") as out:  # the folder it made is removed with what it holds
+        made = out.scratch()
+        (made / "part").write_text("staged")
+    assert not made.exists()

@@ -12,7 +12,7 @@ import pytest
 import torch
 from helpers import (
     FAULT_ARCHS,
-    FAULTS_8,
+    RUN_FAULTS,
     C,
     T,
     W,
@@ -36,7 +36,7 @@ from safetensors.torch import load_file, save_file
 from workbench import CharTokenizer, build_model, load_model
 from workbench.runtime.checkpoint import load_weights, save_weights
 
-COUNTS = tally(FAULTS_8)
+COUNTS = tally(RUN_FAULTS)
 
 
 # ---- 1. corrupt, truncated or missing checkpoint files ------------------------------------
@@ -112,7 +112,7 @@ FAULTS = [
         ValueError,
         "bad model config .*a size torch cannot allocate",
     ),
-    # sizes no machine holds: named from the config alone, before the weights are read (#35)
+    # sizes no machine holds: named from the config alone, before the weights are read
     (
         "config n_layers 10^9",
         C,

@@ -231,3 +231,11 @@ def test_a_contraction_read_on_another_tasks_prompt_is_not_testable():
     chain = {"run_task": "flipflop", "input_task": "chain", "warning": "fbt trained on flipflop, and this input is chain: ..."}
     other = claims.read_claim(CLAIM["fbt-contraction"], "flipflop", _three_pass([own] * 4 + [chain]))
     assert other["verdict"] == claims.NOT_TESTABLE and "this input is chain" in other["why"]
+
+
+def test_a_band_claims_arms_are_read_on_the_band_the_study_declared():
+    curves = {name: {"baseline": {"standard": {"mean": a}}} for name, a in (("length5", 0.93), ("length6", 0.75))}
+    study = {"readings": {"band": "length6", "curves": curves, "accuracy": {"baseline": {"standard": {"mean": 0.99}}}}}
+    assert claims.arm_accuracy(study, "baseline", "band") == 0.75
+    assert claims.arm_accuracy(study, "baseline", "length5") == 0.93 and claims.arm_accuracy(study, "baseline") == 0.99
+    assert claims.arm_accuracy({"readings": {"band": None, "curves": curves}}, "baseline", "band") is None

@@ -293,7 +293,7 @@ def test_analyse_run_returns_the_report_beside_the_states(tmp_path):
     assert result.states.shape == (result.report["horizon"], 32) and result.states.dtype == torch.float32
 
 
-# ---- settings no machine can hold or torch cannot take (#35) ----------------------------
+# ---- settings no machine can hold or torch cannot take ---------------------------------
 
 
 SETTINGS = tally("out-of-range settings")

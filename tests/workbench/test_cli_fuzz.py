@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from helpers import (
     FAST,
-    FAULTS_8,
+    RUN_FAULTS,
     C,
     W,
     assert_usage_error,
@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 
 from workbench import load_model
 
-COUNTS = tally(FAULTS_8)
+COUNTS = tally(RUN_FAULTS)
 
 
 pytestmark = pytest.mark.slow
@@ -111,7 +111,7 @@ BAD_OVERRIDES = st.one_of(
             "train.beta1=2",
             "model.norm_eps=nan",
             "model.n_heads=-4",
-            # settings that exhausted memory, hung or reached torch before #35 bounded them
+            # settings that exhausted memory, hung or reached torch before sizes were bounded
             "model.n_layers=1000000000",
             "model.d_vocab=1000000000000000000",
             "model.d_model=1000000000000000000000000000000",

@@ -191,7 +191,7 @@ def test_eval_names_the_config_file_with_a_bad_training_section(tmp_path, capsys
     assert exit_.value.code == 2 and str(run / "config.json") in err and "train.steps" in err, err
 
 
-# ---- sizes known before anything is allocated (#35) ---------------------------------------
+# ---- sizes known before anything is allocated --------------------------------------------
 
 SIZE_CASES = [
     ("baseline", {}),

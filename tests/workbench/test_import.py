@@ -231,7 +231,7 @@ def test_the_real_smollm2_continues_pretraining_as_fbt_and_hd_on_prepared_gsm8k(
     assert row["n"] == 2 and 0.5 < row["loss"]["standard"] < 5 and set(row["accuracy"]) == {"standard"}
 
 
-# ---- hostile model files and output ownership (#35) --------------------------------------
+# ---- hostile model files and output ownership -------------------------------------------
 
 
 HOSTILE = tally("hostile model files")

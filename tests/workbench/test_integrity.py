@@ -28,7 +28,7 @@ from workbench.storage.files import write_json
 from workbench.training.runconfig import make_run_config
 from workbench.training.train import train
 
-COUNTS = tally("checkpoints, configs, tokenizers (#12)")
+COUNTS = tally("checkpoints, configs, tokenizers")
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from helpers import (
     FAST,
-    FAULTS_8,
+    RUN_FAULTS,
     C,
     T,
     W,
@@ -39,7 +39,7 @@ from workbench.storage.errors import BadInput
 from workbench.training.runconfig import make_run_config
 from workbench.training.train import TrainingDiverged, train
 
-COUNTS = tally(FAULTS_8)
+COUNTS = tally(RUN_FAULTS)
 
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 from helpers import (
-    FAULTS_8,
+    RUN_FAULTS,
     assert_usage_error,
     tally,
     tokens,
@@ -17,7 +17,7 @@ from helpers import (
 from workbench import build_model, save_model
 from workbench.dynamics.feedback import RolloutDiverged, rollout
 
-COUNTS = tally(FAULTS_8)
+COUNTS = tally(RUN_FAULTS)
 
 
 # ---- 5. rollouts past the context and to divergence --------------------------------------

@@ -139,7 +139,7 @@ FAULTS = [  # (name, fault, message) — message is what the error must say, aft
         "shard shard-00000.arrow has columns .* store.json needs",
     ),
     ("store.json listing no shards", meta_edit(lambda m: m.update(shards=[], n_rows=0)), "store.json lists no shards"),
-    (  # a checksum removed turned verification off (#35); format 2 records one for every shard
+    (  # a checksum removed turned verification off; format 2 records one for every shard
         "a shard's crc32 removed from store.json",
         meta_edit(lambda m: m["shards"][2].pop("crc32")),
         r"shard 'shard-00002.arrow' in store.json has no crc32 \(format 2 records them for every shard\)",

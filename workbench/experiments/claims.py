@@ -226,13 +226,16 @@ def _read_elsewhere(study: Mapping) -> str | None:
 def arm_accuracy(study: Mapping, arm: str, test_set: str | None = None) -> float | None:
     """The mean accuracy of one side of a comparison (``fbt fused``, ``baseline``, ``hd4``: a member
     and its regime, ``standard`` unless named) in ``study``'s readings, on ``test_set`` (a set
-    beyond training) or the test problems; None where the study does not record it."""
+    beyond training, a graded band, or ``band``: the one declared) or the test problems; None where
+    the study does not record it."""
     member, _, regime = arm.partition(" ")
     readings = study.get("readings", {})
     if isinstance(readings.get(member), Mapping):  # readings by member (hd-ablations)
         found = readings[member].get("accuracy")
     else:
-        where = readings.get("beyond", {}).get(test_set, {}) if test_set else readings.get("accuracy", {})
+        test_set = readings.get("band") if test_set == "band" else test_set
+        sets = {**readings.get("beyond", {}), **readings.get("curves", {})}
+        where = sets.get(test_set, {}) if test_set else readings.get("accuracy", {})
         found = where.get(member, {}).get(regime or "standard") if isinstance(where.get(member), Mapping) else None
     return float(found["mean"]) if isinstance(found, Mapping) and "mean" in found else None
 

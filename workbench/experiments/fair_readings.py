@@ -115,11 +115,9 @@ def recompute_accuracy(study: Mapping, comparison: str) -> dict:
 
 def time_to_threshold(steps: list[int], losses: list[float], threshold: float, window: int, budget: int) -> tuple[int, bool]:
     """``(step, reached)``: the first logged step at which the mean of the last ``window`` logged
-    losses is at most ``threshold``; ``(budget, False)`` when it never is (censored)."""
-    for i in range(window - 1, len(losses)):
-        if sum(losses[i - window + 1 : i + 1]) / window <= threshold:
-            return steps[i], True
-    return budget, False
+    losses (``smoothed``) is at most ``threshold``; ``(budget, False)`` when it never is (censored)."""
+    hits = np.flatnonzero(smoothed(np.array([losses], dtype=np.float64), window)[0] <= threshold)
+    return (steps[hits[0]], True) if hits.size else (budget, False)
 
 
 def power_step(pilot: dict[str, np.ndarray], problems: int, family_size: int) -> dict:
@@ -293,8 +291,7 @@ def readings(
                 for member, regimes in (("baseline", ["standard"]), ("fbt", list(BEYOND_REGIMES)))
             }
             for name in beyond
-        }
-        | ({BAND: graded(band)} if band is not None else {}),
+        },
         "band": band,
         "curves": {name: graded(name) for name in curves},
         "family": family,

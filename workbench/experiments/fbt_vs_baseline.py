@@ -36,7 +36,6 @@ from safetensors.torch import load_file
 
 from workbench.data.splits import heldout_examples
 from workbench.experiments.fair_readings import (
-    BAND,
     BAND_CELLS,
     BEYOND_REGIMES,
     COMPUTE,
@@ -385,8 +384,7 @@ def run_comparison(
         }
         summary["power"] = power
         summary["band"] = band
-        settings = {**s.get("beyond", {}), **bands} | ({BAND: bands[band["band"]]} if band["band"] else {})
-        summary["readings"]["beyond_settings"] = {b: as_recorded(v) for b, v in settings.items()}
+        summary["readings"]["beyond_settings"] = {b: as_recorded(v) for b, v in {**s.get("beyond", {}), **bands}.items()}
         summary["compute_matched"] = matched
         summary["scores"] = packed_scores(per_seed)
         summary["family"] = summary["readings"].pop("family")  # where every study keeps its family

@@ -220,9 +220,17 @@ class Output:
         return self._scratch
 
     def close(self) -> None:
-        if self._scratch is not None:
-            _scratch.discard(self._scratch)
-            shutil.rmtree(self._scratch)  # made by mkdtemp above and written by this verb alone
+        scratch, self._scratch = self._scratch, None
+        if scratch is None:
+            return
+        _scratch.discard(scratch)
+        # removed whole only as the folder ``scratch()`` made: this process's name, directly in the
+        # output directory, a real folder (a link put in its place is left, and so is its target)
+        ours = scratch.parent == self.directory and scratch.name.startswith(f"{STAGING}{os.getpid()}-")
+        if ours and scratch.is_dir() and not scratch.is_symlink():
+            shutil.rmtree(scratch)
+        elif os.path.lexists(scratch):
+            logger.warning("%s: not the staging folder this verb made; left as it is", scratch)
 
     def remove(self, rel: str) -> bool:
         """Delete ``rel`` and what lies under it as far as the manifest lists it, deepest first, a
