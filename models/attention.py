@@ -191,11 +191,11 @@ class Attention(nn.Module):
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Write the new keys/values in place and return the whole buffers with the step's mask."""
         k, v = kv.write_at(k, v, static.slots(per_token))
-        mask = static.mask(per_token, rows, self.window)
-        if explicit:  # the pattern a hook sees covers the cached keys only, as in a dynamic step
-            end = static.end * per_token
-            k, v, mask = k[:, :, :end], v[:, :, :end], mask[..., :end]
-        return k, v, mask
+        if not explicit:
+            return k, v, static.bias(per_token, rows, self.window, k.dtype)
+        # the pattern a hook sees covers the cached keys only, as in a dynamic step
+        end = static.end * per_token
+        return k[:, :, :end], v[:, :, :end], static.mask(per_token, rows, self.window)[..., :end]
 
     def _dynamic_cache(
         self, q: Tensor, k: Tensor, v: Tensor, kv: LayerKV | None, ctx: AttnContext, per_token: int, rows: int, shared: bool

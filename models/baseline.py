@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 from torch.utils.checkpoint import checkpoint
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
@@ -275,7 +276,9 @@ class DecoderLM(HookedRootModule):
         dynamo_config = torch._dynamo.config
         dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
         if mode not in _COMPILED_STEPS:  # the function, not a bound method: a copy of the model uses its own weights
-            _COMPILED_STEPS[mode] = torch.compile(DecoderLM._static_step_core, mode=mode)
+            # fullgraph: a graph break would split the step into pieces run between Python, and
+            # under CUDA graphs each piece would be a graph of its own; better to fail at compile
+            _COMPILED_STEPS[mode] = torch.compile(DecoderLM._static_step_core, mode=mode, fullgraph=True)
         self.compiled_mode = mode
 
     def static_step(self, tokens: Tensor, cache: KVCache, fuse: bool = False) -> Tensor:
@@ -286,7 +289,8 @@ class DecoderLM(HookedRootModule):
         self.check_tokens(tokens, cache)
         self.forward_calls += 1
         with self.guard_scope():
-            if not cache.compiled or self.hooks_attached():  # hooks are Python: they run eagerly
+            # hooks are Python, and dynamo cannot trace under a dispatch mode (an op counter): both run eagerly
+            if not cache.compiled or self.hooks_attached() or _get_current_dispatch_mode() is not None:
                 h = self._static_step_core(tokens, cache, fuse, False)[0]  # the norms report to the guard themselves
             else:
                 if self.compiled_mode is None:

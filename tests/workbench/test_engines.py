@@ -38,8 +38,11 @@ def _prompts():
 
 
 def _assert_same(a, b):
+    """Equal tokens; states within round-off over the first ``NEW`` steps, and within ten times
+    that over a longer generation, where soft decoding feeds each step's round-off back."""
     assert a.new_tokens.tolist() == b.new_tokens.tolist()
-    torch.testing.assert_close(a.states, b.states, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(a.states[:, :NEW], b.states[:, :NEW], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(a.states, b.states, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("arch,regime,passes,overrides", CASES, ids=IDS)
@@ -159,23 +162,6 @@ def test_unknown_engine_is_named():
 # ---- compiled: torch.compile (inductor on CPU; a few seconds to compile per graph) -------------
 
 
-@pytest.fixture(scope="module")
-def compiled_models():
-    """One model per (arch, overrides), shared so each compiles its step once per shape."""
-    return {}
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("arch,regime,passes,overrides", CASES, ids=IDS)
-def test_compiled_engine_equals_eager(compiled_models, arch, regime, passes, overrides):
-    key = (arch, tuple(sorted(overrides.items())))
-    model = compiled_models.setdefault(key, build_model(arch, "debug", **overrides))
-    for prompts in (_prompts(), tokens(2, 5)):
-        ref = generate(model, prompts, regime=regime, passes=passes, max_new_tokens=NEW, engine="eager")
-        _assert_same(generate(model, prompts, regime=regime, passes=passes, max_new_tokens=NEW, engine="compiled"), ref)
-    assert model.compiled_mode is not None
-
-
 @pytest.mark.slow
 def test_a_copy_of_a_compiled_model_decodes_with_its_own_weights():
     model = build_model("baseline", "debug")
@@ -190,17 +176,24 @@ def test_a_copy_of_a_compiled_model_decodes_with_its_own_weights():
 
 
 @pytest.mark.slow
-def test_compiled_steps_have_fixed_shapes():
-    """One compilation serves every step of a generation and a second generation of the same shape."""
+@pytest.mark.parametrize("arch,regime,passes,overrides", CASES, ids=IDS)
+def test_compiled_engine_equals_eager_with_one_graph(arch, regime, passes, overrides):
+    """The compiled engine decodes what the eager one does, and one whole graph (compiled with
+    ``fullgraph``, so a break would raise) serves all 256 steps of a generation and a second
+    generation of the same shape, for every architecture and regime."""
     from torch._dynamo.utils import counters
 
-    model = build_model("fbt", "debug")
+    model = build_model(arch, "debug", n_ctx=512, **overrides)
     torch._dynamo.reset()  # forget graphs compiled by earlier tests (they serve any model of the same shapes)
     counters.clear()
-    generate(model, tokens(2, 6), regime="soft", max_new_tokens=12, engine="compiled")
-    assert counters["stats"]["unique_graphs"] == 1
-    with torch._dynamo.config.patch(error_on_recompile=True):
-        generate(model, tokens(2, 6, seed=5), regime="soft", max_new_tokens=12, engine="compiled")
+    run = dict(regime=regime, passes=passes, max_new_tokens=256)
+    for i, prompts in enumerate((_prompts(), tokens(3, 9))):  # padded, then unpadded: the same shapes
+        ref = generate(model, prompts, **run, engine="eager")
+        with torch._dynamo.config.patch(error_on_recompile=i > 0):
+            _assert_same(generate(model, prompts, **run, engine="compiled"), ref)
+        assert counters["stats"]["unique_graphs"] == 1
+    assert not counters["graph_break"]
+    assert model.compiled_mode is not None
 
 
 @pytest.mark.slow
