@@ -52,3 +52,8 @@ def test_the_committed_kernel_counts_recompute():
     counted = per_layer("baseline", committed["preset"], regime=row["regime"], engine="static")
     assert counted["launching"] == row["per_layer"]["launching"]
     assert counted["ops"] == row["per_layer"]["ops"]
+    page = (ROOT / "docs/benchmarks.md").read_text()
+    for r in committed["rows"]:  # the page's table states the committed counts
+        if r["label"] == "baseline":
+            assert f"| baseline | {r['engine']} | {r['per_layer']['launching']:g}" in page
+            assert f"{r['per_layer']['outside_layers']:.1f}" in page and f"{r['guard_per_step']:.2f}" in page
