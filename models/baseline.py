@@ -58,6 +58,9 @@ class DecoderLM(HookedRootModule):
         self.numerics_guard = None  # set by models.guard_numerics
         self.check_token_values = True  # off inside trusted_ids
         self.compiled_mode: str | None = None  # the torch.compile mode of compiled steps, after compile_step()
+        # the compiled engine's caches between generations, by (batch, capacity): their buffers keep
+        # the addresses a CUDA graph captured (``workbench.runtime.decoding``)
+        self.decode_caches: dict[tuple[int, int], KVCache] = {}
         self.patterns_forced = False  # see compute_patterns
         # Activation checkpointing: in training, keep only each block's input and recompute the
         # block in backward (memory per block falls from its activations to one [batch, pos,

@@ -153,8 +153,8 @@ class FullBandwidthLM(DecoderLM):
                 self.current_pass = 0
             if commit:
                 self.commit(cache, ctx, T)
-                if cache is not None:  # contiguous: a compiled step sees the same strides at every step
-                    cache.state = states[-1][:, -1].contiguous()
+                if cache is not None:
+                    cache.hold_state(states[-1][:, -1])
         return states
 
     @staticmethod
@@ -216,10 +216,7 @@ class FullBandwidthLM(DecoderLM):
         fuse = regime != "standard"
         if self.steps_statically(tokens, cache):
             h = self.static_step(tokens, cache, fuse)
-            if cache.state is not None and cache.state.shape == h[:, -1].shape:
-                cache.state.copy_(h[:, -1])  # in place: the next step reads it at the same address (CUDA graphs)
-            else:
-                cache.state = h[:, -1].contiguous()
+            cache.hold_state(h[:, -1])
             return h
         return self.final_states(tokens, fuse_mask=fuse, cache=cache)
 

@@ -35,8 +35,8 @@ class LayerKV:
                 past_k = past_k.expand(k.shape[0], -1, -1, -1)
                 past_v = past_v.expand(k.shape[0], -1, -1, -1)
             return torch.cat((past_k, k), dim=2), torch.cat((past_v, v), dim=2)
-        if self.k is None or self.v is None:
-            shape = (k.shape[0], k.shape[1], capacity, k.shape[3])
+        shape = (k.shape[0], k.shape[1], capacity, k.shape[3])
+        if self.k is None or self.v is None or self.k.shape != shape or self.k.dtype != k.dtype or self.k.device != k.device:
             # zeros, not empty: a static step attends over the whole buffer, and a masked key's
             # weight is 0 but 0 * NaN (uninitialised memory) would still be NaN
             self.k, self.v = k.new_zeros(shape), v.new_zeros(shape)
@@ -116,7 +116,13 @@ class KVCache:
                 self._n_valid, self._key_valid = n_valid, key_valid
             self.length = end
             return
-        if self.valid is None or self.next_pos is None or self.index is None:
+        if (
+            self.valid is None
+            or self.next_pos is None
+            or self.index is None
+            or self.valid.shape[0] != batch
+            or self.valid.device != device
+        ):
             self.valid = torch.zeros(batch, self.capacity, dtype=torch.bool, device=device)
             self.next_pos = torch.zeros(batch, dtype=torch.long, device=device)
             self.index = torch.zeros((), dtype=torch.long, device=device)
@@ -129,6 +135,32 @@ class KVCache:
             self.next_pos.fill_(self.offset + end)
         self.index.fill_(end)
         self.length = end
+
+    def hold_state(self, state: Tensor) -> None:
+        """Carry ``state`` [batch, d_model] (FBT's last final state). A static cache keeps it in a
+        buffer of its own, written in place where it fits, so a compiled step reads it at the same
+        address every step and every reuse of the cache (CUDA graphs replay only on the addresses
+        they captured). A dynamic cache holds the tensor itself: its caller may keep the states it
+        was given (or set ``state``), and an in-place write would change them."""
+        held = self.state
+        if not self.static:
+            self.state = state.contiguous()
+        elif held is not None and held.shape == state.shape and held.dtype == state.dtype and held.device == state.device:
+            held.copy_(state)
+        else:
+            self.state = state.clone(memory_format=torch.contiguous_format)
+
+    def reset(self) -> None:
+        """Empty the cache for a new generation, keeping its buffers (and their addresses) for
+        prompts of the same batch; every buffer is zeroed, as a new cache's would be (a key left
+        from an earlier generation is masked out, but a NaN in it would still reach attention)."""
+        self.length, self.offset, self.padded = 0, 0, False
+        self._key_valid = self._n_valid = None
+        for layer in self.layers:
+            layer.length, layer.per_token = 0, 1
+        for t in [self.valid, self.next_pos, self.index, self.state] + [t for layer in self.layers for t in (layer.k, layer.v)]:
+            if t is not None:
+                t.zero_()
 
     def mark_static(self) -> None:
         """Tell ``torch.compile`` that the buffers a compiled step reads and writes in place keep

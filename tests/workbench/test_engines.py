@@ -231,3 +231,35 @@ def test_cli_engines_write_the_same_generations(tmp_path):
               "--max-new-tokens", "6", "--engine", engine, "--json", str(out)])  # fmt: skip
         outs[engine] = json.loads(out.read_text())["generations"]
     assert outs["static"] == outs["eager"]
+
+
+@pytest.mark.slow
+def test_compiled_generations_reuse_one_cache_and_one_graph():
+    """Generations of one batch whose prompt and budget round up to the same capacity decode on the
+    same cache buffers (what a captured CUDA graph needs) with no recompile, and equal eager's,
+    also after a generation that failed with NaN in its cache."""
+    from torch._dynamo.utils import counters
+
+    model = build_model("fbt", "debug")
+    torch._dynamo.reset()
+    counters.clear()
+    first = tokens(2, 5)
+    _assert_same(generate(model, first, regime="soft", max_new_tokens=20, engine="compiled"),
+                 generate(model, first, regime="soft", max_new_tokens=20, engine="eager"))  # fmt: skip
+    cache = model.decode_caches[(2, 64)]
+    addresses = [t.data_ptr() for layer in cache.layers for t in (layer.k, layer.v)] + [cache.state.data_ptr()]
+    weight = model.fusion.W_U.weight.detach().clone()
+    with torch.no_grad():  # the fed-back steps go NaN, and their keys fill the cache up to the read at step 16
+        model.fusion.W_U.weight.fill_(float("nan"))
+    with pytest.raises(NonFinite):
+        generate(model, tokens(2, 9, seed=3), regime="soft", max_new_tokens=30, engine="compiled")
+    assert not all(bool(layer.k.isfinite().all()) for layer in cache.layers)
+    with torch.no_grad():
+        model.fusion.W_U.weight.copy_(weight)
+    second = tokens(2, 5, seed=4)  # 5 + 30 tokens: the same capacity, 64; its steps attend over the NaN slots
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        got = generate(model, second, regime="soft", max_new_tokens=30, engine="compiled")
+    _assert_same(got, generate(model, second, regime="soft", max_new_tokens=30, engine="eager"))
+    assert model.decode_caches[(2, 64)] is cache and len(model.decode_caches) == 1
+    assert [t.data_ptr() for layer in cache.layers for t in (layer.k, layer.v)] + [cache.state.data_ptr()] == addresses
+    assert counters["stats"]["unique_graphs"] == 1

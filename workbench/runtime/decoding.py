@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from models import DecoderLM, NonFiniteActivation, guard_numerics, trusted_ids
+from models import DecoderLM, KVCache, NonFiniteActivation, guard_numerics, trusted_ids
 from models.numerics import NumericsGuard
 from workbench.names import ENGINES, REGIMES
 from workbench.runtime.config import check_fits
@@ -30,6 +30,7 @@ from workbench.storage.errors import BadInput, WorkbenchError
 # Decode steps between the host's reads of the device (the numerics guard, whether every row has
 # emitted eos, whether to compact): a step between them does not wait for the device.
 SYNC_EVERY = 16
+CAPACITY_STEP = 64  # the compiled engine's cache sizes: prompts of nearby lengths share one compiled step
 
 
 class NonFinite(WorkbenchError, NonFiniteActivation):
@@ -127,10 +128,26 @@ def sample(logits: Tensor, temperature: float, top_k: int | None, generator: tor
     return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator)[:, 0]
 
 
-def _engine_cache(model: DecoderLM, capacity: int, engine: str):
+@contextmanager
+def _engine_cache(model: DecoderLM, batch: int, capacity: int, engine: str) -> Iterator[KVCache]:
     """A key/value cache for ``capacity`` tokens that ``model.step`` runs on as ``engine`` (checked
-    by ``_check_args``) says."""
-    return model.make_cache(capacity, static=engine != "eager", compiled=engine == "compiled")
+    by ``_check_args``) says. The compiled engine's is kept on the model between calls, one per
+    batch and capacity rounded up to ``CAPACITY_STEP``: the compiled step then sees the same shapes
+    and a captured CUDA graph the same addresses, so both are reused, not compiled or recorded
+    again; a call that runs while another holds that cache makes its own."""
+    if engine != "compiled":
+        yield model.make_cache(capacity, static=engine == "static")
+        return
+    capacity = min(-(-capacity // CAPACITY_STEP) * CAPACITY_STEP, model.cfg.n_ctx)
+    cache = model.decode_caches.pop((batch, capacity), None)
+    if cache is None:
+        cache = model.make_cache(capacity, compiled=True)
+    else:
+        cache.reset()
+    try:
+        yield cache
+    finally:
+        model.decode_caches[(batch, capacity)] = cache
 
 
 def _check_args(model, regime, passes, max_new_tokens, temperature, top_k, engine):
@@ -188,8 +205,7 @@ def score_completions(
     for i, c in enumerate(completions):
         target[i, : len(c)] = torch.tensor(list(c), dtype=torch.long)
     model_check(model.check_tokens, target.clamp(min=0))
-    with guarded(model, check_numerics, check_every=None) as guard:
-        cache = _engine_cache(model, P + C, engine)
+    with guarded(model, check_numerics, check_every=None) as guard, _engine_cache(model, B, P + C, engine) as cache:
         n = model.n_streams
         h = model.prefill(tokens, regime=regime, passes=passes, cache=cache, attention_mask=mask)
         nll = torch.full((B, C), float("nan"), device=device)
@@ -299,8 +315,7 @@ def generate(
     generator = None
     if temperature > 0 and seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)
-    with guarded(model, check_numerics, check_every=None) as guard:
-        cache = _engine_cache(model, P + max_new_tokens, engine)
+    with guarded(model, check_numerics, check_every=None) as guard, _engine_cache(model, B, P + max_new_tokens, engine) as cache:
         h = model.prefill(tokens, regime=regime, passes=passes, cache=cache, attention_mask=mask)
         n = model.n_streams
         new = torch.full((B, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
