@@ -319,9 +319,34 @@ def test_compiled_training_gives_the_eager_losses_within_rounding(tmp_path):
     worst = max(abs(a - b) / a for a, b in zip(eager, compiled))
     assert worst < 1e-5, f"largest relative loss difference {worst:.2e}"
     assert [r["passes"] for r in read_metrics(tmp_path / "True" / "metrics.jsonl")] == [1, 1, 2, 2]
-    assert counters["frames"]["ok"] >= 1 and not counters["graph_break"], dict(counters["graph_break"])  # compiled, whole
+    assert counters["stats"]["unique_graphs"] >= 1 and not counters["graph_break"], dict(
+        counters["graph_break"]
+    )  # compiled, whole
     for (name, a), b in zip(eager_model.state_dict().items(), compiled_model.state_dict().values()):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0, msg=name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "arch,extra,graphs",
+    [
+        # one graph for every step: 1-, 2- and 3-pass steps, before and after the warm switch at step 10
+        ("fbt", ["fbt.feedback_start=0.5", "fbt.three_pass_fraction=0.5"], 1),
+        # one per block kind (intra- and cross-stream) and stage: the expansion at step 10 doubles the length
+        ("hd", ["hd.streams=1,2", "hd.expand_at=0,10"], 4),
+    ],
+)
+def test_compiled_training_compiles_each_shape_once(tmp_path, arch, extra, graphs):
+    """20 compiled training steps through FBT's switch or HD's expansion: the blocks compile whole
+    (``fullgraph``), and only for a new shape or block kind; the growth's one-off forwards (the
+    switch's fit and records, the expansion's) run eagerly and add no graph."""
+    from torch._dynamo.utils import counters
+
+    torch.compiler.reset()
+    counters.clear()
+    cfg = config(arch, "train.compile=true", "train.checkpoint_every=20", *extra, steps=20)
+    train(cfg, tmp_path / "run", progress=False)
+    assert counters["stats"]["unique_graphs"] == graphs and not counters["graph_break"], dict(counters["stats"])
 
 
 # ---- data.loss_on -------------------------------------------------------------------------

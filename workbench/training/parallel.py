@@ -109,8 +109,8 @@ class Engine:
         model.train()
         model.checkpoint_blocks = self.checkpoint_blocks
         if self.compile:
-            for block in model.blocks:
-                block.compile()
+            for block in model.blocks:  # whole: a graph break would fail here, not split a block
+                block.compile(fullgraph=True)
         step_loss: nn.Module = StepLoss(model, strategy)
         if self.kind == "ddp":
             ids = [self.device.index] if self.device.type == "cuda" else None

@@ -421,16 +421,19 @@ class Trainer:
             _stop_if_diverged(self.readings.read(self.rank_info.world), run_dir)
         plain, plain_opt = self.engine.gather(self.model, self.opt, self.new_optimizer)
         switching = self.rank_info.main and isinstance(self.strategy, FBTStrategy)
-        if switching:
-            batch = _switch_batch(self.stream, self.cfg, step, self.device, self.micro)
-            before = plain_and_fused_losses(plain, *batch)
-        grown = self.strategy.prepare(plain, step)
-        if switching:
-            _record_switch(cast(Output, self.out), cast(dict, cast(FBTStrategy, self.strategy).fit), before, grown, batch)
-        elif self.rank_info.main:
-            _record_expansion(
-                cast(Output, self.out), self.strategy, plain, grown, self.stream, self.cfg, step, self.device, self.micro
-            )
+        # the growth's fit and records are one-off forwards (no_grad, their own shapes): compiled,
+        # each would add graphs that no training step reuses
+        with torch.compiler.set_stance("force_eager"):
+            if switching:
+                batch = _switch_batch(self.stream, self.cfg, step, self.device, self.micro)
+                before = plain_and_fused_losses(plain, *batch)
+            grown = self.strategy.prepare(plain, step)
+            if switching:
+                _record_switch(cast(Output, self.out), cast(dict, cast(FBTStrategy, self.strategy).fit), before, grown, batch)
+            elif self.rank_info.main:
+                _record_expansion(
+                    cast(Output, self.out), self.strategy, plain, grown, self.stream, self.cfg, step, self.device, self.micro
+                )
         moved = carry_optimizer(plain, plain_opt, grown, self.cfg)
         self.model, self.step_loss, self.opt = self.engine.shard(grown, moved, self.strategy, self.new_optimizer)
 
