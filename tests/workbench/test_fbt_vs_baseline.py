@@ -244,10 +244,13 @@ def test_the_organisms_bands_grow_harder_from_the_trained_level():
     assert list(fvb.BANDS["perm"]) == [f"length{k}" for k in range(1, 9)]
     assert list(fvb.BANDS["addition"]) == [f"digits{k}" for k in range(1, 6)]
     assert all(fvb.SCALES[f"org-{task}"]["bands"] == fvb.BANDS[task] for task in ("flipflop", "perm", "addition"))
-    ignores = [v["flipflop_weights"][1] for v in fvb.BANDS["flipflop"].values()]
-    assert ignores == sorted(ignores) and ignores[0] == 0.5  # the trained density first
-    for weights in (v["flipflop_weights"] for v in fvb.BANDS["flipflop"].values()):
+    lengths = [(v["flipflop_min_len"], v["flipflop_max_len"]) for v in fvb.BANDS["flipflop"].values()]
+    assert lengths[0] == (8, 24) and all(a[1] <= b[0] for a, b in zip(lengths, lengths[1:]))  # trained, then longer
+    for weights in (v["flipflop_weights"] for v in fvb.BANDS["flipflop"].values()):  # writes : reads as trained
         assert sum(weights) == pytest.approx(1.0) and weights[0] / weights[2] == pytest.approx(1.5)
+    cfg = fvb.member_config("org-flipflop", "baseline", [])
+    settings = dataclasses.replace(task_settings(cfg.data), **fvb.BANDS["flipflop"]["length64-96"])
+    assert {ex.difficulty for ex in heldout_examples("flipflop", 50, 0, settings)} <= set(range(64, 97))
     cfg = fvb.member_config("org-perm", "baseline", [])
     examples = heldout_examples("perm", 50, 0, dataclasses.replace(task_settings(cfg.data), **fvb.BANDS["perm"]["length7"]))
     assert {ex.difficulty for ex in examples} == {7}

@@ -153,22 +153,24 @@ def pilot(out: Path, chosen: dict, n: int) -> dict[str, np.ndarray]:
     }
 
 
-def band_pilot(out: Path, baseline: dict, n: int, bands: dict[str, dict]) -> dict[str, float]:
-    """The baseline's accuracy on each difficulty band (name -> task settings), ``n`` validation
-    problems drawn with the band's settings, averaged over the chosen setting's tuning runs: what
-    the band a claim is read on is declared from, before any comparison member trains."""
-    accuracy: dict[str, float] = {}
+def band_accuracy(run: Path, bands: dict[str, dict], n: int) -> dict[str, float]:
+    """A run's accuracy in ``standard`` on each difficulty band (name -> task settings): ``n``
+    validation problems drawn with the band's settings over the run's own."""
+    cfg = load_run_config(run / "config.json")
+    model, tokenizer = load_model(run), load_tokenizer(run)
+    accuracy = {}
     for name, settings in bands.items():
-        values = []
-        for seed in TUNING_SEEDS:
-            run = out / tuning_run("baseline", baseline, seed)
-            cfg = load_run_config(run / "config.json")
-            drawn = dataclasses.replace(task_settings(cfg.data), **settings)
-            examples = synthetic_examples(cfg.data.task, n, 0, drawn, split="validation")
-            row = evaluate_examples(load_model(run), examples, load_tokenizer(run), regimes=["standard"])
-            values.append(row["accuracy"]["standard"])
-        accuracy[name] = sum(values) / len(values)
+        drawn = dataclasses.replace(task_settings(cfg.data), **settings)
+        examples = synthetic_examples(cfg.data.task, n, 0, drawn, split="validation")
+        accuracy[name] = evaluate_examples(model, examples, tokenizer, regimes=["standard"])["accuracy"]["standard"]
     return accuracy
+
+
+def band_pilot(out: Path, baseline: dict, n: int, bands: dict[str, dict]) -> dict[str, float]:
+    """The baseline's ``band_accuracy`` averaged over the chosen setting's tuning runs: what the
+    band a claim is read on is declared from, before any comparison member trains."""
+    runs = [band_accuracy(out / tuning_run("baseline", baseline, seed), bands, n) for seed in TUNING_SEEDS]
+    return {name: sum(r[name] for r in runs) / len(runs) for name in bands}
 
 
 def learned(models: dict, name: str) -> bool:

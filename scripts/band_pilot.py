@@ -1,0 +1,47 @@
+"""Trained runs' accuracy on difficulty bands: the pilot that says whether an organism has a band
+with room (a baseline between 0.6 and 0.9, ``fair_readings.HEADROOM``) before a fair study runs
+on it. Bands are the run's task's (``fbt_vs_baseline.BANDS``) unless given as JSON.
+
+    python scripts/band_pilot.py RUN [RUN ...] [--n 500] [--bands '{"NAME": {SETTING: VALUE}}'] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import subprocess
+from pathlib import Path
+
+import torch
+
+from workbench.experiments.fbt_vs_baseline import BANDS
+from workbench.experiments.tuning import band_accuracy
+from workbench.storage.files import write_json
+from workbench.training.runconfig import load_run_config
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=Path)
+    parser.add_argument("--n", type=int, default=500, help="problems per band")
+    parser.add_argument("--bands", type=json.loads, help="name -> task settings (lists for tuples)")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    rows = {}
+    for run in args.runs:
+        cfg = load_run_config(run / "config.json")
+        bands = args.bands or BANDS[cfg.data.task]
+        bands = {name: {k: tuple(v) if isinstance(v, list) else v for k, v in s.items()} for name, s in bands.items()}
+        accuracy = band_accuracy(run, bands, args.n)
+        rows[str(run)] = {"task": cfg.data.task, "steps": cfg.train.steps, "data": dataclasses.asdict(cfg.data),
+                          "bands": bands, "accuracy": accuracy}  # fmt: skip
+        print(run, json.dumps(accuracy))
+    if args.out:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        write_json(args.out, {"commit": commit, "n": args.n, "runs": rows})
+
+
+if __name__ == "__main__":
+    main()
