@@ -219,31 +219,31 @@ class StaticStep:
     index: Tensor  # [] long: the new token's slot
     valid: Tensor  # [batch, capacity] bool, the new token's slot included
     end: int  # tokens cached after this step (eager code only: slices a pattern to the real keys)
-    # built once per step and shared by the layers of one kind: each would otherwise launch its own
-    # few small kernels, a step's cost on a launch-bound device
-    masks: dict = dataclasses.field(default_factory=dict)
+    # slots, masks and biases, built once per step and shared by the layers of one kind: each would
+    # otherwise launch its own few small kernels, a step's cost on a launch-bound device
+    built: dict = dataclasses.field(default_factory=dict)
 
     def slots(self, per_token: int) -> Tensor:
         """[per_token] slots of the new token in a layout with ``per_token`` positions per token."""
-        if per_token not in self.masks:
-            self.masks[per_token] = self.index * per_token + torch.arange(per_token, device=self.index.device)
-        return self.masks[per_token]
+        if per_token not in self.built:  # keyed by the int; masks and biases by tuples
+            self.built[per_token] = self.index * per_token + torch.arange(per_token, device=self.index.device)
+        return self.built[per_token]
 
     def mask(self, per_token: int, rows_per_batch: int, window: int | None) -> Tensor:
         """[batch', 1, per_token, capacity * per_token] bool (True = may attend) over the whole buffer."""
         kind = (per_token, rows_per_batch, window)
-        if kind not in self.masks:
-            self.masks[kind] = self._mask(per_token, rows_per_batch, window)
-        return self.masks[kind]
+        if kind not in self.built:
+            self.built[kind] = self._mask(per_token, rows_per_batch, window)
+        return self.built[kind]
 
     def bias(self, per_token: int, rows_per_batch: int, window: int | None, dtype: torch.dtype) -> Tensor:
         """``mask`` as attention's additive bias (0 where it may attend, -inf elsewhere) in
         ``dtype``: what attention makes of a boolean mask at every call, made once."""
         kind = (per_token, rows_per_batch, window, dtype)
-        if kind not in self.masks:
+        if kind not in self.built:
             allowed = self.mask(per_token, rows_per_batch, window)
-            self.masks[kind] = torch.zeros((), dtype=dtype, device=allowed.device).masked_fill(~allowed, float("-inf"))
-        return self.masks[kind]
+            self.built[kind] = torch.zeros((), dtype=dtype, device=allowed.device).masked_fill(~allowed, float("-inf"))
+        return self.built[kind]
 
     def _mask(self, per_token: int, rows_per_batch: int, window: int | None) -> Tensor:
         keys = self.valid
