@@ -40,7 +40,8 @@ def main() -> None:
         bands = args.bands or BANDS[cfg.data.task]
         bands = {name: {k: tuple(v) if isinstance(v, list) else v for k, v in s.items()} for name, s in bands.items()}
         accuracy = band_accuracy(run, bands, args.n)
-        rows[label or path] = {"commit": commit, "task": cfg.data.task, "steps": cfg.train.steps,
+        train = {k: getattr(cfg.train, k) for k in ("steps", "lr", "batch_size", "seq_len", "seed")}
+        rows[label or path] = {"commit": commit, "task": cfg.data.task, "steps": cfg.train.steps, "train": train,
                           "data": dataclasses.asdict(cfg.data), "bands": bands, "accuracy": accuracy}  # fmt: skip
         print(run, json.dumps(accuracy))
         if args.out:  # after each run: a long pilot keeps what it has measured

@@ -617,3 +617,13 @@ def test_a_later_part_under_another_fingerprint_trains_nothing(tmp_path, monkeyp
     assert len(ran) == 1 and ran[0][1:4] == ["zoo", "--study", "probes"]
     step = json.loads(regenerate.step_file(tmp_path / "runs" / "perm" / "studies" / "probes").read_text())["step"]
     assert step["rc"] == 1 and step["training_fingerprint"] == "ab" * 32  # a failed step is recorded too
+
+
+def test_the_band_pilots_the_studies_page_quotes_are_the_committed_ones():
+    pilots = json.loads((ROOT / "docs/results/band_pilots.json").read_text())["runs"]
+    text = " ".join((ROOT / "docs/studies.md").read_text().split())
+    assert ", ".join(f"{v:g}" for v in pilots["flipflop"]["accuracy"].values()) in text
+    quoted = [("perm1-3", "length3"), ("perm1-3", "length4"), ("addition1-3", "digits3"), ("addition1-3", "digits4"),
+              ("perm1-4-1400steps", "length4"), ("addition1-3-seq96", "digits4")]  # fmt: skip
+    for label, band in quoted:
+        assert f"{pilots[label]['accuracy'][band]:g}" in text, (label, band)
