@@ -756,7 +756,7 @@ def test_zoo_page_shows_seed_spread_and_a_studys_readings(monkeypatch, micro_zoo
     assert any("declared family of 9" in h.value for h in at.subheader)
 
 
-# Hostile files under the runs root (#35, "the app and its jobs"): a malformed job, probe report or zoo
+# Hostile files under the runs root: a malformed job, probe report or zoo
 # summary is an error element for that job or output, naming the file and the field; the page around
 # it keeps working.
 

@@ -152,7 +152,7 @@ def test_a_job_started_here_lists_with_the_newest_first(tmp_path):
     assert Path(jobs[0].path / "log.txt").is_file()
 
 
-# Hostile job files (#35, "the app and its jobs"): a job directory's files are read as untrusted. A bad
+# Hostile job files: a job directory's files are read as untrusted. A bad
 # field is an invalid job naming the file and the field, never an exception in a reader; a process is
 # signalled only when its command line proves it is the job's supervisor or verb; no file is read or
 # appended to through a planted link.
