@@ -14,6 +14,7 @@ from transformer_lens.hook_points import HookPoint
 
 from models.config import ModelConfig
 from models.kv_cache import KVCache, LayerKV, StaticStep
+from models.stacked import Stacked
 
 
 def _is_hooked(hook_point) -> bool:
@@ -134,6 +135,7 @@ class Attention(nn.Module):
         self.W_K = nn.Linear(cfg.d_model, self.n_kv_heads * cfg.d_head, bias=False)
         self.W_V = nn.Linear(cfg.d_model, self.n_kv_heads * cfg.d_head, bias=False)
         self.W_O = nn.Linear(d, cfg.d_model, bias=False)
+        self.stacked = Stacked(self.W_Q, self.W_K, self.W_V)
         self.hook_q = HookPoint()  # [batch, pos, n_heads, d_head] (after rotary)
         self.hook_k = HookPoint()  # [batch, pos, n_kv_heads, d_head] (after rotary)
         self.hook_v = HookPoint()  # [batch, pos, n_kv_heads, d_head]
@@ -152,8 +154,7 @@ class Attention(nn.Module):
         # batch rows per sequence: one per stream in an intra-stream layer, else the interleaved sequence
         rows = n if (self.mode == "intra" and n > 1 and not shared) else 1
         per_token = n if ((self.mode == "cross" or shared) and n > 1) else 1  # cached positions per token
-        q, k, v = self._project(x)
-        q, k, v = self._rotary(q, k, v, ctx)
+        q, k, v = self._project(x, ctx)
         if shared and ctx.static is not None:
             raise NotImplementedError("the shared key/value cache ablation has no static-cache (compiled) step")
         if rows > 1:  # [batch, n_heads, tokens*n_streams, d_head] -> [batch*n_streams, n_heads, tokens, d_head]
@@ -170,21 +171,22 @@ class Attention(nn.Module):
             z = self._attend(q, k, v, mask)
         return self._merge(z, rows, x.shape[0], x.shape[1])
 
-    def _project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries [batch, pos, n_heads, d_head], keys and values [batch, pos, n_kv_heads, d_head]."""
+    def _project(self, x: Tensor, ctx: AttnContext) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries, keys (rotated) and values through their hooks (which see [batch, pos, heads,
+        d_head]), returned in SDPA's [batch, heads, pos, d_head] layout. The fixed-shape decode
+        step projects by one matmul and rotates queries and keys at once; the same numbers."""
         B, P, _ = x.shape
-        dh = self.cfg.d_head
-        q = self.W_Q(x).view(B, P, self.cfg.n_heads, dh)
-        return q, self.W_K(x).view(B, P, self.n_kv_heads, dh), self.W_V(x).view(B, P, self.n_kv_heads, dh)
-
-    def _rotary(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttnContext) -> tuple[Tensor, Tensor, Tensor]:
-        """Rotate queries and keys, pass q, k, v through their hooks, and return them in SDPA's
-        [batch, heads, pos, d_head] layout."""
-        # rotary in the [batch, pos, heads, d_head] layout the hooks see (cos, sin: [batch, pos, 1, d_head])
-        cos, sin = ctx.cos.transpose(1, 2), ctx.sin.transpose(1, 2)
-        q = self.hook_q(apply_rotary(q, cos, sin)).transpose(1, 2)
-        k = self.hook_k(apply_rotary(k, cos, sin)).transpose(1, 2)
-        return q, k, self.hook_v(v).transpose(1, 2)
+        H, KV, dh = self.cfg.n_heads, self.n_kv_heads, self.cfg.d_head
+        cos, sin = ctx.cos.transpose(1, 2), ctx.sin.transpose(1, 2)  # [batch, pos, 1, d_head]
+        if ctx.static is None:
+            q = apply_rotary(self.W_Q(x).view(B, P, H, dh), cos, sin)
+            k = apply_rotary(self.W_K(x).view(B, P, KV, dh), cos, sin)
+            v = self.W_V(x)
+        else:
+            qk, v = self.stacked(x).split(((H + KV) * dh, KV * dh), dim=-1)
+            q, k = apply_rotary(qk.view(B, P, H + KV, dh), cos, sin).split((H, KV), dim=2)
+        v = v.view(B, P, KV, dh)
+        return self.hook_q(q).transpose(1, 2), self.hook_k(k).transpose(1, 2), self.hook_v(v).transpose(1, 2)
 
     def _static_cache(
         self, k: Tensor, v: Tensor, kv: LayerKV, static: StaticStep, per_token: int, rows: int, explicit: bool

@@ -17,7 +17,7 @@ from transformer_lens.hook_points import HookPoint
 from models.attention import Attention, AttnContext, _is_hooked
 from models.config import ModelConfig
 from models.kv_cache import KVCache, StaticStep
-from models.layers import Block, RMSNorm, Rotary, init_weights
+from models.layers import Block, RMSNorm, Rotary, SwiGLU, init_weights
 from models.numerics import UNGUARDED
 
 
@@ -291,6 +291,11 @@ class DecoderLM(HookedRootModule):
         ``fuse``: feed the cache's carried state back (FBT's soft steps)."""
         self.check_tokens(tokens, cache)
         self.forward_calls += 1
+        if not cache.weights_checked:  # once per generation: the weights may have changed since the last
+            for module in self.modules():
+                if isinstance(module, (Attention, SwiGLU)):
+                    module.stacked.refresh()
+            cache.weights_checked = True
         with self.guard_scope():
             # hooks are Python, and dynamo cannot trace under a dispatch mode (an op counter): both run eagerly
             if not cache.compiled or self.hooks_attached() or _get_current_dispatch_mode() is not None:

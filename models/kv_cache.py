@@ -93,6 +93,7 @@ class KVCache:
         self.next_pos: Tensor | None = None  # [batch] long: the rotary position of each row's next token
         self.index: Tensor | None = None  # [] long: the next token's slot (== length)
         self.padded = False  # some row holds padding (then key_valid and n_valid are not None)
+        self.weights_checked = False  # the model's stacked projections checked for this generation
 
     @property
     def key_valid(self) -> Tensor | None:
@@ -154,7 +155,7 @@ class KVCache:
         """Empty the cache for a new generation, keeping its buffers (and their addresses) for
         prompts of the same batch; every buffer is zeroed, as a new cache's would be (a key left
         from an earlier generation is masked out, but a NaN in it would still reach attention)."""
-        self.length, self.offset, self.padded = 0, 0, False
+        self.length, self.offset, self.padded, self.weights_checked = 0, 0, False, False
         self._key_valid = self._n_valid = None
         for layer in self.layers:
             layer.length, layer.per_token = 0, 1

@@ -19,6 +19,7 @@ from transformer_lens.hook_points import HookPoint
 from models.attention import Attention, AttnContext
 from models.config import ModelConfig
 from models.kv_cache import LayerKV
+from models.stacked import Stacked
 
 
 class RMSNorm(nn.Module):
@@ -75,14 +76,18 @@ class SwiGLU(nn.Module):
         self.W_gate = nn.Linear(cfg.d_model, cfg.d_mlp, bias=False)
         self.W_in = nn.Linear(cfg.d_model, cfg.d_mlp, bias=False)
         self.W_out = nn.Linear(cfg.d_mlp, cfg.d_model, bias=False)
+        self.stacked = Stacked(self.W_gate, self.W_in)
         self.hook_pre = HookPoint()  # [batch, pos, d_mlp] gate pre-activation
         self.hook_pre_linear = HookPoint()  # [batch, pos, d_mlp]
         self.hook_post = HookPoint()  # [batch, pos, d_mlp]
 
-    def forward(self, x: Tensor) -> Tensor:
-        gate = self.hook_pre(self.W_gate(x))
-        lin = self.hook_pre_linear(self.W_in(x))
-        return self.W_out(self.hook_post(F.silu(gate) * lin))
+    def forward(self, x: Tensor, stacked: bool = False) -> Tensor:
+        """``stacked``: project through ``self.stacked`` (the fixed-shape decode step)."""
+        if stacked:
+            gate, lin = self.stacked(x).chunk(2, dim=-1)
+        else:
+            gate, lin = self.W_gate(x), self.W_in(x)
+        return self.W_out(self.hook_post(F.silu(self.hook_pre(gate)) * self.hook_pre_linear(lin)))
 
 
 class Block(nn.Module):
@@ -103,7 +108,7 @@ class Block(nn.Module):
     def forward(self, x: Tensor, ctx: AttnContext, kv: LayerKV | None) -> Tensor:
         x = self.hook_resid_pre(x)
         x = self.hook_resid_mid(x + self.hook_attn_out(self.attn(self.ln1(x, ctx.sink), ctx, kv)))
-        return self.hook_resid_post(x + self.hook_mlp_out(self.mlp(self.ln2(x, ctx.sink))))
+        return self.hook_resid_post(x + self.hook_mlp_out(self.mlp(self.ln2(x, ctx.sink), ctx.static is not None)))
 
 
 def init_weights(model: nn.Module, cfg: ModelConfig, added: dict[str, int] | None = None) -> None:

@@ -98,6 +98,20 @@ def test_static_steps_after_a_slide_equal_the_growing_cache():
     torch.testing.assert_close(states[True], states[False], atol=1e-5, rtol=1e-5)
 
 
+def test_the_static_step_projects_with_the_weights_as_they_are_now():
+    """The fixed-shape step's stacked q/k/v and gate/up weights follow the layers' own: weights
+    edited in place or replaced after a generation decode the next one as eager does."""
+    model = build_model("hd", "debug", n_streams=2, n_kv_heads=2)
+    before = generate(model, _prompts(), max_new_tokens=NEW, engine="static")
+    with torch.no_grad():
+        model.blocks[0].attn.W_K.weight.mul_(-2.0)
+        model.blocks[1].mlp.W_in.weight.mul_(3.0)
+    model.blocks[1].attn.W_Q.weight = torch.nn.Parameter(torch.randn_like(model.blocks[1].attn.W_Q.weight))
+    after = generate(model, _prompts(), max_new_tokens=NEW, engine="static")
+    _assert_same(after, generate(model, _prompts(), max_new_tokens=NEW, engine="eager"))
+    assert not torch.allclose(after.states, before.states)
+
+
 def test_hooks_see_the_same_activations_under_every_engine():
     """The recorder under the static engine (and under the compiled one, whose steps run eagerly
     while hooks are attached, so nothing compiles here) records what the eager engine records,
@@ -254,12 +268,15 @@ def test_compiled_generations_reuse_one_cache_and_one_graph():
     with pytest.raises(NonFinite):
         generate(model, tokens(2, 9, seed=3), regime="soft", max_new_tokens=30, engine="compiled")
     assert not all(bool(layer.k.isfinite().all()) for layer in cache.layers)
+    stacked = model.blocks[0].attn.stacked.weight
     with torch.no_grad():
         model.fusion.W_U.weight.copy_(weight)
+        model.blocks[0].attn.W_V.weight.mul_(-1.0)  # the stacked copy follows, in place
     second = tokens(2, 5, seed=4)  # 5 + 30 tokens: the same capacity, 64; its steps attend over the NaN slots
     with torch._dynamo.config.patch(error_on_recompile=True):
         got = generate(model, second, regime="soft", max_new_tokens=30, engine="compiled")
     _assert_same(got, generate(model, second, regime="soft", max_new_tokens=30, engine="eager"))
     assert model.decode_caches[(2, 64)] is cache and len(model.decode_caches) == 1
     assert [t.data_ptr() for layer in cache.layers for t in (layer.k, layer.v)] + [cache.state.data_ptr()] == addresses
+    assert model.blocks[0].attn.stacked.weight is stacked
     assert counters["stats"]["unique_graphs"] == 1

@@ -66,6 +66,8 @@ def per_step(model, prompts, *, steps: int = 32, **generate_kwargs) -> dict:
 
     if steps % SYNC_EVERY:
         raise ValueError(f"steps={steps}: expected a multiple of {SYNC_EVERY}")
+    with torch.no_grad():  # what a first generation builds once and later ones reuse is not a step's
+        generate(model, prompts, max_new_tokens=2, **generate_kwargs)
     counts = [count_kernels(generate, model, prompts, max_new_tokens=n, **generate_kwargs)[1] for n in (steps, 2 * steps)]
     short, long = counts
     ops = {name: (long.ops[name] - short.ops[name]) / steps for name in sorted(long.ops | short.ops)}
