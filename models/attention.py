@@ -3,6 +3,7 @@ masks and ``Attention`` itself (shapes in the dimension names listed in ``models
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -49,6 +50,7 @@ class AttnContext:
     write: bool
     static: StaticStep | None = None  # a static cache's fixed-shape step
     sink: list[Tensor] | None = None  # the norms' mean squares, collected by a compiled step
+    mirror: tuple[Tensor, Tensor] | None = None  # KV-Mirror's source keys and values (set by that layer)
 
 
 def attention_mask(
@@ -125,10 +127,15 @@ class Attention(nn.Module):
     """
 
     def __init__(
-        self, cfg: ModelConfig, mode: Literal["intra", "cross"] = "intra", window: int | None = None, shared_kv: bool = False
+        self,
+        cfg: ModelConfig,
+        mode: Literal["intra", "cross"] = "intra",
+        window: int | None = None,
+        shared_kv: bool = False,
+        mirror: Literal["source", "mirrored"] | None = None,
     ):
         super().__init__()
-        self.cfg, self.mode, self.window, self.shared_kv = cfg, mode, window, shared_kv
+        self.cfg, self.mode, self.window, self.shared_kv, self.mirror = cfg, mode, window, shared_kv, mirror
         d = cfg.n_heads * cfg.d_head
         self.n_kv_heads: int = cfg.n_kv_heads or cfg.n_heads
         self.W_Q = nn.Linear(cfg.d_model, d, bias=False)
@@ -150,11 +157,15 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, ctx: AttnContext, kv: LayerKV | None) -> Tensor:
         n = ctx.n_streams
+        if self.mirror == "mirrored" and n > 1:
+            return self._mirrored(x, ctx, kv)
         shared = self.shared_kv and n > 1
         # batch rows per sequence: one per stream in an intra-stream layer, else the interleaved sequence
         rows = n if (self.mode == "intra" and n > 1 and not shared) else 1
         per_token = n if ((self.mode == "cross" or shared) and n > 1) else 1  # cached positions per token
         q, k, v = self._project(x, ctx)
+        if self.mirror == "source":
+            ctx.mirror = (k, v)
         if shared and ctx.static is not None:
             raise NotImplementedError("the shared key/value cache ablation has no static-cache (compiled) step")
         if rows > 1:  # [batch, n_heads, tokens*n_streams, d_head] -> [batch*n_streams, n_heads, tokens, d_head]
@@ -164,12 +175,34 @@ class Attention(nn.Module):
             assert kv is not None  # a static step always has its cache
             k, v, mask = self._static_cache(k, v, kv, ctx.static, per_token, rows, explicit)
         else:
-            k, v, mask = self._dynamic_cache(q, k, v, kv, ctx, per_token, rows, shared)
+            k, v, mask = self._dynamic_cache(q.shape[2], k, v, kv, ctx, per_token, rows, shared)
         if explicit:
             z = self._attend_explicit(q, k, v, mask, x.shape[0], rows)
         else:
             z = self._attend(q, k, v, mask)
         return self._merge(z, rows, x.shape[0], x.shape[1])
+
+    def _mirrored(self, x: Tensor, ctx: AttnContext, kv: LayerKV | None) -> Tensor:
+        """KV-Mirror: ``x`` [batch, tokens, d_model] holds the last stream only, the one computed in
+        this layer. An intra-stream layer attends over that stream alone; a cross-stream layer's
+        query also sees the other streams, whose keys and values are the source layer's
+        (``ctx.mirror``, this call's tokens; the cache holds the past's)."""
+        n = ctx.n_streams
+        last = dataclasses.replace(ctx, cos=ctx.cos[:, :, n - 1 :: n], sin=ctx.sin[:, :, n - 1 :: n])
+        q, k, v = self._project(x, last)
+        per_token = n if self.mode == "cross" else 1
+        if per_token > 1:
+            assert ctx.mirror is not None, "the source layer runs first"
+            k, v = (_as_last_stream(own, source, n) for own, source in zip((k, v), ctx.mirror))
+        explicit = self.force_pattern or _is_hooked(self.hook_pattern)
+        if ctx.static is not None:
+            assert kv is not None  # a static step always has its cache
+            k, v, mask = self._static_cache(k, v, kv, ctx.static, per_token, 1, explicit)
+        else:  # the mask of every stream's query, of which the last stream's rows are kept
+            k, v, mask = self._dynamic_cache(q.shape[2] * per_token, k, v, kv, ctx, per_token, 1, per_token > 1)
+        mask = mask[:, :, per_token - 1 :: per_token] if mask is not None else None
+        z = self._attend_explicit(q, k, v, mask, x.shape[0], 1) if explicit else self._attend(q, k, v, mask)
+        return self._merge(z, 1, x.shape[0], x.shape[1])
 
     def _project(self, x: Tensor, ctx: AttnContext) -> tuple[Tensor, Tensor, Tensor]:
         """Queries, keys (rotated) and values through their hooks (which see [batch, pos, heads,
@@ -200,22 +233,22 @@ class Attention(nn.Module):
         return k[:, :, :end], v[:, :, :end], static.mask(per_token, rows, self.window)[..., :end]
 
     def _dynamic_cache(
-        self, q: Tensor, k: Tensor, v: Tensor, kv: LayerKV | None, ctx: AttnContext, per_token: int, rows: int, shared: bool
+        self, n_query: int, k: Tensor, v: Tensor, kv: LayerKV | None, ctx: AttnContext, per_token: int, rows: int, explicit: bool
     ) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Append to the cache (if any) and return past + new keys/values with the mask over them
-        (None: plain causal)."""
+        """Append to the cache (if any) and return past + new keys/values with the mask of the
+        last ``n_query`` positions over them (None: plain causal, unless ``explicit``)."""
         key_valid = ctx.key_valid
         if key_valid is not None and rows > 1:  # token units -> one row per stream
             key_valid = key_valid.repeat_interleave(rows, dim=0)
-        elif key_valid is not None and ctx.n_streams > 1:  # token units -> interleaved stream positions
-            key_valid = key_valid.repeat_interleave(ctx.n_streams, dim=1)
+        elif key_valid is not None and per_token > 1:  # token units -> interleaved stream positions
+            key_valid = key_valid.repeat_interleave(per_token, dim=1)
         if kv is not None and ctx.cache is not None:
             kv.per_token = per_token
             k, v = kv.extend(k, v, ctx.cache.capacity * per_token, ctx.write)
-        mask = attention_mask(q.shape[2], k.shape[2], key_valid, self.window, q.device, explicit=shared)
-        if shared:
+        mask = attention_mask(n_query, k.shape[2], key_valid, self.window, k.device, explicit=explicit)
+        if self.shared_kv and ctx.n_streams > 1:
             assert mask is not None  # explicit=True always builds one
-            mask = mask & shared_kv_mask(q.shape[2], k.shape[2], ctx.n_streams, self.mode, q.device)
+            mask = mask & shared_kv_mask(n_query, k.shape[2], ctx.n_streams, self.mode, k.device)
         return k, v, mask
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
@@ -274,3 +307,10 @@ class Attention(nn.Module):
     def _merge_streams(t: Tensor, n: int) -> Tensor:
         Bn, H, T, dh = t.shape
         return t.view(Bn // n, n, H, T, dh).permute(0, 2, 3, 1, 4).reshape(Bn // n, H, T * n, dh)
+
+
+def _as_last_stream(own: Tensor, source: Tensor, n: int) -> Tensor:
+    """Interleaved [batch, heads, tokens * n, d_head]: ``source``'s positions, the last stream's
+    replaced by ``own`` [batch, heads, tokens, d_head]."""
+    B, H, T, dh = own.shape
+    return torch.cat((source.reshape(B, H, T, n, dh)[:, :, :, : n - 1], own[:, :, :, None]), dim=3).view(B, H, T * n, dh)

@@ -40,6 +40,9 @@ class HDConfig(ModelConfig):
     # "separate": every stream's keys and values stay visible to later tokens; the ablation
     # "shared": only the last stream's do (models.attention.Attention)
     kv: str = "separate"
+    # KV-Mirror: from this layer on only the last stream is computed (the only one read out); a
+    # cross-stream layer there takes the other streams' keys and values from layer kv_mirror - 1
+    kv_mirror: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -64,6 +67,14 @@ class HDConfig(ModelConfig):
             raise ConfigError(f"config field readout={self.readout!r}: expected one of {READOUTS}")
         if self.kv not in KV_MODES:
             raise ConfigError(f"config field kv={self.kv!r}: expected one of {KV_MODES}")
+        if self.kv_mirror is not None:
+            if not isinstance(self.kv_mirror, int) or not 1 <= self.kv_mirror < self.n_layers:
+                raise ConfigError(f"config field kv_mirror={self.kv_mirror!r}: expected None or a layer in [1, {self.n_layers})")
+            if self.readout != "last" or self.kv != "separate":
+                raise ConfigError(
+                    f"config field kv_mirror={self.kv_mirror}: needs readout='last' and kv='separate' (every stream's "
+                    f"states and keys are read otherwise), not readout={self.readout!r}, kv={self.kv!r}"
+                )
 
 
 class StreamEmbed(nn.Module):
@@ -91,9 +102,14 @@ class HiddenDecodingLM(DecoderLM):
     cfg: HDConfig
 
     def __init__(self, cfg: HDConfig):
-        shared = cfg.kv == "shared"
+        shared, m = cfg.kv == "shared", cfg.kv_mirror
         blocks = [
-            Block(cfg, "cross", cfg.cross_window, shared) if i in (cfg.cross_layers or ()) else Block(cfg, "intra", None, shared)
+            Block(
+                cfg,
+                *(("cross", cfg.cross_window) if i in (cfg.cross_layers or ()) else ("intra", None)),
+                shared,
+                None if m is None else "source" if i == m - 1 else "mirrored" if i >= m else None,
+            )
             for i in range(cfg.n_layers)
         ]
         super().__init__(cfg, blocks)
@@ -155,7 +171,7 @@ def expand_streams(model: DecoderLM, n_streams: int, **hd_overrides) -> HiddenDe
     base = {f.name: getattr(model.cfg, f.name) for f in dataclasses.fields(ModelConfig)}
     extra = {}
     if isinstance(model.cfg, HDConfig):
-        extra = {f: getattr(model.cfg, f) for f in ("cross_layers", "cross_window", "positions", "readout", "kv")}
+        extra = {f: getattr(model.cfg, f) for f in ("cross_layers", "cross_window", "positions", "readout", "kv", "kv_mirror")}
     cfg = HDConfig(**{**base, **extra, **hd_overrides, "n_streams": n_streams})
     new = HiddenDecodingLM(cfg).to(device=model.embed.W_E.device, dtype=model.embed.W_E.dtype)
     state = {k: v for k, v in model.state_dict().items() if k != "embed.W_E"}

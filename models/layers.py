@@ -91,12 +91,21 @@ class SwiGLU(nn.Module):
 
 
 class Block(nn.Module):
+    """``mirror='mirrored'`` (Hidden Decoding's KV-Mirror): only the last stream is computed; the
+    others pass through unchanged (``hook_attn_out`` and ``hook_mlp_out`` are zero there, and the
+    hooks inside attention and the MLP see the last stream alone)."""
+
     def __init__(
-        self, cfg: ModelConfig, mode: Literal["intra", "cross"] = "intra", window: int | None = None, shared_kv: bool = False
+        self,
+        cfg: ModelConfig,
+        mode: Literal["intra", "cross"] = "intra",
+        window: int | None = None,
+        shared_kv: bool = False,
+        mirror: Literal["source", "mirrored"] | None = None,
     ):
         super().__init__()
         self.ln1 = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.attn = Attention(cfg, mode, window, shared_kv)
+        self.attn = Attention(cfg, mode, window, shared_kv, mirror)
         self.ln2 = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = SwiGLU(cfg)
         self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
@@ -107,8 +116,23 @@ class Block(nn.Module):
 
     def forward(self, x: Tensor, ctx: AttnContext, kv: LayerKV | None) -> Tensor:
         x = self.hook_resid_pre(x)
+        if self.attn.mirror == "mirrored" and ctx.n_streams > 1:
+            return self._last_stream_only(x, ctx, kv)
         x = self.hook_resid_mid(x + self.hook_attn_out(self.attn(self.ln1(x, ctx.sink), ctx, kv)))
         return self.hook_resid_post(x + self.hook_mlp_out(self.mlp(self.ln2(x, ctx.sink), ctx.static is not None)))
+
+    def _last_stream_only(self, x: Tensor, ctx: AttnContext, kv: LayerKV | None) -> Tensor:
+        n = ctx.n_streams
+
+        def widen(last: Tensor) -> Tensor:  # [batch, tokens, d] -> [batch, tokens * n, d], zero off the last stream
+            out = x.new_zeros(x.shape)
+            out[:, n - 1 :: n] = last
+            return out
+
+        attn = self.attn(self.ln1(x[:, n - 1 :: n], ctx.sink), ctx, kv)
+        x = self.hook_resid_mid(x + self.hook_attn_out(widen(attn)))
+        mlp = self.mlp(self.ln2(x[:, n - 1 :: n], ctx.sink), ctx.static is not None)
+        return self.hook_resid_post(x + self.hook_mlp_out(widen(mlp)))
 
 
 def init_weights(model: nn.Module, cfg: ModelConfig, added: dict[str, int] | None = None) -> None:

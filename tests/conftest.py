@@ -30,6 +30,8 @@ ANY_MODEL = {  # id: (arch, overrides); hd-shared is the shared key/value cache 
     "fbt": ("fbt", {}),
     "hd": ("hd", {"n_streams": 3}),
     "hd-shared": ("hd", {"n_streams": 3, "kv": "shared"}),
+    # KV-Mirror: layer 1 the source, layers 2 (intra-stream) and 3 (cross-stream) the last stream only
+    "hd-mirror": ("hd", {"n_streams": 3, "n_layers": 4, "cross_layers": (0, 3), "kv_mirror": 2}),
 }
 
 

@@ -242,3 +242,54 @@ def test_shared_kv_changes_the_function_only_after_the_first_token():
     with torch.no_grad():
         assert torch.equal(one(toks), one_shared(toks))
     assert expand_streams(shared, 6).cfg.kv == "shared"  # expansion keeps the ablation
+
+
+def test_kv_mirror_is_the_unmirrored_model_when_no_mirrored_layer_attends_across_streams():
+    """Past the last cross-stream layer the other streams reach no output (each intra-stream layer
+    keeps them apart and only the last stream is read out), so computing the last stream alone
+    there gives the same logits, and the same gradients up to summation order."""
+    toks = tokens(2, 9)
+    models = [build_model("hd", "debug", n_streams=3, n_layers=4, cross_layers=(1,), kv_mirror=m) for m in (None, 2)]
+    models[1].load_state_dict(models[0].state_dict())
+    logits = [model(toks) for model in models]
+    assert torch.equal(logits[0], logits[1])
+    grads = []
+    for model, out in zip(models, logits):
+        F.cross_entropy(out[:, :-1].flatten(0, 1), toks[:, 1:].flatten()).backward()
+        grads.append({name: p.grad for name, p in model.named_parameters()})
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, atol=1e-7, rtol=1e-5, msg=name)
+
+
+def test_a_mirrored_cross_stream_layer_attends_to_the_source_layers_keys_and_values():
+    """Recomputed by hand in fp64 from the hooks: the last stream's query at token i attends over
+    every stream of tokens <= i, the other streams' keys and values being the source layer's
+    (layer kv_mirror - 1) and the last stream's its own; the output is that attention."""
+    n, L, H, dh = 3, 6, 4, 8
+    model = build_model("hd", "debug", n_streams=n, n_layers=3, cross_layers=(2,), kv_mirror=2).double()
+    names = [f"blocks.{i}.attn.hook_{x}" for i in (1, 2) for x in "qkvz"]
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens(1, L), names_filter=lambda name: name in names)
+    source_k, source_v = cache["blocks.1.attn.hook_k"][0], cache["blocks.1.attn.hook_v"][0]  # [n * L, heads, d_head]
+    q, k, v, z = (cache[f"blocks.2.attn.hook_{x}"][0] for x in "qkvz")  # [L, heads, d_head]: the last stream
+    assert q.shape == (L, H, dh) and z.shape == (L, H, dh)
+    keys, values = source_k.clone(), source_v.clone()
+    keys[n - 1 :: n], values[n - 1 :: n] = k, v
+    for i in range(L):
+        scores = torch.einsum("hd,phd->hp", q[i], keys[: (i + 1) * n]) / dh**0.5
+        expected = torch.einsum("hp,phd->hd", scores.softmax(dim=-1), values[: (i + 1) * n])
+        torch.testing.assert_close(z[i], expected, atol=1e-12, rtol=0)
+
+
+def test_kv_mirror_settings_that_would_read_the_skipped_streams_are_refused():
+    from workbench.storage.errors import BadInput
+
+    for overrides, message in [
+        ({"kv_mirror": 0}, r"layer in \[1, 2\)"),
+        ({"kv_mirror": 2}, r"layer in \[1, 2\)"),
+        ({"kv_mirror": 1, "readout": "sum"}, "readout='last'"),
+        ({"kv_mirror": 1, "kv": "shared"}, "kv='separate'"),
+    ]:
+        with pytest.raises(BadInput, match=message):
+            build_model("hd", "debug", n_streams=2, **overrides)
+    assert expand_streams(build_model("hd", "debug", n_streams=2, kv_mirror=1), 4).cfg.kv_mirror == 1

@@ -27,6 +27,8 @@ CASES = [
     ("baseline", "standard", 1, {"n_kv_heads": 2, "tie_embeddings": False}),
     ("fbt", "soft", 1, {"n_kv_heads": 1}),
     ("hd", "standard", 1, {"n_streams": 2, "n_kv_heads": 2, "cross_window": 5}),
+    # KV-Mirror: a source layer, then an intra-stream and a windowed cross-stream layer of the last stream only
+    ("hd", "standard", 1, {"n_streams": 3, "n_layers": 4, "cross_layers": (0, 3), "cross_window": 5, "kv_mirror": 2}),
 ]
 IDS = [f"{a}-{r}-{p}-{'-'.join(map(str, o))}" for a, r, p, o in CASES]
 NEW = 10

@@ -32,6 +32,7 @@ def test_the_formula_on_a_hand_counted_model():
         ("hd", ["hd.streams=2"], 2),  # intra-stream layer 0, cross-stream layer 1
         ("hd", ["hd.streams=3", "hd.supervise=all"], 3),
         ("hd", ["hd.streams=3", "model.cross_window=5"], 3),
+        ("hd", ["hd.streams=3", "model.kv_mirror=1"], 3),  # layer 1 (cross-stream) runs the last stream only
     ],
 )
 def test_the_formula_counts_what_torch_counts_running_the_step(arch, extra, streams):
@@ -41,7 +42,8 @@ def test_the_formula_counts_what_torch_counts_running_the_step(arch, extra, stre
     a cross-stream window is applied as a mask, so it computes the full window too)."""
     B, T = 2, 16
     cfg = make_run_config(arch, "debug", "chain", [f"train.batch_size={B}", f"train.seq_len={T}", "fbt.feedback_start=0", *extra])
-    model = build_model(arch, "debug", **({"n_streams": streams, "cross_window": cfg.model.cross_window} if arch == "hd" else {}))
+    hd = {"n_streams": streams, "cross_window": cfg.model.cross_window, "kv_mirror": cfg.model.kv_mirror} if arch == "hd" else {}
+    model = build_model(arch, "debug", **hd)
     strategy = make_strategy(cfg)
     x = torch.randint(0, 100, (B, T + 1))
     with sdpa_kernel(SDPBackend.MATH):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from models import without_hooks
+from models import PRESETS, without_hooks
 from workbench.bench.decode import (
     DEFAULT_ENGINE,
     SMOLLM2,
@@ -81,7 +81,7 @@ SIZES = {  # per preset: decode lengths, train batch, store positions, and the n
 }
 # the keys that run on an accelerator (``device``): forward and training-step ratios; the decode
 # keys' engines, the store and the transformers comparisons are CPU measurements
-DEVICE_KEYS = ("hook_overhead", "fbt_k2_train_step", "fbt_k3_train_step", "hd4_train_step", "hd4_dense_train_step")
+DEVICE_KEYS = ("hook_overhead", "fbt_k2_train_step", "fbt_k3_train_step", "hd4_train_step", "hd4_dense_train_step", "hd4_kv_mirror_train_step")  # fmt: skip
 
 # ---- the suite -----------------------------------------------------------------------------
 
@@ -237,6 +237,19 @@ def run_bench(
                     device=device,
                 )
             )
+    if want("hd4_kv_mirror_train_step"):
+        mirror = PRESETS[preset]["n_layers"] // 2
+        results.append(
+            paired(
+                "hd4_kv_mirror_train_step",
+                _plain_train_step(_hd_model(preset, 4, dense=True, device=device), sizes),
+                _plain_train_step(_hd_model(preset, 4, dense=True, device=device, kv_mirror=mirror), sizes),
+                what_a="HD n=4 train step, cross-stream attention in every block",
+                what_b=f"the same with KV-Mirror from layer {mirror} (the last stream only there)",
+                reps=reps,
+                device=device,
+            )
+        )
     if want("vs_hf_llama_train"):
         results.append(_vs_hf(preset, sizes, reps))
     if want("cpu_mfu"):

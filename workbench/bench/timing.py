@@ -20,6 +20,7 @@ TARGETS = {  # key: (comparison, target); None = reported only
     "fbt_k3_train_step": ("<=", 3.3),
     "hd4_train_step": ("<=", 4.6),
     "hd4_dense_train_step": (None, None),
+    "hd4_kv_mirror_train_step": (None, None),
     "hd4_decode_throughput": (">=", 0.85),
     "hd4_decode_throughput_b32_ctx2k": (None, None),
     "ragged_batch32_decode": (None, None),

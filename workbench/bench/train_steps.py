@@ -64,11 +64,10 @@ def _plain_train_step(model, sizes: dict, hf: bool = False) -> Callable:
     return optimiser_step(model, loss, sizes)
 
 
-def _hd_model(preset: str, n: int, dense: bool, seed: int = 0, device: str = "cpu"):
+def _hd_model(preset: str, n: int, dense: bool, seed: int = 0, device: str = "cpu", kv_mirror: int | None = None):
     n_layers = PRESETS[preset]["n_layers"]
-    return build_model(
-        "hd", preset, seed=seed, n_streams=n, cross_layers=tuple(range(n_layers)) if dense else None, device=device
-    )
+    cross = tuple(range(n_layers)) if dense else None
+    return build_model("hd", preset, seed=seed, n_streams=n, cross_layers=cross, device=device, kv_mirror=kv_mirror)
 
 
 def counted_train_flops(loss: Callable[[], torch.Tensor]) -> int:

@@ -7,7 +7,8 @@ matrix entry it multiplies by (the PaLM / Kaplan 6N convention, counted per matr
       + 12 x d_model x copies x sum over layers of the keys a query sees
 
 - ``stack``: the entries of the blocks' matrices; ``copies``: how often the stack runs per token
-  (1; FBT: the step's passes K; HD: n_streams positions per token);
+  (1; FBT: the step's passes K; HD: n_streams positions per token), per layer where layers differ
+  (HD's KV-Mirror: the layers from ``kv_mirror`` on run the last stream only, once);
 - ``readouts``: the unembedding's uses per token (1; FBT: one per pass, every pass is scored;
   HD: 1, or n with ``supervise=all``); the input embedding is a lookup and costs nothing;
 - ``fusion``: the entries of FBT's fusion matrices, used by passes 2..K (``fusions = K - 1``);
@@ -41,14 +42,23 @@ def matrix_entries(module: torch.nn.Module) -> int:
 
 
 def train_flops_per_token(
-    model, seq_len: int, *, copies: int = 1, readouts: int = 1, fusions: int = 0, keys_per_layer: Sequence[int] | None = None
+    model,
+    seq_len: int,
+    *,
+    copies: int | Sequence[int] = 1,
+    readouts: int = 1,
+    fusions: int = 0,
+    keys_per_layer: Sequence[int] | None = None,
 ) -> float:
-    """The module docstring's formula; ``keys_per_layer`` defaults to ``seq_len`` for every layer."""
+    """The module docstring's formula; ``keys_per_layer`` defaults to ``seq_len`` for every layer,
+    and ``copies`` is one number for every layer or one per layer."""
     cfg = model.cfg
     keys = [seq_len] * cfg.n_layers if keys_per_layer is None else list(keys_per_layer)
+    per_layer = [copies] * cfg.n_layers if isinstance(copies, int) else list(copies)
     fusion = matrix_entries(model.fusion) if fusions else 0
-    matmuls = copies * matrix_entries(model.blocks) + readouts * cfg.d_model * cfg.d_vocab + fusions * fusion
-    return 6.0 * matmuls + 12.0 * cfg.d_model * copies * sum(keys)
+    stack = sum(c * matrix_entries(block) for c, block in zip(per_layer, model.blocks))
+    matmuls = stack + readouts * cfg.d_model * cfg.d_vocab + fusions * fusion
+    return 6.0 * matmuls + 12.0 * cfg.d_model * sum(c * k for c, k in zip(per_layer, keys))
 
 
 def peak_flops(device: torch.device, override_tflops: float = 0.0) -> float | None:

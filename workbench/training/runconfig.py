@@ -258,6 +258,9 @@ def make_run_config(
     n_streams = getattr(model, "n_streams", 1)  # an HD config's field
     if arch == "hd" and n_streams != cfg.hd.streams[0]:
         raise BadInput(f"model.n_streams={n_streams} != hd.streams[0]={cfg.hd.streams[0]}: the first stage sets n_streams")
+    mirror = getattr(model, "kv_mirror", None)  # an HD config's field
+    if mirror is not None and cfg.hd.supervise == "all":
+        raise BadInput(f"model.kv_mirror={mirror} with hd.supervise=all: KV-Mirror computes the last stream only")
     if cfg.hd.expand_at[-1] >= cfg.train.steps and arch == "hd" and len(cfg.hd.expand_at) > 1:
         raise BadInput(f"hd field expand_at={cfg.hd.expand_at}: every stage must start before train.steps={cfg.train.steps}")
     if cfg.train.seq_len > model.n_ctx:

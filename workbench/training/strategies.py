@@ -163,8 +163,10 @@ class HDStrategy(Strategy):
     def flops_per_token(self, model, step):
         n, T, cfg = model.n_streams, self.cfg.train.seq_len, cast(HDConfig, model.cfg)
         keys = [n * T if layer in (cfg.cross_layers or ()) else T for layer in range(cfg.n_layers)]  # a window is a mask
+        mirror = cfg.kv_mirror if cfg.kv_mirror is not None else cfg.n_layers
+        copies = [n if layer < mirror else 1 for layer in range(cfg.n_layers)]  # KV-Mirror: the last stream only
         readouts = n if self.cfg.hd.supervise == "all" else 1
-        return train_flops_per_token(model, T, copies=n, readouts=readouts, keys_per_layer=keys)
+        return train_flops_per_token(model, T, copies=copies, readouts=readouts, keys_per_layer=keys)
 
 
 def make_strategy(cfg: RunConfig, stream: Windows | None = None) -> Strategy:

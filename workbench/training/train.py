@@ -159,7 +159,9 @@ def init_from(path: str | Path, cfg: RunConfig, device) -> DecoderLM:
         if theirs != ours:
             raise BadInput(f"--init-from {path}: model.{name}={theirs} there but {ours} here")
     if cfg.arch == "hd":
-        hd_fields = {k: getattr(cfg.model, k) for k in ("cross_layers", "cross_window", "positions", "readout", "kv", "n_ctx")}
+        hd_fields = {
+            k: getattr(cfg.model, k) for k in ("cross_layers", "cross_window", "positions", "readout", "kv", "kv_mirror", "n_ctx")
+        }
         try:
             return expand_streams(source, cast(HDConfig, cfg.model).n_streams, **hd_fields)
         except ValueError as err:  # its argument checks: the source run does not fit this config
