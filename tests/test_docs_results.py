@@ -628,3 +628,10 @@ def test_the_band_pilots_the_studies_page_quotes_are_the_committed_ones():
               ("addition1-4-seq96", "digits5")]  # fmt: skip
     for label, band in quoted:
         assert f"{pilots[label]['accuracy'][band]:g}" in text, (label, band)
+
+
+def test_the_kv_mirror_step_time_the_concepts_page_quotes_is_the_committed_one():
+    entries = json.loads((ROOT / "docs/results/bench_small.json").read_text())["entries"]
+    mirror = next(e for e in entries if e["key"] == "hd4_kv_mirror_train_step")
+    lo, hi = mirror["spread"]
+    assert f"takes {mirror['ratio']:.3f} [{lo:.3f}, {hi:.3f}] of the unmirrored one" in (ROOT / "docs/concepts.md").read_text()

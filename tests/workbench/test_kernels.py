@@ -57,3 +57,15 @@ def test_the_committed_kernel_counts_recompute():
         if r["label"] == "baseline":
             assert f"| baseline | {r['engine']} | {r['per_layer']['launching']:g}" in page
             assert f"{r['per_layer']['outside_layers']:.1f}" in page and f"{r['guard_per_step']:.2f}" in page
+
+
+def test_the_readme_quotes_the_committed_per_layer_counts():
+    committed = json.loads((ROOT / "docs/results/kernel_counts.json").read_text())
+    static, eager = (
+        next(r for r in committed["rows"] if r["label"] == "baseline" and r["engine"] == e) for e in ("static", "eager")
+    )
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert (
+        f"a static or compiled decode step launches {static['per_layer']['launching']:g} kernels a layer where an eager one "
+        f"launches {eager['per_layer']['launching']:g}"
+    ) in readme
