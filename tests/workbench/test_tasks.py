@@ -296,6 +296,21 @@ def test_addition_verbosity_is_a_property_of_the_problem_and_keeps_the_problems(
     assert [e.completion for e in again] == [e.completion for e in mixed]
 
 
+def test_the_longest_carry_chain_by_hand_and_problems_drawn_with_one():
+    from workbench.data.tasks import longest_carry_chain
+
+    # 999 + 1: every column carries; 95 + 5: the units and tens; 505 + 505 and 19 + 19: one column
+    # each time; 123 + 456: none; 1 + 0: none (a column of one operand)
+    cases = {(999, 1): 3, (95, 5): 2, (505, 505): 1, (19, 19): 1, (123, 456): 0, (1, 0): 0, (0, 0): 0}
+    assert {ab: longest_carry_chain(*ab) for ab in cases} == cases
+    for chain in (1, 2, 3):
+        examples = synthetic_examples("addition", 40, 2, TaskConfig(add_carry_chain=chain))
+        operands = [[int(x[::-1]) for x in e.prompt[3:].split("\n")[0].split("+")] for e in examples]
+        assert {longest_carry_chain(a, b) for a, b in operands} == {chain}
+    with pytest.raises(BadInput, match="add_carry_chain=4: expected 0 \\(any\\) to add_max_digits=3"):
+        TaskConfig(add_carry_chain=4)
+
+
 def test_addition_is_scored_by_the_number_after_the_marker():
     from workbench.data.tasks import addition_example
 

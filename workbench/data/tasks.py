@@ -21,7 +21,8 @@ where a label is undefined.
 - ``addition``: two numbers written least significant digit first, answered by their sum (also
   reversed) after a scratchpad whose verbosity is drawn per problem from
   ``add_verbosity_weights`` (none, one line per digit, one per two digits, ...). Difficulty = the
-  longer operand's digits. Label ``carry``: the carry into the digit being written.
+  longer operand's digits; ``add_carry_chain`` draws only problems whose longest run of columns
+  that carry has that length. Label ``carry``: the carry into the digit being written.
 - ``mix``: a weighted mixture of them (``mix_weights``, in the order of ``SYNTHETIC``).
 """
 
@@ -101,6 +102,7 @@ class TaskConfig:
     add_max_digits: int = 3
     # weights of a problem's scratchpad: none, one line per digit, one per two digits, ...
     add_verbosity_weights: tuple[float, ...] = (0.0, 1.0)
+    add_carry_chain: int = 0  # the longest run of carrying columns of every problem; 0: any
     # chain, modsum, flipflop, perm, addition (``SYNTHETIC``); a shorter tuple weighs the rest 0
     mix_weights: tuple[float, ...] = (1.0, 1.0, 1.0)
 
@@ -121,6 +123,11 @@ class TaskConfig:
                     raise BadInput(
                         f"data field chain_merge_weights={value!r}: expected () or 1..8 non-negative weights "
                         "(of writing 1, 2, ... steps per line) with a positive sum"
+                    )
+            elif f.name == "add_carry_chain":
+                if not isinstance(value, int) or not 0 <= value <= self.add_max_digits:
+                    raise BadInput(
+                        f"data field add_carry_chain={value!r}: expected 0 (any) to add_max_digits={self.add_max_digits}"
                     )
             elif not isinstance(value, int) or value < 1:
                 raise BadInput(f"data field {f.name}={value!r}: expected an integer >= 1")
@@ -328,14 +335,32 @@ def addition_example(a: int, b: int, verbosity: int) -> Example:
     return Example("addition", prompt, completion, total, width, {"carry": label})
 
 
+def longest_carry_chain(a: int, b: int) -> int:
+    """The longest run of consecutive columns of ``a + b`` that carry into the next."""
+    longest = run = carry = 0
+    while a or b:
+        carry = (a % 10 + b % 10 + carry) // 10
+        run = run + 1 if carry else 0
+        longest = max(longest, run)
+        a, b = a // 10, b // 10
+    return longest
+
+
+CARRY_TRIES = 100_000  # draws for one problem with the asked carry chain (the rarest, the longest, about 1 in 300)
+
+
 def make_addition(rng: random.Random, cfg: TaskConfig, digits: int | None = None) -> Example:
     """Operands of ``add_min_digits``..``add_max_digits`` digits each; with ``digits``, the first
-    has exactly that many and the second at most that many (a trace study's difficulty)."""
-    if digits is None:
-        a, b = (rng.randrange(10 ** (rng.randint(cfg.add_min_digits, cfg.add_max_digits))) for _ in range(2))
-    else:
-        a, b = rng.randrange(10 ** (digits - 1) if digits > 1 else 0, 10**digits), rng.randrange(10**digits)
-    return addition_example(a, b, scratchpad_verbosity(a, b, cfg.add_verbosity_weights))
+    has exactly that many and the second at most that many (a trace study's difficulty). With
+    ``add_carry_chain``, problems are drawn until one has that longest carry chain."""
+    for _ in range(CARRY_TRIES if cfg.add_carry_chain else 1):
+        if digits is None:
+            a, b = (rng.randrange(10 ** (rng.randint(cfg.add_min_digits, cfg.add_max_digits))) for _ in range(2))
+        else:
+            a, b = rng.randrange(10 ** (digits - 1) if digits > 1 else 0, 10**digits), rng.randrange(10**digits)
+        if not cfg.add_carry_chain or longest_carry_chain(a, b) == cfg.add_carry_chain:
+            return addition_example(a, b, scratchpad_verbosity(a, b, cfg.add_verbosity_weights))
+    raise BadInput(f"data field add_carry_chain={cfg.add_carry_chain}: no problem of {CARRY_TRIES} drawn had it")
 
 
 # What a prompt of each synthetic task starts with, to say which task a prompt given by hand is
