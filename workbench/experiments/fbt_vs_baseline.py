@@ -174,7 +174,8 @@ BEYOND = {
 # trained 8-24 instructions, but holding a bit over longer sequences is harder: at ignore density
 # 0.9 (writes and reads 3 : 2, as trained) it answers about 0.9, 0.8 and 0.7 at 32-48, 64-96 and
 # 128-192 instructions; addition by digit count 1-5, where no band has room as trained: it falls
-# from about 0.97 to 0.01 one digit past training, with 64- or 96-token windows, on 1-3 or 1-4.
+# from about 0.97 to 0.01 one digit past training, with 64- or 96-token windows, on 1-3 or 1-4,
+# and stays at 0.94-0.99 within it by carry-chain length (``add_carry_chain``).
 BANDS = {
     "flipflop": {
         f"length{lo}-{hi}": {"flipflop_min_len": lo, "flipflop_max_len": hi, "flipflop_weights": (0.06, 0.9, 0.04)}
