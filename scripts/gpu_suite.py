@@ -14,6 +14,11 @@ the rest still run; the JSON is rewritten after each, so a call cut short keeps 
 - ``train_syncs``: the same per training step (no logging or checkpoint in the steps counted);
 - ``decode_speed``: batch-1 tokens/s of the eager, static and compiled engines side by side (bf16
   on a GPU), with what inductor said where it did not use CUDA graphs;
+- ``smollm2_decode``: tokens/s of each engine at SmolLM2-135M's shape in bf16, batch 1 and 32,
+  against ``transformers``' own ``generate`` with its static cache and its forward compiled
+  (``mode="reduce-overhead"``, its documented recipe) on the same weights, and whether both made
+  the same tokens (the issue's first target: compiled batch-1 decode at least 10x the first run's
+  37 tokens/s and at least ``transformers``');
 - ``hd_decode``: HD n=4 over the baseline in decode tokens/s at SmolLM2-135M's shape in bf16, at
   batch 1 and batch 32 after a 2k-token context (the HD paper reports 0.83-0.88 and ~0.27);
 - ``cpt``: 200 bf16 steps of continued pretraining from a SmolLM2-135M-shaped model as FBT (K=2)
@@ -53,7 +58,7 @@ SMOLLM2_RUN = PREPARED / "smollm2"  # the import's config.json and tokenizer, no
 CORPUS = PREPARED / "gsm8k-smollm2"
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k" / "train.jsonl"
 CASES = [("baseline", "standard"), ("fbt", "soft"), ("fbt", "fused"), ("hd", "standard")]
-SECTIONS = ("decode_syncs", "train_syncs", "decode_speed", "hd_decode", "cpt", "gpu_check")
+SECTIONS = ("decode_syncs", "train_syncs", "decode_speed", "smollm2_decode", "hd_decode", "cpt", "gpu_check")
 
 
 @contextmanager
@@ -198,6 +203,74 @@ def decode_speed(device, preset: str, new: int, reps: int) -> dict:
         "compiled_over_eager": median["eager"] / median["compiled"],
         "static_over_eager": median["eager"] / median["static"],
         **dynamo,
+    }
+
+
+def smollm2_decode(device, dry: bool, reps: int) -> dict:
+    """Greedy decoding per engine against ``transformers``' static-cache generate, on the same
+    random weights of SmolLM2-135M's shape (bf16; when dry, the debug stand-in in fp32 on the CPU,
+    without compiling either side), at batch 1 and 32 with 16-token prompts; tokens/s and, per
+    engine, the share of ``transformers``' tokens it made before the first difference (bf16
+    rounding can turn a near tie either way)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from workbench import build_model, generate
+    from workbench.bench.decode import SMOLLM2, SMOLLM2_STANDIN
+    from workbench.bench.timing import measure
+    from workbench.runtime.export import export_hf
+
+    shape = SMOLLM2_STANDIN if dry else {**SMOLLM2, "n_kv_heads": 3}
+    dtype = torch.float32 if dry else torch.bfloat16
+    new, prompt_len = (8, 16) if dry else (256, 16)
+    ours = build_model("baseline", "debug", device=device, dtype=dtype, **shape).eval()
+    with tempfile.TemporaryDirectory() as tmp:
+        hf = LlamaForCausalLM.from_pretrained(export_hf(ours, tmp), torch_dtype=dtype, attn_implementation="sdpa")
+    hf = hf.to(device).eval()
+    hf.generation_config.eos_token_id = None  # random weights may emit <eos>: both sides make all ``new`` tokens
+    hf.generation_config.pad_token_id = 0
+    hf.generation_config.disable_compile = True  # compiled below, as its docs do it, not a second time inside generate
+    if not dry:
+        hf.forward = torch.compile(hf.forward, mode="reduce-overhead", fullgraph=True)
+    engines = ("eager", "static") if dry else ("eager", "static", "compiled")
+    rows = {}
+    for batch in (1, 32):
+        ids = torch.randint(4, 100, (batch, prompt_len), generator=torch.Generator().manual_seed(batch)).to(device)
+
+        def theirs(ids=ids):
+            with torch.no_grad():
+                return hf.generate(
+                    ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                    cache_implementation="static",
+                )[:, prompt_len:]  # fmt: skip
+
+        sides = {"transformers": theirs, **{e: (lambda e=e, ids=ids: generate(ours, ids, max_new_tokens=new, engine=e).new_tokens) for e in engines}}  # fmt: skip
+        reference = theirs()
+        agree = {}
+        for e in engines:
+            same = (sides[e]() == reference).cpu()
+            first_diff = (~same).int().argmax(dim=1).where(~same.all(dim=1), torch.tensor(new))
+            agree[e] = float(first_diff.float().mean() / new)
+        times, dynamo = measure(sides, reps, device)
+        median = {k: statistics.median(v) for k, v in times.items()}
+        rows[f"batch{batch}"] = {
+            "tokens_per_s": {k: batch * new / t for k, t in median.items()},
+            "over_transformers": {e: median["transformers"] / median[e] for e in engines},
+            "same_tokens_before_first_difference": agree,
+            **dynamo,
+        }
+    return {
+        "shape": {
+            k: v for k, v in ours.cfg.to_dict().items() if k in ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_vocab")
+        },
+        "dtype": str(dtype),
+        "prompt_tokens": prompt_len,
+        "new_tokens": new,
+        "reps": reps,
+        "transformers": "LlamaForCausalLM.generate, greedy, cache_implementation='static'"
+        + ("" if dry else ", forward compiled with mode='reduce-overhead', fullgraph=True"),
+        "first_run_batch1_tokens_per_s": 37,
+        **rows,
     }
 
 
@@ -379,6 +452,7 @@ def main(argv: list[str] | None = None) -> int:
         "decode_syncs": lambda: decode_syncs(device, preset, compiled_cases=1 if args.dry else 2),
         "train_syncs": lambda: train_syncs(device, "debug"),
         "decode_speed": lambda: decode_speed(device, preset, new=16 if args.dry else 256, reps=5),
+        "smollm2_decode": lambda: smollm2_decode(device, args.dry, reps=5),
         "hd_decode": lambda: hd_decode(device, args.dry, reps=5),
         "cpt": lambda: cpt(device, args.dry),
         "gpu_check": lambda: gpu_check(dry=args.dry, progress=say),
