@@ -365,8 +365,10 @@ def prepare() -> int:
 
 def cpt(device, dry: bool, shape: tuple[int, int, int, int] | None = None) -> dict:
     """Continued pretraining from a SmolLM2-shaped baseline (random weights, SmolLM2's tokenizer)
-    as FBT with K=2 from the first step and as HD n=2: 200 bf16 steps of 16 x 1024 tokens each,
-    the last 50 steps' tokens/s and MFU. Dry: 4 steps from a debug baseline on the mix task."""
+    as the baseline, as FBT with K=2 from the first step and as HD n=2, eager and compiled
+    (``train.compile``): 120 bf16 steps of 16 x 1024 tokens each, the last 40 steps' tokens/s and
+    MFU (compiling falls in the first interval). Dry: 4 steps from a debug baseline on the mix
+    task, compiled for the baseline only."""
     import torch
 
     from workbench import build_model
@@ -377,8 +379,11 @@ def cpt(device, dry: bool, shape: tuple[int, int, int, int] | None = None) -> di
     from workbench.training.runconfig import make_run_config
     from workbench.training.train import train
 
-    steps, log_every, batch, seq = shape or ((4, 2, 4, 32) if dry else (200, 50, 16, 1024))
-    runs = {"fbt_2pass": ("fbt", ["fbt.feedback_start=0", "fbt.three_pass_fraction=0"]), "hd2": ("hd", ["hd.streams=2"])}
+    steps, log_every, batch, seq = shape or ((4, 2, 4, 32) if dry else (120, 40, 16, 1024))
+    archs = {"baseline": ("baseline", []), "fbt_2pass": ("fbt", ["fbt.feedback_start=0", "fbt.three_pass_fraction=0"]),
+             "hd2": ("hd", ["hd.streams=2"])}  # fmt: skip
+    runs = {f"{name}_{mode}": (arch, [*extra, f"train.compile={mode == 'compiled'}"])
+            for mode in ("eager", "compiled") for name, (arch, extra) in archs.items() if not (dry and mode == "compiled" and arch != "baseline")}  # fmt: skip
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         init = Path(tmp) / "init"
