@@ -8,6 +8,7 @@ import torch
 from helpers import tokens
 
 from workbench import build_model, generate, load_model, make_config, parse_override, save_model
+from workbench.training.runconfig import make_run_config
 
 
 @pytest.mark.parametrize("bad,match", [(128, "token id 128"), (-1, "token id -1")])
@@ -50,6 +51,10 @@ def test_non_integer_or_wrongly_shaped_tokens():
         (lambda: build_model("hd", "debug", n_streams=0), "n_streams=0"),
         (lambda: build_model("hd", "debug", cross_layers=(5,)), "layer 5 is not in"),
         (lambda: build_model("hd", "debug", positions="random"), "positions='random'"),
+        (
+            lambda: make_run_config("hd", "debug", "modsum", ["model.kv_mirror=1", "hd.supervise=all"]),
+            "model.kv_mirror=1 with hd.supervise=all",
+        ),
         (lambda: parse_override("fbt", "d_model"), "malformed override 'd_model'"),
         (lambda: parse_override("fbt", "d_model=abc"), "malformed override 'd_model=abc'.*int"),
         (lambda: parse_override("fbt", "width=3"), "unknown config field 'width'"),
