@@ -592,10 +592,10 @@ def test_the_regeneration_fingerprints_on_the_pinned_cpu_path():
     """The regeneration's fingerprint is computed in a new process under ``PINNED_NUMERICS`` (they
     act only before torch is imported), which takes PyTorch's AVX2 kernels on this AVX-512 machine:
     a part made in a later session on another CPU is compared on the same path."""
-    from workbench.training.fingerprint import PINNED_NUMERICS
+    from workbench.training.fingerprint import PINNED_NUMERICS, cpu_model
 
     made = _regenerate().pinned_fingerprint(("flipflop",))
-    assert made["numerics"] == {"cpu_capability": "AVX2", **PINNED_NUMERICS}
+    assert made["numerics"] == {"cpu_capability": "AVX2", "cpu": cpu_model(), **PINNED_NUMERICS}
     assert set(made["members"]) == {"flipflop-baseline", "flipflop-fbt", "flipflop-hd4"}
 
 

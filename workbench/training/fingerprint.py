@@ -17,8 +17,11 @@ The CPU's instruction set is part of the numerics: the same code on this machine
 fingerprint with PyTorch's AVX-512 kernels, others with its AVX2 and its generic ones, and
 another with AVX2 and MKL's results pinned (measured); sessions land on different
 machines. ``PINNED_NUMERICS`` is the environment that makes PyTorch, MKL and oneDNN take their AVX2
-paths and MKL give the same results on any CPU that has AVX2; a regeneration made in parts runs
-every part under it, and the record says which path ran (``numerics``). It must be set before torch is imported, so it is set for a
+paths and MKL's results reproducible; a regeneration made in parts runs every part under it, and
+the record says which path ran and on which CPU (``numerics``). The path does not make the CPU
+model irrelevant: commit f7e5944 gave d8b51918 on the machine its runs were made on and 1daa2dff
+on an AMD EPYC under the same variables (measured), so a part made on another CPU model is refused
+by ``--expect`` and has to be made again there. It must be set before torch is imported, so it is set for a
 new process (``python -m workbench.training.fingerprint``, ``workbench zoo``).
 
     python -m workbench.training.fingerprint     # this process's fingerprint, as JSON
@@ -30,6 +33,7 @@ import argparse
 import hashlib
 import json
 import os
+import platform
 import sys
 import tempfile
 from pathlib import Path
@@ -93,9 +97,25 @@ def weights_digest(path: Path) -> str:
 
 
 def numerics() -> dict:
-    """The CPU path this process's torch computes on: its kernels' instruction set and the
-    ``PINNED_NUMERICS`` variables as they are set here (None where unset)."""
-    return {"cpu_capability": torch.backends.cpu.get_cpu_capability(), **{k: os.environ.get(k) for k in PINNED_NUMERICS}}
+    """The CPU path this process's torch computes on: its kernels' instruction set, the CPU's
+    model and the ``PINNED_NUMERICS`` variables as they are set here (None where unset)."""
+    return {
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu": cpu_model(),
+        **{k: os.environ.get(k) for k in PINNED_NUMERICS},
+    }
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo; elsewhere what ``platform`` knows)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def training_fingerprint(work: str | Path | None = None, tasks: tuple[str, ...] | None = None) -> dict:
