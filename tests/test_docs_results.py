@@ -637,3 +637,21 @@ def test_the_kv_mirror_step_time_the_concepts_page_quotes_is_the_committed_one()
     mirror = next(e for e in entries if e["key"] == "hd4_kv_mirror_train_step")
     lo, hi = mirror["spread"]
     assert f"takes {mirror['ratio']:.3f} [{lo:.3f}, {hi:.3f}] of the unmirrored one" in (ROOT / "docs/concepts.md").read_text()
+
+
+def test_the_stability_pilot_the_docs_quote_is_the_committed_one():
+    pilot = json.loads((ROOT / "docs/results/stability_pilot_org_addition.json").read_text())["members"]
+    studies = " ".join((ROOT / "docs/studies.md").read_text().split())
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    soft = {m: f"{r['accuracy']['soft']:g}" for m, r in pilot.items()}
+    fused = {m: f"{r['accuracy']['fused']:g}" for m, r in pilot.items()}
+    for member in ("fbt-deeper0", "fbt", "fbt-deeper0.1", "fbt-deeper0.3"):
+        assert f"{soft[member]} / {fused[member]}" in studies, member
+    shares = ", ".join(soft[m] for m in ("fbt-deeper0", "fbt", "fbt-deeper0.1")) + f" and {soft['fbt-deeper0.3']}"
+    assert f"accuracy {shares} at shares 0, 0.03, 0.1 and 0.3" in readme
+    others = ("fbt-deepest4", "fbt-jitter0", "fbt-jitter0.05", "fbt-prefix0", "fbt-prefix1", "fbt-detached")
+    assert max(pilot[m]["accuracy"]["soft"] for m in others) <= 0.15
+    for member in others:
+        assert soft[member] in studies, member
+    standard = [r["accuracy"]["standard"] for r in pilot.values()]
+    assert f"every member at {min(standard):g}-{max(standard):g} in `standard`" in studies
