@@ -346,7 +346,7 @@ def longest_carry_chain(a: int, b: int) -> int:
     return longest
 
 
-CARRY_TRIES = 100_000  # draws for one problem with the asked carry chain (the rarest, the longest, about 1 in 300)
+CARRY_TRIES = 100_000  # draws for one problem with the asked carry chain; past them it is refused as too rare
 
 
 def make_addition(rng: random.Random, cfg: TaskConfig, digits: int | None = None) -> Example:
