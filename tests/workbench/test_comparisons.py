@@ -137,6 +137,8 @@ def test_each_stability_member_moves_one_knob_from_the_defaults():
         "fbt-deeper0": {"three_pass_fraction"},
         "fbt-deeper0.1": {"three_pass_fraction"},
         "fbt-deeper0.3": {"three_pass_fraction"},
+        "fbt-deeper0.6": {"three_pass_fraction"},
+        "fbt-deeper1": {"three_pass_fraction"},
         "fbt-deepest4": {"deepest"},
         "fbt-jitter0": {"state_noise"},
         "fbt-jitter0.05": {"state_noise"},
