@@ -157,52 +157,39 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, ctx: AttnContext, kv: LayerKV | None) -> Tensor:
         n = ctx.n_streams
-        if self.mirror == "mirrored" and n > 1:
-            return self._mirrored(x, ctx, kv)
         shared = self.shared_kv and n > 1
+        if shared and ctx.static is not None:
+            raise NotImplementedError("the shared key/value cache ablation has no static-cache (compiled) step")
+        # KV-Mirror: x holds the last stream alone; a cross-stream query also sees the other
+        # streams, whose keys and values are the source layer's (ctx.mirror; the cache holds the past's)
+        mirrored = self.mirror == "mirrored" and n > 1
+        if mirrored:
+            ctx = dataclasses.replace(ctx, cos=ctx.cos[:, :, n - 1 :: n], sin=ctx.sin[:, :, n - 1 :: n])
         # batch rows per sequence: one per stream in an intra-stream layer, else the interleaved sequence
-        rows = n if (self.mode == "intra" and n > 1 and not shared) else 1
+        rows = n if (self.mode == "intra" and n > 1 and not shared and not mirrored) else 1
         per_token = n if ((self.mode == "cross" or shared) and n > 1) else 1  # cached positions per token
         q, k, v = self._project(x, ctx)
         if self.mirror == "source":
             ctx.mirror = (k, v)
-        if shared and ctx.static is not None:
-            raise NotImplementedError("the shared key/value cache ablation has no static-cache (compiled) step")
+        if mirrored and per_token > 1:
+            assert ctx.mirror is not None, "the source layer runs first"
+            k, v = (_as_last_stream(own, source, n) for own, source in zip((k, v), ctx.mirror))
         if rows > 1:  # [batch, n_heads, tokens*n_streams, d_head] -> [batch*n_streams, n_heads, tokens, d_head]
             q, k, v = (self._split_streams(t, rows) for t in (q, k, v))
         explicit = self.force_pattern or _is_hooked(self.hook_pattern)
         if ctx.static is not None:
             assert kv is not None  # a static step always has its cache
             k, v, mask = self._static_cache(k, v, kv, ctx.static, per_token, rows, explicit)
-        else:
-            k, v, mask = self._dynamic_cache(q.shape[2], k, v, kv, ctx, per_token, rows, shared)
+        else:  # a mirrored query's mask: every stream's, of which the last stream's rows are kept below
+            n_query = q.shape[2] * per_token if mirrored else q.shape[2]
+            k, v, mask = self._dynamic_cache(n_query, k, v, kv, ctx, per_token, rows, shared or n_query > q.shape[2])
+        if mirrored and mask is not None:
+            mask = mask[:, :, per_token - 1 :: per_token]
         if explicit:
             z = self._attend_explicit(q, k, v, mask, x.shape[0], rows)
         else:
             z = self._attend(q, k, v, mask)
         return self._merge(z, rows, x.shape[0], x.shape[1])
-
-    def _mirrored(self, x: Tensor, ctx: AttnContext, kv: LayerKV | None) -> Tensor:
-        """KV-Mirror: ``x`` [batch, tokens, d_model] holds the last stream only, the one computed in
-        this layer. An intra-stream layer attends over that stream alone; a cross-stream layer's
-        query also sees the other streams, whose keys and values are the source layer's
-        (``ctx.mirror``, this call's tokens; the cache holds the past's)."""
-        n = ctx.n_streams
-        last = dataclasses.replace(ctx, cos=ctx.cos[:, :, n - 1 :: n], sin=ctx.sin[:, :, n - 1 :: n])
-        q, k, v = self._project(x, last)
-        per_token = n if self.mode == "cross" else 1
-        if per_token > 1:
-            assert ctx.mirror is not None, "the source layer runs first"
-            k, v = (_as_last_stream(own, source, n) for own, source in zip((k, v), ctx.mirror))
-        explicit = self.force_pattern or _is_hooked(self.hook_pattern)
-        if ctx.static is not None:
-            assert kv is not None  # a static step always has its cache
-            k, v, mask = self._static_cache(k, v, kv, ctx.static, per_token, 1, explicit)
-        else:  # the mask of every stream's query, of which the last stream's rows are kept
-            k, v, mask = self._dynamic_cache(q.shape[2] * per_token, k, v, kv, ctx, per_token, 1, per_token > 1)
-        mask = mask[:, :, per_token - 1 :: per_token] if mask is not None else None
-        z = self._attend_explicit(q, k, v, mask, x.shape[0], 1) if explicit else self._attend(q, k, v, mask)
-        return self._merge(z, 1, x.shape[0], x.shape[1])
 
     def _project(self, x: Tensor, ctx: AttnContext) -> tuple[Tensor, Tensor, Tensor]:
         """Queries, keys (rotated) and values through their hooks (which see [batch, pos, heads,

@@ -18,6 +18,7 @@ from einops import rearrange
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
+from models.attention import Attention
 from models.baseline import DecoderLM
 from models.config import ModelConfig, check_size
 from models.fields import ConfigError
@@ -97,21 +98,21 @@ def unstack_streams(act: Tensor, n_streams: int) -> Tensor:
     return act.view(act.shape[0], act.shape[1] // n_streams, n_streams, *act.shape[2:])
 
 
+def _attention(cfg: HDConfig, layer: int) -> Attention:
+    """Layer ``layer``'s attention: cross-stream where ``cfg.cross_layers`` says, and under KV-Mirror
+    the source of the mirrored layers' keys and values (layer m - 1) or one of them (m on)."""
+    cross = layer in (cfg.cross_layers or ())
+    m = cfg.kv_mirror
+    mirror = None if m is None or layer < m - 1 else "source" if layer == m - 1 else "mirrored"
+    return Attention(cfg, "cross" if cross else "intra", cfg.cross_window if cross else None, cfg.kv == "shared", mirror)
+
+
 class HiddenDecodingLM(DecoderLM):
     arch = "hd"
     cfg: HDConfig
 
     def __init__(self, cfg: HDConfig):
-        shared, m = cfg.kv == "shared", cfg.kv_mirror
-        blocks = [
-            Block(
-                cfg,
-                *(("cross", cfg.cross_window) if i in (cfg.cross_layers or ()) else ("intra", None)),
-                shared,
-                None if m is None else "source" if i == m - 1 else "mirrored" if i >= m else None,
-            )
-            for i in range(cfg.n_layers)
-        ]
+        blocks = [Block(cfg, _attention(cfg, i)) for i in range(cfg.n_layers)]
         super().__init__(cfg, blocks)
         self.n_streams = cfg.n_streams
         self.embed = StreamEmbed(cfg)

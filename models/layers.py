@@ -9,7 +9,6 @@ an interleaved sequence of ``n_streams * tokens`` positions.
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -95,17 +94,10 @@ class Block(nn.Module):
     others pass through unchanged (``hook_attn_out`` and ``hook_mlp_out`` are zero there, and the
     hooks inside attention and the MLP see the last stream alone)."""
 
-    def __init__(
-        self,
-        cfg: ModelConfig,
-        mode: Literal["intra", "cross"] = "intra",
-        window: int | None = None,
-        shared_kv: bool = False,
-        mirror: Literal["source", "mirrored"] | None = None,
-    ):
+    def __init__(self, cfg: ModelConfig, attn: Attention | None = None):
         super().__init__()
         self.ln1 = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.attn = Attention(cfg, mode, window, shared_kv, mirror)
+        self.attn = attn if attn is not None else Attention(cfg)
         self.ln2 = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = SwiGLU(cfg)
         self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]

@@ -17,8 +17,8 @@ the rest still run; the JSON is rewritten after each, so a call cut short keeps 
 - ``smollm2_decode``: tokens/s of each engine at SmolLM2-135M's shape in bf16, batch 1 and 32,
   against ``transformers``' own ``generate`` with its static cache and its forward compiled
   (``mode="reduce-overhead"``, its documented recipe) on the same weights, and whether both made
-  the same tokens (the issue's first target: compiled batch-1 decode at least 10x the first run's
-  37 tokens/s and at least ``transformers``');
+  the same tokens (the target: compiled batch-1 decode at least 10x the first GPU run's 37
+  tokens/s, and at least ``transformers``');
 - ``hd_decode``: HD n=4 over the baseline in decode tokens/s at SmolLM2-135M's shape in bf16, at
   batch 1 and batch 32 after a 2k-token context (the HD paper reports 0.83-0.88 and ~0.27);
 - ``cpt``: 200 bf16 steps of continued pretraining from a SmolLM2-135M-shaped model as FBT (K=2)
