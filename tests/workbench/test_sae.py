@@ -4,8 +4,10 @@ layout, and errors that name the value."""
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from torch import Tensor
 
 from workbench.probing import sae as S
 from workbench.storage.errors import BadInput, MissingFile
@@ -19,6 +21,35 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
+def planted_dictionary(
+    n_rows: int, d_in: int, n_atoms: int, k: int, seed: int = 0, noise: float = 0.0, k_min: int | None = None
+) -> tuple[Tensor, Tensor, np.ndarray]:
+    """Rows built from a known sparse code: ``n_atoms`` random unit directions, each row the sum of
+    ``k`` distinct ones (with ``k_min``, of ``k_min..k`` drawn uniformly per row) with coefficients
+    uniform in [0.5, 1.5] (plus Gaussian noise of sd ``noise`` per coordinate). Returns the rows
+    [n_rows, d_in], the atoms [n_atoms, d_in] and the atoms each row uses [n_rows, k] (-1 past a
+    row's count): the known answer an SAE should recover."""
+    g = torch.Generator().manual_seed(seed)
+    atoms = torch.randn(n_atoms, d_in, generator=g)
+    atoms = atoms / atoms.norm(dim=1, keepdim=True)
+    used = torch.rand(n_rows, n_atoms, generator=g).argsort(dim=1)[:, :k]
+    coefficients = 0.5 + torch.rand(n_rows, k, generator=g)
+    if k_min is not None:
+        counts = torch.randint(k_min, k + 1, (n_rows, 1), generator=g)
+        beyond = torch.arange(k) >= counts  # [n_rows, k]
+        coefficients, used = coefficients.masked_fill(beyond, 0.0), used.masked_fill(beyond, -1)
+    rows = (coefficients.unsqueeze(-1) * atoms[used.clamp_min(0)]).sum(dim=1)
+    if noise:
+        rows = rows + noise * torch.randn(rows.shape, generator=g)
+    return rows, atoms, used.numpy()
+
+
+def recovered(decoder: Tensor, atoms: Tensor) -> Tensor:
+    """Per planted atom, the largest cosine similarity with any decoder row. [n_atoms]"""
+    d = decoder / decoder.norm(dim=1, keepdim=True)
+    return (atoms @ d.t()).max(dim=1).values
+
+
 @pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow)])
 def test_the_learned_decoder_recovers_a_planted_dictionary(seed):
     """20,000 rows, each the sum of 3 of 48 random unit atoms in 32 dimensions with coefficients in
@@ -26,10 +57,10 @@ def test_the_learned_decoder_recovers_a_planted_dictionary(seed):
     decoder row: measured 48, 46 and 46 of 48 at training seeds 0, 1, 2 after 800 steps, the same
     as after 1,500; asserted at least 90%) and explains over 95% of the variance (measured 0.972,
     0.964, 0.963) at L0 = 3."""
-    x, atoms, _ = S.planted_dictionary(20_000, 32, 48, 3, seed=0)
+    x, atoms, _ = planted_dictionary(20_000, 32, 48, 3, seed=0)
     settings = S.SAEConfig(d_in=32, d_sae=64, k=3, lr=3e-3, batch_size=512, steps=800, dead_after=20_000, seed=seed)
     sae, record = S.train_sae(x, settings)
-    cosines = S.recovered(sae.W_dec.detach(), atoms)
+    cosines = recovered(sae.W_dec.detach(), atoms)
     assert float((cosines > 0.9).float().mean()) >= 0.9, cosines.sort().values[:8]
     report = S.evaluate_sae(sae, x)
     assert report.explained > 0.95 and report.l0 == 3.0
@@ -39,10 +70,10 @@ def test_the_learned_decoder_recovers_a_planted_dictionary(seed):
 def test_an_sae_without_the_dictionarys_atoms_does_not_find_them():
     """The control: the same study on Gaussian rows of the same covariance scale has no atoms to
     find; the decoder's rows match the planted atoms (never shown to it) no better than chance."""
-    x, atoms, _ = S.planted_dictionary(20_000, 32, 48, 3, seed=0)
+    x, atoms, _ = planted_dictionary(20_000, 32, 48, 3, seed=0)
     noise = torch.randn(x.shape, generator=torch.Generator().manual_seed(1)) * x.std()
     sae, _ = S.train_sae(noise, S.SAEConfig(d_in=32, d_sae=64, k=3, lr=3e-3, batch_size=512, steps=300))
-    assert float((S.recovered(sae.W_dec.detach(), atoms) > 0.9).float().mean()) < 0.1
+    assert float((recovered(sae.W_dec.detach(), atoms) > 0.9).float().mean()) < 0.1
 
 
 def test_topk_keeps_the_k_largest_relu_pre_activations_by_hand():
@@ -87,7 +118,7 @@ def test_batchtopk_learns_a_planted_dictionary_and_beats_topk_where_rows_use_mor
     within 2.8..3.2, and BatchTopK at least 0.05 above TopK where rows differ."""
     explained = {}
     for k_min in (None, 1):
-        x, atoms, _ = S.planted_dictionary(20_000, 32, 48, 5 if k_min else 3, seed=0, k_min=k_min)
+        x, atoms, _ = planted_dictionary(20_000, 32, 48, 5 if k_min else 3, seed=0, k_min=k_min)
         for architecture in ("topk", "batchtopk"):
             settings = S.SAEConfig(
                 d_in=32, d_sae=64, k=3, lr=3e-3, batch_size=512, steps=800, dead_after=20_000, architecture=architecture
@@ -98,14 +129,14 @@ def test_batchtopk_learns_a_planted_dictionary_and_beats_topk_where_rows_use_mor
             if architecture == "batchtopk":
                 assert sae.threshold is not None and float(sae.threshold.min()) == float(sae.threshold.max()) > 0
                 assert record["threshold"] == pytest.approx(float(sae.threshold[0]))
-                assert float((S.recovered(sae.W_dec.detach(), atoms) > 0.9).float().mean()) >= 0.9
+                assert float((recovered(sae.W_dec.detach(), atoms) > 0.9).float().mean()) >= 0.9
                 assert 2.8 <= report.l0 <= 3.2, report.l0
     assert explained[None, "batchtopk"] > 0.95, explained
     assert explained[1, "batchtopk"] - explained[1, "topk"] >= 0.05, explained
 
 
 def test_a_planted_dictionary_can_give_each_row_its_own_number_of_atoms():
-    x, atoms, used = S.planted_dictionary(2000, 8, 12, 5, seed=0, k_min=1)
+    x, atoms, used = planted_dictionary(2000, 8, 12, 5, seed=0, k_min=1)
     counts = (used >= 0).sum(axis=1)
     assert counts.min() == 1 and counts.max() == 5 and abs(counts.mean() - 3) < 0.1
     row = 0
@@ -127,7 +158,7 @@ def test_the_saved_weights_are_the_same_function_on_raw_activations():
 
 
 def test_the_sae_is_saved_in_saelens_layout_and_loads_back(tmp_path):
-    x, _, _ = S.planted_dictionary(2000, 16, 24, 2, seed=3)
+    x, _, _ = planted_dictionary(2000, 16, 24, 2, seed=3)
     cfg = S.SAEConfig(d_in=16, d_sae=32, k=2, steps=50, metadata={"hook_name": "fusion.hook_state", "run": "runs/x"})
     sae, _ = S.train_sae(x, cfg)
     out = tmp_path
@@ -148,7 +179,7 @@ def test_the_sae_is_saved_in_saelens_layout_and_loads_back(tmp_path):
 
 
 def test_a_batchtopk_sae_is_saved_as_saelens_saves_one_a_jumprelu_and_loads_back(tmp_path):
-    x, _, _ = S.planted_dictionary(2000, 16, 24, 2, seed=3)
+    x, _, _ = planted_dictionary(2000, 16, 24, 2, seed=3)
     cfg = S.SAEConfig(d_in=16, d_sae=32, k=2, steps=50, architecture="batchtopk", metadata={"hook_name": "h"})
     sae, _ = S.train_sae(x, cfg)
     S.save_sae(sae, tmp_path, cfg)

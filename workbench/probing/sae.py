@@ -37,7 +37,6 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
@@ -319,32 +318,3 @@ def load_sae(directory: str | Path) -> tuple[SparseAutoencoder, dict]:
         raise BadInput(f"{directory / WEIGHTS}: tensors {found}, expected {expected} for its cfg.json")
     sae.load_state_dict(weights)
     return sae, cfg
-
-
-def planted_dictionary(
-    n_rows: int, d_in: int, n_atoms: int, k: int, seed: int = 0, noise: float = 0.0, k_min: int | None = None
-) -> tuple[Tensor, Tensor, np.ndarray]:
-    """Rows built from a known sparse code: ``n_atoms`` random unit directions, each row the sum of
-    ``k`` distinct ones (with ``k_min``, of ``k_min..k`` drawn uniformly per row) with coefficients
-    uniform in [0.5, 1.5] (plus Gaussian noise of sd ``noise`` per coordinate). Returns the rows
-    [n_rows, d_in], the atoms [n_atoms, d_in] and the atoms each row uses [n_rows, k] (-1 past a
-    row's count): the known answer an SAE should recover."""
-    g = torch.Generator().manual_seed(seed)
-    atoms = torch.randn(n_atoms, d_in, generator=g)
-    atoms = atoms / atoms.norm(dim=1, keepdim=True)
-    used = torch.rand(n_rows, n_atoms, generator=g).argsort(dim=1)[:, :k]
-    coefficients = 0.5 + torch.rand(n_rows, k, generator=g)
-    if k_min is not None:
-        counts = torch.randint(k_min, k + 1, (n_rows, 1), generator=g)
-        beyond = torch.arange(k) >= counts  # [n_rows, k]
-        coefficients, used = coefficients.masked_fill(beyond, 0.0), used.masked_fill(beyond, -1)
-    rows = (coefficients.unsqueeze(-1) * atoms[used.clamp_min(0)]).sum(dim=1)
-    if noise:
-        rows = rows + noise * torch.randn(rows.shape, generator=g)
-    return rows, atoms, used.numpy()
-
-
-def recovered(decoder: Tensor, atoms: Tensor) -> Tensor:
-    """Per planted atom, the largest cosine similarity with any decoder row. [n_atoms]"""
-    d = decoder / decoder.norm(dim=1, keepdim=True)
-    return (atoms @ d.t()).max(dim=1).values
