@@ -640,18 +640,38 @@ def test_the_kv_mirror_step_time_the_concepts_page_quotes_is_the_committed_one()
 
 
 def test_the_stability_pilot_the_docs_quote_is_the_committed_one():
-    pilot = json.loads((ROOT / "docs/results/stability_pilot_org_addition.json").read_text())["members"]
+    from workbench.experiments.studies.stability import KNOBS
+
+    pilot = json.loads((ROOT / "docs/results/stability_pilot_org_addition.json").read_text())
+    earlier = json.loads((ROOT / "docs/results/stability_pilot_org_addition_ee3c094.json").read_text())["members"]
     studies = " ".join((ROOT / "docs/studies.md").read_text().split())
     readme = " ".join((ROOT / "README.md").read_text().split())
-    soft = {m: f"{r['accuracy']['soft']:g}" for m, r in pilot.items()}
-    fused = {m: f"{r['accuracy']['fused']:g}" for m, r in pilot.items()}
-    for member in ("fbt-deeper0", "fbt", "fbt-deeper0.1", "fbt-deeper0.3"):
-        assert f"{soft[member]} / {fused[member]}" in studies, member
-    shares = ", ".join(soft[m] for m in ("fbt-deeper0", "fbt", "fbt-deeper0.1")) + f" and {soft['fbt-deeper0.3']}"
-    assert f"accuracy {shares} at shares 0, 0.03, 0.1 and 0.3" in readme
-    others = ("fbt-deepest4", "fbt-jitter0", "fbt-jitter0.05", "fbt-prefix0", "fbt-prefix1", "fbt-detached")
-    assert max(pilot[m]["accuracy"]["soft"] for m in others) <= 0.15
-    for member in others:
-        assert soft[member] in studies, member
-    standard = [r["accuracy"]["standard"] for r in pilot.values()]
-    assert f"every member at {min(standard):g}-{max(standard):g} in `standard`" in studies
+    accuracy = {m: r["tasks"]["addition"]["accuracy"] for m, r in pilot["models"].items()}
+    seed = {m: r["per_seed"][0] for m, r in pilot["readings"].items()}
+    assert pilot["study"] == "stability" and pilot["seeds"] == 1 and set(accuracy) == set(seed) == set(KNOBS)
+    for m in KNOBS:  # the page's table, a row per member
+        a, r = accuracy[m], seed[m]
+        cells = [f"{a[regime]:g}" for regime in ("standard", "soft", "fused")]
+        cells += [
+            f"{r['lyapunov_tangent']['1000']:.3g}",
+            f"{r['lyapunov_tangent_full']['1000']:.2g}",
+            f"{r['kpass_residual']['8']:.3g}",
+        ]
+        assert " | ".join(cells) + " |" in studies, m
+    shares = ("fbt-deeper0", "fbt", "fbt-deeper0.1", "fbt-deeper0.3", "fbt-deeper0.6", "fbt-deeper1")
+    listed = ", ".join(f"{accuracy[m]['soft']:g}" for m in shares[:-1]) + f" and {accuracy[shares[-1]]['soft']:g}"
+    assert f"accuracy {listed} at shares 0, 0.03, 0.1, 0.3, 0.6 and 1" in readme
+    assert max(a["soft"] for m, a in accuracy.items() if m not in shares) <= 0.21
+    contracting = sum(r["lyapunov_tangent"]["1000"] < 0 for r in seed.values())
+    neutral = sum(abs(r["lyapunov_tangent_full"]["1000"]) < 0.01 for r in seed.values())
+    assert f"contracts (lambda(1000) below 0) in {contracting} of 12 members" in studies
+    assert f"contracts (lambda(1000) below 0) in {contracting} of 12 members" in readme
+    assert f"(|lambda| below 0.01 in {neutral} of 12)" in studies
+    residuals = [r["kpass_residual"]["8"] for r in seed.values()]
+    assert f"is {min(residuals):.2f}-{max(residuals):.2f} of the state's size" in studies
+    for m in ("fbt-deeper0", "fbt-deeper0.3"):
+        assert f"{earlier[m]['accuracy']['soft']:g} / {earlier[m]['accuracy']['fused']:g}" in studies, m
+    assert f"{accuracy['fbt-deeper1']['soft']:g} / {accuracy['fbt-deeper1']['fused']:g} with every batch deeper" in studies
+    assert f"{accuracy['fbt-deeper0']['soft']:g} / {accuracy['fbt-deeper0']['fused']:g} with none" in studies
+    moved = max(abs(accuracy[m][r] - earlier[m]["accuracy"][r]) for m in earlier for r in ("soft", "fused"))
+    assert f"moves a member's `soft` or `fused` accuracy by up to {moved:.2f})" in studies
