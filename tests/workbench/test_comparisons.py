@@ -2,14 +2,16 @@
 answers are worked out here, and each study end to end on the micro zoo."""
 
 import math
+import shutil
 
 import pytest
 from helpers import assert_usage_error, cli
 
 from workbench.experiments.comparisons import reading_rows, study_members
+from workbench.experiments.studies import three_pass
 from workbench.experiments.studies.data_efficiency import BUDGETS, data_efficiency, tokens_to_reach
 from workbench.experiments.studies.hd_ablations import hd_ablations
-from workbench.experiments.studies.three_pass import HORIZONS, THREE_PASS, regrowth_step, stability
+from workbench.experiments.studies.three_pass import HORIZONS, THREE_PASS, measure_members, regrowth_step, stability
 from workbench.storage.files import read_json
 
 
@@ -31,6 +33,31 @@ def test_the_stability_measures_reach_the_horizon_they_report(two_tasks):
     measured = stability(two_tasks / "flipflop" / "fbt", 100)
     assert list(measured["lyapunov_tangent"]) == list(measured["lyapunov_tangent_full"]) == ["100"]
     assert sorted(measured["kpass_residual"], key=int) == [str(k) for k in range(2, 9)]
+
+
+@pytest.mark.slow
+def test_readouts_in_processes_read_what_one_process_reads_and_a_rerun_reads_them_back(two_tasks, tmp_path, monkeypatch):
+    """Two FBT members measured in two processes give, bit for bit, what one process gives
+    measuring them in turn (one thread each); each reading is stored in its run and a rerun reads it
+    back instead of measuring again, unless the stored file has another shape."""
+    names = ["flipflop", "addition"]
+    for way in ("in-turn", "processes"):
+        for task in names:
+            shutil.copytree(two_tasks / task / "fbt", tmp_path / way / task)
+    in_turn = measure_members(tmp_path / "in-turn", names, 100, threads=1, jobs=1)
+    assert measure_members(tmp_path / "processes", names, 100, threads=1, jobs=2) == in_turn
+    stored = tmp_path / "in-turn" / "addition" / "results" / "stability_100.json"
+    assert read_json(stored) == in_turn["addition"]
+
+    def measured_again(run, horizon):
+        raise AssertionError(f"{run} was measured again")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(three_pass, "stability", measured_again)
+        assert measure_members(tmp_path / "in-turn", names, 100, threads=1, jobs=1) == in_turn
+    stored.write_text('{"horizon": 1020}')  # another horizon's shape: measured again
+    assert measure_members(tmp_path / "in-turn", ["addition"], 100, threads=1, jobs=1) == {"addition": in_turn["addition"]}
+    assert read_json(stored) == in_turn["addition"]
 
 
 def test_regrowth_is_the_first_step_back_at_the_perturbations_size():

@@ -46,7 +46,7 @@ def members(scale: str) -> list[Member]:
 
 
 def measure(models: dict, out: Path, scale: str, threads: int, jobs: int) -> dict:
-    return three_pass.three_pass(models, out, three_pass.HORIZONS[scale], threads * jobs)
+    return three_pass.three_pass(models, out, three_pass.HORIZONS[scale], threads, jobs)
 
 
 def family(readings: dict) -> dict[str, dict]:

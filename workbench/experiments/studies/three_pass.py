@@ -7,9 +7,13 @@ and ``fused``."""
 
 from __future__ import annotations
 
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from workbench.experiments.studies.common import Member, add_paired, interval_text, mean_accuracy, torch_threads
+from workbench.storage.files import read_json, write_json
+from workbench.storage.outputs import output
 from workbench.training.intervals import ACCURACY, seed_interval
 from workbench.training.zoo import SCALES
 
@@ -25,7 +29,7 @@ def members(scale: str) -> list[Member]:
 
 
 def measure(models: dict, out: Path, scale: str, threads: int, jobs: int) -> dict:
-    return three_pass(models, out, HORIZONS[scale], threads * jobs)
+    return three_pass(models, out, HORIZONS[scale], threads, jobs)
 
 
 def regrowth_step(ratios: list[float]) -> int | None:
@@ -52,12 +56,43 @@ def stability(run: Path, horizon: int) -> dict:
     }
 
 
-def three_pass(models: dict, out: Path, horizon: int, threads: int) -> dict:
-    """Per 3-pass fraction: each seed's stability measures and accuracies, and across seeds the
-    mean with its interval of every number (``regrowth_step``: of the seeds where it regrew, with
-    ``never`` counting the others)."""
+READING_FIELDS = {"kpass_residual", "lyapunov_tangent", "lyapunov_tangent_full", "regrowth_step", "horizon", "input"}
+
+
+def stored_stability(run: str | Path, horizon: int, threads: int) -> dict:
+    """``stability(run, horizon)`` at ``threads`` torch threads, written to the run's
+    ``results/stability_HORIZON.json`` and read back on a rerun, so that a study stopped in its
+    readouts keeps the members it measured; a file there of another shape is measured again."""
+    run = Path(run)
+    path = run / "results" / f"stability_{horizon}.json"
+    if path.is_file():
+        saved = read_json(path)
+        if isinstance(saved, dict) and set(saved) == READING_FIELDS and saved["horizon"] == horizon + PERTURB_AT:
+            return saved
     with torch_threads(threads):
-        measured = {name: stability(out / name, horizon) for name in sorted(models)}
+        reading = stability(run, horizon)
+    with output(path.parent, "results") as held:
+        write_json(path, reading)
+        held.wrote(path)
+    return reading
+
+
+def measure_members(out: Path, names: list[str], horizon: int, threads: int, jobs: int) -> dict[str, dict]:
+    """``stored_stability`` of each run ``out/NAME``, ``jobs`` at a time (each in its own spawned
+    process when ``jobs`` > 1) with ``threads`` torch threads each: a member's readout is one long
+    sequential rollout, which a second thread hardly speeds up and a second process halves."""
+    if jobs == 1:
+        return {name: stored_stability(out / name, horizon, threads) for name in names}
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {name: pool.submit(stored_stability, str(out / name), horizon, threads) for name in names}
+        return {name: future.result() for name, future in futures.items()}
+
+
+def three_pass(models: dict, out: Path, horizon: int, threads: int, jobs: int = 1) -> dict:
+    """Per 3-pass fraction: each seed's stability measures and accuracies (``measure_members``),
+    and across seeds the mean with its interval of every number (``regrowth_step``: of the seeds
+    where it regrew, with ``never`` counting the others)."""
+    measured = measure_members(out, sorted(models), horizon, threads, jobs)
     groups: dict[str, list[str]] = {}
     for name, row in models.items():
         groups.setdefault(row["member"], []).append(name)
