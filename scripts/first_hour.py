@@ -13,9 +13,9 @@ background jobs a browser starts):
 4. the Feedback dynamics page on ``quick/fbt``: press **Analyse** at the defaults; wait;
 5. Trace lengths, Streams (HD) and the Playground: each page drawn without an error.
 
-The seconds of each step, what each showed, the commit, whether the tree was clean and the
-machine's load when it started are written to ``--out``; the README's first hour quotes it and a
-test holds the two together. The walk runs on PyTorch's, MKL's and oneDNN's AVX2 paths with MKL's
+The seconds of each step, what each showed, the commit, whether the tree was clean, the CPU
+model and the machine's load when it started are written to ``--out``; the README's first hour
+quotes it and a test holds the two together. The walk runs on PyTorch's, MKL's and oneDNN's AVX2 paths with MKL's
 results pinned (``PINNED_NUMERICS``, inherited by every job), so one CPU model repeats its numbers
 (another may not: an Intel Xeon's layer-0 probe differs at K = 2 and exact), and
 ``tests/integration/test_first_hour.py`` recomputes the probe from the recorded job arguments and
@@ -130,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     from workbench.runtime.process import PINNED_NUMERICS  # torch-free: the environment is set before torch loads
 
     os.environ.update(PINNED_NUMERICS)
+    from workbench.training.fingerprint import cpu_model  # imports torch: after the numerics are pinned
+
     runs = args.runs or Path(tempfile.mkdtemp(prefix="first-hour-")) / "runs"
     if runs.exists() and any(runs.iterdir()):
         raise SystemExit(f"{runs}: not empty; the first hour starts from an empty runs directory")
@@ -139,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         "commit": git("rev-parse", "HEAD"),
         "clean tree": git("status", "--porcelain", "--untracked-files=no") == "",
         "cores": os.cpu_count(),
+        "cpu": cpu_model(),  # the probe's numbers are this CPU model's
         "load average at start": os.getloadavg()[0],
         "started": datetime.now(UTC).isoformat(timespec="seconds"),
         "runs": str(runs),

@@ -237,19 +237,34 @@ def three_pass(name: str) -> Callable[[Path], Page]:
 
 
 def stability_body(study: dict) -> list[str]:
-    """The stability study's readings, one row per knob: soft and fused accuracy, lambda(1000) of
-    the carried-state map and the K = 8 residual, each mean [95% interval] across seeds."""
-    readouts = (("soft accuracy", "accuracy", "soft"), ("fused accuracy", "accuracy", "fused"))
-    readouts += (("lambda(1000)", "lyapunov_tangent", "1000"), ("residual K=8", "kpass_residual", "8"))
+    """The stability study's readings, one row per knob: its `standard` accuracy (whether the member
+    learned the task at all), `soft` and `fused` accuracy, lambda(1000) of the carried-state map and
+    of the whole step and the K = 8 residual, each mean [95% interval] across seeds."""
+    readouts = (("soft accuracy", "accuracy", "soft", ACCURACY), ("fused accuracy", "accuracy", "fused", ACCURACY))
+    readouts += (
+        ("lambda(1000)", "lyapunov_tangent", "1000", None),
+        ("whole-step lambda(1000)", "lyapunov_tangent_full", "1000", None),
+    )
+    readouts += (("residual K=8", "kpass_residual", "8", None),)
+
+    def standard(run: str) -> float:  # the mean over the member's tasks, as its `soft` and `fused` are
+        tasks = study["models"][run]["tasks"].values()
+        return sum(t["accuracy"]["standard"] for t in tasks) / len(tasks)
+
     rows = [
-        [f"`{member}`", *[seed_cell(r[key][at]["values"], 3) if at in r[key] else "-" for _, key, at in readouts]]
+        [
+            f"`{member}`",
+            seed_cell([standard(run) for run in r["runs"]], 3, bounds=ACCURACY),
+            *[seed_cell(r[key][at]["values"], 3, bounds=b) if at in r[key] else "-" for _, key, at, b in readouts],
+        ]
         for member, r in study["readings"].items()
     ]
     return [
         "Each member is FBT with one of the seeds' stabilising knobs moved from its default (`fbt`: the",
-        "defaults), measured on its own task's held-out problems and prompts.",
+        "defaults), measured on its own task's held-out problems and prompts; each cell: mean [95%",
+        "Student-t interval across seeds] (the seeds' values).",
         "",
-        table(["member", *[label for label, _, _ in readouts]], rows),
+        table(["member", "standard accuracy", *[label for label, *_ in readouts]], rows),
     ]
 
 
