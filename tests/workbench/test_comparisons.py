@@ -176,6 +176,33 @@ def test_each_stability_member_moves_one_knob_from_the_defaults():
     assert all(cfg.to_dict()["train"] == reference["train"] for cfg in configs.values())
 
 
+def test_the_stability_power_step_by_hand():
+    """Three seeds as the pilot, 44 comparisons: differences that do not vary across seeds are
+    resolved at the fewest seeds (5); soft accuracy 0.5 +- 0.02 (sd 0.02) needs 7, where the
+    simultaneous half-width t(1 - 0.05/88, S - 1) * 0.02 / sqrt(S) first falls to 0.05 or below
+    (0.0545 at 6, 0.0440 at 7); lambda differences of sd 0.5 are beyond 12 seeds, so not run."""
+    from workbench.experiments.studies.stability import KNOBS, REFERENCE, seeds_needed
+
+    def member(soft=(0.0, 0.0, 0.0), lam=(0.0, 0.0, 0.0)) -> dict:
+        cells = {"soft": soft, "fused": (0.1, 0.1, 0.1)}
+        return {
+            "accuracy": {regime: {"values": list(v)} for regime, v in cells.items()},
+            "lyapunov_tangent": {"1000": {"values": list(lam)}},
+            "kpass_residual": {"8": {"values": [0.5, 0.6, 0.7]}},
+        }
+
+    readings = {name: member() for name in KNOBS}
+    readings["fbt-deeper1"] = member(soft=(0.5, 0.52, 0.48))
+    readings["fbt-jitter0"] = member(lam=(0.0, 0.5, -0.5))
+    power = seeds_needed(readings)
+    plans = power["comparisons"]
+    assert len(plans) == 44 and all(name.split(" - ")[1].startswith(f"{REFERENCE}: ") for name in plans)
+    assert plans["fbt-deeper1 - fbt: soft accuracy"]["seeds"] == 7 == power["seeds"]
+    assert plans["fbt-deeper1 - fbt: soft accuracy"]["predicted"][6] == pytest.approx(0.0545, abs=1e-4)
+    assert plans["fbt-deeper0 - fbt: residual K=8"]["seeds"] == 5
+    assert list(power["not_run"]) == ["fbt-jitter0 - fbt: lambda(1000)"]
+
+
 @pytest.mark.slow
 def test_data_efficiency_on_the_micro_zoo(micro_study):
     """One command (the fixture's) trains baseline and FBT at three budgets and two seeds and

@@ -18,6 +18,7 @@ from workbench.data.tasks import synthetic_examples
 from workbench.experiments import fair_readings as fr
 from workbench.experiments import fbt_vs_baseline as fvb
 from workbench.experiments import tuning
+from workbench.experiments.power import EFFECTS, power_step
 from workbench.runtime.checkpoint import load_model
 from workbench.runtime.tokenizer import CharTokenizer, load_tokenizer
 from workbench.storage.files import read_json
@@ -349,7 +350,9 @@ def test_the_power_step_asks_the_seeds_the_neediest_comparison_needs_and_leaves_
         "fbt fused - baseline: completion loss": np.array([[0.0], [0.01 * np.sqrt(2)]]) + np.zeros((2, 1000)),
         "fbt soft - baseline: accuracy": np.array([[0.0], [0.5]]) + np.zeros((2, 1000)),
     }
-    power = fr.power_step(pilot, problems=1000, family_size=14)
+    targets = {f"comparison {i}": 0.05 for i in range(14 - len(pilot))}  # the rest of a family of 14
+    targets |= {name: EFFECTS["accuracy" if name.endswith("accuracy") else "loss"] for name in pilot}
+    power = power_step(pilot, problems=1000, targets=targets)
     plans = power["comparisons"]
     assert plans["fbt standard - baseline: accuracy"]["seeds"] == 5
     need = plans["fbt fused - baseline: completion loss"]["seeds"]

@@ -1,6 +1,6 @@
 """The fair study's readouts (``fbt_vs_baseline`` runs the study): from every member's
 per-problem scores and training-loss curve, per seed, the declared family of comparisons with
-Holm's correction and each readout behind it; and the power step that sizes the study from a pilot.
+Holm's correction and each readout behind it.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from workbench.experiments.power import EFFECTS, components, seeds_for
 from workbench.training import stats
 
 BEYOND_REGIMES = ("standard", "fused")  # single-token answers: soft decodes as standard does
@@ -118,23 +117,6 @@ def time_to_threshold(steps: list[int], losses: list[float], threshold: float, w
     losses (``smoothed``) is at most ``threshold``; ``(budget, False)`` when it never is (censored)."""
     hits = np.flatnonzero(smoothed(np.array([losses], dtype=np.float64), window)[0] <= threshold)
     return (steps[hits[0]], True) if hits.size else (budget, False)
-
-
-def power_step(pilot: dict[str, np.ndarray], problems: int, family_size: int) -> dict:
-    """The seeds the study needs (``power.seeds_for``, 5 to 12) so that each comparison of the
-    ``pilot`` (its name -> [pilot seeds, problems] differences) resolves its target effect
-    (``power.EFFECTS``: accuracy or loss) at ``problems`` test problems in a family of
-    ``family_size``: the most any of them needs. A comparison that even 12 seeds cannot resolve
-    is not run (``not_run``, with why): its "no detectable difference" would say nothing."""
-    plans = {
-        name: seeds_for(components(d), problems, family_size, EFFECTS["accuracy" if name.endswith("accuracy") else "loss"])
-        for name, d in pilot.items()
-    }
-    return {
-        "seeds": max((p["seeds"] for p in plans.values() if p["seeds"] is not None), default=5),
-        "comparisons": plans,
-        "not_run": {name: p["reason"] for name, p in plans.items() if p["seeds"] is None},
-    }
 
 
 def smoothed(losses: np.ndarray, window: int) -> np.ndarray:

@@ -44,9 +44,9 @@ from workbench.experiments.fair_readings import (
     family_names,
     member_regimes,
     packed_scores,
-    power_step,
     readings,
 )
+from workbench.experiments.power import EFFECTS, power_step
 from workbench.experiments.tuning import band_pilot, pilot, setting_overrides, tune
 from workbench.names import FAIR_STUDY as STUDY
 from workbench.runtime.checkpoint import load_model
@@ -335,7 +335,10 @@ def run_comparison(
     torch.set_num_threads(threads * jobs)
     bands = s.get("bands", {})
     try:
-        power = power_step(pilot(out, tuning["chosen"], s["validation"]), s["test"], len(family_names(s.get("beyond", {}))))
+        targets = {
+            name: EFFECTS["accuracy" if name.endswith("accuracy") else "loss"] for name in family_names(s.get("beyond", {}))
+        }
+        power = power_step(pilot(out, tuning["chosen"], s["validation"]), s["test"], targets)
         band = declare_band(band_pilot(out, tuning["chosen"]["baseline"], s["validation"], bands))
     finally:
         torch.set_num_threads(before)

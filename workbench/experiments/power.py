@@ -98,3 +98,17 @@ def seeds_for(
     if seeds is None:
         reason = f"the predicted half-width at {high} seeds ({predicted[high]:.4g}) exceeds the target {target:g}, so the readout is not run"
     return {"seeds": seeds, "target": target, "predicted": predicted, "reason": reason}
+
+
+def power_step(pilot: Mapping[str, np.ndarray], problems: int, targets: Mapping[str, float]) -> dict:
+    """The seeds a study needs (``seeds_for``, 5 to 12) so that each comparison of the ``pilot``
+    (its name -> [pilot seeds, problems] differences) resolves its target effect (``targets``, by
+    name) at ``problems`` problems in the family of all of them: the most any of them needs. A
+    comparison that even 12 seeds cannot resolve is not run (``not_run``, with why): its "no
+    detectable difference" would say nothing."""
+    plans = {name: seeds_for(components(d), problems, len(targets), targets[name]) for name, d in pilot.items()}
+    return {
+        "seeds": max((p["seeds"] for p in plans.values() if p["seeds"] is not None), default=5),
+        "comparisons": plans,
+        "not_run": {name: p["reason"] for name, p in plans.items() if p["seeds"] is None},
+    }

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
+from workbench.experiments.power import EFFECTS, power_step
 from workbench.experiments.studies import three_pass
 from workbench.experiments.studies.common import Member, add_paired
 from workbench.training.zoo import SCALES
@@ -38,6 +41,14 @@ READOUTS = (  # (name in the family, where in a member's readings)
     ("lambda(1000)", ("lyapunov_tangent", "1000")),
     ("residual K=8", ("kpass_residual", "8")),
 )
+# the effect each readout's comparisons must resolve: ``power.EFFECTS``'s accuracy and lambda; the
+# K = 8 residual, a fraction of the state's size, is held to lambda's
+TARGETS = {
+    "fused accuracy": EFFECTS["accuracy"],
+    "soft accuracy": EFFECTS["accuracy"],
+    "lambda(1000)": EFFECTS["lambda"],
+    "residual K=8": EFFECTS["lambda"],
+}
 
 
 def members(scale: str) -> list[Member]:
@@ -60,6 +71,21 @@ def family(readings: dict) -> dict[str, dict]:
             if at in r[key] and at in reference[key]:
                 add_paired(cells, f"{member} - {REFERENCE}: {label}", reference[key][at]["values"], r[key][at]["values"])
     return cells
+
+
+def seeds_needed(readings: dict) -> dict:
+    """``power.power_step`` with a run of this study at two or more seeds as its pilot: the seeds (5
+    to 12) at which each comparison of the family resolves its readout's target (``TARGETS``) in
+    the simultaneous interval over all of them, from the spread of the per-seed differences the run
+    measured; what 12 seeds cannot resolve is listed with why."""
+    reference = readings[REFERENCE]
+    pilot = {
+        f"{member} - {REFERENCE}: {label}": np.subtract(r[key][at]["values"], reference[key][at]["values"])[:, None]
+        for member, r in readings.items()
+        if member != REFERENCE
+        for label, (key, at) in READOUTS
+    }
+    return power_step(pilot, 1, {name: TARGETS[name.rsplit(": ", 1)[1]] for name in pilot})
 
 
 rows = three_pass.rows
