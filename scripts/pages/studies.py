@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from .render import ACCURACY, DIFFERENCE, Page, crossed, sci, seed_cell, table
+from .render import ACCURACY, DIFFERENCE, Page, crossed, fixed, sci, seed_cell, table
 from .sources import read
 
 FAMILIES_JSON = "study_families.json"  # scripts/study_families.py: the families of the studies measured before
@@ -268,9 +268,40 @@ def stability_body(study: dict) -> list[str]:
     ]
 
 
-def stability(name: str) -> Callable[[Path], Page]:
+def seeds_needed_section(power: dict | None) -> list[str]:
+    """A study's power step with itself as the pilot (``study.json``'s ``power``): per comparison
+    its target, the predicted simultaneous half-width at 5 and at 12 seeds, and the seeds it needs."""
+    if not power:
+        return []
+    rows = [
+        [
+            name,
+            f"{plan['target']:g}",
+            fixed(plan["predicted"]["5"], 3),
+            fixed(plan["predicted"]["12"], 3),
+            str(plan["seeds"] or "more than 12"),
+        ]
+        for name, plan in power["comparisons"].items()
+    ]
+    return [
+        "",
+        "## The seeds each comparison needs",
+        "",
+        "This run as the pilot of the next (`power.power_step`): from the spread of each comparison's",
+        "per-seed differences here, the half-width its simultaneous interval is predicted to have at 5 and",
+        "at 12 seeds, and the fewest seeds (5 to 12) at which that is at most its target (0.05 of",
+        f"accuracy, of lambda, of the residual's share of the state). The most any needs: {power['seeds']}.",
+        "",
+        table(["comparison", "target", "half-width at 5 seeds", "at 12", "seeds needed"], rows),
+    ]
+
+
+def stability(name: str) -> Page:
     """The stability study's page (``workbench zoo --study stability``): ``name``, its JSON."""
-    return with_family(name, "What makes FBT's feedback decoding work: `{scale}` at {seeds} seeds (measured)", stability_body)
+    title = "What makes FBT's feedback decoding work: `{scale}` at {seeds} seeds (measured)"
+    return Page(
+        (name,), title, lambda s: [*stability_body(s), *family_section(s["family"]), *seeds_needed_section(s.get("power"))]
+    )
 
 
 # ---------------------------------------------------------------- Hidden Decoding's ablations

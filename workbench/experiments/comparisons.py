@@ -103,6 +103,9 @@ def run_study(
             summary["models"][name]["reused_from"] = str(source)
         summary["readings"] = STUDIES[study].measure(summary["models"], out, scale, threads, jobs)
         summary["family"] = study_family(summary)
+        seeds_needed = getattr(STUDIES[study], "seeds_needed", None)
+        if seeds_needed is not None and summary["seeds"] > 1:  # this run as the pilot of the next
+            summary["power"] = seeds_needed(summary["readings"])
         write_json(out / "study.json", summary)
         held.wrote(out / "study.json")
     return summary

@@ -9,6 +9,8 @@ one registry (``STUDIES``). Each exposes
 - ``family(readings) -> {name: cell}``: its declared family of paired comparisons, each across
   its seeds, before Holm's correction (``comparisons.study_family`` applies ``stats.family``);
 - ``rows(study) -> [dict]``: its readings as a table of text cells (the app's Zoo page);
+- optionally ``seeds_needed(readings) -> dict``: ``power.power_step`` with this run (at two or
+  more seeds) as the pilot, which ``study.json`` keeps as ``power``;
 
 and its constants and helpers. ``ROWS`` also has the fair study's table (``fbt-vs-baseline``,
 which ``experiments.fbt_vs_baseline`` runs)."""
