@@ -201,6 +201,9 @@ def test_the_stability_power_step_by_hand():
     assert plans["fbt-deeper1 - fbt: soft accuracy"]["predicted"][6] == pytest.approx(0.0545, abs=1e-4)
     assert plans["fbt-deeper0 - fbt: residual K=8"]["seeds"] == 5
     assert list(power["not_run"]) == ["fbt-jitter0 - fbt: lambda(1000)"]
+    for r in readings.values():  # a horizon of 100 steps (micro): no lambda(1000) to compare
+        r["lyapunov_tangent"] = {"100": r["lyapunov_tangent"]["1000"]}
+    assert len(seeds_needed(readings)["comparisons"]) == 33
 
 
 @pytest.mark.slow

@@ -84,6 +84,7 @@ def seeds_needed(readings: dict) -> dict:
         for member, r in readings.items()
         if member != REFERENCE
         for label, (key, at) in READOUTS
+        if at in r[key] and at in reference[key]  # a horizon short of 1000 steps has no lambda(1000)
     }
     return power_step(pilot, 1, {name: TARGETS[name.rsplit(": ", 1)[1]] for name in pilot})
 
