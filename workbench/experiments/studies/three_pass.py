@@ -67,7 +67,7 @@ def stored_stability(run: str | Path, horizon: int, threads: int) -> dict:
     path = run / "results" / f"stability_{horizon}.json"
     if path.is_file():
         saved = read_json(path)
-        if isinstance(saved, dict) and set(saved) == READING_FIELDS and saved["horizon"] == horizon + PERTURB_AT:
+        if set(saved) == READING_FIELDS and saved["horizon"] == horizon + PERTURB_AT:
             return saved
     with torch_threads(threads):
         reading = stability(run, horizon)
