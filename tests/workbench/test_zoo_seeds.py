@@ -202,3 +202,32 @@ def test_logged_step_reads_the_last_whole_line_of_a_metrics_log(tmp_path):
     assert logged_step(tmp_path) == 20
     log.write_text("".join(f'{{"step": {s}, "loss": 0.1, "note": "{"x" * 300}"}}\n' for s in range(1, 200)))
     assert logged_step(tmp_path) == 199  # read from the end, past the 4 KiB window's cut first line
+
+
+def test_a_rerun_counts_the_seeds_its_members_were_trained_at_not_those_a_stopped_run_asked_for(tmp_path):
+    """A run stopped early at --seeds 5 recorded members at seeds 0 and 1 only; a rerun at --seeds 2
+    keeps those members and says 2 seeds, not 5 (its readings are over the members there are)."""
+    from workbench.storage.files import write_json
+    from workbench.storage.outputs import output
+    from workbench.training.zoo import ZOO, new_summary, train_plan
+
+    stopped = {**new_summary("micro", 5, 1, 1), "models": {"fbt": {"seed": 0}, "fbt-seed1": {"seed": 1}}}
+    with output(tmp_path, ZOO) as held:
+        write_json(tmp_path / "zoo.json", stopped)
+        held.wrote(tmp_path / "zoo.json")
+    summary = train_plan(
+        [], tmp_path, tmp_path / "zoo.json", new_summary("micro", 2, 1, 1), scale="micro", threads=1, progress=False
+    )
+    assert summary["seeds"] == 2 and sorted(summary["models"]) == ["fbt", "fbt-seed1"]
+    summary = train_plan(
+        [], tmp_path, tmp_path / "zoo.json", new_summary("micro", 1, 1, 1), scale="micro", threads=1, progress=False
+    )
+    assert summary["seeds"] == 2  # --only at one seed keeps the members of the others
+    with output(tmp_path, ZOO) as held:  # stopped before any member was recorded
+        write_json(tmp_path / "zoo.json", new_summary("micro", 5, 1, 1))
+    assert (
+        train_plan([], tmp_path, tmp_path / "zoo.json", new_summary("micro", 3, 1, 1), scale="micro", threads=1, progress=False)[
+            "seeds"
+        ]
+        == 3
+    )

@@ -353,7 +353,9 @@ def train_plan(
             previous is not None and previous.get("scale") == scale
         ):  # a partial re-run (``only``) keeps the other members' entries
             summary["models"].update(previous["models"])
-            summary["seeds"] = max(summary["seeds"], previous["seeds"])
+            # the seeds its members were trained at: a run stopped early at more seeds trained fewer
+            trained = (int(row.get("seed", 0)) + 1 for row in previous["models"].values())
+            summary["seeds"] = max([summary["seeds"], *trained])
         summary["commit"] = source_commit()
         started = time.perf_counter()
 
