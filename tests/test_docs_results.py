@@ -675,3 +675,46 @@ def test_the_stability_pilot_the_docs_quote_is_the_committed_one():
     assert f"{accuracy['fbt-deeper0']['soft']:g} / {accuracy['fbt-deeper0']['fused']:g} with none" in studies
     moved = max(abs(accuracy[m][r] - earlier[m]["accuracy"][r]) for m in earlier for r in ("soft", "fused"))
     assert f"moves a member's `soft` or `fused` accuracy by up to {moved:.2f})" in studies
+
+
+def test_the_stability_study_the_docs_quote_is_the_committed_one():
+    study = json.loads((ROOT / "docs/results/study_stability_org_addition.json").read_text())
+    studies = " ".join((ROOT / "docs/studies.md").read_text().split())
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    readings, models, family, power = study["readings"], study["models"], study["family"], study["power"]
+    seeds = study["seeds"]
+    assert f"--seeds {seeds} " in study["command"] and all(len(r["runs"]) == seeds for r in readings.values())
+
+    def standard(run: str) -> float:
+        tasks = models[run]["tasks"].values()
+        return sum(t["accuracy"]["standard"] for t in tasks) / len(tasks)
+
+    means = [sum(map(standard, r["runs"])) / seeds for r in readings.values()]
+    lowest = min(standard(run) for r in readings.values() for run in r["runs"])
+    assert f"0.93-{max(means):.3g} on average over seeds ({lowest:.3g} at the lowest seed)" in studies
+    assert f"{min(means):.3g}" == "0.93"
+    shares = ("fbt-deeper0", "fbt", "fbt-deeper0.1", "fbt-deeper0.3", "fbt-deeper0.6", "fbt-deeper1")
+    for regime, where in (("soft", "`soft` accuracy rises with the share of deeper batches: "), ("fused", "(`fused` ")):
+        listed = [f"{readings[m]['accuracy'][regime]['mean']:.3g}" for m in shares]
+        assert f"{where}{', '.join(listed[:-1])} and {listed[-1]}" in studies, regime
+    for m in shares[2:]:
+        assert family[f"{m} - fbt: soft accuracy"]["seeds_higher"] == seeds, m
+    soft = readings["fbt"]["accuracy"]["soft"]["mean"]
+    assert max(abs(r["accuracy"]["soft"]["mean"] - soft) for m, r in readings.items() if m not in shares) <= 0.07
+    lam = [(m, v) for m, r in readings.items() for v in r["lyapunov_tangent"]["1000"]["values"]]
+    contracting = sum(v < 0 for _, v in lam)
+    assert {m for m, v in lam if v >= 0} == {"fbt"}
+    quoted = f"contracts (lambda(1000) below 0) in {contracting} of {len(lam)} runs"
+    assert quoted in studies and quoted.replace("contracts (lambda(1000) below 0) in", "contraction in") in readme
+    assert not any(c["detectable"] for c in family.values())
+    assert f"family of {len(family)} comparisons detects none after Holm's correction" in studies
+    assert f"family of {len(family)} comparisons detects none after Holm's correction" in readme
+    best = min(family, key=lambda name: family[name]["p"])
+    c = family[best]
+    assert best == "fbt-deeper1 - fbt: soft accuracy"
+    assert f"+{c['mean']:.3g}, p = {c['p']:.2g}) at Holm p {c['p_holm']:.3g}" in studies
+    assert f"[{c['family_low']:+.3g}, {c['family_high']:+.3g}]" in studies
+    assert f"predicts that {len(power['not_run'])} of the {len(family)} comparisons cannot reach" in studies
+    assert f"a half-width of {power['comparisons'][best]['predicted']['5']:.3g} at 5 seeds for the largest" in studies
+    shown = f"`soft` {readings['fbt-deeper0']['accuracy']['soft']['mean']:.3g} to {readings['fbt-deeper1']['accuracy']['soft']['mean']:.3g}"
+    assert shown in readme

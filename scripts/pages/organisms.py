@@ -154,7 +154,7 @@ def made_under_section(made_under: dict | None) -> list[str]:
     known = [f for f in by_print if f is not None]
     rows = [[f"`{f[:12]}`", ", ".join(by_print[f])] for f in known]
     if None in by_print:
-        rows.append(["not recorded (made before fingerprints were)", ", ".join(by_print[None])])
+        rows.append(["not recorded (made outside the script, or before fingerprints were)", ", ".join(by_print[None])])
     return [
         "## What trained them",
         "",
@@ -164,7 +164,7 @@ def made_under_section(made_under: dict | None) -> list[str]:
         "with one fingerprint were trained by the same code, bit for bit.",
         (
             f"The results behind this table were made under {len(known)} fingerprint{'s' if len(known) != 1 else ''}"
-            + (f", and {len(by_print[None])} before any was recorded." if None in by_print else ".")
+            + (f", and {len(by_print[None])} without one recorded." if None in by_print else ".")
         ),
         "",
         table(["training fingerprint", "results"], rows),
