@@ -206,6 +206,28 @@ def test_the_stability_power_step_by_hand():
     assert len(seeds_needed(readings)["comparisons"]) == 33
 
 
+def test_the_stability_familys_accuracy_intervals_stay_within_what_two_accuracies_can_differ_by():
+    """Three seeds whose `soft` differences spread from -0.9 to +0.9: the simultaneous interval
+    (t at 2 df, Bonferroni over 44) reaches past +-1, and an accuracy difference's is clipped
+    there; lambda's, unbounded, is not."""
+    from workbench.experiments.studies.stability import KNOBS, family
+    from workbench.training import stats
+
+    def member(spread: float) -> dict:
+        values = {"values": [spread, -spread, 0.0]}
+        return {
+            "accuracy": {"soft": values, "fused": values},
+            "lyapunov_tangent": {"1000": values},
+            "kpass_residual": {"8": values},
+        }
+
+    readings = {name: member(0.0) for name in KNOBS} | {"fbt-deeper1": member(0.9)}
+    cells = stats.family(family(readings))
+    soft, lam = cells["fbt-deeper1 - fbt: soft accuracy"], cells["fbt-deeper1 - fbt: lambda(1000)"]
+    assert (soft["family_low"], soft["family_high"]) == (-1.0, 1.0)
+    assert lam["family_low"] < -1.0 < 1.0 < lam["family_high"]
+
+
 @pytest.mark.slow
 def test_data_efficiency_on_the_micro_zoo(micro_study):
     """One command (the fixture's) trains baseline and FBT at three budgets and two seeds and

@@ -42,11 +42,14 @@ def mean_accuracy(row: dict, regime: str) -> float:
     return sum(values) / len(values)
 
 
-def add_paired(cells: dict[str, dict], name: str, a: Sequence[float], b: Sequence[float]) -> None:
+def add_paired(
+    cells: dict[str, dict], name: str, a: Sequence[float], b: Sequence[float], bounds: tuple[float, float] | None = None
+) -> None:
     """``cells[name]``: ``b`` minus ``a``, paired by seed (``stats.paired_difference`` on the
-    per-seed values, in seed order), where both have the same seeds and at least two."""
+    per-seed values, in seed order), where both have the same seeds and at least two; its
+    intervals clipped to ``bounds`` (``ACCURACY_DIFFERENCE`` for two accuracies)."""
     if len(a) == len(b) and len(a) >= 2:
-        cells[name] = stats.paired_difference([[x] for x in a], [[y] for y in b])
+        cells[name] = stats.paired_difference([[x] for x in a], [[y] for y in b], bounds=bounds)
 
 
 def interval_text(cell: dict | None, digits: int = 3) -> str:

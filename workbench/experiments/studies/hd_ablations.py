@@ -147,7 +147,9 @@ def family(readings: dict) -> dict[str, dict]:
         if "paired" in r:
             for what in ("accuracy", "completion_loss"):
                 values = r["paired"][what]["values"]
-                add_paired(cells, f"{member} - {r['paired']['reference']}: {what.replace('_', ' ')}", [0.0] * len(values), values)
+                bounds = ACCURACY_DIFFERENCE if what == "accuracy" else None
+                name = f"{member} - {r['paired']['reference']}: {what.replace('_', ' ')}"
+                add_paired(cells, name, [0.0] * len(values), values, bounds)
     for expansion, jump in readings.get("hd4", {}).get("expansion_jumps", {}).items():
         # cyclic replication keeps the function: the training loss after an expansion minus
         # before it, on the same rows (``train._record_expansion``)

@@ -89,10 +89,18 @@ def family(readings: dict) -> dict[str, dict]:
     fbt, base = readings["fbt"]["accuracy"], readings["baseline"]["accuracy"]
     if recurrent in fbt:
         add_paired(
-            cells, f"fbt {recurrent} - fbt standard: layer-0 probe accuracy", fbt["standard"]["values"], fbt[recurrent]["values"]
+            cells,
+            f"fbt {recurrent} - fbt standard: layer-0 probe accuracy",
+            fbt["standard"]["values"],
+            fbt[recurrent]["values"],
+            ACCURACY_DIFFERENCE,
         )
         add_paired(
-            cells, f"fbt {recurrent} - baseline: layer-0 probe accuracy", base["standard"]["values"], fbt[recurrent]["values"]
+            cells,
+            f"fbt {recurrent} - baseline: layer-0 probe accuracy",
+            base["standard"]["values"],
+            fbt[recurrent]["values"],
+            ACCURACY_DIFFERENCE,
         )
     return cells
 

@@ -18,6 +18,7 @@ import numpy as np
 from workbench.experiments.power import EFFECTS, power_step
 from workbench.experiments.studies import three_pass
 from workbench.experiments.studies.common import Member, add_paired
+from workbench.training.intervals import ACCURACY_DIFFERENCE
 from workbench.training.zoo import SCALES
 
 REFERENCE = "fbt"  # the seeds' defaults
@@ -69,7 +70,8 @@ def family(readings: dict) -> dict[str, dict]:
             continue
         for label, (key, at) in READOUTS:
             if at in r[key] and at in reference[key]:
-                add_paired(cells, f"{member} - {REFERENCE}: {label}", reference[key][at]["values"], r[key][at]["values"])
+                bounds = ACCURACY_DIFFERENCE if key == "accuracy" else None
+                add_paired(cells, f"{member} - {REFERENCE}: {label}", reference[key][at]["values"], r[key][at]["values"], bounds)
     return cells
 
 
