@@ -183,7 +183,7 @@ class Attention(nn.Module):
         else:  # a mirrored query's mask: every stream's, of which the last stream's rows are kept below
             n_query = q.shape[2] * per_token if mirrored else q.shape[2]
             k, v, mask = self._dynamic_cache(n_query, k, v, kv, ctx, per_token, rows, shared or n_query > q.shape[2])
-        if mirrored and mask is not None:
+        if mirrored and per_token > 1 and mask is not None:
             mask = mask[:, :, per_token - 1 :: per_token]
         if explicit:
             z = self._attend_explicit(q, k, v, mask, x.shape[0], rows)
