@@ -28,7 +28,7 @@ def bench_target(entry: dict) -> str:
     return target
 
 
-def bench_what(entry: dict, reps: int) -> str:
+def bench_what(entry: dict, reps: int | None) -> str:
     if entry.get("skipped"):
         return entry["skipped"]
     if "a" in entry and "b" in entry:
