@@ -15,12 +15,12 @@ background jobs a browser starts):
 
 The seconds of each step, what each showed, the commit, whether the tree was clean, the CPU
 model and the machine's load when it started are written to ``--out``; the README's first hour
-quotes it and a test holds the two together. The walk runs on PyTorch's, MKL's and oneDNN's AVX2 paths with MKL's
-results pinned (``PINNED_NUMERICS``, inherited by every job), so one CPU model repeats its numbers
-(another may not: an Intel Xeon's layer-0 probe differs at K = 2 and exact), and
-``tests/integration/test_first_hour.py`` recomputes the probe from the recorded job arguments and
-must find the same numbers, or those recorded for its CPU model. The runs directory is kept (the
-screenshots are taken on it).
+quotes it and a test holds the two together. The walk runs on PyTorch's, MKL's and oneDNN's AVX2
+paths with MKL's results pinned (``PINNED_NUMERICS``, inherited by every job), so one CPU model
+repeats its numbers (another may not: an Intel Xeon's layer-0 probe differs at K = 2 and exact),
+and ``tests/integration/test_first_hour.py`` recomputes the probe from the recorded job arguments
+and must find the same numbers, or those recorded for its CPU model. The runs directory is kept
+(the screenshots are taken on it).
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 (``docs/results/first_hour.json``, from ``scripts/first_hour.py``) is recomputed here from the
 ``quick`` zoo's own settings and the probe job's own arguments, on the walk's numerics, and must
 give the same accuracies (on a CPU model recorded under ``layer-0 probe on other CPUs``, that
-model's: the pinned numerics make one CPU model repeat itself, not two models agree). A change that moves what a newcomer sees fails here until the walk is
-run again (and the README quotes its new numbers).
+model's: the pinned numerics make one CPU model repeat itself, not two models agree). A change that
+moves what a newcomer sees fails here until the walk is run again (and the README quotes its new
+numbers).
 
 It trains the quick zoo's ``fbt`` (500 steps on one thread), minutes on 2 cores: ``.ci/run`` runs
 it beside its last checks rather than inside the suite (``WORKBENCH_FIRST_HOUR_BESIDE=1`` there)."""

@@ -80,7 +80,7 @@ def stored_stability(run: str | Path, horizon: int, threads: int) -> dict:
 def measure_members(out: Path, names: list[str], horizon: int, threads: int, jobs: int) -> dict[str, dict]:
     """``stored_stability`` of each run ``out/NAME``, ``jobs`` at a time (each in its own spawned
     process when ``jobs`` > 1) with ``threads`` torch threads each: a member's readout is one long
-    sequential rollout, which a second thread hardly speeds up and a second process halves."""
+    sequential rollout, which a second process speeds up more than a second thread does."""
     if jobs == 1:
         return {name: stored_stability(out / name, horizon, threads) for name in names}
     with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
