@@ -2,5 +2,6 @@
 formats, the table, the ``Page`` spec and the frame every page has), ``sources`` (the results
 folder and where each JSON file's numbers come from), ``drawings`` (the committed figures and
 screenshots, their records and their check), and a module per family of pages: ``zoo``,
-``studies``, ``probes``, ``dynamics``, ``traces``, ``bench``, ``pretrained`` and ``organisms``.
+``studies``, ``stability``, ``probes``, ``dynamics``, ``traces``, ``bench``, ``pretrained`` and
+``organisms``.
 Standard library only: the pages and the check run without the project's virtual environment."""

@@ -9,7 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .render import Page, crossed, fixed, render, seed_cell, table
-from .studies import family_section, fbt_vs_baseline, hd_ablations, stability, three_pass
+from .stability import stability
+from .studies import family_section, fbt_vs_baseline, hd_ablations, three_pass
 
 
 def layer0_probes_body(study: dict) -> list[str]:
