@@ -1,6 +1,6 @@
 """Trained runs' accuracy on difficulty bands: the pilot that says whether an organism has a band
-with room (a baseline between 0.6 and 0.9, ``fair_readings.HEADROOM``) before a fair study runs
-on it. Bands are the run's task's (``fbt_vs_baseline.BANDS``) unless given as JSON.
+with room (a baseline between 0.6 and 0.9, ``bands.HEADROOM``) before a fair study runs
+on it. Bands are the run's task's (``bands.BANDS``) unless given as JSON.
 
     python scripts/band_pilot.py [LABEL=]RUN [...] [--n 500] [--bands '{"NAME": {SETTING: VALUE}}'] [--out FILE]
 
@@ -17,8 +17,7 @@ from pathlib import Path
 
 import torch
 
-from workbench.experiments.fbt_vs_baseline import BANDS
-from workbench.experiments.tuning import band_accuracy
+from workbench.experiments.bands import BANDS, band_accuracy
 from workbench.storage.files import write_json
 from workbench.training.runconfig import load_run_config
 

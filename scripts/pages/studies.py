@@ -239,10 +239,18 @@ def three_pass(name: str) -> Callable[[Path], Page]:
 # ---------------------------------------------------------------- Hidden Decoding's ablations
 
 
+HD_BAND_KEYS = ("band", "band_pilot", "curves", "scores", "unmeasured")  # hd_ablations.BAND_KEYS
+
+
+def hd_members(study: dict) -> dict:
+    """The members' entries of an HD study's readings."""
+    return {member: r for member, r in study["readings"].items() if member not in HD_BAND_KEYS}
+
+
 def hd_ablations_table(study: dict) -> str:
     """The HD ablations' readings, one row per member: accuracy (mean of the tasks and per task),
     completion loss per task, the loss jump at each expansion and training time over ``hd1``."""
-    readings = study["readings"]
+    readings = hd_members(study)
     tasks = sorted({task for r in readings.values() for task in r["tasks"]})
     rows = []
     for member, r in readings.items():
@@ -285,10 +293,43 @@ def hd_ablations_paired_table(study: dict) -> str:
             seed_cell(r["paired"]["accuracy"]["values"], bounds=DIFFERENCE),
             seed_cell(r["paired"]["completion_loss"]["values"]),
         ]
-        for member, r in study["readings"].items()
+        for member, r in hd_members(study).items()
         if "paired" in r
     ]
     return table(["member", "minus", "accuracy", "completion loss"], rows)
+
+
+def hd_band_section(study: dict) -> list[str]:
+    """Where the HD claims are read: the band declared from the baseline's pilot and each member's
+    accuracy there; nothing for a study measured before bands."""
+    readings = study["readings"]
+    declared = readings.get("band_pilot")
+    if declared is None:
+        return []
+    pilot = ", ".join(f"{name} {a:.3f}" for name, a in declared["pilot"].items()) or "no bands"
+    band = readings["band"]
+    low, high = declared["headroom"]
+    rows = [
+        [f"`{member}`", crossed(regimes["standard"], sign=False)]
+        for member, regimes in readings.get("curves", {}).get(band, {}).items()
+    ]
+    return [
+        "## The band the claims are read on",
+        "",
+        f"Declared from the first seed's `{declared['run']}` on {declared['problems']} validation problems of each band",
+        f"({pilot}), which no comparison reads: the band between {low:g} and {high:g} nearest the middle,",
+        (f"`{band}`." if band else f"none: {declared['why']}."),
+        *(
+            [
+                f"Each member's accuracy on {readings['scores'][band]['n']} test problems of it, mean [95% interval over seeds",
+                "and problems crossed]; the family compares each member with its reference on these answers.",
+                "",
+                table(["member", f"accuracy, {band}"], rows),
+            ]
+            if band
+            else []
+        ),
+    ]
 
 
 def hd_ablations_body(study: dict) -> list[str]:
@@ -313,6 +354,7 @@ def hd_ablations_body(study: dict) -> list[str]:
         "tasks; each cell: mean [95% interval], then the seeds' differences.",
         "",
         hd_ablations_paired_table(study),
+        *hd_band_section(study),
     ]
 
 

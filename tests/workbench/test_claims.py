@@ -68,7 +68,7 @@ def _hd_study(cross_minus_hd4: float, noise: float) -> dict:
     rng = np.random.default_rng(1)
     hd4 = rng.normal(0.8, 0.05, size=(5, 1))
     cells = {
-        "hd4-cross-every-layer - hd4: accuracy": stats.paired_difference(
+        "hd4-cross-every-layer - hd4: accuracy, band": stats.paired_difference(
             hd4, hd4 + cross_minus_hd4 + rng.normal(0, noise, (5, 1))
         )
     }
@@ -121,12 +121,14 @@ def test_the_table_has_a_row_per_claim_and_organism_and_every_control_is_a_test_
 def test_every_comparison_a_claim_reads_is_one_its_study_declares():
     from workbench.experiments import fbt_vs_baseline
     from workbench.experiments.fair_readings import family_names
-    from workbench.experiments.studies.hd_ablations import hd_reference
+    from workbench.experiments.studies.hd_ablations import band_cell
     from workbench.experiments.studies.three_pass import THREE_PASS
 
     three = {f"fbt-3pass{f:g} - fbt-3pass0: lambda(1000)" for f in THREE_PASS if f}
-    hd = {f"{m} - {hd_reference(m)}: accuracy" for m in ("hd2", "hd4", "hd8", "hd4-supervise-all", "hd4-readout-sum")}
-    hd |= {f"{m} - hd4: accuracy" for m in ("hd4-cross-every-layer", "hd4-shared-kv")}
+    hd = {
+        band_cell(m)
+        for m in ("hd2", "hd4", "hd8", "hd4-supervise-all", "hd4-readout-sum", "hd4-cross-every-layer", "hd4-shared-kv")
+    }
     for c in claims.CLAIMS:
         for organism in c.organisms:  # the fair study's family is its scale's: FAMILY and the tests beyond training
             fair = set(family_names(fbt_vs_baseline.SCALES[f"org-{organism}"]["beyond"]))
@@ -193,22 +195,29 @@ def test_a_claim_of_more_accuracy_over_a_member_at_the_ceiling_is_not_testable()
     sparser = _at_accuracy(fair_study(0.0), "baseline", "standard", 1.0, "sparser")
     sparser["family"]["fbt fused - baseline: accuracy, sparser"] = dict(cell)
     assert claims.read_claim(CLAIM["fbt-glitches-sparser"], "flipflop", sparser)["verdict"] == claims.NOT_TESTABLE
+    # HD: read on the declared band (the members' accuracy there, not on the test problems)
+    on_band = {m: {"standard": {"mean": 1.0}} for m in ("hd4-supervise-all", "hd4")}
     hd = {
         "study": "hd-ablations",
         "models": {"baseline": {"member": "baseline", "competence": {"qualified": True}}},
-        "readings": {"hd4-supervise-all": {"accuracy": {"mean": 1.0}}, "hd4": {"accuracy": {"mean": 1.0}}},
-        "family": {"hd4-supervise-all - hd4: accuracy": {**cell, "mean": 0.0}},
+        "readings": {m: {"accuracy": {"mean": 0.5}} for m in on_band} | {"band": "length5", "curves": {"length5": on_band}},
+        "family": {"hd4-supervise-all - hd4: accuracy, band": {**cell, "mean": 0.0}},
     }
     row = claims.read_claim(CLAIM["hd-supervise-last"], "perm", hd)
-    assert row["verdict"] == claims.NOT_TESTABLE and row["why"].startswith("at the ceiling: hd4-supervise-all answers 1.000")
+    assert row["verdict"] == claims.NOT_TESTABLE
+    assert row["why"].startswith("at the ceiling: hd4-supervise-all answers 1.000 of the band problems")
     # closeness: both sides at the ceiling are close whatever the architectures do; one with room is a reading
-    hd["readings"] |= {"hd4-cross-every-layer": {"accuracy": {"mean": 1.0}}}
+    on_band["hd4-cross-every-layer"] = {"standard": {"mean": 1.0}}
     zero = {**cell, "mean": 0.0, "low": 0.0, "high": 0.0, "family_low": 0.0, "family_high": 0.0}
-    hd["family"]["hd4-cross-every-layer - hd4: accuracy"] = zero
+    hd["family"]["hd4-cross-every-layer - hd4: accuracy, band"] = zero
     row = claims.read_claim(CLAIM["hd-few-cross-layers"], "perm", hd)
     assert row["verdict"] == claims.NOT_TESTABLE and "hd4 answers 1.000 and hd4-cross-every-layer answers 1.000" in row["why"]
-    hd["readings"]["hd4"]["accuracy"]["mean"] = 0.8
+    on_band["hd4"]["standard"]["mean"] = 0.8
     assert claims.read_claim(CLAIM["hd-few-cross-layers"], "perm", hd)["verdict"] == claims.REPRODUCED
+    # no band with room: the comparison was not made, and the row says why
+    hd |= {"family": {}, "readings": {"band": None, "unmeasured": {"hd2 - hd1: accuracy, band": "no difficulty band leaves"}}}
+    row = claims.read_claim(CLAIM["hd-streams"], "perm", hd)
+    assert row["verdict"] == claims.NOT_TESTABLE and row["why"] == "no difficulty band leaves"
 
 
 def _three_pass(inputs: list[dict | None]) -> dict:

@@ -4,15 +4,19 @@ answers are worked out here, and each study end to end on the micro zoo."""
 import math
 import shutil
 
+import numpy as np
 import pytest
 from helpers import assert_usage_error, cli
 
-from workbench.experiments.comparisons import reading_rows, study_members
+from workbench.experiments.bands import band_accuracy, declare_band, score_member
+from workbench.experiments.comparisons import reading_rows, study_family, study_members
+from workbench.experiments.fair_readings import pack_bits, unpack_bits
 from workbench.experiments.studies import three_pass
 from workbench.experiments.studies.data_efficiency import BUDGETS, data_efficiency, tokens_to_reach
-from workbench.experiments.studies.hd_ablations import hd_ablations
+from workbench.experiments.studies.hd_ablations import band_readings, hd_ablations, member_readings
 from workbench.experiments.studies.three_pass import HORIZONS, THREE_PASS, measure_members, regrowth_step, stability
 from workbench.storage.files import read_json
+from workbench.training import stats
 
 
 def test_tokens_to_reach_interpolates_in_log_tokens_and_bounds_the_rest():
@@ -261,6 +265,59 @@ def test_three_pass_on_the_micro_zoo(tmp_path):
         assert set(reading["accuracy"]) == {"soft", "fused"}
 
 
+def test_the_hd_band_comparisons_by_hand():
+    """Two seeds, four band problems. hd1 answers 1000 and 0000, hd2 1100 and 1000: hd2 - hd1 on the
+    band is +0.25 at both seeds, the crossed paired difference of the two [seeds, problems]
+    matrices; hd2's seeds are stored out of order and are paired by seed, not position. A member
+    whose reference was not scored on the band gets no band cell."""
+    paired = {"reference": "hd1", "accuracy": {"values": [0.1, 0.2]}, "completion_loss": {"values": [0.0, 0.1]}}
+    hd1, hd2 = [[1, 0, 0, 0], [0, 0, 0, 0]], [[1, 1, 0, 0], [1, 0, 0, 0]]
+    readings = {
+        "hd1": {},
+        "hd2": {"paired": paired},
+        "hd4-shared-kv": {"paired": {**paired, "reference": "hd4"}},
+        "band": "length5",
+        "scores": {
+            "length5": {
+                "n": 4,
+                "hd1": {"seeds": [0, 1], "standard": [pack_bits(a) for a in hd1]},
+                "hd2": {"seeds": [1, 0], "standard": [pack_bits(a) for a in hd2[::-1]]},
+                "hd4-shared-kv": {"seeds": [0, 1], "standard": [pack_bits(a) for a in hd1]},
+            }
+        },
+    }
+    family = study_family({"study": "hd-ablations", "readings": readings})
+    cell = family["hd2 - hd1: accuracy, band"]
+    expected = stats.paired_difference(np.array(hd1, float), np.array(hd2, float), bounds=(-1.0, 1.0))
+    assert cell["mean"] == pytest.approx(0.25) and cell["seeds_higher"] == 2
+    assert (cell["low"], cell["high"]) == pytest.approx((expected["low"], expected["high"]))
+    assert "hd4-shared-kv - hd4: accuracy, band" not in family
+    assert sorted(member_readings(readings)) == ["hd1", "hd2", "hd4-shared-kv"]
+
+
+def test_hd_members_are_scored_on_the_band_declared_from_the_baselines_pilot(tmp_path, micro_zoo):
+    """The band is declared from the first seed's baseline on validation problems (its pilot, as
+    ``declare_band`` reads it); each member's stored answers on the band's test problems are its
+    per-problem scores, and its accuracy their mean. Without bands every band comparison says why."""
+    out = shutil.copytree(micro_zoo, tmp_path / "zoo")  # scoring writes into the runs
+    models = {name: row for name, row in read_json(out / "zoo.json")["models"].items() if row["member"] != "fbt"}
+    bands = {"short": {"flipflop_min_len": 2, "flipflop_max_len": 4}, "long": {"flipflop_min_len": 10, "flipflop_max_len": 12}}
+    got = band_readings(models, out, bands, 6, 4, headroom=(0.0, 1.0))
+    pilot = band_accuracy(out / "baseline", bands, 4)
+    assert got["band_pilot"]["pilot"] == pilot and got["band_pilot"]["run"] == "baseline"
+    band = got["band"]
+    assert band == declare_band(pilot, (0.0, 1.0))["band"] and band in bands
+    for name, row in models.items():
+        answers = score_member(out / name, ["standard"], 6, (band, bands[band]))["correct"]["standard"]
+        stored = got["scores"][band][row["member"]]
+        assert stored["seeds"] == [0] and unpack_bits(stored["standard"][0], 6).tolist() == answers
+        assert got["curves"][band][row["member"]]["standard"]["mean"] == pytest.approx(np.mean(answers))
+    none = band_readings(models, out, {}, 6, 4)
+    assert none["band"] is None and "curves" not in none
+    assert set(none["unmeasured"]) == {"hd2 - hd1: accuracy, band", "hd4 - hd1: accuracy, band"}
+    assert all("no graded test sets" in why for why in none["unmeasured"].values())
+
+
 @pytest.mark.slow
 def test_hd_ablations_on_the_micro_zoo_reusing_its_members(tmp_path, micro_zoo):
     """A baseline, then HD at n = 1, 2, 4, 8 and the four n = 4 ablations continued from it: the
@@ -287,8 +344,10 @@ def test_hd_ablations_on_the_micro_zoo_reusing_its_members(tmp_path, micro_zoo):
     assert config["hd4-readout-sum"]["model"]["readout"] == "sum"
     assert config["hd4-cross-every-layer"]["model"]["cross_layers"] == list(range(config["hd4"]["model"]["n_layers"]))
     assert config["hd4-shared-kv"]["model"]["kv"] == "shared" and config["hd4"]["model"]["kv"] == "separate"
-    readings = study["readings"]
+    readings = member_readings(study["readings"])
     assert sorted(readings) == sorted(n for n in names if n != "baseline")
+    assert study["readings"]["band"] is None  # the micro zoo's mix has no graded test sets
+    assert "hd8 - hd1: accuracy, band" in study["readings"]["unmeasured"]
     assert list(readings["hd8"]["expansion_jumps"]) == ["2->4", "4->8"] and readings["hd1"]["expansion_jumps"] == {}
     assert readings["hd1"]["time_vs_hd1"]["mean"] == 1.0
     # the step costs, side by side: hd1 against itself is 1 in every repetition; the others are

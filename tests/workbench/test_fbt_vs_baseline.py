@@ -15,9 +15,9 @@ from helpers import assert_usage_error, cli
 from workbench import build_model
 from workbench.data.splits import heldout_examples
 from workbench.data.tasks import synthetic_examples
+from workbench.experiments import bands, tuning
 from workbench.experiments import fair_readings as fr
 from workbench.experiments import fbt_vs_baseline as fvb
-from workbench.experiments import tuning
 from workbench.experiments.power import EFFECTS, power_step
 from workbench.runtime.checkpoint import load_model
 from workbench.runtime.tokenizer import CharTokenizer, load_tokenizer
@@ -196,11 +196,11 @@ def test_a_gain_beyond_training_is_detected_in_its_regime_and_corrected_with_the
 
 def test_the_band_declared_is_the_one_with_the_baselines_pilot_nearest_the_middle_of_its_room():
     pilot = {"length4": 0.97, "length5": 0.88, "length6": 0.71, "length7": 0.52, "length8": 0.41}
-    declared = fr.declare_band(pilot)
+    declared = bands.declare_band(pilot)
     assert declared["band"] == "length6" and declared["why"] is None  # |0.71 - 0.75| < |0.88 - 0.75|
-    assert fr.declare_band({"a": 0.65, "b": 0.85})["band"] == "a"  # equally near: the first listed
-    assert fr.declare_band({"a": 0.6, "b": 0.95})["band"] == "a"  # the edges count as room
-    none = fr.declare_band({"digits4": 0.31, "digits5": 0.02})
+    assert bands.declare_band({"a": 0.65, "b": 0.85})["band"] == "a"  # equally near: the first listed
+    assert bands.declare_band({"a": 0.6, "b": 0.95})["band"] == "a"  # the edges count as room
+    none = bands.declare_band({"digits4": 0.31, "digits5": 0.02})
     assert none["band"] is None and none["why"] == (
         "no difficulty band leaves the baseline between 0.6 and 0.9 in the pilot (digits4 0.310, digits5 0.020)"
     )
@@ -242,18 +242,18 @@ def test_answers_pack_to_one_bit_each_and_every_accuracy_interval_recomputes_fro
 
 
 def test_the_organisms_bands_grow_harder_from_the_trained_level():
-    assert list(fvb.BANDS["perm"]) == [f"length{k}" for k in range(1, 9)]
-    assert list(fvb.BANDS["addition"]) == [f"digits{k}" for k in range(1, 6)]
-    assert all(fvb.SCALES[f"org-{task}"]["bands"] == fvb.BANDS[task] for task in ("flipflop", "perm", "addition"))
-    lengths = [(v["flipflop_min_len"], v["flipflop_max_len"]) for v in fvb.BANDS["flipflop"].values()]
+    assert list(bands.BANDS["perm"]) == [f"length{k}" for k in range(1, 9)]
+    assert list(bands.BANDS["addition"]) == [f"digits{k}" for k in range(1, 6)]
+    assert all(fvb.SCALES[f"org-{task}"]["bands"] == bands.BANDS[task] for task in ("flipflop", "perm", "addition"))
+    lengths = [(v["flipflop_min_len"], v["flipflop_max_len"]) for v in bands.BANDS["flipflop"].values()]
     assert lengths[0] == (8, 24) and all(a[1] <= b[0] for a, b in zip(lengths, lengths[1:]))  # trained, then longer
-    for weights in (v["flipflop_weights"] for v in fvb.BANDS["flipflop"].values()):  # writes : reads as trained
+    for weights in (v["flipflop_weights"] for v in bands.BANDS["flipflop"].values()):  # writes : reads as trained
         assert sum(weights) == pytest.approx(1.0) and weights[0] / weights[2] == pytest.approx(1.5)
     cfg = fvb.member_config("org-flipflop", "baseline", [])
-    settings = dataclasses.replace(task_settings(cfg.data), **fvb.BANDS["flipflop"]["length64-96"])
+    settings = dataclasses.replace(task_settings(cfg.data), **bands.BANDS["flipflop"]["length64-96"])
     assert {ex.difficulty for ex in heldout_examples("flipflop", 50, 0, settings)} <= set(range(64, 97))
     cfg = fvb.member_config("org-perm", "baseline", [])
-    examples = heldout_examples("perm", 50, 0, dataclasses.replace(task_settings(cfg.data), **fvb.BANDS["perm"]["length7"]))
+    examples = heldout_examples("perm", 50, 0, dataclasses.replace(task_settings(cfg.data), **bands.BANDS["perm"]["length7"]))
     assert {ex.difficulty for ex in examples} == {7}
 
 
@@ -280,18 +280,20 @@ def test_the_organisms_test_sets_beyond_training_are_drawn_beyond_it():
 def test_a_member_is_scored_beyond_training_on_problems_drawn_with_the_sets_settings(micro_runs, tmp_path):
     run = shutil.copytree(micro_runs / "fbt", tmp_path / "fbt")
     longer = ("longer", {"modsum_min_len": 7, "modsum_max_len": 9})
-    scores = fvb.score_member(run, "fbt", 6, longer)
+    scores = bands.score_member(run, list(fr.BEYOND_REGIMES), 6, longer)
     assert read_json(run / "results" / "comparison_test_longer.json") == scores
     assert scores["settings"] == longer[1] and set(scores["correct"]) == set(fr.BEYOND_REGIMES)
     cfg = load_run_config(run / "config.json")
     examples = heldout_examples(cfg.data.task, 6, 0, dataclasses.replace(task_settings(cfg.data), **longer[1]))
     row = evaluate_examples(load_model(run), examples, load_tokenizer(run), regimes=["fused"], per_problem=True)
     assert scores["correct"]["fused"] == row["correct"]["fused"]
-    assert fvb.score_member(run, "fbt", 6, ("longer", {"modsum_min_len": 7, "modsum_max_len": 7}))["settings"] == {
+    assert bands.score_member(run, list(fr.BEYOND_REGIMES), 6, ("longer", {"modsum_min_len": 7, "modsum_max_len": 7}))[
+        "settings"
+    ] == {
         "modsum_min_len": 7,
         "modsum_max_len": 7,
     }  # other settings: scored again, not read back
-    assert set(fvb.score_member(run, "baseline", 6, longer)["correct"]) == {"standard"}
+    assert set(bands.score_member(run, ["standard"], 6, longer)["correct"]) == {"standard"}  # other regimes: scored again
 
 
 def test_no_planted_gain_reads_no_detectable_difference():
@@ -435,7 +437,7 @@ def test_the_study_end_to_end_on_the_micro_scale(tmp_path):
     assert study["readings"]["control_bitwise_seeds"] == 2
     n = fvb.SCALES["micro"]["test"]
     for name in ("baseline", "fbt-seed1", "fbt-no-feedback"):
-        assert all(len(v) == n for v in read_json(out / name / "results" / fvb.TEST_FILE)["correct"].values())
+        assert all(len(v) == n for v in read_json(out / name / "results" / bands.TEST_FILE)["correct"].values())
     assert set(study["family"]) | set(study["readings"]["unmeasured"]) == set(fr.FAMILY)
     for entry in study["compute_matched"]:  # the compute-matched baseline trained FBT's FLOPs
         run = out / fvb.seed_name(fr.COMPUTE, entry["seed"])

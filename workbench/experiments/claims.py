@@ -81,7 +81,7 @@ CLAIMS = (
     Claim("fbt-fused-accuracy", "FBT", "fused decoding answers better than the baseline", "fbt-vs-baseline", ALL,
           "fbt fused - baseline: accuracy", 1),
     # on the difficulty band declared from the baseline's pilot, where it answers 0.6-0.9
-    # (``fair_readings.declare_band``), at equal tokens and at FBT's training FLOPs
+    # (``bands.declare_band``), at equal tokens and at FBT's training FLOPs
     Claim("fbt-fused-accuracy-band", "FBT", "fused decoding answers better than the baseline where the baseline has "
           "room (the declared difficulty band)", "fbt-vs-baseline", ALL, "fbt fused - baseline: accuracy, band", 1),
     Claim("fbt-fused-accuracy-compute", "FBT", "... and better than a baseline trained on FBT's training FLOPs",
@@ -106,17 +106,17 @@ CLAIMS = (
     Claim("fbt-contraction", "FBT", "a few percent of 3-pass batches make the feedback map a contraction",
           "three-pass", ALL, "fbt-3pass0.03 - fbt-3pass0: lambda(1000)", -1),
     Claim("hd-streams", "HD", "gains grow with the stream count n (2 over 1)", "hd-ablations", ALL,
-          "hd2 - hd1: accuracy", 1),
+          "hd2 - hd1: accuracy, band", 1),
     Claim("hd-streams-4", "HD", "gains grow with the stream count n (4 over 1)", "hd-ablations", ALL,
-          "hd4 - hd1: accuracy", 1),
+          "hd4 - hd1: accuracy, band", 1),
     Claim("hd-supervise-last", "HD", "last-stream supervision above all streams", "hd-ablations", ALL,
-          "hd4-supervise-all - hd4: accuracy", -1),
+          "hd4-supervise-all - hd4: accuracy, band", -1),
     Claim("hd-readout-last", "HD", "last-stream readout above summed readouts", "hd-ablations", ALL,
-          "hd4-readout-sum - hd4: accuracy", -1),
+          "hd4-readout-sum - hd4: accuracy, band", -1),
     Claim("hd-separate-kv", "HD", "separate key/value caches per stream above a shared one", "hd-ablations", ALL,
-          "hd4-shared-kv - hd4: accuracy", -1),
+          "hd4-shared-kv - hd4: accuracy, band", -1),
     Claim("hd-few-cross-layers", "HD", "a few cross-stream layers close to all layers", "hd-ablations", ALL,
-          "hd4-cross-every-layer - hd4: accuracy", 0),
+          "hd4-cross-every-layer - hd4: accuracy, band", 0),
 )  # fmt: skip
 
 
@@ -230,10 +230,10 @@ def arm_accuracy(study: Mapping, arm: str, test_set: str | None = None) -> float
     the study does not record it."""
     member, _, regime = arm.partition(" ")
     readings = study.get("readings", {})
-    if isinstance(readings.get(member), Mapping):  # readings by member (hd-ablations)
+    test_set = readings.get("band") if test_set == "band" else test_set
+    if not test_set and isinstance(readings.get(member), Mapping):  # readings by member (hd-ablations)
         found = readings[member].get("accuracy")
     else:
-        test_set = readings.get("band") if test_set == "band" else test_set
         sets = {**readings.get("beyond", {}), **readings.get("curves", {})}
         where = sets.get(test_set, {}) if test_set else readings.get("accuracy", {})
         found = where.get(member, {}).get(regime or "standard") if isinstance(where.get(member), Mapping) else None

@@ -34,25 +34,6 @@ FAMILY = (
     f"fbt fused - {COMPUTE}: accuracy",
     *BAND_CELLS,
 )
-HEADROOM = (0.6, 0.9)  # the baseline's pilot accuracy a band must have for a claim to be read on it
-
-
-def declare_band(pilot: Mapping[str, float], headroom: tuple[float, float] = HEADROOM) -> dict:
-    """The difficulty band accuracy claims are read on, declared from the baseline's pilot accuracy
-    per band (``pilot``, in order of difficulty) before the study runs: the band whose accuracy is
-    within ``headroom`` and nearest its middle (the first of ties), where neither a gain nor a loss
-    runs into a ceiling or a floor. ``{band, pilot, headroom, why}``: ``band`` None, and ``why``,
-    when no band has room."""
-    low, high = headroom
-    inside = [name for name, a in pilot.items() if low <= a <= high]
-    band = min(inside, key=lambda name: abs(pilot[name] - (low + high) / 2)) if inside else None
-    shown = ", ".join(f"{name} {a:.3f}" for name, a in pilot.items())
-    why = (
-        None
-        if band
-        else f"no difficulty band leaves the baseline between {low:g} and {high:g} in the pilot ({shown or 'no bands'})"
-    )
-    return {"band": band, "pilot": dict(pilot), "headroom": list(headroom), "why": why}
 
 
 def family_names(beyond) -> tuple[str, ...]:

@@ -25,7 +25,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -34,13 +33,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from workbench.data.splits import heldout_examples
+from workbench.experiments.bands import BANDS, as_recorded, declare_band, score_member
 from workbench.experiments.fair_readings import (
     BAND_CELLS,
     BEYOND_REGIMES,
     COMPUTE,
     CONTROL,
-    declare_band,
     family_names,
     member_regimes,
     packed_scores,
@@ -49,14 +47,11 @@ from workbench.experiments.fair_readings import (
 from workbench.experiments.power import EFFECTS, power_step
 from workbench.experiments.tuning import band_pilot, pilot, setting_overrides, tune
 from workbench.names import FAIR_STUDY as STUDY
-from workbench.runtime.checkpoint import load_model
-from workbench.runtime.tokenizer import load_tokenizer
 from workbench.storage.errors import BadInput
-from workbench.storage.files import read_json, write_json
+from workbench.storage.files import write_json
 from workbench.storage.outputs import output
 from workbench.storage.provenance import source_commit
-from workbench.training.evaluate import evaluate_examples
-from workbench.training.runconfig import RunConfig, load_run_config, make_run_config, task_settings
+from workbench.training.runconfig import RunConfig, load_run_config, make_run_config
 from workbench.training.strategies import run_flops
 from workbench.training.zoo import (
     MAX_SEEDS,
@@ -70,8 +65,6 @@ from workbench.training.zoo import (
     train_plan,
 )
 from workbench.training.zoo import SCALES as SCALES_OF_ZOO
-
-TEST_FILE = "comparison_test.json"  # per member, in results/: its per-problem scores
 
 # The scales: ``micro`` checks the plumbing in seconds; ``modsum`` is the setting in which the old
 # zoo's FBT-minus-baseline gap on modsum was measured (tiny, p = 3, 1-6 digits, seq 64,
@@ -165,25 +158,6 @@ BEYOND = {
     "flipflop": {"sparser": {"flipflop_weights": (0.1, 0.85, 0.05)}, "denser": {"flipflop_weights": (0.45, 0.1, 0.45)}},
     "perm": {"longer": {"perm_min_len": 4, "perm_max_len": 6}},
 }
-# Graded test sets, in order of difficulty, from the trained level on: every member's accuracy on
-# each is its accuracy-against-difficulty curve, and an accuracy claim is read on the band where
-# the baseline's pilot accuracy has room (``fair_readings.declare_band``: between 0.6 and 0.9).
-# The pilots (scripts/band_pilot.py, docs/results/band_pilots.json): perm trained on 1-3 answers
-# products of 4-6 near chance (1/6), so its bands are every length 1-8 and the room, if any, is at
-# the edge of training; the flip-flop's baseline stays at 0.98-1.0 at any ignore density of the
-# trained 8-24 instructions, but holding a bit over longer sequences is harder: at ignore density
-# 0.9 (writes and reads 3 : 2, as trained) it answers about 0.9, 0.8 and 0.7 at 32-48, 64-96 and
-# 128-192 instructions; addition by digit count 1-5, where no band has room as trained: it falls
-# from about 0.97 to 0.01 one digit past training, with 64- or 96-token windows, on 1-3 or 1-4,
-# and stays at 0.94-0.99 within it by carry-chain length (``add_carry_chain``).
-BANDS = {
-    "flipflop": {
-        f"length{lo}-{hi}": {"flipflop_min_len": lo, "flipflop_max_len": hi, "flipflop_weights": (0.06, 0.9, 0.04)}
-        for lo, hi in ((8, 24), (32, 48), (64, 96), (96, 128), (128, 192))
-    },
-    "perm": {f"length{k}": {"perm_min_len": k, "perm_max_len": k} for k in range(1, 9)},
-    "addition": {f"digits{k}": {"add_min_digits": k, "add_max_digits": k} for k in range(1, 6)},
-}
 
 
 # thresholds: perm's chance-level completion loss is ln(6) / 2 = 0.90 (answer and <eos>), a
@@ -229,42 +203,6 @@ def flops_ratio(fbt: RunConfig, baseline: RunConfig) -> float:
     """FBT's training FLOPs over the baseline's (``strategies.run_flops``: every step's passes as the
     run draws them); ``baseline-compute`` trains this many times the baseline's steps."""
     return run_flops(fbt) / run_flops(baseline)
-
-
-def as_recorded(settings: dict) -> dict:
-    """Task settings as JSON gives them back (tuples as lists)."""
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in settings.items()}
-
-
-def score_member(run: Path, member: str, n: int, beyond: tuple[str, dict] | None = None) -> dict:
-    """Per regime the 1/0 correctness and the completion loss of each of ``n`` test problems (seed
-    0's held-out stream, the same for every member and seed), written to ``results/TEST_FILE``.
-    ``beyond``: ``(name, settings)`` of a test set beyond training (``BEYOND``), its problems drawn
-    with the run's task settings changed by ``settings``, in ``BEYOND_REGIMES`` (the baseline in
-    its one), written to ``results/comparison_test_NAME.json``."""
-    name, settings = beyond if beyond is not None else (None, {})
-    path = run / "results" / (TEST_FILE if name is None else f"comparison_test_{name}.json")
-    regimes = member_regimes(member) if name is None else [r for r in BEYOND_REGIMES if r in member_regimes(member)]
-    recorded = as_recorded(settings)
-    if path.is_file():
-        saved = read_json(path)
-        whole = [saved.get(what) for what in ("correct", "completion_nll")]
-        if (
-            saved.get("n") == n
-            and saved.get("settings", {}) == recorded
-            and all(isinstance(w, dict) and set(w) == set(regimes) and all(len(v) == n for v in w.values()) for w in whole)
-        ):
-            return saved  # scored before (a rerun); anything else is scored again
-    cfg = load_run_config(run / "config.json")
-    examples = heldout_examples(cfg.data.task, n, 0, dataclasses.replace(task_settings(cfg.data), **settings))
-    row = evaluate_examples(load_model(run), examples, load_tokenizer(run), regimes=regimes, per_problem=True)
-    result = {"n": n, "problems_seed": 0, "correct": row["correct"], "completion_nll": row["completion_nll"]}
-    if name is not None:
-        result["settings"] = recorded
-    with output(run / "results", "results") as held:
-        write_json(path, result)
-        held.wrote(path)
-    return result
 
 
 def switch_step(run: Path) -> int:
@@ -365,10 +303,10 @@ def run_comparison(
     torch.set_num_threads(threads * jobs)
     try:
         for name, member, seed, _ in plan:
-            scores = score_member(out / name, member, s["test"])
-            if member != CONTROL:  # the sets beyond training and the graded bands
-                sets = {**s.get("beyond", {}), **bands}
-                scores["beyond"] = {b: score_member(out / name, member, s["test"], (b, v)) for b, v in sets.items()}
+            scores = score_member(out / name, member_regimes(member), s["test"])
+            if member != CONTROL:  # the sets beyond training and the graded bands, in single-token regimes
+                sets, regimes = {**s.get("beyond", {}), **bands}, [r for r in BEYOND_REGIMES if r in member_regimes(member)]
+                scores["beyond"] = {b: score_member(out / name, regimes, s["test"], (b, v)) for b, v in sets.items()}
             steps, losses = plain_losses(out / name)
             per_seed.setdefault(seed, {})[member] = {**scores, "steps": steps, "losses": losses}
     finally:

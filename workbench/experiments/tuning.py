@@ -18,7 +18,6 @@ answering in the standard regime, and a claim read from it would be a tuning fai
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from workbench.data.tasks import synthetic_examples
+from workbench.experiments.bands import band_accuracy
 from workbench.names import FAIR_STUDY as STUDY
 from workbench.runtime.checkpoint import load_model
 from workbench.runtime.tokenizer import load_tokenizer
@@ -151,19 +151,6 @@ def pilot(out: Path, chosen: dict, n: int) -> dict[str, np.ndarray]:
         for r in ("standard", "soft", "fused")
         for what, name in (("correct", "accuracy"), ("completion_nll", "completion loss"))
     }
-
-
-def band_accuracy(run: Path, bands: dict[str, dict], n: int) -> dict[str, float]:
-    """A run's accuracy in ``standard`` on each difficulty band (name -> task settings): ``n``
-    validation problems drawn with the band's settings over the run's own."""
-    cfg = load_run_config(run / "config.json")
-    model, tokenizer = load_model(run), load_tokenizer(run)
-    accuracy = {}
-    for name, settings in bands.items():
-        drawn = dataclasses.replace(task_settings(cfg.data), **settings)
-        examples = synthetic_examples(cfg.data.task, n, 0, drawn, split="validation")
-        accuracy[name] = evaluate_examples(model, examples, tokenizer, regimes=["standard"])["accuracy"]["standard"]
-    return accuracy
 
 
 def band_pilot(out: Path, baseline: dict, n: int, bands: dict[str, dict]) -> dict[str, float]:

@@ -3,19 +3,34 @@ continued for the zoo's HD steps at n = 1 (the baseline continued alike), 2, 4 a
 progressive expansion, and at n = 4: every stream supervised, the sum-of-streams readout,
 cross-stream attention in every layer, and the shared key/value cache (later tokens see only the
 last stream's keys and values). Per member: held-out accuracy and completion loss per task, the
-loss jump at each expansion, the training time relative to n = 1 (from the runs' logs), and the
-cost of one training step relative to n = 1, measured side by side."""
+loss jump at each expansion, the training time relative to n = 1 (from the runs' logs), the
+cost of one training step relative to n = 1, measured side by side, and its answers on the
+difficulty band where the baseline has room (``band_readings``), where the accuracy comparisons
+the paper's claims are read from are made."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+
+from workbench.experiments.bands import BANDS, HEADROOM, band_accuracy, declare_band, score_member
+from workbench.experiments.fair_readings import pack_bits, unpacked
 from workbench.experiments.studies.common import Member, add_paired, completion_loss, interval_text, mean_accuracy, torch_threads
 from workbench.runtime.config import make_config
+from workbench.training import stats
 from workbench.training.intervals import ACCURACY, ACCURACY_DIFFERENCE, seed_interval
 from workbench.training.runconfig import load_run_config
-from workbench.training.zoo import SCALES
+from workbench.training.zoo import ORGANISMS, SCALES
+
+# test problems per member and seed on the declared band: HD n = 8 at 128 flip-flop instructions
+# reads a 2,000-position sequence per problem, and 500 keep the readout near the study's own cost
+BAND_PROBLEMS = 500
+PILOT_PROBLEMS = 500  # validation problems per band in the baseline's pilot (the fair study's)
+BAND = "band"  # the declared band's comparisons are named for its role, whichever band it is
+# the keys of an HD study's readings that are not a member's
+BAND_KEYS = ("band", "band_pilot", "curves", "scores", "unmeasured")
 
 
 def members(scale: str) -> list[Member]:
@@ -40,11 +55,68 @@ def members(scale: str) -> list[Member]:
 
 def measure(models: dict, out: Path, scale: str, threads: int, jobs: int) -> dict:
     """The readings of the runs' evaluations and logs (``hd_ablations``), each member's with the
-    cost of its training step over ``hd1``'s (``hd_step_times``, at one member's ``threads``)."""
+    cost of its training step over ``hd1``'s (``hd_step_times``, at one member's ``threads``), and
+    the members' answers on the declared band (``band_readings``, at all the threads)."""
     readings = hd_ablations(models)
     for member, ratio in hd_step_times(out, sorted(readings), threads).items():
         readings[member]["step_time_vs_hd1"] = ratio
-    return readings
+    bands = next((BANDS.get(task, {}) for task, name in ORGANISMS.items() if name == scale), {})
+    with torch_threads(threads * jobs):
+        return readings | band_readings(models, out, bands, BAND_PROBLEMS, PILOT_PROBLEMS)
+
+
+def member_readings(readings: dict) -> dict:
+    """The members' entries of an HD study's readings (those of ``BAND_KEYS`` left out)."""
+    return {member: r for member, r in readings.items() if member not in BAND_KEYS}
+
+
+def band_cell(member: str) -> str:
+    """The family's name for ``member`` minus its reference on the declared band."""
+    return f"{member} - {hd_reference(member)}: accuracy, {BAND}"
+
+
+def band_readings(
+    models: dict, out: Path, bands: dict[str, dict], n: int, pilot_n: int, headroom: tuple[float, float] = HEADROOM
+) -> dict:
+    """Where the HD members' accuracy comparisons are read, and what they answer there.
+
+    The band is declared (``declare_band``) from the pilot: the first seed's ``baseline`` on
+    ``pilot_n`` validation problems of each of ``bands``, in ``headroom``. No comparison of the family reads the
+    baseline, and the HD members are not consulted. Every member but the baseline's continuation
+    is then scored (``score_member``, standard regime) on ``n`` test problems of the declared band
+    at each seed, the baseline too (where its continuation ``hd1`` starts). ``{band, band_pilot,
+    curves: {band: {member: {standard: accuracy}}}, scores: {band: {n, member: {seeds, standard:
+    [bits per seed]}}}}``; with no band, ``unmeasured`` says why for each band comparison."""
+    runs: dict[str, dict[int, str]] = {}
+    for name, row in models.items():
+        runs.setdefault(row["member"], {})[int(row["seed"])] = name
+    first = min(runs["baseline"])
+    if bands:
+        declared = declare_band(band_accuracy(out / runs["baseline"][first], bands, pilot_n), headroom)
+    else:
+        why = "this zoo's task has no graded test sets (``bands.BANDS``)"
+        declared = {"band": None, "pilot": {}, "headroom": list(headroom), "why": why}
+    result: dict = {"band": declared["band"], "band_pilot": {**declared, "run": runs["baseline"][first], "problems": pilot_n}}
+    band = declared["band"]
+    if band is None:
+        compared = [m for m in runs if m != "baseline" and hd_reference(m) is not None]
+        return result | {"unmeasured": {band_cell(m): declared["why"] for m in sorted(compared)}}
+    curves: dict[str, dict] = {}
+    scores: dict[str, int | dict] = {"n": n}
+    for member, by_seed in sorted(runs.items()):
+        seeds = sorted(by_seed)
+        answers = [score_member(out / by_seed[s], ["standard"], n, (band, bands[band]))["correct"]["standard"] for s in seeds]
+        curves[member] = {"standard": stats.accuracy_interval(np.array(answers, dtype=np.float64))}
+        scores[member] = {"seeds": seeds, "standard": [pack_bits(a) for a in answers]}
+    return result | {"curves": {band: curves}, "scores": {band: scores}}
+
+
+def band_matrix(readings: dict, member: str, seeds: list[int]) -> np.ndarray:
+    """``member``'s [seeds, problems] answers on the declared band at ``seeds``."""
+    band = readings["band"]
+    rows = unpacked(readings["scores"], band, member, "standard")
+    at = readings["scores"][band][member]["seeds"]
+    return rows[[at.index(s) for s in seeds]]
 
 
 def hd_reference(member: str) -> str | None:
@@ -140,16 +212,24 @@ def hd_step_times(out: Path, members: list[str], threads: int, reps: int = 5) ->
 
 
 def family(readings: dict) -> dict[str, dict]:
-    """Each member minus its reference in accuracy and completion loss, and ``hd4``'s training loss
-    jump at each expansion."""
+    """Each member minus its reference in accuracy and completion loss, on the declared band in
+    accuracy over seeds and problems crossed (where a band was declared), and ``hd4``'s training
+    loss jump at each expansion."""
     cells: dict[str, dict] = {}
-    for member, r in readings.items():
+    for member, r in member_readings(readings).items():
         if "paired" in r:
             for what in ("accuracy", "completion_loss"):
                 values = r["paired"][what]["values"]
                 bounds = ACCURACY_DIFFERENCE if what == "accuracy" else None
                 name = f"{member} - {r['paired']['reference']}: {what.replace('_', ' ')}"
                 add_paired(cells, name, [0.0] * len(values), values, bounds)
+            scored = readings.get("scores", {}).get(readings.get("band"), {})
+            if member in scored and r["paired"]["reference"] in scored:
+                reference = r["paired"]["reference"]
+                seeds = sorted(set(scored[member]["seeds"]) & set(scored[reference]["seeds"]))
+                if len(seeds) >= 2:
+                    a, b = band_matrix(readings, reference, seeds), band_matrix(readings, member, seeds)
+                    cells[band_cell(member)] = stats.paired_difference(a, b, bounds=ACCURACY_DIFFERENCE)
     for expansion, jump in readings.get("hd4", {}).get("expansion_jumps", {}).items():
         # cyclic replication keeps the function: the training loss after an expansion minus
         # before it, on the same rows (``train._record_expansion``)
@@ -171,5 +251,5 @@ def rows(study: dict) -> list[dict]:
             "accuracy, minus it": interval_text(r["paired"]["accuracy"]) if "paired" in r else "-",
             "completion loss, minus it": interval_text(r["paired"]["completion_loss"]) if "paired" in r else "-",
         }
-        for key, r in study.get("readings", {}).items()
+        for key, r in member_readings(study.get("readings", {})).items()
     ]
