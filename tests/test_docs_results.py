@@ -724,3 +724,38 @@ def test_the_stability_study_the_docs_quote_is_the_committed_one():
         in studies
     )
     assert f"predicts that {len(power['not_run'])} of the {len(family)} comparisons cannot reach a half-width of 0.05" in studies
+
+
+def test_the_hd_band_readings_the_docs_quote_are_the_committed_ones():
+    study = json.loads((ROOT / "docs/results/study_hd_ablations_org_flipflop.json").read_text())
+    text = " ".join((ROOT / "docs/claims.md").read_text().split())
+    readings, family = study["readings"], study["family"]
+    band = readings["band"]
+    pilot = ", ".join(f"{a:.3f}" for a in list(readings["band_pilot"]["pilot"].values())[:-1])
+    assert f"answers {pilot} and {list(readings['band_pilot']['pilot'].values())[-1]:.3f} of the validation" in text
+    assert f"so the band is `{band}`" in text
+    on_band = [c["standard"]["mean"] for m, c in readings["curves"][band].items() if m != "baseline"]
+    assert f"every member answers {min(on_band):.3f}-{max(on_band):.3f}" in text
+    assert not any(c["detectable"] for c in family.values())
+    assert f"None of the family's {len(family)} comparisons is detectable after Holm" in text
+    for member in ("hd2", "hd4", "hd4-supervise-all", "hd4-shared-kv", "hd4-readout-sum", "hd4-cross-every-layer"):
+        cell = next(c for name, c in family.items() if name.startswith(f"{member} - ") and name.endswith(", band"))
+        assert f"{cell['mean']:+.3f} [{cell['family_low']:+.3f}, {cell['family_high']:+.3f}]" in text, member
+    readout = family["hd4-readout-sum - hd4: accuracy, band"]
+    assert f"at {readout['seeds_higher']} of {readout['n_seeds']} seeds" in text and readout["seeds_higher"] == 5
+    members = study["models"]
+    assert f"all {len(members)} runs' test-set evaluations" in text
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    lo, hi = band.removeprefix("length").split("-")
+    baseline = readings["curves"][band]["baseline"]["standard"]["mean"]
+    assert f"read on sequences of {lo}-{hi} instructions, where its baseline answers {baseline:.3f}" in readme
+    for organism, what in (("perm", "products of 1 to {} permutations"), ("addition", "sums of 1 to {} digits")):
+        other = json.loads((ROOT / f"docs/results/study_hd_ablations_org_{organism}.json").read_text())["readings"]
+        assert other["band"] is None and "no difficulty band" in other["band_pilot"]["why"]
+        pilot = [f"{a:.3f}" for a in other["band_pilot"]["pilot"].values()]
+        assert f"answers {', '.join(pilot[:-1])} and {pilot[-1]} of {what.format(len(pilot))}" in text
+    steps = json.loads((ROOT / "docs/results/organisms_regenerated.json").read_text())["steps"]
+    for organism, words in (("flipflop", "5 seeds, {:.1f} min on 2 cores"), ("perm", "{:.0f} min"), ("addition", "{:.0f} min")):
+        command = json.loads((ROOT / f"docs/results/study_hd_ablations_org_{organism}.json").read_text())["command"]
+        assert words.format(steps[f"{command} --no-progress"]["wall_seconds"] / 60) in text, organism
+    assert f"{study['session_wall_seconds'] / 60:.1f} of them training" in text

@@ -80,13 +80,13 @@ def band_readings(
 ) -> dict:
     """Where the HD members' accuracy comparisons are read, and what they answer there.
 
-    The band is declared (``declare_band``) from the pilot: the first seed's ``baseline`` on
-    ``pilot_n`` validation problems of each of ``bands``, in ``headroom``. No comparison of the family reads the
-    baseline, and the HD members are not consulted. Every member but the baseline's continuation
-    is then scored (``score_member``, standard regime) on ``n`` test problems of the declared band
-    at each seed, the baseline too (where its continuation ``hd1`` starts). ``{band, band_pilot,
-    curves: {band: {member: {standard: accuracy}}}, scores: {band: {n, member: {seeds, standard:
-    [bits per seed]}}}}``; with no band, ``unmeasured`` says why for each band comparison."""
+    The band is declared (``declare_band``, within ``headroom``) from the pilot: the first seed's
+    ``baseline`` on ``pilot_n`` validation problems of each of ``bands``. No comparison of the
+    family reads the baseline, and no HD member is consulted. Every member, the baseline included
+    (where ``hd1`` starts), then answers ``n`` test problems of the declared band at each seed
+    (``score_member``, standard regime). ``{band, band_pilot, curves: {band: {member: {standard:
+    accuracy}}}, scores: {band: {n, member: {seeds, standard: [bits per seed]}}}}``; with no band,
+    ``unmeasured`` says why for each band comparison."""
     runs: dict[str, dict[int, str]] = {}
     for name, row in models.items():
         runs.setdefault(row["member"], {})[int(row["seed"])] = name
