@@ -759,3 +759,16 @@ def test_the_hd_band_readings_the_docs_quote_are_the_committed_ones():
         command = json.loads((ROOT / f"docs/results/study_hd_ablations_org_{organism}.json").read_text())["command"]
         assert words.format(steps[f"{command} --no-progress"]["wall_seconds"] / 60) in text, organism
     assert f"{study['session_wall_seconds'] / 60:.1f} of them training" in text
+
+
+@pytest.mark.parametrize("organism", ["flipflop", "perm", "addition"])
+def test_the_committed_hd_families_recompute_from_their_readings(organism):
+    """Each committed HD study's declared family, the band comparisons among it, is what its own
+    readings give, to the last bit (the band's from the stored answers, one bit per problem and
+    seed)."""
+    from workbench.experiments.comparisons import study_family
+
+    study = json.loads((ROOT / f"docs/results/study_hd_ablations_org_{organism}.json").read_text())
+    again = json.loads(json.dumps(study_family(study)))  # as the study wrote it
+    assert again == study["family"]
+    assert any(name.endswith(", band") for name in again) == (study["readings"]["band"] is not None)
