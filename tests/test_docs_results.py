@@ -772,3 +772,27 @@ def test_the_committed_hd_families_recompute_from_their_readings(organism):
     again = json.loads(json.dumps(study_family(study)))  # as the study wrote it
     assert again == study["family"]
     assert any(name.endswith(", band") for name in again) == (study["readings"]["band"] is not None)
+
+
+def test_the_three_pass_flipflop_readings_the_docs_quote_are_the_committed_ones():
+    study = json.loads((ROOT / "docs/results/study_three_pass_org_flipflop.json").read_text())
+    text = " ".join((ROOT / "docs/claims.md").read_text().split())
+    readings, family = study["readings"], study["family"]
+    assert all(row["input"]["input_task"] == "flipflop" for r in readings.values() for row in r["per_seed"])
+    for member in ("fbt-3pass0", "fbt-3pass0.03"):
+        lam = readings[member]["lyapunov_tangent"]["1000"]
+        below = sum(v < 0 for v in lam["values"])
+        assert f"{lam['mean']:+.3f} [{lam['low']:+.3f}, {lam['high']:+.3f}]" in text, member
+        assert below == (4 if member == "fbt-3pass0" else 5)
+    claim, residual = family["fbt-3pass0.03 - fbt-3pass0: lambda(1000)"], family["fbt-3pass0.03 - fbt-3pass0: residual K=8"]
+    assert (
+        f"{claim['mean']:+.3f} [{claim['family_low']:+.3f}, {claim['family_high']:+.3f}] after Holm over the {len(family)}"
+        in text
+    )
+    assert [n for n, c in family.items() if c["detectable"]] == ["fbt-3pass0.03 - fbt-3pass0: residual K=8"]
+    assert f"{residual['mean']:+.3f} [{residual['family_low']:+.3f}, {residual['family_high']:+.3f}]" in text
+    assert f"(Holm p {residual['p_holm']:.2g}, lower at {residual['seeds_lower']} of 5 seeds)" in text
+    steps = json.loads((ROOT / "docs/results/organisms_regenerated.json").read_text())["steps"]
+    assert f"{steps[study['command'] + ' --no-progress']['wall_seconds'] / 60:.1f} min" in text
+    answers = [a["mean"] for r in readings.values() for a in r["accuracy"].values()]
+    assert f"Every member answers {min(answers):.3f}-{max(answers):.3f} in `soft` and `fused`" in text
