@@ -745,10 +745,9 @@ def test_the_hd_band_readings_the_docs_quote_are_the_committed_ones():
     assert f"at {readout['seeds_higher']} of {readout['n_seeds']} seeds" in text and readout["seeds_higher"] == 5
     members = study["models"]
     assert f"all {len(members)} runs' test-set evaluations" in text
-    readme = " ".join((ROOT / "README.md").read_text().split())
     lo, hi = band.removeprefix("length").split("-")
     baseline = readings["curves"][band]["baseline"]["standard"]["mean"]
-    assert f"read on sequences of {lo}-{hi} instructions, where its baseline answers {baseline:.3f}" in readme
+    assert f"read on sequences of {lo}-{hi} instructions, where its baseline answers {baseline:.3f}" in text
     for organism, what in (("perm", "products of 1 to {} permutations"), ("addition", "sums of 1 to {} digits")):
         other = json.loads((ROOT / f"docs/results/study_hd_ablations_org_{organism}.json").read_text())["readings"]
         assert other["band"] is None and "no difficulty band" in other["band_pilot"]["why"]
