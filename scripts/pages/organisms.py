@@ -122,6 +122,7 @@ def claims(results: Path) -> Page:
                 row["comparison"] or "-",
                 cell(row),
                 f"{row['mde']:.3f}" if row.get("mde") is not None else "-",
+                f"{row['paper_effect']:.3f}" if row.get("paper_effect") is not None else "-",
                 f"**{row['verdict']}**",
                 row["why"],
             ]
@@ -133,10 +134,15 @@ def claims(results: Path) -> Page:
             "Each claim of the seed papers on each organism, read from the study that tests it: the comparison",
             "of the study's declared family, its mean difference [95% interval simultaneous over the family,",
             "Bonferroni; Holm's adjusted p decides what is detectable], the minimum detectable effect (mde: the",
-            "interval's half-width, the smallest difference the study could have called) and the verdict",
-            "(`workbench/experiments/claims.py`; docs/claims.md says what each means).",
+            "interval's half-width, the smallest difference the study could have called), the largest effect",
+            "the paper reports in the comparison's units where it reports one (an mde above it reads",
+            "'inconclusive at this power') and the verdict (`workbench/experiments/claims.py`; docs/claims.md",
+            "says what each means).",
             "",
-            table(["paper", "claim", "organism", "study", "comparison", "difference", "mde", "verdict", "why"], rows),
+            table(
+                ["paper", "claim", "organism", "study", "comparison", "difference", "mde", "paper's effect", "verdict", "why"],
+                rows,
+            ),
             *made_under_section(data.get("made_under")),
         ]
 

@@ -15,10 +15,12 @@ organism, by these rules in this order:
   nearly all problems that even a perfect other side would stay within the half-width;
 - ``reproduced``: the predicted difference is detectable (for a claim of closeness, the whole
   simultaneous interval within +-``CLOSE``);
+- ``inconclusive at this power``: the interval holds 0 but is wider than the largest effect the
+  paper reports for the comparison (``Claim.effect``), so a paper-sized effect could have gone
+  unseen; or a claim of closeness whose interval is wider than +-``CLOSE``;
 - ``no detectable difference``: the interval holds 0, with the minimum detectable effect
   (``mde``: the half-width of the simultaneous interval, the smallest difference this study could
-  have called);
-- ``inconclusive at this power``: a claim of closeness whose interval is wider than +-``CLOSE``;
+  have called), within the paper's effect where the paper reports one in these units;
 - ``not measured yet``: the study has not been run on the organism (the command is given).
 
 Each study's positive control is a test that plants an effect of known size through the same
@@ -70,14 +72,24 @@ class Claim:
     # the sign of the difference the paper predicts (+1 higher, -1 lower; 0: close, within
     # +-CLOSE)
     sign: int
+    # the largest effect the paper reports in the comparison's units (None: it reports none), and
+    # where: a study whose half-width exceeds it could not have seen a paper-sized effect
+    effect: float | None = None
+    effect_source: str | None = None
 
 
 ALL = ("flipflop", "perm", "addition")
+# The papers' effects, each the largest reported in the units of the comparison that reads it (the
+# most a study needs to see): the HD release's seven benchmarks on Qwen3-8B-Base (accuracy points
+# read as differences of accuracy) and FBT's token efficiency (as a log ratio of steps).
+HD_N2 = "the HD release: n = 2 gains 0.4-3.4 points over its baseline on seven benchmarks (HellaSwag +3.4)"
+HD_N4 = "the HD release: n = 4 gains 0.5-5.3 points over its baseline on seven benchmarks (HellaSwag +5.3)"
+FBT_TOKENS = "the FBT paper: FBT matches a baseline trained on 1.5-2x its tokens (ln 2 = 0.693)"
 CLAIMS = (
     Claim("fbt-loss", "FBT", "lower training loss at equal data", "fbt-vs-baseline", ALL,
           "fbt - baseline: plain-pass training loss, last half", -1),
     Claim("fbt-data-efficiency", "FBT", "reaches a loss in fewer steps (data efficiency)", "fbt-vs-baseline", ALL,
-          "fbt - baseline: log steps to the loss threshold after the switch", -1),
+          "fbt - baseline: log steps to the loss threshold after the switch", -1, 0.693, FBT_TOKENS),
     Claim("fbt-fused-accuracy", "FBT", "fused decoding answers better than the baseline", "fbt-vs-baseline", ALL,
           "fbt fused - baseline: accuracy", 1),
     # on the difficulty band declared from the baseline's pilot, where it answers 0.6-0.9
@@ -106,9 +118,9 @@ CLAIMS = (
     Claim("fbt-contraction", "FBT", "a few percent of 3-pass batches make the feedback map a contraction",
           "three-pass", ALL, "fbt-3pass0.03 - fbt-3pass0: lambda(1000)", -1),
     Claim("hd-streams", "HD", "gains grow with the stream count n (2 over 1)", "hd-ablations", ALL,
-          "hd2 - hd1: accuracy, band", 1),
+          "hd2 - hd1: accuracy, band", 1, 0.034, HD_N2),
     Claim("hd-streams-4", "HD", "gains grow with the stream count n (4 over 1)", "hd-ablations", ALL,
-          "hd4 - hd1: accuracy, band", 1),
+          "hd4 - hd1: accuracy, band", 1, 0.053, HD_N4),
     Claim("hd-supervise-last", "HD", "last-stream supervision above all streams", "hd-ablations", ALL,
           "hd4-supervise-all - hd4: accuracy, band", -1),
     Claim("hd-readout-last", "HD", "last-stream readout above summed readouts", "hd-ablations", ALL,
@@ -138,6 +150,7 @@ def read_claim(claim: Claim, organism: str, study: Mapping | None) -> dict:
         "study": claim.study,
         "comparison": claim.comparison,
         "control": CONTROLS.get(claim.study),
+        "paper_effect": claim.effect,
     }
     if organism not in claim.organisms:
         return {**row, "verdict": NOT_TESTABLE, "why": f"the claim cannot show on {organism}"}
@@ -166,7 +179,7 @@ def read_claim(claim: Claim, organism: str, study: Mapping | None) -> dict:
     ceiling = _ceiling(claim, study, cell)
     if ceiling is not None:
         return {**row, **_interval(cell), "verdict": NOT_TESTABLE, "why": ceiling}
-    verdict, why = _verdict(cell, claim.sign)
+    verdict, why = _verdict(cell, claim)
     return {**row, **_interval(cell), "verdict": verdict, "why": why}
 
 
@@ -277,11 +290,11 @@ def _interval(cell: Mapping) -> dict:
     return {"difference": cell["mean"], "low": low, "high": high, "mde": (high - low) / 2}
 
 
-def _verdict(cell: Mapping, sign: int) -> tuple[str, str]:
+def _verdict(cell: Mapping, claim: Claim) -> tuple[str, str]:
     """The verdict once every rule before it passed, the opposite sign included (``read_claim``)."""
     detectable, text = stats.detectable(cell), _described(cell)
     low, high = cell.get("family_low", cell["low"]), cell.get("family_high", cell["high"])
-    if sign == 0:  # "close": the whole simultaneous interval within +-CLOSE
+    if claim.sign == 0:  # "close": the whole simultaneous interval within +-CLOSE
         if -CLOSE <= low and high <= CLOSE:
             return REPRODUCED, f"within +-{CLOSE}: {text}"
         if detectable:
@@ -289,7 +302,13 @@ def _verdict(cell: Mapping, sign: int) -> tuple[str, str]:
         return INCONCLUSIVE, f"{text} is wider than +-{CLOSE}"
     if detectable:
         return REPRODUCED, text
-    return NO_DIFFERENCE, f"{text}; the study could call a difference beyond +-{(high - low) / 2:.3f}"
+    half = (high - low) / 2
+    if claim.effect is not None and half > claim.effect:
+        return INCONCLUSIVE, (
+            f"{text}: the study could call only a difference beyond +-{half:.3f}, more than the largest effect the "
+            f"paper reports, {claim.effect:.3f} ({claim.effect_source})"
+        )
+    return NO_DIFFERENCE, f"{text}; the study could call a difference beyond +-{half:.3f}"
 
 
 def claims_table(studies: Callable[[str, str], Mapping | None]) -> list[dict]:
