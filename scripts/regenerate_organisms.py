@@ -20,7 +20,8 @@ Each step is the ``workbench`` command a user would type, run in turn and timed:
 A study runs on the organisms where it reads a claim (``workbench.experiments.claims``: traces on addition
 only). What each step last did is kept in ``docs/results/organisms_regenerated.json`` by command
 (commit, training fingerprint, wall-clock seconds, exit status, when it finished), across
-partial runs (``--organism``, ``--study``), and beside the step's output (``OUT.step.json``:
+partial runs (``--organism``, ``--study``; a step run again replaces its earlier record, whatever
+its output folder), and beside the step's output (``OUT.step.json``:
 ``runs/organisms.step.json`` for the zoo, ``runs/organisms/TASK/studies/STUDY.step.json``), so
 that ``--copy``, which runs nothing and copies what the runs hold now, also brings in the record
 of runs made elsewhere (a worktree). A whole run also records its command and total time
@@ -63,6 +64,7 @@ SERVES = {study: {o for c in CLAIMS if c.study == study for o in c.organisms} fo
 SERVES["stability"] = set(ALL)  # a finding of its own on every organism, no claim of the papers
 RECORD = "organisms_regenerated.json"
 ZOO_JSON = "zoo_organisms.json"
+ZOO_STEP = "zoo organisms"
 
 
 def claims_json(results: Path) -> dict:
@@ -75,20 +77,38 @@ def claims_json(results: Path) -> dict:
         return json.loads(path.read_text()) if path.is_file() else None
 
     steps = json.loads((results / RECORD).read_text()).get("steps", {}) if (results / RECORD).is_file() else {}
-    made_under = {}
-    zoo = [step for command, step in steps.items() if command.startswith("workbench zoo --preset organisms ")]
+    made: dict[str, dict] = {}
+    zoo = [step for command, step in steps.items() if step_name(command) == ZOO_STEP]
     if (results / ZOO_JSON).is_file():
-        made_under[ZOO_JSON] = zoo[-1].get("training_fingerprint") if zoo else None  # the last zoo step run
+        made[ZOO_JSON] = zoo[-1] if zoo else {}
     for name in [results_name(s, o) for s in STUDIES for o in ALL]:
         if (results / name).is_file():
             command = json.loads((results / name).read_text()).get("command")
-            made_under[name] = steps.get(f"{command} --no-progress", {}).get("training_fingerprint")
+            made[name] = steps.get(f"{command} --no-progress", {})
     return {
         "written_by": "python scripts/regenerate_organisms.py",
         "commit": source_commit(),
         "rows": claims_table(found),
-        "made_under": made_under,
+        "made_under": {name: step.get("training_fingerprint") for name, step in made.items()},
+        # the wall-clock seconds of the step that made each result (None: not recorded)
+        "took": {name: step.get("wall_seconds") for name, step in made.items()},
     }
+
+
+def step_name(command: str) -> str:
+    """What a step makes, whatever its output folder or seeds: ``fbt-vs-baseline org-perm``, or
+    ``ZOO_STEP``; a step run again replaces its record under another command."""
+    words = command.split()
+    flag = {k: v for k, v in zip(words, words[1:]) if k.startswith("--")}
+    return f"{flag.get('--study', 'zoo')} {flag.get('--preset', '')}"
+
+
+def record_step(steps: dict, command: str, step: dict) -> None:
+    """Keep ``step`` as what ``command`` last did, and drop the record of an earlier run of the
+    same step under another command, so the record holds what the results are made of."""
+    for stale in [c for c in steps if step_name(c) == step_name(command)]:
+        del steps[stale]
+    steps[command] = step
 
 
 def measured(study: Path) -> bool:
@@ -159,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.copy:
             if step_file(out).is_file():  # the record of a step run elsewhere (as it ran there) comes with its output
                 saved = json.loads(step_file(out).read_text())
-                key, steps[saved["command"]] = saved["command"], saved["step"]
+                key = saved["command"]
+                record_step(steps, key, saved["step"])
                 write(path, record)
         else:
             if fingerprint is None:
@@ -172,14 +193,18 @@ def main(argv: list[str] | None = None) -> int:
                     )
             t = time.perf_counter()
             code = subprocess.call([workbench(), *command], env=os.environ | PINNED_NUMERICS)
-            steps[key] = {
-                "commit": source_commit(),
-                "training_fingerprint": fingerprint["sha256"],
-                "numerics": fingerprint["numerics"],
-                "wall_seconds": round(time.perf_counter() - t, 1),
-                "rc": code,
-                "finished": datetime.now(UTC).isoformat(timespec="seconds"),
-            }
+            record_step(
+                steps,
+                key,
+                {
+                    "commit": source_commit(),
+                    "training_fingerprint": fingerprint["sha256"],
+                    "numerics": fingerprint["numerics"],
+                    "wall_seconds": round(time.perf_counter() - t, 1),
+                    "rc": code,
+                    "finished": datetime.now(UTC).isoformat(timespec="seconds"),
+                },
+            )
             write(path, record)
             write(step_file(out), {"written_by": "python scripts/regenerate_organisms.py", "command": key, "step": steps[key]})
         if code != 0:

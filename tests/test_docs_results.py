@@ -547,6 +547,22 @@ def test_regenerating_by_copy_reproduces_the_committed_organism_study_and_claims
     assert pages.main(["--check", "--results", str(results)]) == 0
 
 
+def test_a_step_run_again_replaces_its_record_whatever_its_output_folder():
+    regenerate = _regenerate()
+    zoo = "workbench zoo --preset organisms --seeds 5 --out runs/organisms --no-progress"
+    before = "workbench zoo --study three-pass --preset org-perm --seeds 5 --out runs/organisms/perm/studies/three-pass"
+    again = "workbench zoo --study three-pass --preset org-perm --seeds 5 --out /elsewhere/perm/studies/three-pass"
+    other = "workbench zoo --study three-pass --preset org-flipflop --seeds 5 --out runs/organisms/flipflop/studies/three-pass"
+    assert [regenerate.step_name(c) for c in (zoo, before, other)] == [
+        regenerate.ZOO_STEP,
+        "three-pass org-perm",
+        "three-pass org-flipflop",
+    ]
+    steps = {zoo: {"wall_seconds": 1.0}, before: {"wall_seconds": 2.0}, other: {"wall_seconds": 3.0}}
+    regenerate.record_step(steps, again, {"wall_seconds": 4.0})
+    assert steps == {zoo: {"wall_seconds": 1.0}, other: {"wall_seconds": 3.0}, again: {"wall_seconds": 4.0}}
+
+
 def test_copy_brings_in_a_step_made_elsewhere_and_the_claims_say_what_trained_each_study(tmp_path):
     """A study run in another tree (a worktree) leaves its step's record beside its output;
     ``--copy`` takes that record into ``organisms_regenerated.json`` and the study's JSON keeps the
@@ -565,7 +581,12 @@ def test_copy_brings_in_a_step_made_elsewhere_and_the_claims_say_what_trained_ea
     shutil.copytree(ROOT / "docs" / "results", results)
     argv = ["--copy", "--no-zoo", "--organism", "perm", "--study", "three-pass", "--runs", str(runs), "--results", str(results)]
     assert regenerate.main(argv) == 0
-    assert json.loads((results / regenerate.RECORD).read_text())["steps"][f"{ran} --no-progress"] == step
+    steps = json.loads((results / regenerate.RECORD).read_text())["steps"]
+    assert steps[f"{ran} --no-progress"] == step
+    # the committed record of this step, made under another output folder, is replaced; the rest kept
+    committed_steps = json.loads((ROOT / "docs" / "results" / regenerate.RECORD).read_text())["steps"]
+    names = [regenerate.step_name(c) for c in steps]
+    assert names.count("three-pass org-perm") == 1 and sorted(names) == sorted(regenerate.step_name(c) for c in committed_steps)
     assert json.loads((results / "study_three_pass_org_perm.json").read_text())["command"] == ran
     made_under = json.loads((results / "claims.json").read_text())["made_under"]
     assert made_under["study_three_pass_org_perm.json"] == "f" * 64
@@ -575,6 +596,10 @@ def test_copy_brings_in_a_step_made_elsewhere_and_the_claims_say_what_trained_ea
     fingerprints = {f for f in made_under.values() if f}  # the fake one and any of the committed results
     assert "f" * 64 in fingerprints
     assert f"made under {len(fingerprints)} fingerprint{'s' if len(fingerprints) != 1 else ''}" in page
+    took = json.loads((results / "claims.json").read_text())["took"]
+    assert took["study_three_pass_org_perm.json"] == 1.0 and "| `study_three_pass_org_perm` | 0.0 |" in page
+    recorded = [t for t in took.values() if t is not None]
+    assert f"the {len(recorded)} results with a recorded time ran {sum(recorded) / 3600:.1f} h in all" in page
     assert pages.main(["--check", "--results", str(results)]) == 0
     running = runs / "flipflop" / "studies" / "three-pass"  # a study still training: its rows so far, no readings
     running.mkdir(parents=True)

@@ -144,6 +144,7 @@ def claims(results: Path) -> Page:
                 rows,
             ),
             *made_under_section(data.get("made_under")),
+            *took_section(data.get("took")),
         ]
 
     return Page((CLAIMS_JSON,), "The seed papers' claims on the model organisms (measured)", body)
@@ -175,6 +176,28 @@ def made_under_section(made_under: dict | None) -> list[str]:
         ),
         "",
         table(["training fingerprint", "results"], rows),
+    ]
+
+
+def took_section(took: dict | None) -> list[str]:
+    """How long the step that made each result ran, and their sum: what regenerating them all in
+    parts costs on the machine that made them (scripts/regenerate_organisms.py records each)."""
+    if not took:
+        return []
+    known = {name: s for name, s in took.items() if s is not None}
+    rows = [[f"`{name.removesuffix('.json')}`", f"{s / 60:.1f}"] for name, s in known.items()]
+    rows += [[f"`{name.removesuffix('.json')}`", "not recorded"] for name in took if name not in known]
+    return [
+        "",
+        "## How long they took",
+        "",
+        (
+            f"The steps that made the {len(known)} results with a recorded time ran {sum(known.values()) / 3600:.1f} h "
+            "in all (wall clock on the 2 cores of the machine that made them; a step run beside another counts "
+            "its own wall clock)."
+        ),
+        "",
+        table(["result", "minutes"], rows),
     ]
 
 
