@@ -76,23 +76,56 @@ def claims_json(results: Path) -> dict:
         path = results / results_name(study, organism)
         return json.loads(path.read_text()) if path.is_file() else None
 
-    steps = json.loads((results / RECORD).read_text()).get("steps", {}) if (results / RECORD).is_file() else {}
-    made: dict[str, dict] = {}
+    record = json.loads((results / RECORD).read_text()) if (results / RECORD).is_file() else {}
+    steps, prints = record.get("steps", {}), record.get("fingerprints", {})
+    made: dict[str, tuple[str | None, dict]] = {}  # result -> (its organism, None for the zoo; its step)
     zoo = [step for command, step in steps.items() if step_name(command) == ZOO_STEP]
     if (results / ZOO_JSON).is_file():
-        made[ZOO_JSON] = zoo[-1] if zoo else {}
-    for name in [results_name(s, o) for s in STUDIES for o in ALL]:
-        if (results / name).is_file():
-            command = json.loads((results / name).read_text()).get("command")
-            made[name] = steps.get(f"{command} --no-progress", {})
+        made[ZOO_JSON] = (None, zoo[-1] if zoo else {})
+    for study, organism in [(s, o) for s in STUDIES for o in ALL]:
+        if (results / results_name(study, organism)).is_file():
+            command = json.loads((results / results_name(study, organism)).read_text()).get("command")
+            made[results_name(study, organism)] = (organism, steps.get(f"{command} --no-progress", {}))
+
+    def trained_under(organism: str | None, step: dict) -> str | None:
+        whole = step.get("training_fingerprint")
+        if organism is None:
+            return whole
+        return step.get("organism_fingerprints", {}).get(organism) or prints.get(whole, {}).get(organism) or whole
+
     return {
         "written_by": "python scripts/regenerate_organisms.py",
         "commit": source_commit(),
         "rows": claims_table(found),
-        "made_under": {name: step.get("training_fingerprint") for name, step in made.items()},
+        # the training fingerprint each result was made under: its organism's own (``organisms`` of
+        # the fingerprint), the whole one for the zoo and where a step recorded no other
+        "made_under": {name: trained_under(organism, step) for name, (organism, step) in made.items()},
         # the wall-clock seconds of the step that made each result (None: not recorded)
-        "took": {name: step.get("wall_seconds") for name, step in made.items()},
+        "took": {name: step.get("wall_seconds") for name, (_, step) in made.items()},
     }
+
+
+def refusal(expect: str, fingerprint: dict, known: dict[str, dict], organisms: list[str]) -> str | None:
+    """Why ``--expect EXPECT`` refuses to train ``organisms`` under ``fingerprint`` (this code's),
+    or None. ``EXPECT`` names a whole fingerprint (its first characters); where the record knows
+    that fingerprint's organisms' own (``known``), each organism to train must keep its own, so a
+    change to one organism's training leaves the parts made for the others standing; otherwise the
+    whole must match."""
+    if fingerprint["sha256"].startswith(expect):
+        return None
+    expected = next((known[whole] for whole in known if whole.startswith(expect)), None)
+    if expected is None:
+        return (
+            f"--expect {expect}: this code on this machine trains under fingerprint {fingerprint['sha256']} "
+            f"({fingerprint['numerics']}); nothing was run"
+        )
+    changed = [o for o in organisms if fingerprint.get("organisms", {}).get(o) != expected.get(o)]
+    if not changed:
+        return None
+    return (
+        f"--expect {expect}: this code on this machine trains {', '.join(changed)} under another fingerprint than "
+        f"the parts made under {expect} ({fingerprint['sha256']}, {fingerprint['numerics']}); nothing was run"
+    )
 
 
 def step_name(command: str) -> str:
@@ -171,8 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     steps = record.setdefault("steps", {})  # by command: what each step last did, kept across partial runs
     fingerprint = None
 
-    def run(command: list[str], out: Path) -> str:
-        """Run (or with ``--copy``, find the record of) ``workbench COMMAND``; the command as it ran."""
+    def run(command: list[str], out: Path, trains: list[str]) -> str:
+        """Run (or with ``--copy``, find the record of) ``workbench COMMAND``, which trains the
+        organisms ``trains``; the command as it ran."""
         nonlocal fingerprint
         print(("copying what this wrote: " if args.copy else "$ ") + " ".join(["workbench", *command]), flush=True)
         key, code = " ".join(["workbench", *command]), 0
@@ -186,11 +220,12 @@ def main(argv: list[str] | None = None) -> int:
             if fingerprint is None:
                 fingerprint = pinned_fingerprint()
                 print(f"training fingerprint of this code: {fingerprint['sha256']} ({fingerprint['numerics']})", flush=True)
-                if args.expect and not fingerprint["sha256"].startswith(args.expect):
-                    raise SystemExit(
-                        f"--expect {args.expect}: this code on this machine trains under fingerprint "
-                        f"{fingerprint['sha256']} ({fingerprint['numerics']}); nothing was run"
-                    )
+                known = record.setdefault("fingerprints", {})  # each whole fingerprint seen -> its organisms' own
+                why = args.expect and refusal(args.expect, fingerprint, known, sorted(set(trains) | set(organisms)))
+                if why:
+                    raise SystemExit(why)
+                if "organisms" in fingerprint:
+                    known[fingerprint["sha256"]] = fingerprint["organisms"]
             t = time.perf_counter()
             code = subprocess.call([workbench(), *command], env=os.environ | PINNED_NUMERICS)
             record_step(
@@ -199,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
                 {
                     "commit": source_commit(),
                     "training_fingerprint": fingerprint["sha256"],
+                    "organism_fingerprints": {o: fingerprint.get("organisms", {}).get(o) for o in trains},
                     "numerics": fingerprint["numerics"],
                     "wall_seconds": round(time.perf_counter() - t, 1),
                     "rc": code,
@@ -212,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
         return key
 
     if not args.no_zoo and not (args.copy and not (args.runs / "organisms.json").is_file()):
-        run(["zoo", "--preset", "organisms", "--seeds", str(args.seeds), "--out", str(args.runs), "--no-progress"], args.runs)
+        zoo = ["zoo", "--preset", "organisms", "--seeds", str(args.seeds), "--out", str(args.runs), "--no-progress"]
+        run(zoo, args.runs, list(ALL))
         shutil.copyfile(args.runs / "organisms.json", args.results / ZOO_JSON)
         for organism in ALL:
             shutil.copyfile(args.runs / organism / "zoo.json", args.results / f"zoo_org_{organism}.json")
@@ -228,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.copy and not measured(out / "study.json"):
                 print(f"{out / 'study.json'}: not there or not finished (no readings yet), not copied", flush=True)
                 continue
-            ran = run([*command, "--no-progress"], out).removesuffix(" --no-progress")
+            ran = run([*command, "--no-progress"], out, [organism]).removesuffix(" --no-progress")
             copied = json.loads((out / "study.json").read_text())
             write(args.results / results_name(study, organism), {"command": ran, **copied})
     write(args.results / CLAIMS_JSON, claims_json(args.results))

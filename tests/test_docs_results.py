@@ -589,13 +589,18 @@ def test_copy_brings_in_a_step_made_elsewhere_and_the_claims_say_what_trained_ea
     assert names.count("three-pass org-perm") == 1 and sorted(names) == sorted(regenerate.step_name(c) for c in committed_steps)
     assert json.loads((results / "study_three_pass_org_perm.json").read_text())["command"] == ran
     made_under = json.loads((results / "claims.json").read_text())["made_under"]
-    assert made_under["study_three_pass_org_perm.json"] == "f" * 64
+    assert made_under["study_three_pass_org_perm.json"] == "f" * 64  # no organism's own recorded: the whole
     assert set(made_under) == {"zoo_organisms.json"} | {p.name for p in results.glob("study_*_org_*.json")}
     page = (results / "claims.md").read_text()
-    assert "| `ffffffffffff` | `study_three_pass_org_perm` |" in page
-    fingerprints = {f for f in made_under.values() if f}  # the fake one and any of the committed results
-    assert "f" * 64 in fingerprints
-    assert f"made under {len(fingerprints)} fingerprint{'s' if len(fingerprints) != 1 else ''}" in page
+    assert "| perm | `ffffffffffff` | `study_three_pass_org_perm` |" in page
+    perm = {f for name, f in made_under.items() if name.endswith("_org_perm.json") and f}  # the fake one and the rest's
+    assert "f" * 64 in perm and f"{len(perm)} fingerprints for perm" in page
+    # a step that recorded only the whole fingerprint is read under its organism's own where the
+    # record knows that fingerprint's organisms
+    record = json.loads((results / regenerate.RECORD).read_text())
+    record["fingerprints"]["f" * 64] = {"perm": "e" * 64}
+    (results / regenerate.RECORD).write_text(json.dumps(record))
+    assert regenerate.claims_json(results)["made_under"]["study_three_pass_org_perm.json"] == "e" * 64
     took = json.loads((results / "claims.json").read_text())["took"]
     assert took["study_three_pass_org_perm.json"] == 1.0 and "| `study_three_pass_org_perm` | 0.0 |" in page
     recorded = [t for t in took.values() if t is not None]
@@ -634,7 +639,8 @@ def test_a_later_part_under_another_fingerprint_trains_nothing(tmp_path, monkeyp
     results = tmp_path / "results"
     shutil.copytree(ROOT / "docs" / "results", results)
     argv = ["--no-zoo", "--organism", "perm", "--study", "probes", "--runs", str(tmp_path / "runs"), "--results", str(results)]
-    with pytest.raises(SystemExit, match=f"--expect d8b5: this code on this machine trains under fingerprint {'ab' * 32}"):
+    refused = "--expect d8b5: this code on this machine trains perm under another fingerprint than the parts made under d8b5"
+    with pytest.raises(SystemExit, match=refused):
         regenerate.main([*argv, "--expect", "d8b5"])
     assert ran == [] and not (tmp_path / "runs").exists()
     with pytest.raises(SystemExit, match="exited 1: the steps after it were not run"):  # the one expected: it runs
@@ -642,6 +648,20 @@ def test_a_later_part_under_another_fingerprint_trains_nothing(tmp_path, monkeyp
     assert len(ran) == 1 and ran[0][1:4] == ["zoo", "--study", "probes"]
     step = json.loads(regenerate.step_file(tmp_path / "runs" / "perm" / "studies" / "probes").read_text())["step"]
     assert step["rc"] == 1 and step["training_fingerprint"] == "ab" * 32  # a failed step is recorded too
+
+
+def test_a_later_part_trains_an_organism_whose_own_fingerprint_is_the_expected_ones():
+    """``--expect`` names a whole fingerprint; where the record knows its organisms' own, a code
+    that changed one organism's training still makes parts for the others."""
+    regenerate = _regenerate()
+    known = {"d8b5" + "0" * 60: {"flipflop": "f1", "perm": "p1"}}
+    now = {"sha256": "ab" * 32, "organisms": {"flipflop": "f1", "perm": "p2"}, "numerics": {}}
+    assert regenerate.refusal("d8b5", now, known, ["flipflop"]) is None
+    assert "trains perm under another fingerprint than the parts made under d8b5" in regenerate.refusal(
+        "d8b5", now, known, ["flipflop", "perm"]
+    )
+    assert regenerate.refusal("abab", now, known, ["perm"]) is None  # this code's own
+    assert "trains under fingerprint abab" in regenerate.refusal("9999", now, known, ["flipflop"])  # not known
 
 
 def test_the_band_pilots_the_studies_page_quotes_are_the_committed_ones():

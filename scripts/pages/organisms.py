@@ -152,30 +152,44 @@ def claims(results: Path) -> Page:
 
 def made_under_section(made_under: dict | None) -> list[str]:
     """Which training fingerprint each result behind the table was made under (scripts/
-    regenerate_organisms.py): results made in parts, at several commits, are one regeneration
-    where they share one."""
+    regenerate_organisms.py): a study's is its organism's own (the hash of that organism's members'
+    digests), the zoo's the whole; results made in parts, at several commits, are one regeneration
+    where each organism's share one."""
     if not made_under:
         return []
-    by_print: dict[str | None, list[str]] = {}
+    groups: dict[tuple[str, str | None], list[str]] = {}
     for name, fingerprint in made_under.items():
-        by_print.setdefault(fingerprint, []).append(f"`{name.removesuffix('.json')}`")
-    known = [f for f in by_print if f is not None]
-    rows = [[f"`{f[:12]}`", ", ".join(by_print[f])] for f in known]
-    if None in by_print:
-        rows.append(["not recorded (made outside the script, or before fingerprints were)", ", ".join(by_print[None])])
+        stem = name.removesuffix(".json")
+        organism = stem.rpartition("_org_")[2] if "_org_" in stem else "all three (the zoo)"
+        groups.setdefault((organism, fingerprint), []).append(f"`{stem}`")
+    rows = [
+        [
+            organism,
+            f"`{f[:12]}`" if f else "not recorded (made outside the script, or before fingerprints were)",
+            ", ".join(names),
+        ]
+        for (organism, f), names in groups.items()
+    ]
+    counts = {}
+    for organism, f in groups:
+        if f is not None:
+            counts[organism] = counts.get(organism, 0) + 1
+    unrecorded = sum(len(names) for (_, f), names in groups.items() if f is None)
     return [
         "## What trained them",
         "",
         "The zoo and the studies take hours on 2 cores, so they are made in parts, at more than one commit.",
         "Each part records the training fingerprint of its code (`workbench.training.fingerprint`: the",
-        "weights and readings of a few steps of every kind of member on every organism, hashed), so parts",
-        "with one fingerprint were trained by the same code, bit for bit.",
+        "weights and readings of a few steps of every kind of member on every organism, hashed, and each",
+        "organism's members hashed alone), so parts with one fingerprint were trained by the same code, bit",
+        "for bit. A study trains one organism's members, so it is read under its organism's own.",
         (
-            f"The results behind this table were made under {len(known)} fingerprint{'s' if len(known) != 1 else ''}"
-            + (f", and {len(by_print[None])} without one recorded." if None in by_print else ".")
+            "The results behind this table were made under "
+            + ", ".join(f"{n} fingerprint{'s' if n != 1 else ''} for {o}" for o, n in counts.items())
+            + (f", and {unrecorded} without one recorded." if unrecorded else ".")
         ),
         "",
-        table(["training fingerprint", "results"], rows),
+        table(["organism", "training fingerprint", "results"], rows),
     ]
 
 

@@ -24,6 +24,16 @@ def test_weights_digest_is_the_tensors_by_name_not_the_file(tmp_path):
     assert fingerprint.weights_digest(tmp_path / "three.safetensors") != by_hand
 
 
+def test_each_organisms_print_hashes_its_own_members_digests_alone():
+    digests = {"perm-baseline": "a", "perm-fbt": "b", "flipflop-baseline": "c"}
+    by_hand = {
+        "perm": hashlib.sha256(b'{"perm-baseline": "a", "perm-fbt": "b"}').hexdigest(),
+        "flipflop": hashlib.sha256(b'{"flipflop-baseline": "c"}').hexdigest(),
+    }
+    assert fingerprint.organism_prints(digests) == by_hand
+    assert fingerprint.organism_prints({**digests, "perm-fbt": "B"})["flipflop"] == by_hand["flipflop"]
+
+
 def test_members_cover_every_kind_the_zoo_trains_on_every_organism(tmp_path):
     from workbench.training.zoo import ORGANISMS
 
@@ -42,6 +52,7 @@ def test_fingerprint_repeats_and_sees_an_optimizer_change(tmp_path, monkeypatch)
     first = fingerprint.training_fingerprint(tmp_path / "first", tasks)
     assert fingerprint.training_fingerprint(tasks=tasks) == first  # another directory, the same code
     assert set(first["members"]) == {"flipflop-baseline", "flipflop-fbt", "flipflop-hd4"}
+    assert first["organisms"] == fingerprint.organism_prints(first["members"])
     real = torch.optim.AdamW
     monkeypatch.setattr(torch.optim, "AdamW", lambda *a, fused=None, **k: real(*a, foreach=True, **k))  # unfused
     changed = fingerprint.training_fingerprint(tasks=tasks)

@@ -11,7 +11,10 @@ expansion 2 -> 4), at the ``debug`` model size with one thread, evaluates each, 
 weights and the evaluation's numbers. Equal fingerprints: the same weights and readings from the
 same settings, bit for bit, on this machine's torch; a change to the model, the data, the
 optimizer, the training loop or the evaluation changes it. It says nothing about code it does
-not run (a study's statistics, the analyses): those are recomputed from the saved runs.
+not run (a study's statistics, the analyses): those are recomputed from the saved runs. Each
+organism also gets its own (``organisms``: its members' digests hashed), since a study on one
+organism trains only that organism's members: a change to perm's task leaves the flip-flop's and
+addition's results comparable.
 
 The CPU's instruction set is part of the numerics: the same code on this machine gives one
 fingerprint with PyTorch's AVX-512 kernels, others with its AVX2 and its generic ones, and
@@ -120,8 +123,9 @@ def cpu_model() -> str:
 
 def training_fingerprint(work: str | Path | None = None, tasks: tuple[str, ...] | None = None) -> dict:
     """Train and evaluate ``members`` in ``work`` (a new temporary directory by default) and return
-    ``{"sha256": ..., "members": {name: sha256}, "steps": ..., "torch": ..., "numerics": ...}``: the first hashes
-    every member's weights and evaluation in order. ``tasks`` (all organisms by default) is for
+    ``{"sha256": ..., "organisms": {task: sha256}, "members": {name: sha256}, "steps": ..., "torch": ...,
+    "numerics": ...}``: the first hashes every member's weights and evaluation in order, ``organisms``
+    each organism's members alone (``organism_prints``). ``tasks`` (all organisms by default) is for
     tests; the record's fingerprint is always of all three."""
     from workbench.training.zoo import train_member
 
@@ -136,11 +140,24 @@ def training_fingerprint(work: str | Path | None = None, tasks: tuple[str, ...] 
     whole = hashlib.sha256(json.dumps(digests, sort_keys=True).encode()).hexdigest()
     return {
         "sha256": whole,
+        "organisms": organism_prints(digests),
         "members": digests,
         "steps": STEPS,
         "hd_steps": HD_STEPS,
         "torch": torch.__version__,
         "numerics": numerics(),
+    }
+
+
+def organism_prints(digests: dict[str, str]) -> dict[str, str]:
+    """Each organism's own fingerprint: the hash of its members' digests (``TASK-MEMBER``), so a
+    change to one organism's task or budget leaves the others' results comparable."""
+    tasks = dict.fromkeys(name.split("-")[0] for name in digests)
+    return {
+        task: hashlib.sha256(
+            json.dumps({m: d for m, d in digests.items() if m.split("-")[0] == task}, sort_keys=True).encode()
+        ).hexdigest()
+        for task in tasks
     }
 
 
