@@ -669,7 +669,7 @@ def test_the_band_pilots_the_studies_page_quotes_are_the_committed_ones():
     text = " ".join((ROOT / "docs/studies.md").read_text().split())
     assert ", ".join(f"{v:g}" for v in pilots["flipflop"]["accuracy"].values()) in text
     quoted = [("perm1-3", "length3"), ("perm1-3", "length4"), ("addition1-3", "digits3"), ("addition1-3", "digits4"),
-              ("perm1-4-1400steps", "length4"), ("addition1-3-seq96", "digits4"), ("addition1-4-seq96", "digits4"),
+              ("perm1-4-1400steps", "length4"), ("perm1-4-2000steps", "length4"), ("perm1-4-2000steps", "length5"), ("addition1-3-seq96", "digits4"), ("addition1-4-seq96", "digits4"),
               ("addition1-4-seq96", "digits5"), ("addition1-3-carries", "carries1"), ("addition1-3-carries", "carries2"),
               ("addition1-3-carries", "carries3"), ("addition1-4-seq96-carries", "carries2"),
               ("addition1-4-seq96-carries", "carries3"), ("addition1-4-seq96-carries", "carries4")]  # fmt: skip
