@@ -400,11 +400,14 @@ def test_per_problem_scores_agree_with_the_aggregates():
 
 
 @pytest.mark.slow
-def test_the_study_end_to_end_on_the_micro_scale(tmp_path):
+def test_the_study_end_to_end_on_the_micro_scale(tmp_path, monkeypatch):
     """Tuning rows and choice as the rule says, the control bitwise the baseline at every seed
     (matched initialisation, identical batches, no loss on the feedback passes), every member
-    scored on the same test problems, and the CLI's refusals."""
+    scored on the same test problems, the power step's pilot on each test set, and the CLI's
+    refusals."""
     out = tmp_path / "fvb"
+    longer = {"modsum_min_len": 7, "modsum_max_len": 8}  # a set beyond training, as the organisms have
+    monkeypatch.setitem(fvb.SCALES["micro"], "beyond", {"longer": longer})
     code, _, err = cli(
         ["zoo", "--study", "fbt-vs-baseline", "--preset", "micro", "--seeds", "2", "--out", str(out), "--no-progress"]
     )
@@ -438,17 +441,29 @@ def test_the_study_end_to_end_on_the_micro_scale(tmp_path):
     n = fvb.SCALES["micro"]["test"]
     for name in ("baseline", "fbt-seed1", "fbt-no-feedback"):
         assert all(len(v) == n for v in read_json(out / name / "results" / bands.TEST_FILE)["correct"].values())
-    assert set(study["family"]) | set(study["readings"]["unmeasured"]) == set(fr.FAMILY)
+    assert set(study["family"]) | set(study["readings"]["unmeasured"]) == set(fr.family_names(("longer",)))
     for entry in study["compute_matched"]:  # the compute-matched baseline trained FBT's FLOPs
         run = out / fvb.seed_name(fr.COMPUTE, entry["seed"])
         assert read_json(run / "config.json")["train"]["steps"] == round(entry["flops_ratio"] * fvb.SCALES["micro"]["steps"])
     from workbench.experiments.comparisons import family_rows, reading_rows
 
-    assert [r["comparison"] for r in family_rows(study)] == [c for c in fr.FAMILY if c in study["family"]]
+    assert [r["comparison"] for r in family_rows(study)] == [c for c in fr.family_names(("longer",)) if c in study["family"]]
     power = study["power"]  # predicted on the tuning runs, achieved on the study's own
     assert set(power["comparisons"]) == {
-        f"fbt {r} - baseline: {w}" for r in ("standard", "soft", "fused") for w in ("accuracy", "completion loss")
+        *(f"fbt {r} - baseline: {w}" for r in ("standard", "soft", "fused") for w in ("accuracy", "completion loss")),
+        *(f"fbt {r} - baseline: accuracy, longer" for r in ("standard", "fused")),
     }
+    # the pilot on a test set: each tuning seed's answers there, FBT's minus the baseline's, by problem
+    piloted = tuning.pilot(out, chosen, 6, {"longer": longer})
+    runs = [out / tuning.tuning_run(arch, chosen[arch], tuning.TUNING_SEEDS[1]) for arch in ("baseline", "fbt")]
+    drawn = dataclasses.replace(task_settings(load_run_config(runs[0] / "config.json").data), **longer)
+    examples = synthetic_examples("modsum", 6, 0, drawn, split="validation")
+    answers = [
+        evaluate_examples(load_model(run), examples, load_tokenizer(run), regimes=[regime], per_problem=True)["correct"][regime]
+        for run, regime in zip(runs, ("standard", "fused"))
+    ]
+    assert piloted["fbt fused - baseline: accuracy, longer"].shape == (2, 6)
+    assert piloted["fbt fused - baseline: accuracy, longer"][1].tolist() == np.subtract(answers[1], answers[0]).tolist()
     assert set(power["achieved"]) == set(power["comparisons"]) - set(power["not_run"])
     assert study["band"]["band"] is None and set(fr.BAND_CELLS) <= set(study["readings"]["unmeasured"])  # micro: no bands
     for name in (n for n in study["family"] if ": accuracy" in n):  # every accuracy interval, from its committed bits

@@ -35,6 +35,7 @@ from safetensors.torch import load_file
 
 from workbench.experiments.bands import BANDS, as_recorded, declare_band, score_member
 from workbench.experiments.fair_readings import (
+    BAND,
     BAND_CELLS,
     BEYOND_REGIMES,
     COMPUTE,
@@ -276,8 +277,10 @@ def run_comparison(
         targets = {
             name: EFFECTS["accuracy" if name.endswith("accuracy") else "loss"] for name in family_names(s.get("beyond", {}))
         }
-        power = power_step(pilot(out, tuning["chosen"], s["validation"]), s["test"], targets)
         band = declare_band(band_pilot(out, tuning["chosen"]["baseline"], s["validation"], bands))
+        # every accuracy comparison on a test set is powered too, the declared band's above all
+        sets = {**s.get("beyond", {}), **({BAND: bands[band["band"]]} if band["band"] else {})}
+        power = power_step(pilot(out, tuning["chosen"], s["validation"], sets), s["test"], targets)
     finally:
         torch.set_num_threads(before)
     if band["band"] is None:

@@ -18,8 +18,9 @@ answering in the standard regime, and a claim read from it would be a tuning fai
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -130,27 +131,40 @@ def tuning_run(arch: str, setting: dict, seed: int) -> str:
     return name if seed == TUNING_SEEDS[0] else f"{name}-seed{seed}"
 
 
-def pilot(out: Path, chosen: dict, n: int) -> dict[str, np.ndarray]:
+def pilot(out: Path, chosen: dict, n: int, sets: Mapping[str, dict] | None = None) -> dict[str, np.ndarray]:
     """The power step's pilot: the chosen settings' tuning runs (two seeds each) scored per problem
     on ``n`` validation problems, as the study's declared comparisons of FBT against the baseline
-    would read them: per comparison name the [tuning seeds, problems] matrix of differences."""
-    scores: dict[str, list[dict]] = {}
+    would read them: per comparison name the [tuning seeds, problems] matrix of differences. On the
+    in-distribution problems, accuracy and completion loss in each of FBT's regimes; on each test
+    set of ``sets`` (its name in the family -> the task settings its problems are drawn with: a set
+    beyond training, the declared band), accuracy in FBT's ``standard`` and ``fused``."""
+    scored: dict[tuple[str, str | None], list[dict]] = {}
     for arch in REGIME:
         for seed in TUNING_SEEDS:
             run = out / tuning_run(arch, chosen[arch], seed)
             cfg = load_run_config(run / "config.json")
-            examples = synthetic_examples(cfg.data.task, n, 0, task_settings(cfg.data), split="validation")
-            row = evaluate_examples(load_model(run), examples, load_tokenizer(run), per_problem=True)
-            scores.setdefault(arch, []).append(row)
+            model, tokenizer = load_model(run), load_tokenizer(run)
+            for name, settings in [(None, {}), *(sets or {}).items()]:
+                drawn = dataclasses.replace(task_settings(cfg.data), **settings)
+                examples = synthetic_examples(cfg.data.task, n, 0, drawn, split="validation")
+                regimes = None if name is None else ["standard", "fused"] if arch == "fbt" else ["standard"]
+                row = evaluate_examples(model, examples, tokenizer, regimes=regimes, per_problem=True)
+                scored.setdefault((arch, name), []).append(row)
 
-    def matrix(arch: str, what: str, regime: str) -> np.ndarray:
-        return np.array([row[what][regime] for row in scores[arch]], dtype=np.float64)
+    def matrix(arch: str, name: str | None, what: str, regime: str) -> np.ndarray:
+        return np.array([row[what][regime] for row in scored[arch, name]], dtype=np.float64)
 
-    return {
-        f"fbt {r} - baseline: {name}": matrix("fbt", what, r) - matrix("baseline", what, "standard")
+    differences = {
+        f"fbt {r} - baseline: {label}": matrix("fbt", None, what, r) - matrix("baseline", None, what, "standard")
         for r in ("standard", "soft", "fused")
-        for what, name in (("correct", "accuracy"), ("completion_nll", "completion loss"))
+        for what, label in (("correct", "accuracy"), ("completion_nll", "completion loss"))
     }
+    for name in sets or {}:
+        for r in ("standard", "fused"):
+            differences[f"fbt {r} - baseline: accuracy, {name}"] = matrix("fbt", name, "correct", r) - matrix(
+                "baseline", name, "correct", "standard"
+            )
+    return differences
 
 
 def band_pilot(out: Path, baseline: dict, n: int, bands: dict[str, dict]) -> dict[str, float]:
