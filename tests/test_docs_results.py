@@ -818,6 +818,23 @@ def test_the_committed_hd_families_recompute_from_their_readings(organism):
     assert any(name.endswith(", band") for name in again) == (study["readings"]["band"] is not None)
 
 
+def test_the_three_pass_addition_readings_the_docs_quote_are_the_committed_ones():
+    study = json.loads((ROOT / "docs/results/study_three_pass_org_addition.json").read_text())
+    text = " ".join((ROOT / "docs/claims.md").read_text().split())
+    readings, family = study["readings"], study["family"]
+    assert all(row["input"]["input_task"] == "addition" for r in readings.values() for row in r["per_seed"])
+    for member in ("fbt-3pass0", "fbt-3pass0.03"):
+        lam = readings[member]["lyapunov_tangent"]["1000"]
+        assert f"{lam['mean']:+.3f} [{lam['low']:+.3f}, {lam['high']:+.3f}]" in text and max(lam["values"]) < 0, member
+    for name in ("fbt-3pass0.03 - fbt-3pass0: lambda(1000)", "fbt-3pass0.3 - fbt-3pass0: residual K=8"):
+        cell = family[name]
+        assert f"{cell['mean']:+.3f} [{cell['family_low']:+.3f}, {cell['family_high']:+.3f}]" in text, name
+    assert not any(c["detectable"] for c in family.values()) and f"after Holm over the {len(family)}" in text
+    steps = json.loads((ROOT / "docs/results/organisms_regenerated.json").read_text())["steps"]
+    assert f"{steps[study['command'] + ' --no-progress']['wall_seconds'] / 60:.0f} min on 2 cores" in text
+    assert f"All {len(study['models'])} runs' evaluations equal the committed study's" in text
+
+
 def test_the_three_pass_flipflop_readings_the_docs_quote_are_the_committed_ones():
     study = json.loads((ROOT / "docs/results/study_three_pass_org_flipflop.json").read_text())
     text = " ".join((ROOT / "docs/claims.md").read_text().split())
