@@ -818,14 +818,24 @@ def test_the_committed_hd_families_recompute_from_their_readings(organism):
     assert any(name.endswith(", band") for name in again) == (study["readings"]["band"] is not None)
 
 
-def test_the_three_pass_addition_readings_the_docs_quote_are_the_committed_ones():
-    study = json.loads((ROOT / "docs/results/study_three_pass_org_addition.json").read_text())
+def _three_pass_on_own_problems(organism: str) -> tuple[dict, str, dict]:
+    """A committed three-pass study, rolled out on its organism's own problems at every seed, the
+    claims page's text, and each of the two members the contraction claim reads' lambda(1000)
+    (quoted on the page with its interval)."""
+    study = json.loads((ROOT / f"docs/results/study_three_pass_org_{organism}.json").read_text())
     text = " ".join((ROOT / "docs/claims.md").read_text().split())
-    readings, family = study["readings"], study["family"]
-    assert all(row["input"]["input_task"] == "addition" for r in readings.values() for row in r["per_seed"])
-    for member in ("fbt-3pass0", "fbt-3pass0.03"):
-        lam = readings[member]["lyapunov_tangent"]["1000"]
-        assert f"{lam['mean']:+.3f} [{lam['low']:+.3f}, {lam['high']:+.3f}]" in text and max(lam["values"]) < 0, member
+    readings = study["readings"]
+    assert all(row["input"]["input_task"] == organism for r in readings.values() for row in r["per_seed"])
+    lams = {m: readings[m]["lyapunov_tangent"]["1000"] for m in ("fbt-3pass0", "fbt-3pass0.03")}
+    for member, lam in lams.items():
+        assert f"{lam['mean']:+.3f} [{lam['low']:+.3f}, {lam['high']:+.3f}]" in text, member
+    return study, text, lams
+
+
+def test_the_three_pass_addition_readings_the_docs_quote_are_the_committed_ones():
+    study, text, lams = _three_pass_on_own_problems("addition")
+    family = study["family"]
+    assert all(max(lam["values"]) < 0 for lam in lams.values())  # "every seed below 0 in both"
     for name in ("fbt-3pass0.03 - fbt-3pass0: lambda(1000)", "fbt-3pass0.3 - fbt-3pass0: residual K=8"):
         cell = family[name]
         assert f"{cell['mean']:+.3f} [{cell['family_low']:+.3f}, {cell['family_high']:+.3f}]" in text, name
@@ -836,15 +846,9 @@ def test_the_three_pass_addition_readings_the_docs_quote_are_the_committed_ones(
 
 
 def test_the_three_pass_flipflop_readings_the_docs_quote_are_the_committed_ones():
-    study = json.loads((ROOT / "docs/results/study_three_pass_org_flipflop.json").read_text())
-    text = " ".join((ROOT / "docs/claims.md").read_text().split())
+    study, text, lams = _three_pass_on_own_problems("flipflop")
     readings, family = study["readings"], study["family"]
-    assert all(row["input"]["input_task"] == "flipflop" for r in readings.values() for row in r["per_seed"])
-    for member in ("fbt-3pass0", "fbt-3pass0.03"):
-        lam = readings[member]["lyapunov_tangent"]["1000"]
-        below = sum(v < 0 for v in lam["values"])
-        assert f"{lam['mean']:+.3f} [{lam['low']:+.3f}, {lam['high']:+.3f}]" in text, member
-        assert below == (4 if member == "fbt-3pass0" else 5)
+    assert [sum(v < 0 for v in lam["values"]) for lam in lams.values()] == [4, 5]
     claim, residual = family["fbt-3pass0.03 - fbt-3pass0: lambda(1000)"], family["fbt-3pass0.03 - fbt-3pass0: residual K=8"]
     assert (
         f"{claim['mean']:+.3f} [{claim['family_low']:+.3f}, {claim['family_high']:+.3f}] after Holm over the {len(family)}"

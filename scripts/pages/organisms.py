@@ -5,6 +5,7 @@ seed paper's claim read on each organism, with its verdict (``claims.json``)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -170,10 +171,7 @@ def made_under_section(made_under: dict | None) -> list[str]:
         ]
         for (organism, f), names in groups.items()
     ]
-    counts = {}
-    for organism, f in groups:
-        if f is not None:
-            counts[organism] = counts.get(organism, 0) + 1
+    counts = Counter(organism for organism, f in groups if f is not None)
     unrecorded = sum(len(names) for (_, f), names in groups.items() if f is None)
     return [
         "## What trained them",
