@@ -295,6 +295,7 @@ def test_the_hd_band_comparisons_by_hand():
     assert sorted(member_readings(readings)) == ["hd1", "hd2", "hd4-shared-kv"]
 
 
+@pytest.mark.slow  # the micro zoo; the hand-made family above is its fast case
 def test_hd_members_are_scored_on_the_band_declared_from_the_baselines_pilot(tmp_path, micro_zoo):
     """The band is declared from the first seed's baseline on validation problems (its pilot, as
     ``declare_band`` reads it); each member's stored answers on the band's test problems are its
