@@ -528,3 +528,13 @@ def test_evaluation_tells_each_phase_its_progress_to_the_last_example():
         counts = [done for p, done, total in told if p == phase]
         assert counts == sorted(counts) and counts[-1] == 7 and all(t == 7 for p, _, t in told if p == phase)
     assert [done for p, done, _ in told if p == "accuracy[fused]"] == [3, 6, 7]  # one report per batch of 3
+
+
+def test_every_accuracy_comparison_is_powered_for_an_accuracy_effect_whatever_its_set():
+    """The power step's target is the readout's: 0.05 for an accuracy on the test problems, on a
+    set beyond training and on the declared band alike, 0.02 nats for a loss."""
+    targets = fvb.power_targets({"sparser": {}})
+    for name in ("fbt fused - baseline: accuracy", "fbt fused - baseline: accuracy, sparser", *fr.BAND_CELLS):
+        assert targets[name] == 0.05, name
+    for name in ("fbt fused - baseline: completion loss", "fbt - baseline: plain-pass training loss, last half"):
+        assert targets[name] == 0.02, name

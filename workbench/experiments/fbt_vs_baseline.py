@@ -237,6 +237,16 @@ def first_difference(a: dict, b: dict) -> int | None:
     return next((step for step, x, y in zip(a["steps"], a["losses"], b["losses"]) if x != y), None)
 
 
+def power_targets(beyond) -> dict[str, float]:
+    """Each comparison of the family with test sets ``beyond`` -> the effect its power step must
+    resolve, by its readout (the words after the colon, up to a set's name): an accuracy on any
+    set, the band's included, is an accuracy."""
+    return {
+        name: EFFECTS["accuracy" if name.split(": ", 1)[1].split(",")[0] == "accuracy" else "loss"]
+        for name in family_names(beyond)
+    }
+
+
 def run_comparison(
     scale: str = "micro",
     out: str | Path | None = None,
@@ -274,9 +284,7 @@ def run_comparison(
     torch.set_num_threads(threads * jobs)
     bands = s.get("bands", {})
     try:
-        targets = {
-            name: EFFECTS["accuracy" if name.endswith("accuracy") else "loss"] for name in family_names(s.get("beyond", {}))
-        }
+        targets = power_targets(s.get("beyond", {}))
         band = declare_band(band_pilot(out, tuning["chosen"]["baseline"], s["validation"], bands))
         # every accuracy comparison on a test set is powered too, the declared band's above all
         sets = {**s.get("beyond", {}), **({BAND: bands[band["band"]]} if band["band"] else {})}
